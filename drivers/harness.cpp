@@ -1,0 +1,113 @@
+#include "harness.hpp"
+
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "comm/mpi_communicator.hpp"
+#include "core/error.hpp"
+
+#ifndef HCP_GIT_REV
+#define HCP_GIT_REV "unknown"
+#endif
+
+namespace hcp {
+
+bool agree_on_errors(Communicator& comm, const std::function<void()>& fn, std::string* message, bool print) {
+  std::string msg;
+  double failed = 0;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    msg = e.what();
+    failed = 1;
+  }
+  // Lowest failing rank (size() when none).
+  double first = failed ? comm.rank() : comm.size();
+  first = -comm.all_reduce_scalar(-first, ReduceOp::Max);
+  if (first >= comm.size()) return true;
+  // Ship that rank's message to rank 0 (fixed-size buffer keeps it one collective).
+  std::vector<double> len(1, static_cast<double>(msg.size()));
+  const int src = static_cast<int>(first);
+  comm.broadcast(len.data(), 1, DType::F64, src);
+  std::string text(static_cast<std::size_t>(len[0]), ' ');
+  if (comm.rank() == src) text = msg;
+  std::vector<float> buf(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) buf[i] = static_cast<float>(static_cast<unsigned char>(text[i]));
+  if (!buf.empty()) comm.broadcast(buf.data(), static_cast<std::int64_t>(buf.size()), DType::F32, src);
+  for (std::size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(static_cast<unsigned char>(buf[i]));
+  if (message) *message = text;
+  if (print && comm.rank() == 0) std::fprintf(stderr, "error: %s\n", text.c_str());
+  return false;
+}
+
+int run_driver(int argc, char** argv, const DriverSpec& spec) {
+  MPI_Init(&argc, &argv);
+  int status = 0;
+  {
+    Kokkos::initialize(argc, argv);
+    {
+      MpiCommunicator world(MPI_COMM_WORLD);
+      DriverContext ctx;
+      ctx.world = &world;
+      ctx.git_rev = HCP_GIT_REV;
+      for (int i = 0; i < argc; ++i) ctx.cmdline += (i ? " " : "") + std::string(argv[i]);
+
+      CLI::App app{spec.description, spec.name};
+      std::string deck_path;
+      std::vector<std::string> sets;
+      bool print_deck = false, help_deck = false;
+      ctx.out = spec.default_out;
+      app.add_option("--deck", deck_path, "input deck (TOML); default: the built-in deck");
+      app.add_option("--set", sets, "override a deck value: section.key=value (repeatable)");
+      app.add_option("--out", ctx.out, "results file (HDF5)");
+      app.add_flag("--print-deck", print_deck, "print the resolved deck and exit");
+      app.add_flag("--help-deck", help_deck, "list the deck keys this driver reads and exit");
+      app.add_flag("--quiet", ctx.quiet, "print only the summary");
+      bool exit_now = false;
+      bool ok = agree_on_errors(world, [&] {
+        try {
+          app.parse(argc, argv);
+        } catch (const CLI::CallForHelp&) {
+          if (world.rank() == 0) std::cout << app.help();
+          exit_now = true;
+          return;
+        } catch (const CLI::ParseError& e) {
+          throw Error(std::string("command line: ") + e.what());
+        }
+        if (help_deck) {
+          if (world.rank() == 0) std::cout << "deck keys of " << spec.name << ":\n" << spec.schema.describe();
+          exit_now = true;
+          return;
+        }
+        ctx.deck = deck_path.empty() ? Deck::parse(spec.schema, spec.builtin_deck, "<builtin deck>", sets)
+                                     : Deck::load(spec.schema, deck_path, sets);
+        if (print_deck) {
+          if (world.rank() == 0) std::cout << ctx.deck.resolved();
+          exit_now = true;
+          return;
+        }
+        if (spec.validate) spec.validate(ctx);
+      });
+      if (!ok) {
+        status = 2;
+      } else if (!exit_now) {
+        try {
+          spec.run(ctx);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "[rank %d] error: %s\n", world.rank(), e.what());
+          std::fflush(stderr);
+          MPI_Abort(MPI_COMM_WORLD, 3);
+        }
+      }
+    }
+    Kokkos::finalize();
+  }
+  MPI_Finalize();
+  return status;
+}
+
+}  // namespace hcp

@@ -1,0 +1,43 @@
+// Common driver harness: MPI -> Kokkos -> command line (CLI11) -> deck (TOML) -> run -> finalize.
+// Two error phases:
+//  * validate: the same on every rank (deck, shapes that must divide, sizes vs ranks). Errors are
+//    agreed on collectively: rank 0 prints one message, every rank exits with status 2.
+//  * run: any error on any rank prints "[rank r] error: ..." and MPI_Abort ends every rank (status 3).
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "io/deck.hpp"
+
+namespace hcp {
+
+struct DriverContext {
+  Communicator* world = nullptr;
+  Deck deck;
+  std::string out;        // results file (--out), "" for none
+  std::string cmdline;    // the command line, for /config
+  std::string git_rev;    // the build's git revision
+  bool quiet = false;
+  bool root() const { return world->rank() == 0; }
+};
+
+struct DriverSpec {
+  std::string name, description;
+  DeckSchema schema;
+  std::string builtin_deck;   // used when --deck is not given
+  std::string default_out;    // default --out ("" = no file)
+  std::function<void(DriverContext&)> validate;  // optional, collective error agreement
+  std::function<void(DriverContext&)> run;
+};
+
+int run_driver(int argc, char** argv, const DriverSpec& spec);
+
+// Agree on an error across ranks: if any rank's `fn` throws, rank 0 prints the lowest failing
+// rank's message and every rank returns false. Used by run_driver and the tests.
+bool agree_on_errors(Communicator& comm, const std::function<void()>& fn, std::string* message = nullptr,
+                     bool print = true);
+
+}  // namespace hcp

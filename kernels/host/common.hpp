@@ -1,0 +1,93 @@
+// Shared helpers of the host (Kokkos) kernels: typed buffers over tensors, dispatch on precision.
+#pragma once
+#include <Kokkos_Core.hpp>
+#include <cmath>
+#include <limits>
+
+#include "core/tensor.hpp"
+
+namespace hcp::kernels::host {
+
+using Exec = Kokkos::DefaultHostExecutionSpace;
+using Range = Kokkos::RangePolicy<Exec>;
+template <class T> using View1 = Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+template <class T> using View2 = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+template <class T> using View3 = Kokkos::View<T***, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+
+inline void require_host(const Tensor& t, const char* what) {
+  HCP_CHECK(t.defined(), what, ": tensor is not defined");
+  HCP_CHECK(t.space() == Space::Host, what, ": CUDA tensors need the CUDA backend, which this build lacks");
+  HCP_CHECK(t.is_contiguous(), what, ": tensor must be contiguous, shape ", shape_str(t.shape()));
+}
+inline void require_numel(const Tensor& t, std::int64_t n, const char* what) {
+  HCP_CHECK(t.numel() == n, what, ": expected ", n, " elements, got shape ", shape_str(t.shape()));
+}
+
+// Read-only T view of a tensor; converts (bf16/fp32/fp64) into a temporary when the dtype differs.
+template <class T> class In {
+ public:
+  explicit In(const Tensor& t, const char* what = "input") {
+    require_host(t, what);
+    if (t.dtype() == dtype_of<T>()) {
+      p_ = t.data<T>();
+    } else {
+      tmp_ = t.to(dtype_of<T>());
+      p_ = tmp_.data<T>();
+    }
+  }
+  const T* get() const { return p_; }
+  operator const T*() const { return p_; }
+
+ private:
+  Tensor tmp_;
+  const T* p_ = nullptr;
+};
+
+// Writable T view; a temporary is written back on destruction when the dtype differs.
+template <class T> class Out {
+ public:
+  // `load`: start from the tensor's current values (in-place ops); otherwise from zeros.
+  explicit Out(Tensor& t, const char* what = "output", bool load = false) : t_(t) {
+    require_host(t, what);
+    if (t.dtype() == dtype_of<T>()) {
+      p_ = t.data<T>();
+    } else {
+      tmp_ = load ? t.to(dtype_of<T>()) : Tensor::zeros(t.shape(), dtype_of<T>());
+      p_ = tmp_.data<T>();
+    }
+  }
+  ~Out() {
+    if (tmp_.defined()) t_.copy_from(tmp_);
+  }
+  Out(const Out&) = delete;
+  Out& operator=(const Out&) = delete;
+  T* get() const { return p_; }
+  operator T*() const { return p_; }
+
+ private:
+  Tensor& t_;
+  Tensor tmp_;
+  T* p_ = nullptr;
+};
+
+template <class T> inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+template <class T> inline T softplus(T x) { return x > T(20) ? x : std::log1p(std::exp(x)); }
+template <class T> inline T silu(T x) { return x * sigmoid(x); }
+template <class T> inline T dsilu(T x) {
+  T s = sigmoid(x);
+  return s * (T(1) + x * (T(1) - s));
+}
+
+}  // namespace hcp::kernels::host
+
+// Runs the statement with T = double for fp64 `ref`, T = float otherwise.
+#define HCP_DISPATCH_FLOAT(ref, ...)            \
+  do {                                          \
+    if ((ref).dtype() == ::hcp::DType::F64) {   \
+      using T = double;                         \
+      __VA_ARGS__;                              \
+    } else {                                    \
+      using T = float;                          \
+      __VA_ARGS__;                              \
+    }                                           \
+  } while (0)

@@ -1,0 +1,435 @@
+// MoE on the host: router (sigmoid/softmax, correction bias for selection, group-limited top-k,
+// renormalisation, routed scaling), load-balancing loss, permute/combine, grouped expert MLPs.
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <vector>
+
+#include "kernels/host/common.hpp"
+#include "kernels/kernels.hpp"
+
+namespace hcp::kernels {
+namespace {
+using host::In;
+using host::Out;
+using host::Range;
+
+void check_router(const RouterParams& p) {
+  HCP_CHECK(p.experts > 0 && p.topk > 0 && p.topk <= p.experts, "moe: topk (", p.topk, ") must be in [1, experts=",
+            p.experts, "]");
+  HCP_CHECK(p.n_group > 0 && p.experts % p.n_group == 0, "moe: n_group (", p.n_group, ") must divide experts (",
+            p.experts, ")");
+  HCP_CHECK(p.topk_group > 0 && p.topk_group <= p.n_group, "moe: topk_group (", p.topk_group,
+            ") must be in [1, n_group=", p.n_group, "]");
+  HCP_CHECK(p.topk <= p.topk_group * (p.experts / p.n_group), "moe: topk (", p.topk,
+            ") exceeds the experts in the selected groups");
+}
+
+// Descending by value, ties to the lower index: a strict, deterministic order.
+template <class T> bool before(T a, std::int64_t ia, T b, std::int64_t ib) { return a > b || (a == b && ia < ib); }
+}  // namespace
+
+void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& topk_w, const Tensor& logits,
+                const Tensor* bias, const RouterParams& p) {
+  check_router(p);
+  HCP_CHECK(logits.dim() == 2 && logits.size(1) == p.experts, "router: logits must be [T, experts=", p.experts,
+            "], got ", shape_str(logits.shape()));
+  const std::int64_t Tn = logits.size(0), E = p.experts, K = p.topk, gs = E / p.n_group;
+  host::require_numel(scores, Tn * E, "router_fwd: scores [T,E]");
+  host::require_numel(topk_w, Tn * K, "router_fwd: topk_w [T,k]");
+  if (bias) host::require_numel(*bias, E, "router: correction bias [E]");
+  topk_idx.assign(static_cast<std::size_t>(Tn * K), 0);
+  HCP_DISPATCH_FLOAT(logits, {
+    In<T> l_(logits, "logits");
+    std::optional<In<T>> b_;
+    if (bias) b_.emplace(*bias, "bias");
+    Out<T> s_(scores, "scores"), w_(topk_w, "topk_w");
+    const T* lb = l_.get();
+    const T* bb = b_ ? b_->get() : nullptr;
+    T* sb = s_.get();
+    T* wb = w_.get();
+    Kokkos::parallel_for("router_fwd", Range(0, Tn), [&](std::int64_t t) {
+      const T* lr = lb + t * E;
+      T* sr = sb + t * E;
+      if (p.sigmoid) {
+        for (std::int64_t e = 0; e < E; ++e) sr[e] = host::sigmoid(lr[e]);
+      } else {
+        T mx = *std::max_element(lr, lr + E), s = 0;
+        for (std::int64_t e = 0; e < E; ++e) s += (sr[e] = std::exp(lr[e] - mx));
+        for (std::int64_t e = 0; e < E; ++e) sr[e] /= s;
+      }
+      std::vector<T> sel(static_cast<std::size_t>(E));
+      for (std::int64_t e = 0; e < E; ++e) sel[static_cast<std::size_t>(e)] = sr[e] + (bb ? bb[e] : T(0));
+      // Group-limited: keep the topk_group groups with the largest sum of their top-2 selection scores.
+      std::vector<char> allowed(static_cast<std::size_t>(E), 1);
+      if (p.n_group > 1) {
+        std::vector<T> gscore(static_cast<std::size_t>(p.n_group));
+        for (std::int64_t g = 0; g < p.n_group; ++g) {
+          std::vector<T> v(sel.begin() + g * gs, sel.begin() + (g + 1) * gs);
+          std::sort(v.begin(), v.end(), std::greater<T>());
+          gscore[static_cast<std::size_t>(g)] = v[0] + (gs > 1 ? v[1] : T(0));
+        }
+        std::vector<std::int64_t> gi(static_cast<std::size_t>(p.n_group));
+        std::iota(gi.begin(), gi.end(), 0);
+        std::sort(gi.begin(), gi.end(), [&](std::int64_t a, std::int64_t b) {
+          return before(gscore[static_cast<std::size_t>(a)], a, gscore[static_cast<std::size_t>(b)], b);
+        });
+        std::fill(allowed.begin(), allowed.end(), 0);
+        for (std::int64_t r = 0; r < p.topk_group; ++r)
+          for (std::int64_t e = gi[static_cast<std::size_t>(r)] * gs; e < (gi[static_cast<std::size_t>(r)] + 1) * gs; ++e)
+            allowed[static_cast<std::size_t>(e)] = 1;
+      }
+      std::vector<std::int64_t> cand;
+      for (std::int64_t e = 0; e < E; ++e)
+        if (allowed[static_cast<std::size_t>(e)]) cand.push_back(e);
+      std::partial_sort(cand.begin(), cand.begin() + K, cand.end(), [&](std::int64_t a, std::int64_t b) {
+        return before(sel[static_cast<std::size_t>(a)], a, sel[static_cast<std::size_t>(b)], b);
+      });
+      T sum = 0;
+      for (std::int64_t k = 0; k < K; ++k) sum += sr[cand[static_cast<std::size_t>(k)]];
+      for (std::int64_t k = 0; k < K; ++k) {
+        const std::int64_t e = cand[static_cast<std::size_t>(k)];
+        topk_idx[static_cast<std::size_t>(t * K + k)] = e;
+        T w = sr[e];
+        if (p.renormalize) w /= (sum + T(1e-20));
+        wb[t * K + k] = w * static_cast<T>(p.scaling);
+      }
+    });
+  });
+}
+
+void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
+                const Tensor& dtopk_w, const Tensor* dscores, const RouterParams& p) {
+  check_router(p);
+  const std::int64_t E = p.experts, K = p.topk;
+  HCP_CHECK(scores.numel() % E == 0, "router_bwd: scores are not [T,E]");
+  const std::int64_t Tn = scores.numel() / E;
+  HCP_CHECK(static_cast<std::int64_t>(topk_idx.size()) == Tn * K, "router_bwd: topk_idx has ", topk_idx.size(),
+            " entries, expected ", Tn * K);
+  host::require_numel(dtopk_w, Tn * K, "router_bwd: dtopk_w");
+  host::require_numel(dlogits, Tn * E, "router_bwd: dlogits");
+  if (dscores) host::require_numel(*dscores, Tn * E, "router_bwd: dscores");
+  HCP_DISPATCH_FLOAT(scores, {
+    In<T> s_(scores, "scores"), dw_(dtopk_w, "dtopk_w");
+    std::optional<In<T>> ds_;
+    if (dscores) ds_.emplace(*dscores, "dscores");
+    Out<T> dl_(dlogits, "dlogits");
+    const T* sb = s_.get();
+    const T* dwb = dw_.get();
+    const T* dsb = ds_ ? ds_->get() : nullptr;
+    T* dlb = dl_.get();
+    Kokkos::parallel_for("router_bwd", Range(0, Tn), [&](std::int64_t t) {
+      const T* sr = sb + t * E;
+      std::vector<T> ds(static_cast<std::size_t>(E), T(0));
+      if (dsb)
+        for (std::int64_t e = 0; e < E; ++e) ds[static_cast<std::size_t>(e)] = dsb[t * E + e];
+      const T sc = static_cast<T>(p.scaling);
+      T sum = 0, dot = 0;
+      for (std::int64_t k = 0; k < K; ++k) {
+        const auto e = topk_idx[static_cast<std::size_t>(t * K + k)];
+        sum += sr[e];
+        dot += dwb[t * K + k] * sr[e];
+      }
+      sum += T(1e-20);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const auto e = topk_idx[static_cast<std::size_t>(t * K + k)];
+        if (p.renormalize)
+          ds[static_cast<std::size_t>(e)] += sc * (dwb[t * K + k] / sum - dot / (sum * sum));
+        else
+          ds[static_cast<std::size_t>(e)] += sc * dwb[t * K + k];
+      }
+      T* dl = dlb + t * E;
+      if (p.sigmoid) {
+        for (std::int64_t e = 0; e < E; ++e) dl[e] = ds[static_cast<std::size_t>(e)] * sr[e] * (T(1) - sr[e]);
+      } else {
+        T inner = 0;
+        for (std::int64_t e = 0; e < E; ++e) inner += ds[static_cast<std::size_t>(e)] * sr[e];
+        for (std::int64_t e = 0; e < E; ++e) dl[e] = sr[e] * (ds[static_cast<std::size_t>(e)] - inner);
+      }
+    });
+  });
+}
+
+namespace {
+std::vector<double> assignment_share(const std::vector<std::int64_t>& idx, std::int64_t E) {
+  std::vector<double> f(static_cast<std::size_t>(E), 0.0);
+  for (auto e : idx) f[static_cast<std::size_t>(e)] += 1.0;
+  for (auto& v : f) v /= static_cast<double>(idx.size());
+  return f;
+}
+}  // namespace
+
+double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const RouterParams& p) {
+  const std::int64_t E = p.experts, Tn = scores.numel() / E;
+  HCP_CHECK(Tn > 0 && static_cast<std::int64_t>(topk_idx.size()) == Tn * p.topk, "moe_aux_loss: shapes");
+  const auto f = assignment_share(topk_idx, E);
+  double loss = 0;
+  for (std::int64_t t = 0; t < Tn; ++t) {
+    double sum = 0;
+    for (std::int64_t e = 0; e < E; ++e) sum += scores.get(t * E + e);
+    for (std::int64_t e = 0; e < E; ++e) loss += f[static_cast<std::size_t>(e)] * scores.get(t * E + e) / sum;
+  }
+  return static_cast<double>(E) * loss / static_cast<double>(Tn);
+}
+
+void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
+                      const RouterParams& p, double dloss) {
+  const std::int64_t E = p.experts, Tn = scores.numel() / E;
+  host::require_numel(dscores, scores.numel(), "moe_aux_loss_bwd: dscores");
+  const auto f = assignment_share(topk_idx, E);
+  for (std::int64_t t = 0; t < Tn; ++t) {
+    double sum = 0, inner = 0;
+    for (std::int64_t e = 0; e < E; ++e) sum += scores.get(t * E + e);
+    for (std::int64_t e = 0; e < E; ++e) inner += f[static_cast<std::size_t>(e)] * scores.get(t * E + e) / sum;
+    const double k = dloss * static_cast<double>(E) / static_cast<double>(Tn);
+    for (std::int64_t e = 0; e < E; ++e)
+      dscores.set(t * E + e, dscores.get(t * E + e) + k * (f[static_cast<std::size_t>(e)] - inner) / sum);
+  }
+}
+
+void moe_permute(Tensor& xp, std::vector<std::int64_t>& counts, std::vector<std::int64_t>& src, const Tensor& x,
+                 const std::vector<std::int64_t>& topk_idx, std::int64_t experts) {
+  HCP_CHECK(x.dim() == 2, "moe_permute: x must be [T,C]");
+  const std::int64_t Tn = x.size(0), C = x.size(1), TK = static_cast<std::int64_t>(topk_idx.size());
+  HCP_CHECK(Tn > 0 && TK % Tn == 0, "moe_permute: ", TK, " assignments for ", Tn, " tokens");
+  host::require_numel(xp, TK * C, "moe_permute: xp [T*k,C]");
+  counts.assign(static_cast<std::size_t>(experts), 0);
+  for (auto e : topk_idx) {
+    HCP_CHECK(e >= 0 && e < experts, "moe_permute: expert index ", e, " outside [0, ", experts, ")");
+    counts[static_cast<std::size_t>(e)]++;
+  }
+  std::vector<std::int64_t> off(static_cast<std::size_t>(experts), 0);
+  for (std::int64_t e = 1; e < experts; ++e) off[static_cast<std::size_t>(e)] = off[static_cast<std::size_t>(e - 1)] + counts[static_cast<std::size_t>(e - 1)];
+  src.assign(static_cast<std::size_t>(TK), 0);
+  for (std::int64_t a = 0; a < TK; ++a) src[static_cast<std::size_t>(off[static_cast<std::size_t>(topk_idx[static_cast<std::size_t>(a)])]++)] = a;
+  const std::int64_t K = TK / Tn;
+  HCP_DISPATCH_FLOAT(x, {
+    In<T> x_(x, "x");
+    Out<T> xp_(xp, "xp");
+    const T* xb = x_.get();
+    T* pb = xp_.get();
+    Kokkos::parallel_for("moe_permute", Range(0, TK), [&](std::int64_t r) {
+      const std::int64_t t = src[static_cast<std::size_t>(r)] / K;
+      std::copy(xb + t * C, xb + (t + 1) * C, pb + r * C);
+    });
+  });
+}
+
+namespace {
+std::vector<std::int64_t> inverse(const std::vector<std::int64_t>& src) {
+  std::vector<std::int64_t> inv(src.size());
+  for (std::size_t r = 0; r < src.size(); ++r) inv[static_cast<std::size_t>(src[r])] = static_cast<std::int64_t>(r);
+  return inv;
+}
+}  // namespace
+
+void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64_t>& src, std::int64_t topk) {
+  const std::int64_t TK = static_cast<std::int64_t>(src.size()), Tn = TK / topk;
+  HCP_CHECK(dxp.numel() % TK == 0, "moe_permute_bwd: dxp is not [T*k, C]");
+  const std::int64_t C = dxp.numel() / TK;
+  host::require_numel(dx, Tn * C, "moe_permute_bwd: dx [T,C]");
+  const auto inv = inverse(src);
+  HCP_DISPATCH_FLOAT(dxp, {
+    In<T> d_(dxp, "dxp");
+    Out<T> dx_(dx, "dx");
+    const T* db = d_.get();
+    T* xb = dx_.get();
+    Kokkos::parallel_for("moe_permute_bwd", Range(0, Tn), [&](std::int64_t t) {
+      for (std::int64_t c = 0; c < C; ++c) xb[t * C + c] = 0;
+      for (std::int64_t k = 0; k < topk; ++k) {
+        const std::int64_t r = inv[static_cast<std::size_t>(t * topk + k)];
+        for (std::int64_t c = 0; c < C; ++c) xb[t * C + c] += db[r * C + c];
+      }
+    });
+  });
+}
+
+void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t>& src, const Tensor& topk_w) {
+  const std::int64_t TK = static_cast<std::int64_t>(src.size());
+  HCP_CHECK(TK > 0 && yp.numel() % TK == 0 && topk_w.numel() == TK, "moe_combine: yp / topk_w shapes");
+  const std::int64_t C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1, Tn = TK / K;
+  host::require_numel(y, Tn * C, "moe_combine: y [T,C]");
+  const auto inv = inverse(src);
+  HCP_DISPATCH_FLOAT(yp, {
+    In<T> yp_(yp, "yp"), w_(topk_w, "topk_w");
+    Out<T> y_(y, "y");
+    const T* pb = yp_.get();
+    const T* wb = w_.get();
+    T* yb = y_.get();
+    Kokkos::parallel_for("moe_combine_fwd", Range(0, Tn), [&](std::int64_t t) {
+      for (std::int64_t c = 0; c < C; ++c) yb[t * C + c] = 0;
+      for (std::int64_t k = 0; k < K; ++k) {
+        const std::int64_t r = inv[static_cast<std::size_t>(t * K + k)];
+        for (std::int64_t c = 0; c < C; ++c) yb[t * C + c] += wb[t * K + k] * pb[r * C + c];
+      }
+    });
+  });
+}
+
+void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp,
+                     const std::vector<std::int64_t>& src, const Tensor& topk_w) {
+  const std::int64_t TK = static_cast<std::int64_t>(src.size());
+  HCP_CHECK(TK > 0 && yp.numel() % TK == 0 && topk_w.numel() == TK, "moe_combine_bwd: shapes");
+  const std::int64_t C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1;
+  host::require_numel(dyp, yp.numel(), "moe_combine_bwd: dyp");
+  host::require_numel(dtopk_w, TK, "moe_combine_bwd: dtopk_w");
+  host::require_numel(dy, (TK / K) * C, "moe_combine_bwd: dy");
+  HCP_DISPATCH_FLOAT(yp, {
+    In<T> yp_(yp, "yp"), w_(topk_w, "topk_w"), dy_(dy, "dy");
+    Out<T> dp_(dyp, "dyp"), dw_(dtopk_w, "dtopk_w");
+    const T* pb = yp_.get();
+    const T* wb = w_.get();
+    const T* dyb = dy_.get();
+    T* dpb = dp_.get();
+    T* dwb = dw_.get();
+    Kokkos::parallel_for("moe_combine_bwd", Range(0, TK), [&](std::int64_t r) {
+      const std::int64_t a = src[static_cast<std::size_t>(r)], t = a / K;
+      T dot = 0;
+      for (std::int64_t c = 0; c < C; ++c) {
+        dpb[r * C + c] = wb[a] * dyb[t * C + c];
+        dot += dyb[t * C + c] * pb[r * C + c];
+      }
+      dwb[a] = dot;
+    });
+  });
+}
+
+namespace {
+struct MlpShape {
+  std::int64_t E, F1, F, C, rows;
+  std::vector<std::int64_t> off;
+};
+MlpShape check_mlp(const Tensor& xp, const Tensor& W1, const Tensor& W2, const std::vector<std::int64_t>& counts,
+                   Activation act) {
+  HCP_CHECK(W1.dim() == 3 && W2.dim() == 3, "expert_mlp: W1 must be [E,F1,C] and W2 [E,C,F]");
+  MlpShape s;
+  s.E = W1.size(0);
+  s.F1 = W1.size(1);
+  s.C = W1.size(2);
+  s.F = act == Activation::SwiGLU ? s.F1 / 2 : s.F1;
+  HCP_CHECK(act != Activation::SwiGLU || s.F1 % 2 == 0, "expert_mlp: SwiGLU needs an even W1 row count");
+  HCP_CHECK(W2.size(0) == s.E && W2.size(1) == s.C && W2.size(2) == s.F, "expert_mlp: W2 ", shape_str(W2.shape()),
+            " does not match [E=", s.E, ", C=", s.C, ", F=", s.F, "]");
+  HCP_CHECK(static_cast<std::int64_t>(counts.size()) == s.E, "expert_mlp: ", counts.size(), " counts for ", s.E,
+            " experts");
+  s.off.assign(static_cast<std::size_t>(s.E + 1), 0);
+  for (std::int64_t e = 0; e < s.E; ++e) s.off[static_cast<std::size_t>(e + 1)] = s.off[static_cast<std::size_t>(e)] + counts[static_cast<std::size_t>(e)];
+  s.rows = s.off.back();
+  host::require_numel(xp, s.rows * s.C, "expert_mlp: xp [rows,C]");
+  return s;
+}
+template <class T> inline T act_fwd(const T* h, std::int64_t f, std::int64_t F, Activation a) {
+  if (a == Activation::SquaredReLU) {
+    const T r = h[f] > T(0) ? h[f] : T(0);
+    return r * r;
+  }
+  return host::silu(h[f]) * h[F + f];
+}
+}  // namespace
+
+void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,
+                    const std::vector<std::int64_t>& counts, Activation act) {
+  const MlpShape s = check_mlp(xp, W1, W2, counts, act);
+  host::require_numel(yp, s.rows * s.C, "expert_mlp_fwd: yp");
+  host::require_numel(h, s.rows * s.F1, "expert_mlp_fwd: h");
+  HCP_DISPATCH_FLOAT(xp, {
+    In<T> x_(xp, "xp"), W1_(W1, "W1"), W2_(W2, "W2");
+    Out<T> y_(yp, "yp"), h_(h, "h");
+    const T* xb = x_.get();
+    const T* w1 = W1_.get();
+    const T* w2 = W2_.get();
+    T* yb = y_.get();
+    T* hb = h_.get();
+    // The expert of each row, then one work item per row (all experts in one launch).
+    std::vector<std::int64_t> expert_of(static_cast<std::size_t>(s.rows));
+    for (std::int64_t e = 0; e < s.E; ++e)
+      for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) expert_of[static_cast<std::size_t>(r)] = e;
+    Kokkos::parallel_for("expert_mlp_fwd", Range(0, s.rows), [&](std::int64_t r) {
+      const std::int64_t e = expert_of[static_cast<std::size_t>(r)];
+      const T* xr = xb + r * s.C;
+      T* hr = hb + r * s.F1;
+      for (std::int64_t f = 0; f < s.F1; ++f) {
+        const T* wr = w1 + (e * s.F1 + f) * s.C;
+        T acc = 0;
+        for (std::int64_t c = 0; c < s.C; ++c) acc += xr[c] * wr[c];
+        hr[f] = acc;
+      }
+      std::vector<T> a(static_cast<std::size_t>(s.F));
+      for (std::int64_t f = 0; f < s.F; ++f) a[static_cast<std::size_t>(f)] = act_fwd(hr, f, s.F, act);
+      for (std::int64_t c = 0; c < s.C; ++c) {
+        const T* wr = w2 + (e * s.C + c) * s.F;
+        T acc = 0;
+        for (std::int64_t f = 0; f < s.F; ++f) acc += a[static_cast<std::size_t>(f)] * wr[f];
+        yb[r * s.C + c] = acc;
+      }
+    });
+  });
+}
+
+void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, const Tensor& W1, const Tensor& W2,
+                    const Tensor& h, const std::vector<std::int64_t>& counts, Activation act, const Tensor& dyp) {
+  const MlpShape s = check_mlp(xp, W1, W2, counts, act);
+  host::require_numel(dxp, xp.numel(), "expert_mlp_bwd: dxp");
+  host::require_numel(dW1, W1.numel(), "expert_mlp_bwd: dW1");
+  host::require_numel(dW2, W2.numel(), "expert_mlp_bwd: dW2");
+  host::require_numel(h, s.rows * s.F1, "expert_mlp_bwd: h");
+  host::require_numel(dyp, s.rows * s.C, "expert_mlp_bwd: dyp");
+  HCP_DISPATCH_FLOAT(xp, {
+    In<T> x_(xp, "xp"), W1_(W1, "W1"), W2_(W2, "W2"), h_(h, "h"), dy_(dyp, "dyp");
+    Out<T> dx_(dxp, "dxp"), dW1_(dW1, "dW1"), dW2_(dW2, "dW2");
+    const T* xb = x_.get();
+    const T* w1 = W1_.get();
+    const T* w2 = W2_.get();
+    const T* hb = h_.get();
+    const T* dyb = dy_.get();
+    T* dxb = dx_.get();
+    T* dw1 = dW1_.get();
+    T* dw2 = dW2_.get();
+    std::vector<std::int64_t> expert_of(static_cast<std::size_t>(s.rows));
+    for (std::int64_t e = 0; e < s.E; ++e)
+      for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) expert_of[static_cast<std::size_t>(r)] = e;
+    // dh [rows, F1] (pre-activation gradient), per row.
+    std::vector<T> dh(static_cast<std::size_t>(s.rows * s.F1));
+    Kokkos::parallel_for("expert_mlp_bwd_dh", Range(0, s.rows), [&](std::int64_t r) {
+      const std::int64_t e = expert_of[static_cast<std::size_t>(r)];
+      const T* hr = hb + r * s.F1;
+      for (std::int64_t f = 0; f < s.F; ++f) {
+        T da = 0;
+        for (std::int64_t c = 0; c < s.C; ++c) da += dyb[r * s.C + c] * w2[(e * s.C + c) * s.F + f];
+        if (act == Activation::SquaredReLU) {
+          dh[static_cast<std::size_t>(r * s.F1 + f)] = hr[f] > T(0) ? da * T(2) * hr[f] : T(0);
+        } else {
+          dh[static_cast<std::size_t>(r * s.F1 + f)] = da * hr[s.F + f] * host::dsilu(hr[f]);
+          dh[static_cast<std::size_t>(r * s.F1 + s.F + f)] = da * host::silu(hr[f]);
+        }
+      }
+      for (std::int64_t c = 0; c < s.C; ++c) {
+        T acc = 0;
+        for (std::int64_t f = 0; f < s.F1; ++f) acc += dh[static_cast<std::size_t>(r * s.F1 + f)] * w1[(e * s.F1 + f) * s.C + c];
+        dxb[r * s.C + c] = acc;
+      }
+    });
+    // Weight gradients: one work item per weight row; rows of the expert summed in order.
+    Kokkos::parallel_for("expert_mlp_bwd_dW1", Range(0, s.E * s.F1), [&](std::int64_t ef) {
+      const std::int64_t e = ef / s.F1, f = ef % s.F1;
+      T* out = dw1 + ef * s.C;
+      for (std::int64_t c = 0; c < s.C; ++c) out[c] = 0;
+      for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) {
+        const T g = dh[static_cast<std::size_t>(r * s.F1 + f)];
+        for (std::int64_t c = 0; c < s.C; ++c) out[c] += g * xb[r * s.C + c];
+      }
+    });
+    Kokkos::parallel_for("expert_mlp_bwd_dW2", Range(0, s.E * s.C), [&](std::int64_t ec) {
+      const std::int64_t e = ec / s.C, c = ec % s.C;
+      T* out = dw2 + ec * s.F;
+      for (std::int64_t f = 0; f < s.F; ++f) out[f] = 0;
+      for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) {
+        const T g = dyb[r * s.C + c];
+        const T* hr = hb + r * s.F1;
+        for (std::int64_t f = 0; f < s.F; ++f) out[f] += g * act_fwd(hr, f, s.F, act);
+      }
+    });
+  });
+}
+
+}  // namespace hcp::kernels

@@ -1,0 +1,174 @@
+// Backend-neutral kernel API. Every op takes tensors (outputs first, then const inputs, then
+// parameters) and dispatches by memory space: host tensors run the Kokkos reference kernels in
+// kernels/host, CUDA tensors the kernels in kernels/cuda (when built). Compute precision follows
+// the first input: fp64 inputs compute in fp64, fp32 and bf16 inputs compute in fp32 (bf16 is
+// widened on entry and rounded on exit). Tensors must be contiguous. Backward outputs are
+// overwritten (never accumulated) unless the op says otherwise.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/layout.hpp"
+#include "core/tensor.hpp"
+
+namespace hcp::kernels {
+
+// =============================== attention ======================================================
+// A segment pairs a block of query rows with a block of key/value rows; rows of different
+// segments never interact. Positions (for the causal mask) are explicit: query row i of the
+// segment is at position q_pos0 + i, key row j at kv_pos0 + j; causal keeps kv_pos <= q_pos.
+// A whole BSHD batch or THD pack is one segment per sequence; CP adds segments per chunk.
+struct AttnSegment {
+  std::int64_t q_start = 0, q_len = 0;    // rows of q / o / lse
+  std::int64_t kv_start = 0, kv_len = 0;  // rows of k / v
+  std::int64_t q_pos0 = 0, kv_pos0 = 0;   // global position of the first row of each block
+};
+
+enum class Mask { None, Causal };
+
+struct AttnParams {
+  std::int64_t heads = 1, kv_heads = 1, head_dim = 1;
+  double scale = 0;  // softmax scale; 0 means 1/sqrt(head_dim)
+  Mask mask = Mask::Causal;
+  std::vector<AttnSegment> segments;
+  std::int64_t kv_tile = 64;  // keys per tile of the online softmax
+};
+
+// Segments of a layout: sequence s of q_layout with sequence s of kv_layout. With `bottom_right`,
+// a causal diagonal is aligned to the end of both blocks (query i sees keys j <= i + lk - lq).
+std::vector<AttnSegment> segments_from_layout(const SeqLayout& q_layout, const SeqLayout& kv_layout,
+                                              bool bottom_right = false);
+
+// o [Tq,H,D] (or [B,S,H,D]), lse [Tq,H] (fp32, or fp64 for fp64 inputs) <- q [Tq,H,D], k, v [Tkv,Hkv,D].
+// Rows not covered by any segment get o = 0, lse = -inf. Rows whose keys are all masked likewise.
+void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const AttnParams& p);
+// dq, dk, dv (overwritten) from the saved o and lse, and dout. Uses D = rowsum(dout * o).
+void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& o, const Tensor& lse, const Tensor& dout, const AttnParams& p);
+// In place: (o, lse) <- LSE-weighted merge of (o, lse) and (o_b, lse_b). Shapes [T,H,D] / [T,H].
+// Rows with lse_b = -inf are left unchanged.
+void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& lse_b);
+
+// =============================== Mamba2 SSD scan ================================================
+struct SsdParams {
+  std::int64_t batch = 1, seqlen = 1, heads = 1, head_dim = 1, groups = 1, d_state = 1;
+  std::int64_t chunk = 128;
+  bool dt_softplus = true;
+  double dt_min = 0.0, dt_max = std::numeric_limits<double>::infinity();  // clamp after softplus
+};
+// Optional inputs are nullptr when absent. seq_idx [B*L] gives each token's sequence index (non-
+// decreasing per row); the state resets where it changes.
+struct SsdInputs {
+  const Tensor* x = nullptr;        // [B,L,H,P]
+  const Tensor* dt = nullptr;       // [B,L,H] raw (before dt_bias and softplus)
+  const Tensor* A_log = nullptr;    // [H], A = -exp(A_log)
+  const Tensor* Bm = nullptr;       // [B,L,G,N]
+  const Tensor* Cm = nullptr;       // [B,L,G,N]
+  const Tensor* D = nullptr;        // [H] skip, optional
+  const Tensor* dt_bias = nullptr;  // [H], optional
+  const Tensor* init_states = nullptr;  // [B,H,P,N], optional
+  const std::vector<std::int64_t>* seq_idx = nullptr;  // [B*L], optional
+};
+// Chunked (state-space duality) forward. final_states [B,H,P,N] optional (state after the last token).
+void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p);
+// The plain sequential recurrence (test oracle only).
+void ssd_sequential_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p);
+struct SsdGrads {
+  Tensor* dx = nullptr;        // [B,L,H,P]
+  Tensor* ddt = nullptr;       // [B,L,H] w.r.t. raw dt
+  Tensor* dA_log = nullptr;    // [H]
+  Tensor* dB = nullptr;        // [B,L,G,N]
+  Tensor* dC = nullptr;        // [B,L,G,N]
+  Tensor* dD = nullptr;        // [H] (if D given)
+  Tensor* ddt_bias = nullptr;  // [H] (if dt_bias given)
+  Tensor* dinit_states = nullptr;  // [B,H,P,N] (if init_states given)
+};
+// Backward: chunk-boundary states are recomputed, then each chunk is reversed token by token.
+// dfinal_states [B,H,P,N] optional.
+void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal_states,
+             const SsdParams& p);
+
+// =============================== causal depthwise conv1d ========================================
+// y[b,t,c] = act(bias[c] + sum_k w[c,k] x[b,t-W+1+k,c]); taps before the sequence start (or in an
+// earlier packed sequence by seq_idx [B*L]) are zero. x, y [B,L,C]; w [C,W]; bias [C] optional.
+void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
+                const std::vector<std::int64_t>* seq_idx, bool silu);
+void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Tensor& w, const Tensor* bias,
+                const std::vector<std::int64_t>* seq_idx, bool silu, const Tensor& dy);
+
+// =============================== norms ==========================================================
+// RMSNorm over the last axis: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). x, y [M,C], rstd [M].
+void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double eps);
+void rmsnorm_bwd(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy);
+// Gated group RMSNorm (Mamba2, norm after gate): g = x * silu(z), RMSNorm over groups of C/G
+// channels of g, times w. x, z, y [M,C]; rstd [M,G].
+void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w,
+                       std::int64_t groups, double eps);
+void gated_rmsnorm_bwd(Tensor& dx, Tensor& dz, Tensor& dw, const Tensor& x, const Tensor& z, const Tensor& w,
+                       const Tensor& rstd, std::int64_t groups, const Tensor& dy);
+
+// =============================== dense ops ======================================================
+// y [M,N] = x [M,K] W^T ([N,K]) + bias [N] (optional).
+void linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias);
+// Any of dx, dW, dbias may be nullptr.
+void linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Tensor& W, const Tensor& dy);
+// Rotary embedding (rotate-half) over the first rotary_dim channels, angle pos * theta^(-2i/rd).
+// x, y [T,H,D]; positions [T] global ids. rope_bwd rotates by the negative angle.
+void rope_fwd(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& positions, double theta,
+              std::int64_t rotary_dim);
+void rope_bwd(Tensor& dx, const Tensor& dy, const std::vector<std::int64_t>& positions, double theta,
+              std::int64_t rotary_dim);
+// y [T,C] = table [V,C] rows ids [T]. Backward scatter-adds into dtable (overwritten first).
+void embedding_fwd(Tensor& y, const Tensor& table, const std::vector<std::int64_t>& ids);
+void embedding_bwd(Tensor& dtable, const std::vector<std::int64_t>& ids, const Tensor& dy);
+// Sum over tokens with label != ignore of -log softmax(logits)[label]; logits [T,V].
+// `count` receives the number of label tokens. Backward: dlogits = scale * (softmax - onehot), 0 on
+// ignored rows (scale is usually dloss / global label count).
+double cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& labels, std::int64_t ignore,
+                         std::int64_t* count);
+void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<std::int64_t>& labels,
+                       std::int64_t ignore, double scale);
+// Elementwise helpers used by the layers: y = a + b; y = act(x) and its backward.
+void add(Tensor& y, const Tensor& a, const Tensor& b);
+void axpy(Tensor& y, double alpha, const Tensor& x);  // y += alpha x
+
+// =============================== MoE ============================================================
+struct RouterParams {
+  std::int64_t experts = 1, topk = 1;
+  bool sigmoid = true;                            // sigmoid (NemotronH) or softmax scores
+  std::int64_t n_group = 1, topk_group = 1;       // group-limited selection (n_group = 1: off)
+  bool renormalize = true;                        // top-k weights divided by their sum
+  double scaling = 1.0;                           // routed scaling factor
+};
+// logits [T,E] -> scores [T,E], selection by scores + correction_bias [E] (optional, selection only),
+// topk_idx [T*k] (by decreasing selection score, ties to the lower index), topk_w [T,k].
+void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& topk_w, const Tensor& logits,
+                const Tensor* correction_bias, const RouterParams& p);
+// dlogits [T,E] from dtopk_w [T,k] and optionally dscores [T,E] (e.g. from the aux loss).
+void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
+                const Tensor& dtopk_w, const Tensor* dscores, const RouterParams& p);
+// Switch-style load-balancing loss E * sum_e f_e P_e, f_e = share of assignments to e, P_e = mean over
+// tokens of the normalised score. Backward adds d/dscores (scaled by dloss) into dscores.
+double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const RouterParams& p);
+void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
+                      const RouterParams& p, double dloss);
+// Permute token copies by expert (stable: token order within an expert). xp [T*k,C]; counts [E];
+// src [T*k]: xp row r is a copy of token src[r]/k (slot src[r]%k).
+void moe_permute(Tensor& xp, std::vector<std::int64_t>& counts, std::vector<std::int64_t>& src, const Tensor& x,
+                 const std::vector<std::int64_t>& topk_idx, std::int64_t experts);
+// dx [T,C] = sum of dxp rows of each token.
+void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64_t>& src, std::int64_t topk);
+// y [T,C] = sum_slots topk_w * yp row of that slot.
+void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t>& src, const Tensor& topk_w);
+void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp,
+                     const std::vector<std::int64_t>& src, const Tensor& topk_w);
+enum class Activation { SquaredReLU, SwiGLU };
+// Grouped expert MLP over permuted rows: rows of expert e are consecutive (counts). W1 [E,F1,C]
+// (F1 = F, or 2F for SwiGLU: gate rows then up rows), W2 [E,C,F]. h [T*k,F1] saved for backward.
+void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,
+                    const std::vector<std::int64_t>& counts, Activation act);
+void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, const Tensor& W1, const Tensor& W2,
+                    const Tensor& h, const std::vector<std::int64_t>& counts, Activation act, const Tensor& dyp);
+
+}  // namespace hcp::kernels

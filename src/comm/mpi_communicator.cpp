@@ -1,0 +1,154 @@
+#include "comm/mpi_communicator.hpp"
+
+#include <limits>
+
+namespace hcp {
+namespace {
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::BF16: return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(DType dt, ReduceOp op) {
+  HCP_CHECK(dt != DType::BF16, "MPI reductions on bf16 are not supported; reduce in fp32");
+  return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+}
+
+int icount(std::int64_t n) {
+  HCP_CHECK(n >= 0 && n <= std::numeric_limits<int>::max(), "MPI count ", n, " exceeds the int range");
+  return static_cast<int>(n);
+}
+
+struct Timer {
+  double t0 = MPI_Wtime();
+  double elapsed() const { return MPI_Wtime() - t0; }
+};
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
+  HCP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  HCP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  HCP_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  HCP_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dt) {
+  Timer t;
+  HCP_MPI_CHECK(MPI_Alltoall(send, icount(count), mpi_type(dt), recv, icount(count), mpi_type(dt), comm_));
+  record("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
+}
+
+void MpiCommunicator::all_to_all_v(const void* send, const std::vector<std::int64_t>& send_counts, void* recv,
+                                   const std::vector<std::int64_t>& recv_counts, DType dt) {
+  HCP_CHECK(static_cast<int>(send_counts.size()) == size_ && static_cast<int>(recv_counts.size()) == size_,
+            "all_to_all_v: need ", size_, " send and receive counts");
+  Timer t;
+  std::vector<int> sc(size_), rc(size_), sd(size_), rd(size_);
+  std::int64_t so = 0, ro = 0, bytes = 0;
+  for (int k = 0; k < size_; ++k) {
+    sc[k] = icount(send_counts[k]);
+    rc[k] = icount(recv_counts[k]);
+    sd[k] = icount(so);
+    rd[k] = icount(ro);
+    so += send_counts[k];
+    ro += recv_counts[k];
+    if (k != rank_) bytes += send_counts[k];
+  }
+  HCP_MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(dt), recv, rc.data(), rd.data(), mpi_type(dt),
+                              comm_));
+  record("all_to_all_v", bytes * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
+}
+
+void MpiCommunicator::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
+  Timer t;
+  HCP_MPI_CHECK(MPI_Allgather(send, icount(count), mpi_type(dt), recv, icount(count), mpi_type(dt), comm_));
+  record("all_gather", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
+}
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, ReduceOp op) {
+  Timer t;
+  HCP_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, icount(count), mpi_type(dt), mpi_op(dt, op), comm_));
+  record("reduce_scatter", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
+}
+
+void MpiCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, ReduceOp op) {
+  Timer t;
+  HCP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(dt), mpi_op(dt, op), comm_));
+  // Ring all-reduce cost: 2 (p-1)/p of the buffer per rank.
+  record("all_reduce", size_ > 1 ? 2 * count * (size_ - 1) / size_ * static_cast<std::int64_t>(dtype_size(dt)) : 0,
+        t.elapsed());
+}
+
+void MpiCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {
+  Timer t;
+  HCP_MPI_CHECK(MPI_Bcast(buf, icount(count), mpi_type(dt), root, comm_));
+  record("broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0, t.elapsed());
+}
+
+void MpiCommunicator::send(const void* buf, std::int64_t count, DType dt, int dst, int tag) {
+  Timer t;
+  HCP_MPI_CHECK(MPI_Send(buf, icount(count), mpi_type(dt), dst, tag, comm_));
+  record("send", count * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
+}
+
+void MpiCommunicator::recv(void* buf, std::int64_t count, DType dt, int src, int tag) {
+  Timer t;
+  HCP_MPI_CHECK(MPI_Recv(buf, icount(count), mpi_type(dt), src, tag, comm_, MPI_STATUS_IGNORE));
+  record("recv", 0, t.elapsed());
+}
+
+RingRequest MpiCommunicator::ring_post(const void* send, void* recv, std::int64_t count, DType dt, int dst, int src,
+                                       int tag) {
+  RingRequest r;
+  r.posted_at = MPI_Wtime();
+  MPI_Request rq[2];
+  HCP_MPI_CHECK(MPI_Irecv(recv, icount(count), mpi_type(dt), src, tag, comm_, &rq[0]));
+  HCP_MPI_CHECK(MPI_Isend(send, icount(count), mpi_type(dt), dst, tag, comm_, &rq[1]));
+  for (auto q : rq) {
+    r.handles.push_back(static_cast<std::int64_t>(pending_.size()));
+    pending_.push_back(q);
+  }
+  r.active = true;
+  record("ring_post", count * static_cast<std::int64_t>(dtype_size(dt)), MPI_Wtime() - r.posted_at);
+  return r;
+}
+
+void MpiCommunicator::ring_wait(RingRequest& req) {
+  HCP_CHECK(req.active, "ring_wait on a request that is not in flight");
+  Timer t;
+  for (auto h : req.handles) HCP_MPI_CHECK(MPI_Wait(&pending_[static_cast<std::size_t>(h)], MPI_STATUS_IGNORE));
+  req.active = false;
+  // Forget completed requests once nothing is in flight.
+  bool any = false;
+  for (auto& q : pending_) any = any || q != MPI_REQUEST_NULL;
+  if (!any) pending_.clear();
+  record("ring_wait", 0, t.elapsed());
+}
+
+void MpiCommunicator::barrier() {
+  Timer t;
+  HCP_MPI_CHECK(MPI_Barrier(comm_));
+  record("barrier", 0, t.elapsed());
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) const {
+  MPI_Comm sub;
+  HCP_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+  auto c = std::make_unique<MpiCommunicator>(sub);
+  MPI_Comm_free(&sub);
+  return c;
+}
+
+}  // namespace hcp

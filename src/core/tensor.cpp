@@ -1,0 +1,275 @@
+#include "core/tensor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/layout.hpp"
+
+namespace hcp {
+
+std::string to_string(DType t) {
+  switch (t) {
+    case DType::F32: return "fp32";
+    case DType::F64: return "fp64";
+    case DType::BF16: return "bf16";
+  }
+  return "?";
+}
+std::string to_string(Space s) { return s == Space::Host ? "host" : "cuda"; }
+DType dtype_from_string(const std::string& s) {
+  if (s == "fp32") return DType::F32;
+  if (s == "fp64") return DType::F64;
+  if (s == "bf16") return DType::BF16;
+  HCP_FAIL("unknown dtype '", s, "' (expected fp32, fp64 or bf16)");
+}
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (std::size_t i = 0; i < s.size(); ++i) os << (i ? "," : "") << s[i];
+  os << "]";
+  return os.str();
+}
+std::int64_t numel_of(const Shape& s) {
+  std::int64_t n = 1;
+  for (auto v : s) n *= v;
+  return n;
+}
+Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size());
+  std::int64_t acc = 1;
+  for (int i = static_cast<int>(s.size()) - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dt, Space sp) {
+  for (auto v : shape) HCP_CHECK(v >= 0, "negative extent in shape ", shape_str(shape));
+  HCP_CHECK(sp == Space::Host, "Tensor::empty on ", to_string(sp),
+            " needs the CUDA backend allocator (kernels/cuda)");
+  Tensor t;
+  std::size_t bytes = static_cast<std::size_t>(numel_of(shape)) * dtype_size(dt);
+  void* p = std::aligned_alloc(64, ((bytes + 63) / 64) * 64 + 64);
+  HCP_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed");
+  t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  t.data_ = p;
+  t.dtype_ = dt;
+  t.space_ = sp;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.defined_ = true;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dt, Space sp) {
+  Tensor t = empty(shape, dt, sp);
+  std::memset(t.data_, 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::wrap(void* data, const Shape& shape, DType dt, Space sp) {
+  Tensor t;
+  t.data_ = data;
+  t.dtype_ = dt;
+  t.space_ = sp;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.defined_ = true;
+  return t;
+}
+
+Tensor Tensor::from(const std::vector<double>& v, const Shape& shape, DType dt) {
+  HCP_CHECK(static_cast<std::int64_t>(v.size()) == numel_of(shape), "Tensor::from: ", v.size(),
+            " values for shape ", shape_str(shape));
+  Tensor t = empty(shape, dt);
+  for (std::size_t i = 0; i < v.size(); ++i) t.set(static_cast<std::int64_t>(i), v[i]);
+  return t;
+}
+
+std::int64_t Tensor::size(int d) const {
+  if (d < 0) d += dim();
+  HCP_CHECK(d >= 0 && d < dim(), "axis ", d, " out of range for shape ", shape_str(shape_));
+  return shape_[d];
+}
+std::int64_t Tensor::stride(int d) const {
+  if (d < 0) d += dim();
+  HCP_CHECK(d >= 0 && d < dim(), "axis ", d, " out of range for shape ", shape_str(shape_));
+  return strides_[d];
+}
+
+bool Tensor::is_contiguous() const {
+  std::int64_t acc = 1;
+  for (int i = dim() - 1; i >= 0; --i) {
+    if (shape_[i] != 1 && strides_[i] != acc) return false;
+    acc *= shape_[i];
+  }
+  return true;
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  HCP_CHECK(is_contiguous(), "view() of a non-contiguous tensor ", shape_str(shape_));
+  Shape s = shape;
+  int neg = -1;
+  std::int64_t known = 1;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      HCP_CHECK(neg < 0, "view(): more than one -1 in ", shape_str(shape));
+      neg = static_cast<int>(i);
+    } else {
+      known *= s[i];
+    }
+  }
+  if (neg >= 0) {
+    HCP_CHECK(known > 0 && numel() % known == 0, "view(): cannot infer -1 in ", shape_str(shape),
+              " from ", shape_str(shape_));
+    s[neg] = numel() / known;
+  }
+  HCP_CHECK(numel_of(s) == numel(), "view(): shape ", shape_str(s), " does not match ", numel(),
+            " elements of ", shape_str(shape_));
+  Tensor t = *this;
+  t.shape_ = s;
+  t.strides_ = contiguous_strides(s);
+  return t;
+}
+
+Tensor Tensor::slice(int d, std::int64_t start, std::int64_t len) const {
+  if (d < 0) d += dim();
+  HCP_CHECK(d >= 0 && d < dim(), "slice(): axis ", d, " out of range for ", shape_str(shape_));
+  HCP_CHECK(start >= 0 && len >= 0 && start + len <= shape_[d], "slice(): [", start, ", ",
+            start + len, ") out of range of axis ", d, " of ", shape_str(shape_));
+  Tensor t = *this;
+  t.data_ = static_cast<char*>(data_) + start * strides_[d] * static_cast<std::int64_t>(dtype_size(dtype_));
+  t.shape_[d] = len;
+  return t;
+}
+
+std::int64_t Tensor::offset_of(std::int64_t flat) const {
+  std::int64_t off = 0;
+  for (int i = dim() - 1; i >= 0; --i) {
+    std::int64_t idx = flat % shape_[i];
+    flat /= shape_[i];
+    off += idx * strides_[i];
+  }
+  return off;
+}
+
+double Tensor::get(std::int64_t flat) const {
+  HCP_CHECK(space_ == Space::Host, "get() on a ", to_string(space_), " tensor");
+  std::int64_t o = offset_of(flat);
+  switch (dtype_) {
+    case DType::F32: return static_cast<const float*>(data_)[o];
+    case DType::F64: return static_cast<const double*>(data_)[o];
+    case DType::BF16: return static_cast<float>(static_cast<const bf16*>(data_)[o]);
+  }
+  return 0;
+}
+
+void Tensor::set(std::int64_t flat, double v) {
+  HCP_CHECK(space_ == Space::Host, "set() on a ", to_string(space_), " tensor");
+  std::int64_t o = offset_of(flat);
+  switch (dtype_) {
+    case DType::F32: static_cast<float*>(data_)[o] = static_cast<float>(v); break;
+    case DType::F64: static_cast<double*>(data_)[o] = v; break;
+    case DType::BF16: static_cast<bf16*>(data_)[o] = bf16(static_cast<float>(v)); break;
+  }
+}
+
+std::vector<double> Tensor::to_vector() const {
+  std::vector<double> v(static_cast<std::size_t>(numel()));
+  for (std::int64_t i = 0; i < numel(); ++i) v[static_cast<std::size_t>(i)] = get(i);
+  return v;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  HCP_CHECK(src.shape_ == shape_, "copy_from(): shape ", shape_str(src.shape_), " into ",
+            shape_str(shape_));
+  if (src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous()) {
+    std::memcpy(data_, src.data_, nbytes());
+    return;
+  }
+  const std::int64_t n = numel();
+  for (std::int64_t i = 0; i < n; ++i) set(i, src.get(i));
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, space_);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(DType dt) const {
+  Tensor t = empty(shape_, dt, space_);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::fill(double v) {
+  const std::int64_t n = numel();
+  for (std::int64_t i = 0; i < n; ++i) set(i, v);
+}
+
+ErrorStats compare(const Tensor& a, const Tensor& ref, double rel_floor) {
+  HCP_CHECK(a.shape() == ref.shape(), "compare(): shapes ", shape_str(a.shape()), " and ",
+            shape_str(ref.shape()));
+  ErrorStats e;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    double x = a.get(i), y = ref.get(i);
+    double d = std::abs(x - y);
+    if (std::isnan(x) != std::isnan(y)) d = INFINITY;
+    e.max_abs = std::max(e.max_abs, d);
+    e.max_rel = std::max(e.max_rel, d / std::max(std::abs(y), rel_floor));
+    e.ref_max = std::max(e.ref_max, std::abs(y));
+  }
+  return e;
+}
+
+// splitmix64 of (seed, index): reproducible regardless of rank count or iteration order.
+static inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+void fill_uniform(Tensor& t, std::uint64_t seed, double lo, double hi) {
+  const std::uint64_t s = mix(seed);
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    std::uint64_t r = mix(s ^ mix(static_cast<std::uint64_t>(i)));
+    double u = static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);
+    t.set(i, lo + (hi - lo) * u);
+  }
+}
+
+// ---- layouts -------------------------------------------------------------------------------
+std::string to_string(Format f) { return f == Format::BSHD ? "bshd" : "thd"; }
+Format format_from_string(const std::string& s) {
+  if (s == "bshd") return Format::BSHD;
+  if (s == "thd") return Format::THD;
+  HCP_FAIL("unknown format '", s, "' (expected bshd or thd)");
+}
+
+SeqLayout SeqLayout::bshd(std::int64_t batch, std::int64_t seqlen) {
+  SeqLayout l;
+  l.format = Format::BSHD;
+  for (std::int64_t b = 0; b <= batch; ++b) l.cu_seqlens.push_back(b * seqlen);
+  return l;
+}
+SeqLayout SeqLayout::thd(std::vector<std::int64_t> cu) {
+  SeqLayout l;
+  l.format = Format::THD;
+  l.cu_seqlens = std::move(cu);
+  l.validate("cu_seqlens");
+  return l;
+}
+void SeqLayout::validate(const char* what) const {
+  HCP_CHECK(cu_seqlens.size() >= 2, what, ": needs at least 2 entries (one sequence)");
+  HCP_CHECK(cu_seqlens[0] == 0, what, ": first entry must be 0, got ", cu_seqlens[0]);
+  for (std::size_t i = 1; i < cu_seqlens.size(); ++i)
+    HCP_CHECK(cu_seqlens[i] >= cu_seqlens[i - 1], what, ": must be non-decreasing (entry ", i, ")");
+}
+
+}  // namespace hcp

@@ -1,0 +1,95 @@
+// Tensors: shape, strides (in elements), dtype and memory space; owning or non-owning views.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+
+namespace hcp {
+
+using Shape = std::vector<std::int64_t>;
+
+std::string shape_str(const Shape& s);
+std::int64_t numel_of(const Shape& s);
+Shape contiguous_strides(const Shape& s);
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // Owning, contiguous, uninitialised / zero-filled host tensors.
+  static Tensor empty(const Shape& shape, DType dt, Space sp = Space::Host);
+  static Tensor zeros(const Shape& shape, DType dt, Space sp = Space::Host);
+  // Non-owning contiguous view of memory the caller keeps alive.
+  static Tensor wrap(void* data, const Shape& shape, DType dt, Space sp = Space::Host);
+  // Host tensor from values (converted to dt).
+  static Tensor from(const std::vector<double>& v, const Shape& shape, DType dt);
+
+  bool defined() const { return defined_; }
+  DType dtype() const { return dtype_; }
+  Space space() const { return space_; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  int dim() const { return static_cast<int>(shape_.size()); }
+  std::int64_t size(int d) const;
+  std::int64_t stride(int d) const;
+  std::int64_t numel() const { return numel_of(shape_); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  bool is_contiguous() const;
+  bool owns() const { return static_cast<bool>(storage_); }
+
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+  template <class T> T* data() {
+    check_type<T>();
+    return static_cast<T*>(data_);
+  }
+  template <class T> const T* data() const {
+    check_type<T>();
+    return static_cast<const T*>(data_);
+  }
+
+  // Views sharing storage.
+  Tensor view(const Shape& shape) const;                          // contiguous only; one -1 allowed
+  Tensor slice(int d, std::int64_t start, std::int64_t len) const;  // along one axis
+  // Copies.
+  Tensor clone() const;          // contiguous copy, same dtype
+  Tensor to(DType dt) const;     // contiguous copy converted
+  void copy_from(const Tensor& src);  // same shape, any dtypes/strides (host)
+  void fill(double v);
+
+  // Element access by flat logical index (host, any strides), as double; for tests and I/O.
+  double get(std::int64_t flat) const;
+  void set(std::int64_t flat, double v);
+  std::vector<double> to_vector() const;
+
+ private:
+  template <class T> void check_type() const {
+    HCP_CHECK(dtype_of<T>() == dtype_, "tensor dtype is ", to_string(dtype_), ", accessed as ",
+              to_string(dtype_of<T>()));
+  }
+  std::int64_t offset_of(std::int64_t flat) const;
+
+  std::shared_ptr<void> storage_;
+  void* data_ = nullptr;
+  DType dtype_ = DType::F32;
+  Space space_ = Space::Host;
+  Shape shape_;
+  Shape strides_;
+  bool defined_ = false;
+};
+
+// Max |a-b| and max |a-b| / max(|b|, floor) over all elements (shapes must match).
+struct ErrorStats {
+  double max_abs = 0, max_rel = 0, ref_max = 0;
+};
+ErrorStats compare(const Tensor& a, const Tensor& ref, double rel_floor = 1e-6);
+
+// Deterministic inputs from (seed, index): uniform in [lo, hi).
+void fill_uniform(Tensor& t, std::uint64_t seed, double lo = -1.0, double hi = 1.0);
+
+}  // namespace hcp

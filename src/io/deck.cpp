@@ -1,0 +1,234 @@
+#include "io/deck.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/error.hpp"
+
+namespace hcp {
+namespace {
+
+const char* type_name(DeckKey::Type t) {
+  switch (t) {
+    case DeckKey::Type::Int: return "an integer";
+    case DeckKey::Type::Float: return "a number";
+    case DeckKey::Type::String: return "a string";
+    case DeckKey::Type::Bool: return "a boolean";
+  }
+  return "?";
+}
+
+std::string fmt_value(const DeckValue& v) {
+  std::ostringstream os;
+  if (auto p = std::get_if<std::int64_t>(&v)) os << *p;
+  if (auto p = std::get_if<double>(&v)) {
+    os.precision(17);
+    os << *p;
+    if (os.str().find_first_of(".eEn") == std::string::npos) os << ".0";
+  }
+  if (auto p = std::get_if<std::string>(&v)) os << '"' << *p << '"';
+  if (auto p = std::get_if<bool>(&v)) os << (*p ? "true" : "false");
+  return os.str();
+}
+
+// Checks range and choices; `where` prefixes the message (file:line or --set).
+void check_rules(const DeckKey& k, const DeckValue& v, const std::string& where) {
+  double num = 0;
+  bool numeric = false;
+  if (auto p = std::get_if<std::int64_t>(&v)) num = static_cast<double>(*p), numeric = true;
+  if (auto p = std::get_if<double>(&v)) num = *p, numeric = true;
+  if (numeric) {
+    if (k.min && num < *k.min)
+      HCP_FAIL(where, ": key '", k.key, "' = ", fmt_value(v), " is out of range: must be >= ", *k.min);
+    if (k.max && num > *k.max)
+      HCP_FAIL(where, ": key '", k.key, "' = ", fmt_value(v), " is out of range: must be <= ", *k.max);
+  }
+  if (auto p = std::get_if<std::string>(&v); p && !k.choices.empty()) {
+    bool ok = false;
+    std::string all;
+    for (auto& c : k.choices) {
+      ok = ok || c == *p;
+      all += (all.empty() ? "" : ", ") + c;
+    }
+    if (!ok) HCP_FAIL(where, ": key '", k.key, "' = \"", *p, "\" is not one of: ", all);
+  }
+}
+
+DeckValue from_node(const DeckKey& k, const toml::node& n, const std::string& where) {
+  switch (k.type) {
+    case DeckKey::Type::Int:
+      if (auto v = n.value_exact<std::int64_t>()) return *v;
+      break;
+    case DeckKey::Type::Float:
+      if (n.is_floating_point()) return *n.value<double>();
+      if (auto v = n.value_exact<std::int64_t>()) return static_cast<double>(*v);
+      break;
+    case DeckKey::Type::String:
+      if (auto v = n.value_exact<std::string>()) return *v;
+      break;
+    case DeckKey::Type::Bool:
+      if (auto v = n.value_exact<bool>()) return *v;
+      break;
+  }
+  HCP_FAIL(where, ": key '", k.key, "' must be ", type_name(k.type));
+}
+
+DeckValue from_text(const DeckKey& k, const std::string& s, const std::string& where) {
+  try {
+    std::size_t pos = 0;
+    switch (k.type) {
+      case DeckKey::Type::Int: {
+        long long v = std::stoll(s, &pos);
+        if (pos == s.size()) return static_cast<std::int64_t>(v);
+        break;
+      }
+      case DeckKey::Type::Float: {
+        double v = std::stod(s, &pos);
+        if (pos == s.size()) return v;
+        break;
+      }
+      case DeckKey::Type::String: {
+        std::string t = s;
+        if (t.size() >= 2 && t.front() == '"' && t.back() == '"') t = t.substr(1, t.size() - 2);
+        return t;
+      }
+      case DeckKey::Type::Bool:
+        if (s == "true" || s == "1") return true;
+        if (s == "false" || s == "0") return false;
+        break;
+    }
+  } catch (const std::exception&) {
+  }
+  HCP_FAIL(where, ": key '", k.key, "' must be ", type_name(k.type), ", got '", s, "'");
+}
+
+void walk(const toml::table& tbl, const std::string& prefix, const DeckSchema& schema, const std::string& source,
+          std::map<std::string, DeckValue>& values, std::map<std::string, bool>& set) {
+  for (auto&& [name, node] : tbl) {
+    std::string key = prefix.empty() ? std::string(name.str()) : prefix + "." + std::string(name.str());
+    std::string where = source + ":" + std::to_string(node.source().begin.line);
+    if (auto sub = node.as_table()) {
+      walk(*sub, key, schema, source, values, set);
+      continue;
+    }
+    const DeckKey* k = schema.find(key);
+    if (!k) HCP_FAIL(where, ": unknown key '", key, "' (see --help-deck for the keys this driver reads)");
+    DeckValue v = from_node(*k, node, where);
+    check_rules(*k, v, where);
+    values[key] = v;
+    set[key] = true;
+  }
+}
+
+}  // namespace
+
+DeckSchema& DeckSchema::add_int(const std::string& key, std::int64_t def, std::string help, std::optional<double> min,
+                                std::optional<double> max) {
+  keys_.push_back({key, DeckKey::Type::Int, def, std::move(help), min, max, {}});
+  return *this;
+}
+DeckSchema& DeckSchema::add_float(const std::string& key, double def, std::string help, std::optional<double> min,
+                                  std::optional<double> max) {
+  keys_.push_back({key, DeckKey::Type::Float, def, std::move(help), min, max, {}});
+  return *this;
+}
+DeckSchema& DeckSchema::add_string(const std::string& key, std::string def, std::string help,
+                                   std::vector<std::string> choices) {
+  keys_.push_back({key, DeckKey::Type::String, std::move(def), std::move(help), {}, {}, std::move(choices)});
+  return *this;
+}
+DeckSchema& DeckSchema::add_bool(const std::string& key, bool def, std::string help) {
+  keys_.push_back({key, DeckKey::Type::Bool, def, std::move(help), {}, {}, {}});
+  return *this;
+}
+const DeckKey* DeckSchema::find(const std::string& key) const {
+  for (auto& k : keys_)
+    if (k.key == key) return &k;
+  return nullptr;
+}
+std::string DeckSchema::describe() const {
+  std::ostringstream os;
+  for (auto& k : keys_) {
+    os << "  " << k.key << " (" << type_name(k.type) << ", default " << fmt_value(k.def);
+    if (k.min) os << ", >= " << *k.min;
+    if (k.max) os << ", <= " << *k.max;
+    if (!k.choices.empty()) {
+      os << ", one of";
+      for (auto& c : k.choices) os << " " << c;
+    }
+    os << "): " << k.help << "\n";
+  }
+  return os.str();
+}
+
+Deck Deck::parse(const DeckSchema& schema, const std::string& text, const std::string& source,
+                 const std::vector<std::string>& overrides) {
+  Deck d;
+  d.schema_ = &schema;
+  d.source_ = source;
+  d.text_ = text;
+  for (auto& k : schema.keys()) d.values_[k.key] = k.def;
+  toml::table tbl;
+  try {
+    tbl = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    HCP_FAIL(source, ":", e.source().begin.line, ": TOML syntax error: ", e.description());
+  }
+  walk(tbl, "", schema, source, d.values_, d.set_);
+  for (auto& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      HCP_FAIL("--set ", o, ": expected section.key=value");
+    std::string key = o.substr(0, eq), val = o.substr(eq + 1);
+    const DeckKey* k = schema.find(key);
+    if (!k) HCP_FAIL("--set ", o, ": unknown key '", key, "' (see --help-deck)");
+    DeckValue v = from_text(*k, val, "--set " + o);
+    check_rules(*k, v, "--set " + o);
+    d.values_[key] = v;
+    d.set_[key] = true;
+  }
+  return d;
+}
+
+Deck Deck::load(const DeckSchema& schema, const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  HCP_CHECK(in.good(), "cannot read deck file '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse(schema, ss.str(), path, overrides);
+}
+
+const DeckValue& Deck::value(const std::string& key, DeckKey::Type t) const {
+  HCP_CHECK(schema_, "deck not loaded");
+  const DeckKey* k = schema_->find(key);
+  HCP_CHECK(k, "deck key '", key, "' is not in this driver's schema");
+  HCP_CHECK(k->type == t, "deck key '", key, "' read as ", type_name(t), " but declared ", type_name(k->type));
+  return values_.at(key);
+}
+
+std::int64_t Deck::get_int(const std::string& key) const { return std::get<std::int64_t>(value(key, DeckKey::Type::Int)); }
+double Deck::get_float(const std::string& key) const { return std::get<double>(value(key, DeckKey::Type::Float)); }
+const std::string& Deck::get_string(const std::string& key) const {
+  return std::get<std::string>(value(key, DeckKey::Type::String));
+}
+bool Deck::get_bool(const std::string& key) const { return std::get<bool>(value(key, DeckKey::Type::Bool)); }
+bool Deck::is_set(const std::string& key) const { return set_.count(key) > 0; }
+
+std::string Deck::resolved() const {
+  std::ostringstream os;
+  std::string section;
+  for (auto& k : schema_->keys()) {
+    auto dot = k.key.rfind('.');
+    std::string sec = dot == std::string::npos ? "" : k.key.substr(0, dot);
+    std::string name = dot == std::string::npos ? k.key : k.key.substr(dot + 1);
+    if (sec != section) {
+      os << "\n[" << sec << "]\n";
+      section = sec;
+    }
+    os << name << " = " << fmt_value(values_.at(k.key)) << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace hcp

@@ -1,0 +1,81 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/layout.hpp"
+#include "core/tensor.hpp"
+
+using namespace hcp;
+
+TEST(Tensor, ShapeStridesAndViews) {
+  Tensor t = Tensor::zeros({2, 3, 4}, DType::F32);
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.strides(), (Shape{12, 4, 1}));
+  EXPECT_TRUE(t.is_contiguous());
+  for (int i = 0; i < 24; ++i) t.set(i, i);
+  Tensor v = t.view({6, -1});
+  EXPECT_EQ(v.shape(), (Shape{6, 4}));
+  EXPECT_EQ(v.get(5), 5.0);
+  Tensor s = t.slice(1, 1, 2);  // [2,2,4], non-contiguous
+  EXPECT_FALSE(s.is_contiguous());
+  EXPECT_EQ(s.get(0), 4.0);
+  EXPECT_EQ(s.get(8), 16.0);
+  Tensor c = s.clone();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_EQ(c.to_vector(), s.to_vector());
+  EXPECT_THROW(t.view({5, 5}), Error);
+  EXPECT_THROW(t.slice(0, 1, 2), Error);
+  EXPECT_THROW(t.data<double>(), Error);
+}
+
+TEST(Tensor, WrapDoesNotOwn) {
+  std::vector<double> buf(6, 1.5);
+  Tensor t = Tensor::wrap(buf.data(), {2, 3}, DType::F64);
+  EXPECT_FALSE(t.owns());
+  t.set(4, 2.0);
+  EXPECT_EQ(buf[4], 2.0);
+}
+
+TEST(Tensor, Bf16RoundTripAndRounding) {
+  for (float f : {0.0f, 1.0f, -2.5f, 3.140625f, 65504.0f, 1e-3f}) {
+    bf16 b(f);
+    EXPECT_NEAR(static_cast<float>(b), f, std::abs(f) * 1.0f / 128.0f) << f;
+  }
+  // 1 + 2^-8 is exactly half-way between two bf16 values: rounds to even (1.0).
+  EXPECT_EQ(static_cast<float>(bf16(1.00390625f)), 1.0f);
+  EXPECT_TRUE(std::isnan(static_cast<float>(bf16(NAN))));
+  Tensor t = Tensor::from({1.0, 2.0, 3.0}, {3}, DType::BF16);
+  Tensor f = t.to(DType::F32);
+  EXPECT_EQ(f.to_vector(), (std::vector<double>{1.0, 2.0, 3.0}));
+}
+
+TEST(Tensor, DeterministicFill) {
+  Tensor a = Tensor::empty({100}, DType::F64), b = Tensor::empty({100}, DType::F64);
+  fill_uniform(a, 42);
+  fill_uniform(b, 42);
+  EXPECT_EQ(a.to_vector(), b.to_vector());
+  fill_uniform(b, 43);
+  EXPECT_NE(a.to_vector(), b.to_vector());
+  for (double v : a.to_vector()) EXPECT_TRUE(v >= -1 && v < 1);
+}
+
+TEST(Layout, BshdAndThd) {
+  auto l = SeqLayout::bshd(3, 8);
+  EXPECT_EQ(l.cu_seqlens, (std::vector<std::int64_t>{0, 8, 16, 24}));
+  auto t = SeqLayout::thd({0, 4, 12});
+  EXPECT_EQ(t.nseq(), 2);
+  EXPECT_EQ(t.len(1), 8);
+  EXPECT_THROW(SeqLayout::thd({1, 4}), Error);
+  EXPECT_THROW(SeqLayout::thd({0, 4, 2}), Error);
+}
+
+TEST(Error, NamesFileAndLine) {
+  try {
+    HCP_CHECK(1 == 2, "the rule ", 42);
+    FAIL();
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("test_core.cpp:"), std::string::npos) << m;
+    EXPECT_NE(m.find("the rule 42"), std::string::npos) << m;
+  }
+}
