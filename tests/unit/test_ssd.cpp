@@ -1,0 +1,183 @@
+// Mamba2 SSD: chunked equals sequential (seq_idx resets, initial states, ragged last chunk),
+// packed equals one-by-one, finite-difference gradients of every input and parameter.
+#include <gtest/gtest.h>
+
+#include "kernels/kernels.hpp"
+#include "unit/fd.hpp"
+
+using namespace hcp;
+using namespace hcp::kernels;
+using hcp::test::rand;
+
+namespace {
+struct Case {
+  SsdParams p;
+  Tensor x, dt, A_log, B, C, D, dt_bias, init;
+  std::vector<std::int64_t> seq;
+  bool use_seq = false, use_init = false;
+
+  Case(std::int64_t b, std::int64_t L, std::int64_t H, std::int64_t P, std::int64_t G, std::int64_t N, std::int64_t chunk,
+       std::uint64_t seed) {
+    p.batch = b;
+    p.seqlen = L;
+    p.heads = H;
+    p.head_dim = P;
+    p.groups = G;
+    p.d_state = N;
+    p.chunk = chunk;
+    x = rand({b, L, H, P}, seed);
+    dt = rand({b, L, H}, seed + 1, -2.0, 0.5);
+    A_log = rand({H}, seed + 2, -0.5, 0.8);
+    B = rand({b, L, G, N}, seed + 3);
+    C = rand({b, L, G, N}, seed + 4);
+    D = rand({H}, seed + 5);
+    dt_bias = rand({H}, seed + 6, -0.5, 0.5);
+    init = rand({b, H, P, N}, seed + 7);
+  }
+  SsdInputs inputs() const {
+    SsdInputs in;
+    in.x = &x;
+    in.dt = &dt;
+    in.A_log = &A_log;
+    in.Bm = &B;
+    in.Cm = &C;
+    in.D = &D;
+    in.dt_bias = &dt_bias;
+    in.init_states = use_init ? &init : nullptr;
+    in.seq_idx = use_seq ? &seq : nullptr;
+    return in;
+  }
+  Tensor y() const { return Tensor::zeros(x.shape(), DType::F64); }
+  Tensor states() const { return Tensor::zeros({p.batch, p.heads, p.head_dim, p.d_state}, DType::F64); }
+};
+}  // namespace
+
+TEST(Ssd, ChunkedEqualsSequential) {
+  for (std::int64_t chunk : {1, 4, 5, 64}) {
+    Case c(2, 23, 4, 3, 2, 5, chunk, 100);
+    c.use_init = true;
+    c.use_seq = true;
+    c.seq.clear();
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t t = 0; t < 23; ++t) c.seq.push_back(b == 0 ? (t < 9 ? 0 : (t < 10 ? 1 : 2)) : 0);
+    for (bool seq : {false, true})
+      for (bool init : {false, true}) {
+        c.use_seq = seq;
+        c.use_init = init;
+        Tensor y1 = c.y(), y2 = c.y(), f1 = c.states(), f2 = c.states();
+        ssd_fwd(y1, &f1, c.inputs(), c.p);
+        ssd_sequential_fwd(y2, &f2, c.inputs(), c.p);
+        test::expect_close(y1, y2, 1e-12, 1e-11, "y chunk " + std::to_string(chunk));
+        test::expect_close(f1, f2, 1e-12, 1e-11, "final states chunk " + std::to_string(chunk));
+      }
+  }
+}
+
+TEST(Ssd, PackedEqualsOneByOne) {
+  // Three sequences of lengths 6, 1, 9 packed in one row; the state must reset at each start.
+  const std::vector<std::int64_t> cu{0, 6, 7, 16};
+  Case c(1, 16, 2, 2, 1, 3, 4, 200);
+  c.use_seq = true;
+  for (std::size_t s = 0; s + 1 < cu.size(); ++s)
+    for (std::int64_t t = cu[s]; t < cu[s + 1]; ++t) c.seq.push_back(static_cast<std::int64_t>(s));
+  Tensor y = c.y();
+  ssd_fwd(y, nullptr, c.inputs(), c.p);
+  for (std::size_t s = 0; s + 1 < cu.size(); ++s) {
+    const std::int64_t n = cu[s + 1] - cu[s];
+    Case one(1, n, 2, 2, 1, 3, 4, 0);
+    one.x = c.x.slice(1, cu[s], n).clone();
+    one.dt = c.dt.slice(1, cu[s], n).clone();
+    one.B = c.B.slice(1, cu[s], n).clone();
+    one.C = c.C.slice(1, cu[s], n).clone();
+    one.A_log = c.A_log;
+    one.D = c.D;
+    one.dt_bias = c.dt_bias;
+    Tensor ys = one.y();
+    ssd_fwd(ys, nullptr, one.inputs(), one.p);
+    test::expect_close(y.slice(1, cu[s], n).clone(), ys, 1e-13, 1e-12, "sequence " + std::to_string(s));
+  }
+}
+
+TEST(Ssd, GradientsFiniteDifference) {
+  for (bool packed : {false, true}) {
+    Case c(2, 7, 4, 2, 2, 3, 3, 300);
+    c.use_init = !packed;
+    c.use_seq = packed;
+    for (std::int64_t b = 0; b < 2; ++b)
+      for (std::int64_t t = 0; t < 7; ++t) c.seq.push_back(t < 3 ? 0 : 1);
+    c.p.dt_max = 5.0;
+    Tensor w = rand(c.x.shape(), 301), wf = rand({2, 4, 2, 3}, 302);
+    auto loss = [&] {
+      Tensor y = c.y(), f = c.states();
+      ssd_fwd(y, &f, c.inputs(), c.p);
+      return test::dot(y, w) + test::dot(f, wf);
+    };
+    Tensor dx = Tensor::zeros(c.x.shape(), DType::F64), ddt = Tensor::zeros(c.dt.shape(), DType::F64),
+           dA = Tensor::zeros({4}, DType::F64), dB = Tensor::zeros(c.B.shape(), DType::F64),
+           dC = Tensor::zeros(c.C.shape(), DType::F64), dD = Tensor::zeros({4}, DType::F64),
+           ddb = Tensor::zeros({4}, DType::F64), dinit = c.states();
+    SsdGrads g;
+    g.dx = &dx;
+    g.ddt = &ddt;
+    g.dA_log = &dA;
+    g.dB = &dB;
+    g.dC = &dC;
+    g.dD = &dD;
+    g.ddt_bias = &ddb;
+    g.dinit_states = c.use_init ? &dinit : nullptr;
+    ssd_bwd(g, c.inputs(), w, &wf, c.p);
+    const std::string tag = packed ? " (packed)" : "";
+    test::fd_check(c.x, dx, loss, "dx" + tag);
+    test::fd_check(c.dt, ddt, loss, "ddt" + tag);
+    test::fd_check(c.A_log, dA, loss, "dA_log" + tag);
+    test::fd_check(c.B, dB, loss, "dB" + tag);
+    test::fd_check(c.C, dC, loss, "dC" + tag);
+    test::fd_check(c.D, dD, loss, "dD" + tag);
+    test::fd_check(c.dt_bias, ddb, loss, "ddt_bias" + tag);
+    if (c.use_init) test::fd_check(c.init, dinit, loss, "dinit_states");
+  }
+}
+
+TEST(Ssd, DtClampStopsGradient) {
+  Case c(1, 4, 2, 2, 1, 2, 2, 400);
+  c.dt = rand(c.dt.shape(), 401, 3.0, 4.0);  // softplus(dt + bias) > 2 everywhere
+  c.p.dt_max = 1.0;
+  Tensor w = rand(c.x.shape(), 402);
+  Tensor dx = Tensor::zeros(c.x.shape(), DType::F64), ddt = Tensor::zeros(c.dt.shape(), DType::F64),
+         dA = Tensor::zeros({2}, DType::F64), dB = Tensor::zeros(c.B.shape(), DType::F64),
+         dC = Tensor::zeros(c.C.shape(), DType::F64);
+  SsdGrads g;
+  g.dx = &dx;
+  g.ddt = &ddt;
+  g.dA_log = &dA;
+  g.dB = &dB;
+  g.dC = &dC;
+  ssd_bwd(g, c.inputs(), w, nullptr, c.p);
+  for (double v : ddt.to_vector()) EXPECT_EQ(v, 0.0);
+}
+
+TEST(Ssd, Fp32MatchesFp64) {
+  Case c(1, 40, 4, 4, 2, 8, 16, 500);
+  Tensor y = c.y();
+  ssd_fwd(y, nullptr, c.inputs(), c.p);
+  Case f = c;
+  for (Tensor* t : {&f.x, &f.dt, &f.A_log, &f.B, &f.C, &f.D, &f.dt_bias}) *t = t->to(DType::F32);
+  Tensor y32 = Tensor::zeros(c.x.shape(), DType::F32);
+  ssd_fwd(y32, nullptr, f.inputs(), f.p);
+  test::expect_close(y32, y, 1e-5, 1e-4, "fp32 y");
+}
+
+TEST(Ssd, BadShapesAreClearErrors) {
+  Case c(1, 4, 3, 2, 2, 2, 2, 600);
+  Tensor y = c.y();
+  EXPECT_NE(test::error_of([&] { ssd_fwd(y, nullptr, c.inputs(), c.p); }).find("n_groups (2) must divide heads (3)"),
+            std::string::npos);
+  Case d(1, 4, 2, 2, 1, 2, 2, 601);
+  d.use_seq = true;
+  d.seq = {0, 1};
+  Tensor y2 = d.y();
+  EXPECT_NE(test::error_of([&] { ssd_fwd(y2, nullptr, d.inputs(), d.p); }).find("seq_idx has 2 entries"),
+            std::string::npos);
+  d.seq = {0, 1, 0, 1};
+  EXPECT_NE(test::error_of([&] { ssd_fwd(y2, nullptr, d.inputs(), d.p); }).find("non-decreasing"), std::string::npos);
+}
