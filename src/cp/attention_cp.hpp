@@ -1,0 +1,66 @@
+// Context-parallel attention over a CP group: ring p2p with DualChunkSwap, all-gather of K/V, and
+// Ulysses head all-to-all; forward and backward; BSHD and THD (packed) alike.
+// Contract: q, dout local [Tl, H, D]; k, v local [Tl, Hkv, D]; Tl = global tokens / cp, tokens in
+// DCS order (cp/layout.hpp) of the global, padded layout (every sequence a multiple of 2*cp).
+#pragma once
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "core/layout.hpp"
+#include "kernels/kernels.hpp"
+
+namespace hcp::cp {
+
+enum class AttnStrategy { P2P, AllGather, A2A };
+AttnStrategy attn_strategy_from_string(const std::string& s);  // "p2p" | "allgather" | "a2a"
+std::string to_string(AttnStrategy s);
+
+struct CpAttnConfig {
+  AttnStrategy strategy = AttnStrategy::P2P;
+  std::int64_t heads = 1, kv_heads = 1, head_dim = 1;
+  bool causal = true;
+  double scale = 0;  // 0: 1/sqrt(head_dim)
+  SeqLayout global;  // BSHD rows or THD packed sequences, padded
+};
+
+// Time split of the last forward/backward (seconds, this rank).
+struct CpAttnTimes {
+  double compute = 0, comm_wait = 0;
+};
+
+class CpAttention {
+ public:
+  // Validates shapes against the CP size (clear errors naming the rule); collective-free.
+  CpAttention(Communicator& cp_comm, CpAttnConfig cfg);
+  void forward(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v);
+  // Needs the forward's saved tensors (of the same instance).
+  void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  const CpAttnTimes& fwd_times() const { return fwd_t_; }
+  const CpAttnTimes& bwd_times() const { return bwd_t_; }
+  // Values this rank sends per forward / backward, by the strategy's cost model.
+  std::int64_t model_fwd_bytes(DType dt) const;
+  std::int64_t model_bwd_bytes(DType dt) const;
+
+ private:
+  void fwd_p2p(Tensor& o);
+  void bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  void fwd_allgather(Tensor& o);
+  void bwd_allgather(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  void fwd_a2a(Tensor& o);
+  void bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  kernels::AttnParams base_params(std::int64_t heads, std::int64_t kv_heads) const;
+
+  Communicator& comm_;
+  CpAttnConfig cfg_;
+  int cp_ = 1, rank_ = 0;
+  SeqLayout local_;
+  std::int64_t tl_ = 0;
+  // saved by forward
+  Tensor q_, k_, v_, o_, lse_;
+  Tensor kg_, vg_;            // all-gather: global K/V
+  Tensor qh_, kh_, vh_, oh_;  // a2a: head-sharded, global order
+  std::int64_t kv_rep_ = 1;   // a2a: K/V head replication factor (kv_heads < cp)
+  CpAttnTimes fwd_t_, bwd_t_;
+};
+
+}  // namespace hcp::cp

@@ -1,0 +1,146 @@
+#include "cp/layout.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace hcp::cp {
+
+void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& what) {
+  HCP_CHECK(cp >= 1, what, ": cp size must be >= 1");
+  global.validate(what.c_str());
+  for (std::int64_t s = 0; s < global.nseq(); ++s)
+    HCP_CHECK(global.len(s) % (2 * cp) == 0, what, ": sequence ", s, " has length ", global.len(s),
+              ", which must be a multiple of 2*cp = ", 2 * cp, " for DualChunkSwap (pad it, e.g. with pack_sequences)");
+}
+
+SeqLayout local_layout(const SeqLayout& global, int cp) {
+  require_dcs_divisible(global, cp, "local_layout");
+  SeqLayout l = global;
+  for (auto& c : l.cu_seqlens) c /= cp;
+  return l;
+}
+
+std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank) {
+  require_dcs_divisible(global, cp, "dcs_global_index");
+  HCP_CHECK(rank >= 0 && rank < cp, "dcs: rank ", rank, " outside [0, ", cp, ")");
+  std::vector<std::int64_t> idx;
+  idx.reserve(static_cast<std::size_t>(global.total() / cp));
+  for (std::int64_t s = 0; s < global.nseq(); ++s) {
+    const std::int64_t c = global.len(s) / (2 * cp), base = global.cu_seqlens[s];
+    for (std::int64_t chunk : {static_cast<std::int64_t>(rank), static_cast<std::int64_t>(2 * cp - 1 - rank)})
+      for (std::int64_t j = 0; j < c; ++j) idx.push_back(base + chunk * c + j);
+  }
+  return idx;
+}
+
+std::vector<std::int64_t> dcs_positions(const SeqLayout& global, int cp, int rank) {
+  auto idx = dcs_global_index(global, cp, rank);
+  std::size_t k = 0;
+  for (std::int64_t s = 0; s < global.nseq(); ++s)
+    for (std::int64_t j = 0; j < global.len(s) / cp; ++j, ++k) idx[k] -= global.cu_seqlens[s];
+  return idx;
+}
+
+std::vector<std::int64_t> dcs_rank_major_index(const SeqLayout& global, int cp) {
+  std::vector<std::int64_t> all;
+  for (int r = 0; r < cp; ++r) {
+    auto i = dcs_global_index(global, cp, r);
+    all.insert(all.end(), i.begin(), i.end());
+  }
+  return all;
+}
+
+namespace {
+// out[dst[i]] = in[src[i]] rows (row = product of trailing axes), contiguous tensors.
+void permute_rows(Tensor& out, const Tensor& in, const std::vector<std::int64_t>& src,
+                  const std::vector<std::int64_t>& dst) {
+  HCP_CHECK(in.is_contiguous() && out.is_contiguous(), "dcs: tensors must be contiguous");
+  const std::size_t row = static_cast<std::size_t>(in.numel() / std::max<std::int64_t>(in.size(0), 1)) * dtype_size(in.dtype());
+  const char* ip = static_cast<const char*>(in.raw());
+  char* op = static_cast<char*>(out.raw());
+  for (std::size_t i = 0; i < src.size(); ++i)
+    std::memcpy(op + static_cast<std::size_t>(dst[i]) * row, ip + static_cast<std::size_t>(src[i]) * row, row);
+}
+std::vector<std::int64_t> iota(std::size_t n) {
+  std::vector<std::int64_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int64_t>(i);
+  return v;
+}
+Shape with_rows(const Tensor& t, std::int64_t rows) {
+  Shape s = t.shape();
+  s[0] = rows;
+  return s;
+}
+}  // namespace
+
+Tensor dcs_partition(const Tensor& g, const SeqLayout& global, int cp, int rank) {
+  HCP_CHECK(g.dim() >= 1 && g.size(0) == global.total(), "dcs_partition: tensor has ", g.dim() ? g.size(0) : 0,
+            " tokens, layout ", global.total());
+  auto idx = dcs_global_index(global, cp, rank);
+  Tensor out = Tensor::empty(with_rows(g, static_cast<std::int64_t>(idx.size())), g.dtype());
+  permute_rows(out, g, idx, iota(idx.size()));
+  return out;
+}
+
+Tensor dcs_undo(const Tensor& rm, const SeqLayout& global, int cp) {
+  HCP_CHECK(rm.dim() >= 1 && rm.size(0) == global.total(), "dcs_undo: token count mismatch");
+  auto idx = dcs_rank_major_index(global, cp);
+  Tensor out = Tensor::empty(rm.shape(), rm.dtype());
+  permute_rows(out, rm, iota(idx.size()), idx);
+  return out;
+}
+
+Tensor dcs_redo(const Tensor& g, const SeqLayout& global, int cp) {
+  HCP_CHECK(g.dim() >= 1 && g.size(0) == global.total(), "dcs_redo: token count mismatch");
+  auto idx = dcs_rank_major_index(global, cp);
+  Tensor out = Tensor::empty(g.shape(), g.dtype());
+  permute_rows(out, g, idx, iota(idx.size()));
+  return out;
+}
+
+Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& global) {
+  const int cp = comm.size();
+  HCP_CHECK(local.size(0) * cp == global.total(), "dcs_gather: ", local.size(0), " local tokens x cp ", cp,
+            " != ", global.total(), " global tokens");
+  Tensor c = local.is_contiguous() ? local : local.clone();
+  Tensor rm = Tensor::empty(with_rows(local, global.total()), local.dtype());
+  comm.all_gather(c, rm);
+  return dcs_undo(rm, global, cp);
+}
+
+PackedBatch pack_sequences(const std::vector<std::vector<std::int64_t>>& seqs, std::int64_t multiple,
+                           std::int64_t pad_id, std::int64_t ignore) {
+  HCP_CHECK(multiple >= 1, "pack_sequences: multiple must be >= 1");
+  HCP_CHECK(!seqs.empty(), "pack_sequences: no sequences");
+  PackedBatch b;
+  std::vector<std::int64_t> cu{0};
+  for (const auto& s : seqs) {
+    HCP_CHECK(!s.empty(), "pack_sequences: empty sequence");
+    const std::int64_t n = static_cast<std::int64_t>(s.size());
+    const std::int64_t padded = (n + multiple - 1) / multiple * multiple;
+    for (std::int64_t i = 0; i < padded; ++i) {
+      b.tokens.push_back(i < n ? s[static_cast<std::size_t>(i)] : pad_id);
+      const bool lab = i + 1 < n;
+      b.labels.push_back(lab ? s[static_cast<std::size_t>(i + 1)] : ignore);
+      b.label_tokens += lab ? 1 : 0;
+    }
+    b.seq_lens.push_back(n);
+    cu.push_back(cu.back() + padded);
+  }
+  b.layout = SeqLayout::thd(cu);
+  return b;
+}
+
+std::vector<std::int64_t> seq_idx_from_cu(const std::vector<std::int64_t>& cu) {
+  std::vector<std::int64_t> s;
+  if (cu.empty()) return s;
+  s.reserve(static_cast<std::size_t>(cu.back()));
+  for (std::int64_t t = 0; t < cu.back(); ++t) {
+    // searchsorted(cu[1:], t, right=True): number of boundaries <= t.
+    auto it = std::upper_bound(cu.begin() + 1, cu.end(), t);
+    s.push_back(static_cast<std::int64_t>(it - (cu.begin() + 1)));
+  }
+  return s;
+}
+
+}  // namespace hcp::cp

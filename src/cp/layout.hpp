@@ -1,0 +1,51 @@
+// CP layout maths shared by every strategy: DualChunkSwap (DCS) partitioning of BSHD rows or THD
+// packed sequences, its exact inverse, global positions, sequence packing and seq_idx.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "core/layout.hpp"
+#include "core/tensor.hpp"
+
+namespace hcp::cp {
+
+// Throws hcp::Error naming `what` unless every sequence length is a multiple of 2*cp.
+void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& what);
+
+// Local layout of a CP rank: every sequence keeps len/cp tokens (cu_seqlens / cp).
+SeqLayout local_layout(const SeqLayout& global, int cp);
+
+// For each local token of `rank` (in local order), its index in the global token order. Rank r
+// keeps chunks r and 2cp-1-r (of 2cp equal chunks) of every sequence, in that order.
+std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank);
+// Position of each local token inside its own sequence (RoPE / causal masks use these).
+std::vector<std::int64_t> dcs_positions(const SeqLayout& global, int cp, int rank);
+// Rank-major order (all ranks' local tokens concatenated by rank) -> global index of each.
+std::vector<std::int64_t> dcs_rank_major_index(const SeqLayout& global, int cp);
+
+// Tensors with the token axis first ([T, ...]):
+Tensor dcs_partition(const Tensor& global_t, const SeqLayout& global, int cp, int rank);
+// Rank-major concatenation -> global order, and back (both exact permutations).
+Tensor dcs_undo(const Tensor& rank_major, const SeqLayout& global, int cp);
+Tensor dcs_redo(const Tensor& global_t, const SeqLayout& global, int cp);
+// All-gather the local tensors of the CP group and return them in global order (every rank).
+Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& global);
+
+// Sequence packing: concatenate sequences, each padded to a multiple of `multiple` (2*cp) with
+// `pad_id`; labels are next-token targets inside each sequence, `ignore` on pads and last tokens.
+struct PackedBatch {
+  std::vector<std::int64_t> tokens, labels;
+  SeqLayout layout;               // THD, padded cu_seqlens
+  std::vector<std::int64_t> seq_lens;  // unpadded lengths
+  std::int64_t label_tokens = 0;  // labels != ignore
+};
+PackedBatch pack_sequences(const std::vector<std::vector<std::int64_t>>& seqs, std::int64_t multiple,
+                           std::int64_t pad_id, std::int64_t ignore = -100);
+
+// seq_idx of every token from the global padded cu_seqlens: the sequence whose range holds it
+// (searchsorted(cu[1:], t, right=True)). For a BSHD batch each row is its own sequence.
+std::vector<std::int64_t> seq_idx_from_cu(const std::vector<std::int64_t>& cu);
+
+}  // namespace hcp::cp

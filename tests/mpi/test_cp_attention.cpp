@@ -1,0 +1,155 @@
+// Attention CP (p2p ring, all-gather, a2a) against cp=1 on the same backend, for every format,
+// mask and GQA ratio, fp64 and fp32; DCS layout maths; errors on every rank.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "comm/mpi_communicator.hpp"
+#include "cp/attention_cp.hpp"
+#include "cp/layout.hpp"
+#include "unit/fd.hpp"
+
+using namespace hcp;
+using namespace hcp::cp;
+namespace k = hcp::kernels;
+
+TEST(DcsLayout, PartitionRoundTripAndPositions) {
+  for (int cp : {1, 2, 4}) {
+    for (const SeqLayout& g : {SeqLayout::bshd(2, 16), SeqLayout::thd({0, 8, 32, 40})}) {
+      Tensor x = test::rand({g.total(), 3}, 7);
+      std::vector<Tensor> parts;
+      for (int r = 0; r < cp; ++r) parts.push_back(dcs_partition(x, g, cp, r));
+      Tensor rm = Tensor::empty({g.total(), 3}, DType::F64);
+      for (int r = 0; r < cp; ++r) rm.slice(0, r * (g.total() / cp), g.total() / cp).copy_from(parts[r]);
+      EXPECT_EQ(dcs_undo(rm, g, cp).to_vector(), x.to_vector());
+      EXPECT_EQ(dcs_redo(x, g, cp).to_vector(), rm.to_vector());
+    }
+  }
+  // cp = 2, one sequence of 8: rank 0 keeps chunks 0 and 3, rank 1 chunks 1 and 2.
+  auto g = SeqLayout::thd({0, 8});
+  EXPECT_EQ(dcs_global_index(g, 2, 0), (std::vector<std::int64_t>{0, 1, 6, 7}));
+  EXPECT_EQ(dcs_global_index(g, 2, 1), (std::vector<std::int64_t>{2, 3, 4, 5}));
+  auto g2 = SeqLayout::thd({0, 8, 12});
+  EXPECT_EQ(dcs_positions(g2, 2, 1), (std::vector<std::int64_t>{2, 3, 4, 5, 1, 2}));
+  EXPECT_EQ(local_layout(g2, 2).cu_seqlens, (std::vector<std::int64_t>{0, 4, 6}));
+  EXPECT_NE(test::error_of([&] { dcs_global_index(SeqLayout::thd({0, 8, 14}), 2, 0); })
+                .find("sequence 1 has length 6, which must be a multiple of 2*cp = 4"),
+            std::string::npos);
+}
+
+TEST(DcsLayout, PackingAndSeqIdx) {
+  auto b = pack_sequences({{5, 6, 7}, {8}, {1, 2, 3, 4, 5}}, 4, 0);
+  EXPECT_EQ(b.layout.cu_seqlens, (std::vector<std::int64_t>{0, 4, 8, 16}));
+  EXPECT_EQ(b.tokens, (std::vector<std::int64_t>{5, 6, 7, 0, 8, 0, 0, 0, 1, 2, 3, 4, 5, 0, 0, 0}));
+  EXPECT_EQ(b.labels[0], 6);
+  EXPECT_EQ(b.labels[2], -100);  // last real token has no target
+  EXPECT_EQ(b.labels[3], -100);  // pad
+  EXPECT_EQ(b.label_tokens, 2 + 0 + 4);
+  // First token of each sequence belongs to that sequence (right=True).
+  EXPECT_EQ(seq_idx_from_cu({0, 4, 8, 16}),
+            (std::vector<std::int64_t>{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2}));
+}
+
+namespace {
+struct Grads {
+  Tensor o, dq, dk, dv;
+};
+// cp = 1 reference on full tensors.
+Grads reference(const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& dout, const CpAttnConfig& c) {
+  k::AttnParams p;
+  p.heads = c.heads;
+  p.kv_heads = c.kv_heads;
+  p.head_dim = c.head_dim;
+  p.mask = c.causal ? k::Mask::Causal : k::Mask::None;
+  p.segments = k::segments_from_layout(c.global, c.global);
+  Grads g{Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(kk.shape(), q.dtype()),
+          Tensor::zeros(v.shape(), q.dtype())};
+  Tensor lse = Tensor::zeros({q.size(0), c.heads}, q.dtype() == DType::F64 ? DType::F64 : DType::F32);
+  k::attention_fwd(g.o, lse, q, kk, v, p);
+  k::attention_bwd(g.dq, g.dk, g.dv, q, kk, v, g.o, lse, dout, p);
+  return g;
+}
+}  // namespace
+
+struct CpCase {
+  AttnStrategy strategy;
+  std::string format;  // bshd, thd1, thdpacked
+  bool causal;
+  std::int64_t kv_heads;
+  DType dtype;
+};
+
+class CpAttentionGrid : public ::testing::TestWithParam<CpCase> {};
+
+TEST_P(CpAttentionGrid, MatchesCp1) {
+  const CpCase cc = GetParam();
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int cp = comm.size(), r = comm.rank();
+  CpAttnConfig c;
+  c.strategy = cc.strategy;
+  c.heads = 4;
+  c.kv_heads = cc.kv_heads;
+  c.head_dim = 4;
+  c.causal = cc.causal;
+  c.global = cc.format == "bshd" ? SeqLayout::bshd(2, 16)
+             : cc.format == "thd1" ? SeqLayout::thd({0, 24})
+                                   : SeqLayout::thd({0, 8, 24, 32});
+  const std::int64_t T = c.global.total(), H = c.heads, Hkv = c.kv_heads, D = c.head_dim;
+  Tensor q = test::rand({T, H, D}, 1, -1, 1, cc.dtype), kk = test::rand({T, Hkv, D}, 2, -1, 1, cc.dtype),
+         v = test::rand({T, Hkv, D}, 3, -1, 1, cc.dtype), dout = test::rand({T, H, D}, 4, -1, 1, cc.dtype);
+  Grads ref = reference(q, kk, v, dout, c);
+  CpAttention attn(comm, c);
+  Tensor ql = dcs_partition(q, c.global, cp, r), kl = dcs_partition(kk, c.global, cp, r),
+         vl = dcs_partition(v, c.global, cp, r), dol = dcs_partition(dout, c.global, cp, r);
+  Tensor o = Tensor::zeros(ql.shape(), cc.dtype), dq = Tensor::zeros(ql.shape(), cc.dtype),
+         dk = Tensor::zeros(kl.shape(), cc.dtype), dv = Tensor::zeros(vl.shape(), cc.dtype);
+  attn.forward(o, ql, kl, vl);
+  attn.backward(dq, dk, dv, dol);
+  // fp64: 1e-10 relative; fp32: 1e-5 relative (issue's tolerances), with a small absolute floor.
+  const double rtol = cc.dtype == DType::F64 ? 1e-10 : 1e-5, atol = cc.dtype == DType::F64 ? 1e-12 : 1e-6;
+  test::expect_close(dcs_gather(comm, o, c.global), ref.o, atol, rtol, "o");
+  test::expect_close(dcs_gather(comm, dq, c.global), ref.dq, atol, rtol, "dq");
+  test::expect_close(dcs_gather(comm, dk, c.global), ref.dk, atol, rtol, "dk");
+  test::expect_close(dcs_gather(comm, dv, c.global), ref.dv, atol, rtol, "dv");
+  if (cc.strategy == AttnStrategy::P2P) {
+    // The bytes seen by the communicator equal the strategy's cost model.
+    EXPECT_EQ(comm.counters().count("ring_post") ? comm.counters().at("ring_post").bytes_sent : 0,
+              attn.model_fwd_bytes(cc.dtype) + attn.model_bwd_bytes(cc.dtype));
+  }
+}
+
+static std::vector<CpCase> grid() {
+  std::vector<CpCase> v;
+  for (auto s : {AttnStrategy::P2P, AttnStrategy::AllGather, AttnStrategy::A2A})
+    for (std::string f : {"bshd", "thd1", "thdpacked"})
+      for (bool causal : {true, false})
+        for (std::int64_t kvh : {4, 2, 1})
+          for (DType dt : {DType::F64, DType::F32}) v.push_back({s, f, causal, kvh, dt});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CpAttentionGrid, ::testing::ValuesIn(grid()), [](const auto& info) {
+  const CpCase& c = info.param;
+  return to_string(c.strategy) + "_" + c.format + "_" + (c.causal ? "causal" : "full") + "_kv" +
+         std::to_string(c.kv_heads) + "_" + hcp::to_string(c.dtype);
+});
+
+TEST(CpAttentionErrors, ShapesThatDoNotDivideFailOnEveryRank) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int cp = comm.size();
+  CpAttnConfig c;
+  c.heads = 4;
+  c.kv_heads = 4;
+  c.head_dim = 4;
+  c.global = SeqLayout::thd({0, 2 * cp + 1});
+  EXPECT_NE(test::error_of([&] { CpAttention a(comm, c); }).find("must be a multiple of 2*cp"), std::string::npos);
+  c.global = SeqLayout::bshd(1, 8 * cp);
+  c.heads = 3;
+  c.kv_heads = 3;
+  c.strategy = AttnStrategy::A2A;
+  if (cp > 1)
+    EXPECT_NE(test::error_of([&] { CpAttention a(comm, c); }).find("divisible by cp"), std::string::npos);
+  c.heads = 4;
+  c.kv_heads = 3;
+  EXPECT_NE(test::error_of([&] { CpAttention a(comm, c); }).find("positive multiple of attention.kv_heads"),
+            std::string::npos);
+}
