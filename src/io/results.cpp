@@ -133,9 +133,10 @@ void ResultsWriter::timings(const std::string& phase, const std::vector<double>&
   Tensor all = Tensor::zeros({p, r}, DType::F64);
   if (r > 0) comm_.all_gather(ms.data(), all.raw(), r, DType::F64);
   if (comm_.rank() != 0) return;
-  hid_t g = group("/timings");
-  write_dataset(g, phase, all);
-  hid_t ds = HCP_H5_CHECK(H5Dopen2(g, phase.c_str(), H5P_DEFAULT));
+  auto [dir, name] = split_path("/timings/" + phase);
+  hid_t g = group(dir);
+  write_dataset(g, name, all);
+  hid_t ds = HCP_H5_CHECK(H5Dopen2(g, name.c_str(), H5P_DEFAULT));
   string_attr(ds, "units", "ms");
   string_attr(ds, "layout", "[rank, repeat]");
   H5Dclose(ds);
