@@ -242,25 +242,14 @@ void CpAttention::bwd_allgather(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor
 
 // ---- Ulysses all-to-all -------------------------------------------------------------------------
 namespace {
-// [Tl, Hx, D] local (all heads) -> [T, Hx/cp, D] global order (this rank's head block).
+// [Tl, Hx, D] local (all heads) <-> [T, Hx/cp, D] global order (this rank's head block).
 Tensor seq_to_head(Communicator& comm, const Tensor& x, const SeqLayout& global) {
-  const int cp = comm.size();
-  const std::int64_t tl = x.size(0), Hx = x.size(1), D = x.size(2), hb = Hx / cp;
-  Tensor send = Tensor::empty({cp, tl, hb, D}, x.dtype()), recv = Tensor::empty({cp, tl, hb, D}, x.dtype());
-  for (int r = 0; r < cp; ++r) send.slice(0, r, 1).view({tl, hb, D}).copy_from(x.slice(1, r * hb, hb));
-  comm.all_to_all(send, recv);
-  return dcs_undo(recv.view({cp * tl, hb, D}), global, cp);
+  const std::int64_t hb = x.size(1) / comm.size(), D = x.size(2);
+  return cp2hp(comm, x.is_contiguous() ? x : x.clone(), global).view({global.total(), hb, D});
 }
-// Inverse of seq_to_head: [T, Hx/cp, D] global order -> [Tl, Hx, D] local.
 Tensor head_to_seq(Communicator& comm, const Tensor& xh, const SeqLayout& global) {
-  const int cp = comm.size();
-  const std::int64_t T = xh.size(0), hb = xh.size(1), D = xh.size(2), tl = T / cp;
-  Tensor send = dcs_redo(xh, global, cp).view({cp, tl, hb, D});
-  Tensor recv = Tensor::empty({cp, tl, hb, D}, xh.dtype());
-  comm.all_to_all(send, recv);
-  Tensor out = Tensor::empty({tl, hb * cp, D}, xh.dtype());
-  for (int r = 0; r < cp; ++r) out.slice(1, r * hb, hb).copy_from(recv.slice(0, r, 1).view({tl, hb, D}));
-  return out;
+  const std::int64_t hb = xh.size(1), D = xh.size(2);
+  return hp2cp(comm, xh, global).view({global.total() / comm.size(), hb * comm.size(), D});
 }
 // Repeat each K/V head `rep` times along the head axis (rep = 1: unchanged).
 Tensor repeat_heads(const Tensor& x, std::int64_t rep) {

@@ -108,6 +108,32 @@ Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& glob
   return dcs_undo(rm, global, cp);
 }
 
+Tensor cp2hp(Communicator& comm, const Tensor& x, const SeqLayout& global) {
+  const int cp = comm.size();
+  HCP_CHECK(x.dim() >= 2 && x.is_contiguous(), "cp2hp: need a contiguous [Tl, C, ...] tensor");
+  const std::int64_t tl = x.size(0), C = x.numel() / tl;
+  HCP_CHECK(C % cp == 0, "cp2hp: ", C, " channels are not divisible by cp = ", cp);
+  HCP_CHECK(tl * cp == global.total(), "cp2hp: ", tl, " local tokens x cp ", cp, " != ", global.total());
+  const std::int64_t cb = C / cp;
+  Tensor x2 = x.view({tl, cp, cb});
+  Tensor send = Tensor::empty({cp, tl, cb}, x.dtype()), recv = Tensor::empty({cp, tl, cb}, x.dtype());
+  for (int r = 0; r < cp; ++r) send.slice(0, r, 1).view({tl, 1, cb}).copy_from(x2.slice(1, r, 1));
+  comm.all_to_all(send, recv);
+  return dcs_undo(recv.view({cp * tl, cb}), global, cp);
+}
+
+Tensor hp2cp(Communicator& comm, const Tensor& xh, const SeqLayout& global) {
+  const int cp = comm.size();
+  HCP_CHECK(xh.dim() >= 2 && xh.size(0) == global.total(), "hp2cp: need [T, C/cp] with T = ", global.total());
+  const std::int64_t T = xh.size(0), cb = xh.numel() / T, tl = T / cp;
+  Tensor send = dcs_redo(xh.view({T, cb}), global, cp).view({cp, tl, cb});
+  Tensor recv = Tensor::empty({cp, tl, cb}, xh.dtype());
+  comm.all_to_all(send, recv);
+  Tensor out = Tensor::empty({tl, cp, cb}, xh.dtype());
+  for (int r = 0; r < cp; ++r) out.slice(1, r, 1).copy_from(recv.slice(0, r, 1).view({tl, 1, cb}));
+  return out.view({tl, cp * cb});
+}
+
 PackedBatch pack_sequences(const std::vector<std::vector<std::int64_t>>& seqs, std::int64_t multiple,
                            std::int64_t pad_id, std::int64_t ignore) {
   HCP_CHECK(multiple >= 1, "pack_sequences: multiple must be >= 1");

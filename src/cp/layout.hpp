@@ -33,6 +33,13 @@ Tensor dcs_redo(const Tensor& global_t, const SeqLayout& global, int cp);
 // All-gather the local tensors of the CP group and return them in global order (every rank).
 Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& global);
 
+// Sequence-parallel <-> hidden-parallel all-to-all (every channel block to its rank):
+// cp2hp: local [Tl, C] (DCS order) -> [T, C/cp] in global token order, channels of block `rank`;
+// for packed THD the de-interleave of sequences is part of the same permutation.
+// hp2cp is its exact inverse; the backward of each is the other.
+Tensor cp2hp(Communicator& comm, const Tensor& local, const SeqLayout& global);
+Tensor hp2cp(Communicator& comm, const Tensor& hp, const SeqLayout& global);
+
 // Sequence packing: concatenate sequences, each padded to a multiple of `multiple` (2*cp) with
 // `pad_id`; labels are next-token targets inside each sequence, `ignore` on pads and last tokens.
 struct PackedBatch {
