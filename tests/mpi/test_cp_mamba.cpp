@@ -17,8 +17,8 @@ namespace {
 Mamba2Config small(std::int64_t groups) {
   Mamba2Config c;
   c.hidden = 12;
-  c.heads = 4;
-  c.head_dim = 3;
+  c.heads = 8;
+  c.head_dim = 2;
   c.groups = groups;
   c.d_state = 4;
   c.chunk = 8;
@@ -69,12 +69,25 @@ TEST_P(MambaCp, MatchesCp1) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, MambaCp,
-                         ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked"), ::testing::Values(1, 2, 4),
+                         ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked"), ::testing::Values(1, 2, 8),
                                             ::testing::Values(DType::F64, DType::F32)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_groups" + std::to_string(std::get<1>(info.param)) + "_" +
                                   hcp::to_string(std::get<2>(info.param));
                          });
+
+TEST(MambaCpLayout, Cp2hpHp2cpRoundTripAndContent) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int cp = world.size(), r = world.rank();
+  for (const SeqLayout& g : {SeqLayout::bshd(2, 16), SeqLayout::thd({0, 8, 24, 32})}) {
+    Tensor x = test::rand({g.total(), 4 * cp}, 21);
+    Tensor xl = cp::dcs_partition(x, g, cp, r);
+    Tensor xh = cp::cp2hp(world, xl, g);
+    // Every token in global order, channel block r.
+    EXPECT_EQ(xh.to_vector(), x.slice(1, r * 4, 4).clone().to_vector());
+    EXPECT_EQ(cp::hp2cp(world, xh, g).to_vector(), xl.to_vector());
+  }
+}
 
 TEST(MambaCp1, PackedEqualsSequencesOneByOne) {
   MpiCommunicator world(MPI_COMM_WORLD);
@@ -101,6 +114,7 @@ TEST(MambaCp1, ParameterGradientsFiniteDifference) {
   auto self = world.split(world.rank(), 0);
   Mamba2Config c = small(2);
   c.hidden = 6;
+  c.heads = 4;
   c.head_dim = 2;
   c.d_state = 2;
   c.chunk = 3;
