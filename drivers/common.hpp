@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/layout.hpp"
+#include "io/deck.hpp"
 
 namespace hcp::drivers {
 
@@ -38,6 +40,27 @@ inline std::vector<std::int64_t> parse_lengths(const std::string& s, const std::
   }
   HCP_CHECK(!out.empty(), "key '", key, "' must list at least one sequence length");
   return out;
+}
+
+// The global, padded token layout from the [data] section: BSHD (data.batch x data.seqlen, the
+// length a multiple of 2*cp) or THD (data.seq_lens, each padded up to a multiple of 2*cp).
+inline SeqLayout global_layout(const Deck& d, int cp) {
+  if (d.get_string("data.format") == "bshd") {
+    const std::int64_t L = d.get_int("data.seqlen");
+    HCP_CHECK(L % (2 * cp) == 0, "data.seqlen = ", L, " must be a multiple of 2*cp = ", 2 * cp, " (DualChunkSwap)");
+    return SeqLayout::bshd(d.get_int("data.batch"), L);
+  }
+  std::vector<std::int64_t> cu{0};
+  for (auto n : parse_lengths(d.get_string("data.seq_lens"), "data.seq_lens"))
+    cu.push_back(cu.back() + (n + 2 * cp - 1) / (2 * cp) * (2 * cp));
+  return SeqLayout::thd(cu);
+}
+
+// CP size from parallel.cp_size (0: every rank), checked against the world size.
+inline int cp_size_of(const Deck& d, int world) {
+  const int cp = d.get_int("parallel.cp_size") == 0 ? world : static_cast<int>(d.get_int("parallel.cp_size"));
+  HCP_CHECK(world % cp == 0, "parallel.cp_size = ", cp, " must divide the number of ranks (", world, ")");
+  return cp;
 }
 
 }  // namespace hcp::drivers

@@ -67,7 +67,6 @@ DeckSchema schema() {
 struct Setup {
   int cp = 1;
   SeqLayout global;
-  std::vector<std::int64_t> unpadded;
   cp::CpAttnConfig base;
   std::vector<cp::AttnStrategy> strategies;
   DType dt = DType::F64;
@@ -76,21 +75,10 @@ struct Setup {
 Setup make_setup(const DriverContext& ctx) {
   const Deck& d = ctx.deck;
   Setup s;
-  const int w = ctx.world->size();
-  s.cp = d.get_int("parallel.cp_size") == 0 ? w : static_cast<int>(d.get_int("parallel.cp_size"));
-  HCP_CHECK(w % s.cp == 0, "parallel.cp_size = ", s.cp, " must divide the number of ranks (", w, ")");
+  s.cp = drivers::cp_size_of(d, ctx.world->size());
   s.dt = dtype_from_string(d.get_string("data.dtype"));
-  if (d.get_string("data.format") == "bshd") {
-    const std::int64_t L = d.get_int("data.seqlen");
-    HCP_CHECK(L % (2 * s.cp) == 0, "data.seqlen = ", L, " must be a multiple of 2*cp = ", 2 * s.cp,
-              " (DualChunkSwap)");
-    s.global = SeqLayout::bshd(d.get_int("data.batch"), L);
-  } else {
-    s.unpadded = drivers::parse_lengths(d.get_string("data.seq_lens"), "data.seq_lens");
-    std::vector<std::int64_t> cu{0};
-    for (auto n : s.unpadded) cu.push_back(cu.back() + (n + 2 * s.cp - 1) / (2 * s.cp) * (2 * s.cp));
-    s.global = SeqLayout::thd(cu);
-  }
+  s.global = drivers::global_layout(d, s.cp);
+
   s.base.heads = d.get_int("attention.heads");
   s.base.kv_heads = d.get_int("attention.kv_heads");
   s.base.head_dim = d.get_int("attention.head_dim");

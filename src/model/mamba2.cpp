@@ -95,6 +95,24 @@ Mamba2HP::Mamba2HP(Communicator& comm, Mamba2Config cfg, SeqLayout global)
   }
 }
 
+void Mamba2HP::ssd_setup(kernels::SsdParams& sp, kernels::SsdInputs& in) {
+  sp.batch = batch_;
+  sp.seqlen = seqlen_;
+  sp.heads = hl_;
+  sp.head_dim = c_.head_dim;
+  sp.groups = gl_;
+  sp.d_state = c_.d_state;
+  sp.chunk = c_.chunk;
+  in.x = &xc_;
+  in.dt = &dt_;
+  in.A_log = &sl_.at("A_log");
+  in.Bm = &Bc_;
+  in.Cm = &Cc_;
+  in.D = &sl_.at("D");
+  in.dt_bias = &sl_.at("dt_bias");
+  in.seq_idx = seq_idx_.empty() ? nullptr : &seq_idx_;
+}
+
 void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   const std::int64_t Di = c_.d_inner(), G = c_.groups, N = c_.d_state, H = c_.heads, P = c_.head_dim;
   const std::int64_t T = global_.total();
@@ -127,22 +145,8 @@ void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   k::conv1d_fwd(Bc_, Bpre_.view({batch_, seqlen_, gl_ * N}), sl_["conv_wB"], &sl_["conv_bB"], seq, true);
   k::conv1d_fwd(Cc_, Cpre_.view({batch_, seqlen_, gl_ * N}), sl_["conv_wC"], &sl_["conv_bC"], seq, true);
   k::SsdParams sp;
-  sp.batch = batch_;
-  sp.seqlen = seqlen_;
-  sp.heads = hl_;
-  sp.head_dim = P;
-  sp.groups = gl_;
-  sp.d_state = N;
-  sp.chunk = c_.chunk;
   k::SsdInputs in;
-  in.x = &xc_;
-  in.dt = &dt_;
-  in.A_log = &sl_["A_log"];
-  in.Bm = &Bc_;
-  in.Cm = &Cc_;
-  in.D = &sl_["D"];
-  in.dt_bias = &sl_["dt_bias"];
-  in.seq_idx = seq;
+  ssd_setup(sp, in);
   yh_ = Tensor::zeros({T, hl_ * P}, dt);
   k::ssd_fwd(yh_, nullptr, in, sp);
   yl_ = cp::hp2cp(comm_, yh_, global_);  // [Tl, Di]
@@ -167,24 +171,10 @@ void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   Tensor z = cols(zxbcdt_, 0, Di), dyl = Tensor::zeros({tl_, Di}, dt), dz = Tensor::zeros({tl_, Di}, dt);
   k::gated_rmsnorm_bwd(dyl, dz, grads["norm_w"], yl_, z, p.at("norm_w"), rstd_, G, dg);
   Tensor dyh = cp::cp2hp(comm_, dyl, global_);  // backward of hp2cp
-  k::SsdParams sp;
-  sp.batch = batch_;
-  sp.seqlen = seqlen_;
-  sp.heads = hl_;
-  sp.head_dim = P;
-  sp.groups = gl_;
-  sp.d_state = N;
-  sp.chunk = c_.chunk;
   const std::vector<std::int64_t>* seq = seq_idx_.empty() ? nullptr : &seq_idx_;
+  k::SsdParams sp;
   k::SsdInputs in;
-  in.x = &xc_;
-  in.dt = &dt_;
-  in.A_log = &sl_["A_log"];
-  in.Bm = &Bc_;
-  in.Cm = &Cc_;
-  in.D = &sl_["D"];
-  in.dt_bias = &sl_["dt_bias"];
-  in.seq_idx = seq;
+  ssd_setup(sp, in);
   Tensor dxc = Tensor::zeros(xc_.shape(), dt), ddt = Tensor::zeros(dt_.shape(), dt), dA = Tensor::zeros({hl_}, dt),
          dBc = Tensor::zeros(Bc_.shape(), dt), dCc = Tensor::zeros(Cc_.shape(), dt), dD = Tensor::zeros({hl_}, dt),
          ddb = Tensor::zeros({hl_}, dt);

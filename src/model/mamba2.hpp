@@ -13,6 +13,7 @@
 #include "comm/communicator.hpp"
 #include "core/layout.hpp"
 #include "core/tensor.hpp"
+#include "kernels/kernels.hpp"
 
 namespace hcp::model {
 
@@ -42,6 +43,7 @@ class Mamba2HP {
   void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p);
 
  private:
+  void ssd_setup(kernels::SsdParams& sp, kernels::SsdInputs& in);  // this rank's SSD problem
   Communicator& comm_;
   Mamba2Config c_;
   SeqLayout global_;

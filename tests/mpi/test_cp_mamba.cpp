@@ -136,11 +136,11 @@ TEST(MambaCpErrors, DivisibilityRules) {
   MpiCommunicator world(MPI_COMM_WORLD);
   const int cp = world.size();
   if (cp == 1) GTEST_SKIP() << "needs cp > 1";
-  Mamba2Config c = small(2);
-  c.heads = 2 * cp + 2;  // heads % cp != 0 for cp = 4 (10) ; for cp = 2: 6 % 2 == 0
-  if (c.heads % cp != 0)
-    EXPECT_NE(test::error_of([&] { Mamba2HP m(world, c, SeqLayout::bshd(1, 8 * cp)); }).find("heads (10) divisible by cp (4)"),
-              std::string::npos);
+  Mamba2Config c = small(1);
+  c.heads = 2 * cp + 1;  // never divisible by cp
+  EXPECT_NE(test::error_of([&] { Mamba2HP m(world, c, SeqLayout::bshd(1, 8 * cp)); })
+                .find("heads (" + std::to_string(c.heads) + ") divisible by cp (" + std::to_string(cp) + ")"),
+            std::string::npos);
   c = small(2);
   c.heads = 3 * cp;
   c.groups = 3;  // cp=2: 3 % 2 != 0; cp=4: 3 < 4 and 4 % 3 != 0
