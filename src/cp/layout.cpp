@@ -5,27 +5,34 @@
 
 namespace hcp::cp {
 
-void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& what) {
+void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& what, Partition part) {
   HCP_CHECK(cp >= 1, what, ": cp size must be >= 1");
   global.validate(what.c_str());
+  const std::int64_t m = part == Partition::DCS ? 2 * cp : cp;
   for (std::int64_t s = 0; s < global.nseq(); ++s)
-    HCP_CHECK(global.len(s) % (2 * cp) == 0, what, ": sequence ", s, " has length ", global.len(s),
-              ", which must be a multiple of 2*cp = ", 2 * cp, " for DualChunkSwap (pad it, e.g. with pack_sequences)");
+    HCP_CHECK(global.len(s) % m == 0, what, ": sequence ", s, " has length ", global.len(s), ", which must be a multiple of ",
+              part == Partition::DCS ? "2*cp = " : "cp = ", m,
+              part == Partition::DCS ? " for DualChunkSwap (pad it, e.g. with pack_sequences)" : " for a contiguous split");
 }
 
-SeqLayout local_layout(const SeqLayout& global, int cp) {
-  require_dcs_divisible(global, cp, "local_layout");
+SeqLayout local_layout(const SeqLayout& global, int cp, Partition part) {
+  require_dcs_divisible(global, cp, "local_layout", part);
   SeqLayout l = global;
   for (auto& c : l.cu_seqlens) c /= cp;
   return l;
 }
 
-std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank) {
-  require_dcs_divisible(global, cp, "dcs_global_index");
+std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank, Partition part) {
+  require_dcs_divisible(global, cp, "dcs_global_index", part);
   HCP_CHECK(rank >= 0 && rank < cp, "dcs: rank ", rank, " outside [0, ", cp, ")");
   std::vector<std::int64_t> idx;
   idx.reserve(static_cast<std::size_t>(global.total() / cp));
   for (std::int64_t s = 0; s < global.nseq(); ++s) {
+    if (part == Partition::Contiguous) {
+      const std::int64_t n = global.len(s) / cp, base = global.cu_seqlens[s] + rank * n;
+      for (std::int64_t j = 0; j < n; ++j) idx.push_back(base + j);
+      continue;
+    }
     const std::int64_t c = global.len(s) / (2 * cp), base = global.cu_seqlens[s];
     for (std::int64_t chunk : {static_cast<std::int64_t>(rank), static_cast<std::int64_t>(2 * cp - 1 - rank)})
       for (std::int64_t j = 0; j < c; ++j) idx.push_back(base + chunk * c + j);
@@ -41,10 +48,10 @@ std::vector<std::int64_t> dcs_positions(const SeqLayout& global, int cp, int ran
   return idx;
 }
 
-std::vector<std::int64_t> dcs_rank_major_index(const SeqLayout& global, int cp) {
+std::vector<std::int64_t> dcs_rank_major_index(const SeqLayout& global, int cp, Partition part) {
   std::vector<std::int64_t> all;
   for (int r = 0; r < cp; ++r) {
-    auto i = dcs_global_index(global, cp, r);
+    auto i = dcs_global_index(global, cp, r, part);
     all.insert(all.end(), i.begin(), i.end());
   }
   return all;
@@ -73,42 +80,42 @@ Shape with_rows(const Tensor& t, std::int64_t rows) {
 }
 }  // namespace
 
-Tensor dcs_partition(const Tensor& g, const SeqLayout& global, int cp, int rank) {
+Tensor dcs_partition(const Tensor& g, const SeqLayout& global, int cp, int rank, Partition part) {
   HCP_CHECK(g.dim() >= 1 && g.size(0) == global.total(), "dcs_partition: tensor has ", g.dim() ? g.size(0) : 0,
             " tokens, layout ", global.total());
-  auto idx = dcs_global_index(global, cp, rank);
+  auto idx = dcs_global_index(global, cp, rank, part);
   Tensor out = Tensor::empty(with_rows(g, static_cast<std::int64_t>(idx.size())), g.dtype());
   permute_rows(out, g, idx, iota(idx.size()));
   return out;
 }
 
-Tensor dcs_undo(const Tensor& rm, const SeqLayout& global, int cp) {
+Tensor dcs_undo(const Tensor& rm, const SeqLayout& global, int cp, Partition part) {
   HCP_CHECK(rm.dim() >= 1 && rm.size(0) == global.total(), "dcs_undo: token count mismatch");
-  auto idx = dcs_rank_major_index(global, cp);
+  auto idx = dcs_rank_major_index(global, cp, part);
   Tensor out = Tensor::empty(rm.shape(), rm.dtype());
   permute_rows(out, rm, iota(idx.size()), idx);
   return out;
 }
 
-Tensor dcs_redo(const Tensor& g, const SeqLayout& global, int cp) {
+Tensor dcs_redo(const Tensor& g, const SeqLayout& global, int cp, Partition part) {
   HCP_CHECK(g.dim() >= 1 && g.size(0) == global.total(), "dcs_redo: token count mismatch");
-  auto idx = dcs_rank_major_index(global, cp);
+  auto idx = dcs_rank_major_index(global, cp, part);
   Tensor out = Tensor::empty(g.shape(), g.dtype());
   permute_rows(out, g, idx, iota(idx.size()));
   return out;
 }
 
-Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& global) {
+Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& global, Partition part) {
   const int cp = comm.size();
   HCP_CHECK(local.size(0) * cp == global.total(), "dcs_gather: ", local.size(0), " local tokens x cp ", cp,
             " != ", global.total(), " global tokens");
   Tensor c = local.is_contiguous() ? local : local.clone();
   Tensor rm = Tensor::empty(with_rows(local, global.total()), local.dtype());
   comm.all_gather(c, rm);
-  return dcs_undo(rm, global, cp);
+  return dcs_undo(rm, global, cp, part);
 }
 
-Tensor cp2hp(Communicator& comm, const Tensor& x, const SeqLayout& global) {
+Tensor cp2hp(Communicator& comm, const Tensor& x, const SeqLayout& global, Partition part) {
   const int cp = comm.size();
   HCP_CHECK(x.dim() >= 2 && x.is_contiguous(), "cp2hp: need a contiguous [Tl, C, ...] tensor");
   const std::int64_t tl = x.size(0), C = x.numel() / tl;
@@ -119,14 +126,14 @@ Tensor cp2hp(Communicator& comm, const Tensor& x, const SeqLayout& global) {
   Tensor send = Tensor::empty({cp, tl, cb}, x.dtype()), recv = Tensor::empty({cp, tl, cb}, x.dtype());
   for (int r = 0; r < cp; ++r) send.slice(0, r, 1).view({tl, 1, cb}).copy_from(x2.slice(1, r, 1));
   comm.all_to_all(send, recv);
-  return dcs_undo(recv.view({cp * tl, cb}), global, cp);
+  return dcs_undo(recv.view({cp * tl, cb}), global, cp, part);
 }
 
-Tensor hp2cp(Communicator& comm, const Tensor& xh, const SeqLayout& global) {
+Tensor hp2cp(Communicator& comm, const Tensor& xh, const SeqLayout& global, Partition part) {
   const int cp = comm.size();
   HCP_CHECK(xh.dim() >= 2 && xh.size(0) == global.total(), "hp2cp: need [T, C/cp] with T = ", global.total());
   const std::int64_t T = xh.size(0), cb = xh.numel() / T, tl = T / cp;
-  Tensor send = dcs_redo(xh.view({T, cb}), global, cp).view({cp, tl, cb});
+  Tensor send = dcs_redo(xh.view({T, cb}), global, cp, part).view({cp, tl, cb});
   Tensor recv = Tensor::empty({cp, tl, cb}, xh.dtype());
   comm.all_to_all(send, recv);
   Tensor out = Tensor::empty({tl, cp, cb}, xh.dtype());

@@ -11,34 +11,49 @@
 
 namespace hcp::cp {
 
+// How a CP group splits every sequence: DualChunkSwap (rank r keeps chunks r and 2cp-1-r of 2cp;
+// the load-balanced layout every strategy uses between layers), or Contiguous (rank r keeps the
+// r-th of cp equal pieces, as a plain all-gather attention layer leaves the tokens).
+enum class Partition { DCS, Contiguous };
+
 // Throws hcp::Error naming `what` unless every sequence length is a multiple of 2*cp.
-void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& what);
+void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& what,
+                Partition part = Partition::DCS);
 
 // Local layout of a CP rank: every sequence keeps len/cp tokens (cu_seqlens / cp).
-SeqLayout local_layout(const SeqLayout& global, int cp);
+SeqLayout local_layout(const SeqLayout& global, int cp,
+                Partition part = Partition::DCS);
 
 // For each local token of `rank` (in local order), its index in the global token order. Rank r
 // keeps chunks r and 2cp-1-r (of 2cp equal chunks) of every sequence, in that order.
-std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank);
+std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank,
+                Partition part = Partition::DCS);
 // Position of each local token inside its own sequence (RoPE / causal masks use these).
 std::vector<std::int64_t> dcs_positions(const SeqLayout& global, int cp, int rank);
 // Rank-major order (all ranks' local tokens concatenated by rank) -> global index of each.
-std::vector<std::int64_t> dcs_rank_major_index(const SeqLayout& global, int cp);
+std::vector<std::int64_t> dcs_rank_major_index(const SeqLayout& global, int cp,
+                Partition part = Partition::DCS);
 
 // Tensors with the token axis first ([T, ...]):
-Tensor dcs_partition(const Tensor& global_t, const SeqLayout& global, int cp, int rank);
+Tensor dcs_partition(const Tensor& global_t, const SeqLayout& global, int cp, int rank,
+                Partition part = Partition::DCS);
 // Rank-major concatenation -> global order, and back (both exact permutations).
-Tensor dcs_undo(const Tensor& rank_major, const SeqLayout& global, int cp);
-Tensor dcs_redo(const Tensor& global_t, const SeqLayout& global, int cp);
+Tensor dcs_undo(const Tensor& rank_major, const SeqLayout& global, int cp,
+                Partition part = Partition::DCS);
+Tensor dcs_redo(const Tensor& global_t, const SeqLayout& global, int cp,
+                Partition part = Partition::DCS);
 // All-gather the local tensors of the CP group and return them in global order (every rank).
-Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& global);
+Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& global,
+                Partition part = Partition::DCS);
 
 // Sequence-parallel <-> hidden-parallel all-to-all (every channel block to its rank):
 // cp2hp: local [Tl, C] (DCS order) -> [T, C/cp] in global token order, channels of block `rank`;
 // for packed THD the de-interleave of sequences is part of the same permutation.
 // hp2cp is its exact inverse; the backward of each is the other.
-Tensor cp2hp(Communicator& comm, const Tensor& local, const SeqLayout& global);
-Tensor hp2cp(Communicator& comm, const Tensor& hp, const SeqLayout& global);
+Tensor cp2hp(Communicator& comm, const Tensor& local, const SeqLayout& global,
+                Partition part = Partition::DCS);
+Tensor hp2cp(Communicator& comm, const Tensor& hp, const SeqLayout& global,
+                Partition part = Partition::DCS);
 
 // Sequence packing: concatenate sequences, each padded to a multiple of `multiple` (2*cp) with
 // `pad_id`; labels are next-token targets inside each sequence, `ignore` on pads and last tokens.

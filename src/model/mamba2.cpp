@@ -66,8 +66,8 @@ Tensor sum_groups(const Tensor& x, std::int64_t G, std::int64_t N, std::int64_t 
 }
 }  // namespace
 
-Mamba2HP::Mamba2HP(Communicator& comm, Mamba2Config cfg, SeqLayout global)
-    : comm_(comm), c_(cfg), global_(std::move(global)) {
+Mamba2HP::Mamba2HP(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)
+    : comm_(comm), c_(cfg), global_(std::move(global)), part_(part) {
   cp_ = comm_.size();
   rank_ = comm_.rank();
   HCP_CHECK(c_.heads % c_.groups == 0, "mamba.n_groups (", c_.groups, ") must divide mamba.heads (", c_.heads, ")");
@@ -82,7 +82,7 @@ Mamba2HP::Mamba2HP(Communicator& comm, Mamba2Config cfg, SeqLayout global)
     rep_ = cp_ / c_.groups;
     gl_ = 1;
   }
-  cp::require_dcs_divisible(global_, cp_, "Mamba CP layout");
+  cp::require_dcs_divisible(global_, cp_, "Mamba CP layout", part_);
   hl_ = c_.heads / cp_;
   tl_ = global_.total() / cp_;
   if (global_.format == Format::BSHD) {
@@ -122,10 +122,10 @@ void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   zxbcdt_ = Tensor::zeros({tl_, c_.d_in_proj()}, dt);
   k::linear_fwd(zxbcdt_, h_, p.at("in_proj"), nullptr);
   // cp2hp of x, B, C (groups repeated when G < cp) and dt.
-  xpre_ = cp::cp2hp(comm_, cols(zxbcdt_, Di, Di), global_);                                   // [T, Hl*P]
-  Bpre_ = cp::cp2hp(comm_, repeat_groups(cols(zxbcdt_, 2 * Di, G * N), G, N, rep_), global_);  // [T, Gl*N]
-  Cpre_ = cp::cp2hp(comm_, repeat_groups(cols(zxbcdt_, 2 * Di + G * N, G * N), G, N, rep_), global_);
-  dt_ = cp::cp2hp(comm_, cols(zxbcdt_, 2 * Di + 2 * G * N, H), global_);                       // [T, Hl]
+  xpre_ = cp::cp2hp(comm_, cols(zxbcdt_, Di, Di), global_, part_);                                   // [T, Hl*P]
+  Bpre_ = cp::cp2hp(comm_, repeat_groups(cols(zxbcdt_, 2 * Di, G * N), G, N, rep_), global_, part_);  // [T, Gl*N]
+  Cpre_ = cp::cp2hp(comm_, repeat_groups(cols(zxbcdt_, 2 * Di + G * N, G * N), G, N, rep_), global_, part_);
+  dt_ = cp::cp2hp(comm_, cols(zxbcdt_, 2 * Di + 2 * G * N, H), global_, part_);                       // [T, Hl]
   // Parameter slices of this rank: its heads, and its group (or group copy).
   const std::int64_t h0 = rank_ * hl_, g0 = rep_ > 1 ? rank_ / rep_ : rank_ * gl_;
   sl_["conv_wx"] = rows(p.at("conv_w"), h0 * P, hl_ * P);
@@ -149,7 +149,7 @@ void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   ssd_setup(sp, in);
   yh_ = Tensor::zeros({T, hl_ * P}, dt);
   k::ssd_fwd(yh_, nullptr, in, sp);
-  yl_ = cp::hp2cp(comm_, yh_, global_);  // [Tl, Di]
+  yl_ = cp::hp2cp(comm_, yh_, global_, part_);  // [Tl, Di]
   Tensor z = cols(zxbcdt_, 0, Di), g = Tensor::zeros({tl_, Di}, dt);
   rstd_ = Tensor::zeros({tl_, G}, dt);
   k::gated_rmsnorm_fwd(g, rstd_, yl_, z, p.at("norm_w"), G, c_.eps);
@@ -170,7 +170,7 @@ void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   k::linear_bwd(&dg, &grads["out_proj"], nullptr, sl_["gated"], p.at("out_proj"), dyv);
   Tensor z = cols(zxbcdt_, 0, Di), dyl = Tensor::zeros({tl_, Di}, dt), dz = Tensor::zeros({tl_, Di}, dt);
   k::gated_rmsnorm_bwd(dyl, dz, grads["norm_w"], yl_, z, p.at("norm_w"), rstd_, G, dg);
-  Tensor dyh = cp::cp2hp(comm_, dyl, global_);  // backward of hp2cp
+  Tensor dyh = cp::cp2hp(comm_, dyl, global_, part_);  // backward of hp2cp
   const std::vector<std::int64_t>* seq = seq_idx_.empty() ? nullptr : &seq_idx_;
   k::SsdParams sp;
   k::SsdInputs in;
@@ -202,11 +202,11 @@ void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   // hp2cp: the backward of cp2hp (group copies summed back).
   Tensor dzxbcdt = Tensor::zeros({tl_, c_.d_in_proj()}, dt);
   dzxbcdt.slice(1, 0, Di).copy_from(dz);
-  dzxbcdt.slice(1, Di, Di).copy_from(cp::hp2cp(comm_, dxpre.view({T, hl_ * P}), global_));
-  dzxbcdt.slice(1, 2 * Di, G * N).copy_from(sum_groups(cp::hp2cp(comm_, dBpre.view({T, gl_ * N}), global_), G, N, rep_));
+  dzxbcdt.slice(1, Di, Di).copy_from(cp::hp2cp(comm_, dxpre.view({T, hl_ * P}), global_, part_));
+  dzxbcdt.slice(1, 2 * Di, G * N).copy_from(sum_groups(cp::hp2cp(comm_, dBpre.view({T, gl_ * N}), global_, part_), G, N, rep_));
   dzxbcdt.slice(1, 2 * Di + G * N, G * N)
-      .copy_from(sum_groups(cp::hp2cp(comm_, dCpre.view({T, gl_ * N}), global_), G, N, rep_));
-  dzxbcdt.slice(1, 2 * Di + 2 * G * N, H).copy_from(cp::hp2cp(comm_, ddt.view({T, hl_}), global_));
+      .copy_from(sum_groups(cp::hp2cp(comm_, dCpre.view({T, gl_ * N}), global_, part_), G, N, rep_));
+  dzxbcdt.slice(1, 2 * Di + 2 * G * N, H).copy_from(cp::hp2cp(comm_, ddt.view({T, hl_}), global_, part_));
   Tensor dhl = Tensor::zeros({tl_, c_.hidden}, dt);
   k::linear_bwd(&dhl, &grads["in_proj"], nullptr, h_, p.at("in_proj"), dzxbcdt);
   dh.copy_from(dhl.view(dh.shape()));

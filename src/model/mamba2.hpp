@@ -13,6 +13,7 @@
 #include "comm/communicator.hpp"
 #include "core/layout.hpp"
 #include "core/tensor.hpp"
+#include "cp/layout.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::model {
@@ -36,7 +37,9 @@ class Mamba2HP {
  public:
   // Checks heads % cp, groups vs cp (n_groups % cp == 0, or cp % n_groups == 0 to repeat groups)
   // and the DCS divisibility of `global` (BSHD rows or THD packed sequences).
-  Mamba2HP(Communicator& cp_comm, Mamba2Config cfg, SeqLayout global);
+  // `part`: how the tokens arrive (DCS between layers; Contiguous as a plain all-gather attention
+  // layer would leave them).
+  Mamba2HP(Communicator& cp_comm, Mamba2Config cfg, SeqLayout global, cp::Partition part = cp::Partition::DCS);
   // h, y local [Tl, hidden] in DCS order.
   void forward(Tensor& y, const Tensor& h, const ParamMap& p);
   // dh local; parameter gradients summed over the CP group into `grads` (overwritten).
@@ -47,6 +50,7 @@ class Mamba2HP {
   Communicator& comm_;
   Mamba2Config c_;
   SeqLayout global_;
+  cp::Partition part_ = cp::Partition::DCS;
   int cp_ = 1, rank_ = 0;
   std::int64_t hl_ = 1, gl_ = 1, rep_ = 1, tl_ = 0, batch_ = 1, seqlen_ = 1;
   std::vector<std::int64_t> seq_idx_;  // empty for BSHD

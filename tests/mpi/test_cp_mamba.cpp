@@ -30,20 +30,20 @@ struct Result {
 };
 // Runs the layer on `comm` for the global input, returns global-order output / input gradient.
 Result run(Communicator& comm, const Mamba2Config& c, const SeqLayout& g, const Tensor& h, const Tensor& dy,
-           const ParamMap& p) {
+           const ParamMap& p, cp::Partition part = cp::Partition::DCS) {
   const int cp = comm.size(), r = comm.rank();
-  Mamba2HP layer(comm, c, g);
-  Tensor hl = cp::dcs_partition(h, g, cp, r), dyl = cp::dcs_partition(dy, g, cp, r);
+  Mamba2HP layer(comm, c, g, part);
+  Tensor hl = cp::dcs_partition(h, g, cp, r, part), dyl = cp::dcs_partition(dy, g, cp, r, part);
   Tensor y = Tensor::zeros(hl.shape(), h.dtype()), dh = Tensor::zeros(hl.shape(), h.dtype());
   Result out;
   layer.forward(y, hl, p);
   layer.backward(dh, out.grads, dyl, p);
-  out.y = cp::dcs_gather(comm, y, g);
-  out.dh = cp::dcs_gather(comm, dh, g);
+  out.y = cp::dcs_gather(comm, y, g, part);
+  out.dh = cp::dcs_gather(comm, dh, g, part);
   return out;
 }
 SeqLayout layout_of(const std::string& f) {
-  return f == "bshd" ? SeqLayout::bshd(2, 16) : f == "thd1" ? SeqLayout::thd({0, 24}) : SeqLayout::thd({0, 8, 24, 32});
+  return f == "bshd" || f == "bshd_contiguous" ? SeqLayout::bshd(2, 16) : f == "thd1" ? SeqLayout::thd({0, 24}) : SeqLayout::thd({0, 8, 24, 32});
 }
 }  // namespace
 
@@ -61,7 +61,9 @@ TEST_P(MambaCp, MatchesCp1) {
   ParamMap p = mamba2_init(c, dtype, 5);
   Tensor h = test::rand({g.total(), c.hidden}, 11, -1, 1, dtype), dy = test::rand({g.total(), c.hidden}, 12, -1, 1, dtype);
   Result ref = run(*self, c, g, h, dy, p);
-  Result got = run(world, c, g, h, dy, p);
+  // bshd_contiguous: tokens split into cp contiguous pieces per row, as a plain all-gather
+  // attention layer leaves them (no DCS to undo).
+  Result got = run(world, c, g, h, dy, p, format == "bshd_contiguous" ? cp::Partition::Contiguous : cp::Partition::DCS);
   const double rtol = dtype == DType::F64 ? 1e-10 : 2e-5, atol = dtype == DType::F64 ? 1e-12 : 1e-6;
   test::expect_close(got.y, ref.y, atol, rtol, "y");
   test::expect_close(got.dh, ref.dh, atol, rtol, "dh");
@@ -69,7 +71,7 @@ TEST_P(MambaCp, MatchesCp1) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, MambaCp,
-                         ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked"), ::testing::Values(1, 2, 8),
+                         ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked", "bshd_contiguous"), ::testing::Values(1, 2, 8),
                                             ::testing::Values(DType::F64, DType::F32)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_groups" + std::to_string(std::get<1>(info.param)) + "_" +
@@ -86,7 +88,13 @@ TEST(MambaCpLayout, Cp2hpHp2cpRoundTripAndContent) {
     // Every token in global order, channel block r.
     EXPECT_EQ(xh.to_vector(), x.slice(1, r * 4, 4).clone().to_vector());
     EXPECT_EQ(cp::hp2cp(world, xh, g).to_vector(), xl.to_vector());
+    Tensor xc = cp::dcs_partition(x, g, cp, r, cp::Partition::Contiguous);
+    EXPECT_EQ(cp::cp2hp(world, xc, g, cp::Partition::Contiguous).to_vector(), x.slice(1, r * 4, 4).clone().to_vector());
   }
+  // Contiguous: rank r holds the r-th piece of every row.
+  auto g = SeqLayout::bshd(2, 8);
+  if (cp == 2)
+    EXPECT_EQ(cp::dcs_global_index(g, 2, 1, cp::Partition::Contiguous), (std::vector<std::int64_t>{4, 5, 6, 7, 12, 13, 14, 15}));
 }
 
 TEST(MambaCp1, PackedEqualsSequencesOneByOne) {
