@@ -146,8 +146,9 @@ TEST(CpAttentionErrors, ShapesThatDoNotDivideFailOnEveryRank) {
   c.heads = 3;
   c.kv_heads = 3;
   c.strategy = AttnStrategy::A2A;
-  if (cp > 1)
+  if (cp > 1) {
     EXPECT_NE(test::error_of([&] { CpAttention a(comm, c); }).find("divisible by cp"), std::string::npos);
+  }
   c.heads = 4;
   c.kv_heads = 3;
   EXPECT_NE(test::error_of([&] { CpAttention a(comm, c); }).find("positive multiple of attention.kv_heads"),
