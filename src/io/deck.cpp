@@ -216,17 +216,21 @@ bool Deck::get_bool(const std::string& key) const { return std::get<bool>(value(
 bool Deck::is_set(const std::string& key) const { return set_.count(key) > 0; }
 
 std::string Deck::resolved() const {
-  std::ostringstream os;
-  std::string section;
+  // One table per section, in the order sections first appear in the schema (a section whose keys
+  // are declared apart must still come out as one TOML table: a repeated table is a syntax error).
+  std::vector<std::string> order;
+  std::map<std::string, std::ostringstream> body;
   for (auto& k : schema_->keys()) {
     auto dot = k.key.rfind('.');
     std::string sec = dot == std::string::npos ? "" : k.key.substr(0, dot);
     std::string name = dot == std::string::npos ? k.key : k.key.substr(dot + 1);
-    if (sec != section) {
-      os << "\n[" << sec << "]\n";
-      section = sec;
-    }
-    os << name << " = " << fmt_value(values_.at(k.key)) << "\n";
+    if (!body.count(sec)) order.push_back(sec);
+    body[sec] << name << " = " << fmt_value(values_.at(k.key)) << "\n";
+  }
+  std::ostringstream os;
+  for (auto& sec : order) {
+    if (!sec.empty()) os << "\n[" << sec << "]\n";
+    os << body[sec].str();
   }
   return os.str();
 }

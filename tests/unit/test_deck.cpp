@@ -69,3 +69,14 @@ TEST(Deck, BadDecksNameKeyRuleAndLine) {
   auto s = schema();
   EXPECT_THROW(Deck::load(s, "/nonexistent/deck.toml"), Error);
 }
+
+TEST(Deck, ResolvedGroupsSectionsDeclaredApart) {
+  DeckSchema s;
+  s.add_int("a.x", 1, "x").add_int("b.y", 2, "y").add_int("a.z", 3, "z");
+  Deck d = Deck::parse(s, "[a]\nz = 7\n", "x.toml");
+  const std::string r = d.resolved();
+  EXPECT_EQ(r.find("[a]"), r.rfind("[a]")) << r;
+  Deck back = Deck::parse(s, r, "resolved");
+  EXPECT_EQ(back.get_int("a.z"), 7);
+  EXPECT_EQ(back.get_int("b.y"), 2);
+}
