@@ -42,6 +42,22 @@ inline std::vector<std::int64_t> parse_lengths(const std::string& s, const std::
   return out;
 }
 
+// The deck keys every CP driver reads through global_layout / cp_size_of and its run loop:
+// [data] format, seq_lens, batch, seqlen, dtype, seed; [parallel] cp_size; [run] warmup, repeats,
+// check. Defaults of the sizes are the driver's own.
+inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_default, std::int64_t seqlen_default) {
+  s.add_string("data.format", "thd", "token layout", {"bshd", "thd"})
+      .add_string("data.seq_lens", seq_lens_default, "THD sequence lengths, comma-separated (padded to 2*cp)")
+      .add_int("data.batch", 2, "BSHD batch size", 1)
+      .add_int("data.seqlen", seqlen_default, "BSHD sequence length (multiple of 2*cp)", 1)
+      .add_string("data.dtype", "fp64", "precision of the run", {"fp32", "fp64"})
+      .add_int("data.seed", 1, "seed of inputs and parameters", 0)
+      .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
+      .add_int("run.warmup", 1, "untimed iterations", 0)
+      .add_int("run.repeats", 3, "timed iterations", 1)
+      .add_bool("run.check", true, "compare with a cp=1 run and fail on mismatch");
+}
+
 // The global, padded token layout from the [data] section: BSHD (data.batch x data.seqlen, the
 // length a multiple of 2*cp) or THD (data.seq_lens, each padded up to a multiple of 2*cp).
 inline SeqLayout global_layout(const Deck& d, int cp) {

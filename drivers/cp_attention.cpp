@@ -50,17 +50,8 @@ DeckSchema schema() {
       .add_int("attention.kv_heads", 2, "key/value heads (divides heads)", 1)
       .add_int("attention.head_dim", 32, "head dimension", 1, 1024)
       .add_bool("attention.causal", true, "causal mask (false: full attention)")
-      .add_string("data.format", "thd", "token layout", {"bshd", "thd"})
-      .add_string("data.seq_lens", "200, 56, 500", "THD sequence lengths, comma-separated (padded to 2*cp)")
-      .add_int("data.batch", 2, "BSHD batch size", 1)
-      .add_int("data.seqlen", 512, "BSHD sequence length (multiple of 2*cp)", 1)
-      .add_string("data.dtype", "fp64", "precision of the run", {"fp32", "fp64"})
-      .add_int("data.seed", 1, "input seed", 0)
-      .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
-      .add_string("parallel.strategy", "all", "attention CP strategy", {"p2p", "allgather", "a2a", "all"})
-      .add_int("run.warmup", 1, "untimed iterations", 0)
-      .add_int("run.repeats", 3, "timed iterations", 1)
-      .add_bool("run.check", true, "compare with a cp=1 run and fail on mismatch");
+      .add_string("parallel.strategy", "all", "attention CP strategy", {"p2p", "allgather", "a2a", "all"});
+  drivers::add_cp_driver_keys(s, "200, 56, 500", 512);
   return s;
 }
 
@@ -97,11 +88,11 @@ Setup make_setup(const DriverContext& ctx) {
 void validate(DriverContext& ctx) {
   Setup s = make_setup(ctx);
   // Constructing each strategy checks its own divisibility rules (e.g. a2a: heads % cp).
-  auto world = std::make_unique<ProcessGrid>(ProcessGrid::make(*ctx.world, s.cp));
+  ProcessGrid grid = ProcessGrid::make(*ctx.world, s.cp);
   for (auto st : s.strategies) {
     auto c = s.base;
     c.strategy = st;
-    cp::CpAttention a(*world->cp, c);
+    cp::CpAttention a(*grid.cp, c);
   }
 }
 

@@ -51,17 +51,8 @@ DeckSchema schema() {
       .add_int("mamba.n_groups", 2, "B/C groups", 1)
       .add_int("mamba.d_state", 16, "state size N", 1)
       .add_int("mamba.conv", 4, "conv1d width", 1, 16)
-      .add_int("mamba.chunk", 32, "SSD chunk size", 1)
-      .add_string("data.format", "thd", "token layout", {"bshd", "thd"})
-      .add_string("data.seq_lens", "100, 37, 250", "THD sequence lengths (padded to 2*cp)")
-      .add_int("data.batch", 2, "BSHD batch", 1)
-      .add_int("data.seqlen", 256, "BSHD sequence length (multiple of 2*cp)", 1)
-      .add_string("data.dtype", "fp64", "precision", {"fp32", "fp64"})
-      .add_int("data.seed", 1, "seed of inputs and parameters", 0)
-      .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
-      .add_int("run.warmup", 1, "untimed iterations", 0)
-      .add_int("run.repeats", 3, "timed iterations", 1)
-      .add_bool("run.check", true, "compare with cp=1");
+      .add_int("mamba.chunk", 32, "SSD chunk size", 1);
+  drivers::add_cp_driver_keys(s, "100, 37, 250", 256);
   return s;
 }
 

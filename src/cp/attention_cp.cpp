@@ -118,27 +118,44 @@ static std::vector<k::AttnSegment> ring_segments(const SeqLayout& local, int r, 
   return segs;
 }
 
+Tensor CpAttention::ring_kv_buffer() const {
+  const std::int64_t Hkv = cfg_.kv_heads, D = cfg_.head_dim;
+  Tensor buf = Tensor::empty({2, tl_, Hkv, D}, k_.dtype());
+  buf.slice(0, 0, 1).view({tl_, Hkv, D}).copy_from(k_);
+  buf.slice(0, 1, 1).view({tl_, Hkv, D}).copy_from(v_);
+  return buf;
+}
+
+k::AttnParams CpAttention::ring_params(int i) const {
+  const int j = ((rank_ - i) % cp_ + cp_) % cp_;  // owner of the K/V held at step i
+  auto p = base_params(cfg_.heads, cfg_.kv_heads);
+  p.mask = (cfg_.causal && i == 0) ? k::Mask::Causal : k::Mask::None;
+  p.segments = ring_segments(local_, rank_, j, cfg_.causal);
+  return p;
+}
+
+// Sends `send` to the next rank and receives into `recv` from the previous one, unless step i is
+// the last K/V step (a negative step always posts: the dK/dV accumulator moves after every step).
+RingRequest CpAttention::ring_post_next(Tensor& send, Tensor& recv, int i, int tag) {
+  if (i >= 0 && i + 1 >= cp_) return {};
+  return comm_.ring_post(send.raw(), recv.raw(), send.numel(), send.dtype(), (rank_ + 1) % cp_,
+                         (rank_ - 1 + cp_) % cp_, tag);
+}
+
 void CpAttention::fwd_p2p(Tensor& o) {
   const DType dt = q_.dtype();
   const std::int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
-  const bool causal = cfg_.causal;
   // K and V travel together in one buffer [2, Tl, Hkv, D]; double buffered.
-  Tensor cur = Tensor::empty({2, tl_, Hkv, D}, dt), nxt = Tensor::empty({2, tl_, Hkv, D}, dt);
-  cur.slice(0, 0, 1).view({tl_, Hkv, D}).copy_from(k_);
-  cur.slice(0, 1, 1).view({tl_, Hkv, D}).copy_from(v_);
+  Tensor cur = ring_kv_buffer(), nxt = Tensor::empty(cur.shape(), dt);
   o_ = Tensor::zeros({tl_, H, D}, dt);
   lse_ = Tensor::zeros({tl_, H}, lse_dtype(q_));
   lse_.fill(-INFINITY);
   Tensor op = Tensor::zeros({tl_, H, D}, dt), lp = Tensor::zeros({tl_, H}, lse_dtype(q_));
   Clock c;
   for (int i = 0; i < cp_; ++i) {
-    const int j = ((rank_ - i) % cp_ + cp_) % cp_;
-    RingRequest req;
-    if (i + 1 < cp_) req = comm_.ring_post(cur.raw(), nxt.raw(), cur.numel(), dt, (rank_ + 1) % cp_, (rank_ - 1 + cp_) % cp_);
+    RingRequest req = ring_post_next(cur, nxt, i);
     c.lap();
-    auto p = base_params(H, Hkv);
-    p.mask = (causal && i == 0) ? k::Mask::Causal : k::Mask::None;
-    p.segments = ring_segments(local_, rank_, j, causal);
+    const auto p = ring_params(i);
     Tensor kb = cur.slice(0, 0, 1).view({tl_, Hkv, D}), vb = cur.slice(0, 1, 1).view({tl_, Hkv, D});
     k::attention_fwd(op, lp, q_, kb, vb, p);
     k::attention_merge(o_, lse_, op, lp);
@@ -155,24 +172,17 @@ void CpAttention::fwd_p2p(Tensor& o) {
 void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
   const DType dt = q_.dtype();
   const std::int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
-  const bool causal = cfg_.causal;
   // K/V travel as in the forward; their gradient accumulator [2, Tl, Hkv, D] travels with them and
   // reaches the block's owner after the last step.
-  Tensor cur = Tensor::empty({2, tl_, Hkv, D}, dt), nxt = Tensor::empty({2, tl_, Hkv, D}, dt);
-  cur.slice(0, 0, 1).view({tl_, Hkv, D}).copy_from(k_);
-  cur.slice(0, 1, 1).view({tl_, Hkv, D}).copy_from(v_);
+  Tensor cur = ring_kv_buffer(), nxt = Tensor::empty(cur.shape(), dt);
   Tensor acc = Tensor::zeros({2, tl_, Hkv, D}, dt), acc_in = Tensor::zeros({2, tl_, Hkv, D}, dt);
   Tensor dq_acc = Tensor::zeros({tl_, H, D}, dt), dq_p = Tensor::zeros({tl_, H, D}, dt);
   Tensor dk_p = Tensor::zeros({tl_, Hkv, D}, dt), dv_p = Tensor::zeros({tl_, Hkv, D}, dt);
   Clock c;
   for (int i = 0; i < cp_; ++i) {
-    const int j = ((rank_ - i) % cp_ + cp_) % cp_;
-    RingRequest req;
-    if (i + 1 < cp_) req = comm_.ring_post(cur.raw(), nxt.raw(), cur.numel(), dt, (rank_ + 1) % cp_, (rank_ - 1 + cp_) % cp_);
+    RingRequest req = ring_post_next(cur, nxt, i);
     c.lap();
-    auto p = base_params(H, Hkv);
-    p.mask = (causal && i == 0) ? k::Mask::Causal : k::Mask::None;
-    p.segments = ring_segments(local_, rank_, j, causal);
+    const auto p = ring_params(i);
     Tensor kb = cur.slice(0, 0, 1).view({tl_, Hkv, D}), vb = cur.slice(0, 1, 1).view({tl_, Hkv, D});
     k::attention_bwd(dq_p, dk_p, dv_p, q_, kb, vb, o_, lse_, dout, p);
     k::axpy(dq_acc, 1.0, dq_p);
@@ -181,7 +191,7 @@ void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
     k::axpy(av, 1.0, dv_p);
     bwd_t_.compute += c.lap();
     // The accumulator goes on to the next rank (after the last step: to the block's owner).
-    RingRequest ra = comm_.ring_post(acc.raw(), acc_in.raw(), acc.numel(), dt, (rank_ + 1) % cp_, (rank_ - 1 + cp_) % cp_, 9);
+    RingRequest ra = ring_post_next(acc, acc_in, -1, 9);
     comm_.ring_wait(ra);
     std::swap(acc, acc_in);
     if (req.active) {

@@ -49,6 +49,11 @@ class CpAttention {
   void fwd_a2a(Tensor& o);
   void bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   kernels::AttnParams base_params(std::int64_t heads, std::int64_t kv_heads) const;
+  // Ring p2p pieces shared by forward and backward: the [2, Tl, Hkv, D] K-then-V buffer that
+  // travels, the attention parameters of step i, and posting the send/receive of the next block.
+  Tensor ring_kv_buffer() const;
+  kernels::AttnParams ring_params(int step) const;
+  RingRequest ring_post_next(Tensor& send, Tensor& recv, int step, int tag = 7);
 
   Communicator& comm_;
   CpAttnConfig cfg_;

@@ -156,7 +156,7 @@ void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   Tensor out = Tensor::zeros({tl_, c_.hidden}, dt);
   k::linear_fwd(out, g, p.at("out_proj"), nullptr);
   y.copy_from(out.view(y.shape()));
-  sl_["gated"] = g;
+  gated_ = g;
 }
 
 void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
@@ -167,7 +167,7 @@ void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   grads = zeros_like(p);
   Tensor dyv = dy.view({tl_, c_.hidden});
   Tensor dg = Tensor::zeros({tl_, Di}, dt);
-  k::linear_bwd(&dg, &grads["out_proj"], nullptr, sl_["gated"], p.at("out_proj"), dyv);
+  k::linear_bwd(&dg, &grads["out_proj"], nullptr, gated_, p.at("out_proj"), dyv);
   Tensor z = cols(zxbcdt_, 0, Di), dyl = Tensor::zeros({tl_, Di}, dt), dz = Tensor::zeros({tl_, Di}, dt);
   k::gated_rmsnorm_bwd(dyl, dz, grads["norm_w"], yl_, z, p.at("norm_w"), rstd_, G, dg);
   Tensor dyh = cp::cp2hp(comm_, dyl, global_, part_);  // backward of hp2cp

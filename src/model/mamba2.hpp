@@ -55,7 +55,7 @@ class Mamba2HP {
   std::int64_t hl_ = 1, gl_ = 1, rep_ = 1, tl_ = 0, batch_ = 1, seqlen_ = 1;
   std::vector<std::int64_t> seq_idx_;  // empty for BSHD
   // saved by forward
-  Tensor h_, zxbcdt_, xpre_, Bpre_, Cpre_, dt_, xc_, Bc_, Cc_, yh_, yl_, rstd_;
+  Tensor h_, zxbcdt_, xpre_, Bpre_, Cpre_, dt_, xc_, Bc_, Cc_, yh_, yl_, rstd_, gated_;
   ParamMap sl_;  // this rank's parameter slices
 };
 

@@ -93,8 +93,9 @@ TEST(MambaCpLayout, Cp2hpHp2cpRoundTripAndContent) {
   }
   // Contiguous: rank r holds the r-th piece of every row.
   auto g = SeqLayout::bshd(2, 8);
-  if (cp == 2)
+  if (cp == 2) {
     EXPECT_EQ(cp::dcs_global_index(g, 2, 1, cp::Partition::Contiguous), (std::vector<std::int64_t>{4, 5, 6, 7, 12, 13, 14, 15}));
+  }
 }
 
 TEST(MambaCp1, PackedEqualsSequencesOneByOne) {

@@ -48,6 +48,17 @@ struct Case {
     return in;
   }
   Tensor y() const { return Tensor::zeros(x.shape(), DType::F64); }
+  // Zeroed gradient buffers of every input and parameter, and the SsdGrads pointing at them.
+  struct Grads {
+    Tensor dx, ddt, dA_log, dB, dC, dD, ddt_bias, dinit;
+    SsdGrads ptrs(bool with_init) {
+      return {&dx, &ddt, &dA_log, &dB, &dC, &dD, &ddt_bias, with_init ? &dinit : nullptr};
+    }
+  };
+  Grads zero_grads() const {
+    auto z = [](const Tensor& t) { return Tensor::zeros(t.shape(), DType::F64); };
+    return {z(x), z(dt), z(A_log), z(B), z(C), z(D), z(dt_bias), z(init)};
+  }
   Tensor states() const { return Tensor::zeros({p.batch, p.heads, p.head_dim, p.d_state}, DType::F64); }
 };
 }  // namespace
@@ -112,29 +123,18 @@ TEST(Ssd, GradientsFiniteDifference) {
       ssd_fwd(y, &f, c.inputs(), c.p);
       return test::dot(y, w) + test::dot(f, wf);
     };
-    Tensor dx = Tensor::zeros(c.x.shape(), DType::F64), ddt = Tensor::zeros(c.dt.shape(), DType::F64),
-           dA = Tensor::zeros({4}, DType::F64), dB = Tensor::zeros(c.B.shape(), DType::F64),
-           dC = Tensor::zeros(c.C.shape(), DType::F64), dD = Tensor::zeros({4}, DType::F64),
-           ddb = Tensor::zeros({4}, DType::F64), dinit = c.states();
-    SsdGrads g;
-    g.dx = &dx;
-    g.ddt = &ddt;
-    g.dA_log = &dA;
-    g.dB = &dB;
-    g.dC = &dC;
-    g.dD = &dD;
-    g.ddt_bias = &ddb;
-    g.dinit_states = c.use_init ? &dinit : nullptr;
+    auto gr = c.zero_grads();
+    SsdGrads g = gr.ptrs(c.use_init);
     ssd_bwd(g, c.inputs(), w, &wf, c.p);
     const std::string tag = packed ? " (packed)" : "";
-    test::fd_check(c.x, dx, loss, "dx" + tag);
-    test::fd_check(c.dt, ddt, loss, "ddt" + tag);
-    test::fd_check(c.A_log, dA, loss, "dA_log" + tag);
-    test::fd_check(c.B, dB, loss, "dB" + tag);
-    test::fd_check(c.C, dC, loss, "dC" + tag);
-    test::fd_check(c.D, dD, loss, "dD" + tag);
-    test::fd_check(c.dt_bias, ddb, loss, "ddt_bias" + tag);
-    if (c.use_init) test::fd_check(c.init, dinit, loss, "dinit_states");
+    test::fd_check(c.x, gr.dx, loss, "dx" + tag);
+    test::fd_check(c.dt, gr.ddt, loss, "ddt" + tag);
+    test::fd_check(c.A_log, gr.dA_log, loss, "dA_log" + tag);
+    test::fd_check(c.B, gr.dB, loss, "dB" + tag);
+    test::fd_check(c.C, gr.dC, loss, "dC" + tag);
+    test::fd_check(c.D, gr.dD, loss, "dD" + tag);
+    test::fd_check(c.dt_bias, gr.ddt_bias, loss, "ddt_bias" + tag);
+    if (c.use_init) test::fd_check(c.init, gr.dinit, loss, "dinit_states");
   }
 }
 
@@ -143,17 +143,10 @@ TEST(Ssd, DtClampStopsGradient) {
   c.dt = rand(c.dt.shape(), 401, 3.0, 4.0);  // softplus(dt + bias) > 2 everywhere
   c.p.dt_max = 1.0;
   Tensor w = rand(c.x.shape(), 402);
-  Tensor dx = Tensor::zeros(c.x.shape(), DType::F64), ddt = Tensor::zeros(c.dt.shape(), DType::F64),
-         dA = Tensor::zeros({2}, DType::F64), dB = Tensor::zeros(c.B.shape(), DType::F64),
-         dC = Tensor::zeros(c.C.shape(), DType::F64);
-  SsdGrads g;
-  g.dx = &dx;
-  g.ddt = &ddt;
-  g.dA_log = &dA;
-  g.dB = &dB;
-  g.dC = &dC;
+  auto gr = c.zero_grads();
+  SsdGrads g = gr.ptrs(false);
   ssd_bwd(g, c.inputs(), w, nullptr, c.p);
-  for (double v : ddt.to_vector()) EXPECT_EQ(v, 0.0);
+  for (double v : gr.ddt.to_vector()) EXPECT_EQ(v, 0.0);
 }
 
 TEST(Ssd, Fp32MatchesFp64) {
