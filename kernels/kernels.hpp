@@ -89,6 +89,25 @@ struct SsdGrads {
 void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal_states,
              const SsdParams& p);
 
+// ---- state passing (SSM context parallelism): every batch row is one run of consecutive tokens of a
+// single sequence (no seq_idx), e.g. one CP rank's chunk of a sequence.
+// decay [B,H] = exp(sum_t dt_t A_h): the factor by which a state entering the run reaches its end.
+void ssd_run_decay(Tensor& decay, const SsdInputs& in, const SsdParams& p);
+// y [B,L,H,P] += the initial state's term, y_t += exp(cumsum_{s<=t} dt_s A) C_t . S0, with
+// S0 = in.init_states [B,H,P,N]. With ssd_fwd from a zero state, y becomes the run from S0 exactly.
+void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p);
+struct SsdStateGrads {
+  Tensor* dC = nullptr;            // [B,L,G,N]  accumulated
+  Tensor* ddt = nullptr;           // [B,L,H]    accumulated (w.r.t. raw dt)
+  Tensor* dA_log = nullptr;        // [H]        accumulated
+  Tensor* ddt_bias = nullptr;      // [H]        accumulated (if dt_bias given)
+  Tensor* dinit_states = nullptr;  // [B,H,P,N]  overwritten (needs dy)
+};
+// Backward of ssd_init_state_fwd (given dy) and of ssd_run_decay (given ddecay [B,H]); either may
+// be nullptr. Unlike the other backward ops this one ADDS into dC, ddt, dA_log and ddt_bias.
+void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
+                        const SsdParams& p);
+
 // =============================== causal depthwise conv1d ========================================
 // y[b,t,c] = act(bias[c] + sum_k w[c,k] x[b,t-W+1+k,c]); taps before the sequence start (or in an
 // earlier packed sequence by seq_idx [B*L]) are zero. x, y [B,L,C]; w [C,W]; bias [C] optional.

@@ -4,6 +4,7 @@
 //   S_t = a_t S_{t-1} + dt_t x_t B_t^T  (P x N),   y_t = C_t . S_t + D x_t
 // seq_idx resets S where it changes; init_states is the state before token 0.
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "kernels/host/common.hpp"
@@ -286,6 +287,101 @@ void bwd_impl(const SsdGrads& gr, const SsdData<T>& d, const T* dy, const T* dfi
   });
 }
 
+// Cumulative decay exponents cs_t = A sum_{s<=t} dt_s of one (b, h) run.
+template <class T>
+void run_cumsum(std::vector<T>& cs, const SsdData<T>& d, std::int64_t b, std::int64_t h) {
+  const T A = d.A(h);
+  T run = 0;
+  for (std::int64_t t = 0; t < d.p.seqlen; ++t) cs[static_cast<std::size_t>(t)] = (run += d.dt_at(b, t, h) * A);
+}
+
+template <class T>
+void init_state_fwd_impl(T* y, const SsdData<T>& d) {
+  const auto& p = d.p;
+  const std::int64_t P = p.head_dim, N = p.d_state, L = p.seqlen;
+  Kokkos::parallel_for("ssd_init_state_fwd", Range(0, p.batch * p.heads), [&](std::int64_t w) {
+    const std::int64_t b = w / p.heads, h = w % p.heads, g = d.group_of(h);
+    const T* S = d.init_of(b, h);
+    std::vector<T> cs(static_cast<std::size_t>(L));
+    run_cumsum(cs, d, b, h);
+    for (std::int64_t t = 0; t < L; ++t) {
+      const T e = std::exp(cs[static_cast<std::size_t>(t)]);
+      const T* C = d.Cr(b, t, g);
+      T* yr = y + ((b * L + t) * p.heads + h) * P;
+      for (std::int64_t pi = 0; pi < P; ++pi) {
+        T acc = 0;
+        for (std::int64_t n = 0; n < N; ++n) acc += C[n] * S[pi * N + n];
+        yr[pi] += e * acc;
+      }
+    }
+  });
+}
+
+template <class T>
+void init_state_bwd_impl(const SsdData<T>& d, const T* dy, const T* ddecay, T* dC, T* ddt, T* dinit,
+                         std::vector<T>& dA_part, std::vector<T>& ddtb_part) {
+  const auto& p = d.p;
+  const std::int64_t P = p.head_dim, N = p.d_state, L = p.seqlen, G = p.groups, hpg = p.heads / G;
+  // One work item per (b, group): dC of a group is touched only there.
+  Kokkos::parallel_for("ssd_init_state_bwd", Range(0, p.batch * G), [&](std::int64_t w) {
+    const std::int64_t b = w / G, g = w % G;
+    std::vector<T> cs(static_cast<std::size_t>(L)), dcs(static_cast<std::size_t>(L));
+    for (std::int64_t h = g * hpg; h < (g + 1) * hpg; ++h) {
+      const T A = d.A(h);
+      run_cumsum(cs, d, b, h);
+      std::fill(dcs.begin(), dcs.end(), T(0));
+      if (dy) {
+        const T* S = d.init_of(b, h);
+        T* dS = dinit + (b * p.heads + h) * P * N;
+        std::fill(dS, dS + P * N, T(0));
+        for (std::int64_t t = 0; t < L; ++t) {
+          const T e = std::exp(cs[static_cast<std::size_t>(t)]);
+          const T* C = d.Cr(b, t, g);
+          const T* dyt = dy + ((b * L + t) * p.heads + h) * P;
+          T* dCt = dC + ((b * L + t) * G + g) * N;
+          T dc = 0;
+          for (std::int64_t pi = 0; pi < P; ++pi) {
+            T u = 0;
+            for (std::int64_t n = 0; n < N; ++n) {
+              u += S[pi * N + n] * C[n];
+              dCt[n] += e * dyt[pi] * S[pi * N + n];
+              dS[pi * N + n] += e * dyt[pi] * C[n];
+            }
+            dc += dyt[pi] * u;
+          }
+          dcs[static_cast<std::size_t>(t)] = e * dc;
+        }
+      }
+      if (ddecay && L > 0)
+        dcs[static_cast<std::size_t>(L - 1)] += ddecay[b * p.heads + h] * std::exp(cs[static_cast<std::size_t>(L - 1)]);
+      // cs_t = A sum_{s<=t} dt_s: d dt_s = A sum_{t>=s} dcs_t, dA = sum_t dcs_t cs_t / A.
+      T acc = 0, dA = 0, ddtb = 0;
+      for (std::int64_t t = L - 1; t >= 0; --t) {
+        acc += dcs[static_cast<std::size_t>(t)];
+        dA += acc * d.dt_at(b, t, h);
+        const std::size_t k = static_cast<std::size_t>((b * L + t) * p.heads + h);
+        const T graw = A * acc * d.ddte[k];
+        ddt[k] += graw;
+        ddtb += graw;
+      }
+      dA_part[static_cast<std::size_t>(b * p.heads + h)] = dA * A;  // dA/dA_log = A
+      ddtb_part[static_cast<std::size_t>(b * p.heads + h)] = ddtb;
+    }
+  });
+}
+
+// out[h] (+)= sum over b of part[b*H + h], in a fixed order.
+template <class T>
+void reduce_heads(Tensor* out, const std::vector<T>& part, const SsdParams& p, bool accumulate) {
+  if (!out) return;
+  host::require_numel(*out, p.heads, "ssd: per-head gradient");
+  for (std::int64_t h = 0; h < p.heads; ++h) {
+    double acc = accumulate ? out->get(h) : 0.0;
+    for (std::int64_t b = 0; b < p.batch; ++b) acc += static_cast<double>(part[static_cast<std::size_t>(b * p.heads + h)]);
+    out->set(h, acc);
+  }
+}
+
 }  // namespace
 
 void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p) {
@@ -348,19 +444,69 @@ void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Ten
     std::vector<T> dA_part(nbh), dD_part(nbh), ddtb_part(nbh);
     bwd_impl<T>(g, d, dy_, dfin, dx, ddt, dB, dC, g.dinit_states ? dinit_t.data<T>() : nullptr, dA_part, dD_part,
                 ddtb_part);
-    auto reduce_heads = [&](Tensor* out, const std::vector<T>& part) {
-      if (!out) return;
-      host::require_numel(*out, p.heads, "ssd_bwd: per-head gradient");
-      for (std::int64_t h = 0; h < p.heads; ++h) {
-        double acc = 0;
-        for (std::int64_t b = 0; b < p.batch; ++b) acc += static_cast<double>(part[static_cast<std::size_t>(b * p.heads + h)]);
-        out->set(h, acc);
-      }
-    };
-    reduce_heads(g.dA_log, dA_part);
-    if (in.D) reduce_heads(g.dD, dD_part);
-    if (in.dt_bias) reduce_heads(g.ddt_bias, ddtb_part);
+    reduce_heads(g.dA_log, dA_part, p, false);
+    if (in.D) reduce_heads(g.dD, dD_part, p, false);
+    if (in.dt_bias) reduce_heads(g.ddt_bias, ddtb_part, p, false);
     if (g.dinit_states) g.dinit_states->copy_from(dinit_t);
+  });
+}
+
+void ssd_run_decay(Tensor& decay, const SsdInputs& in, const SsdParams& p) {
+  check_ssd(in, p);
+  HCP_CHECK(!in.seq_idx, "ssd_run_decay: every row must be one sequence's run (no seq_idx)");
+  host::require_numel(decay, p.batch * p.heads, "ssd_run_decay: decay [B,H]");
+  HCP_DISPATCH_FLOAT(*in.x, {
+    SsdData<T> d(in, p);
+    Out<T> a(decay, "decay");
+    Kokkos::parallel_for("ssd_run_decay", Range(0, p.batch * p.heads), [&](std::int64_t w) {
+      const std::int64_t b = w / p.heads, h = w % p.heads;
+      T s = 0;
+      for (std::int64_t t = 0; t < p.seqlen; ++t) s += d.dt_at(b, t, h);
+      a.get()[w] = std::exp(s * d.A(h));
+    });
+  });
+}
+
+void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p) {
+  check_ssd(in, p);
+  HCP_CHECK(in.init_states, "ssd_init_state_fwd: init_states are required");
+  HCP_CHECK(!in.seq_idx, "ssd_init_state_fwd: every row must be one sequence's run (no seq_idx)");
+  host::require_numel(y, in.x->numel(), "ssd_init_state_fwd: y");
+  HCP_DISPATCH_FLOAT(*in.x, {
+    SsdData<T> d(in, p);
+    Out<T> y_(y, "y", true);
+    init_state_fwd_impl<T>(y_, d);
+  });
+}
+
+void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
+                        const SsdParams& p) {
+  check_ssd(in, p);
+  HCP_CHECK(in.init_states, "ssd_init_state_bwd: init_states are required");
+  HCP_CHECK(!in.seq_idx, "ssd_init_state_bwd: every row must be one sequence's run (no seq_idx)");
+  HCP_CHECK(g.ddt && g.dA_log, "ssd_init_state_bwd: ddt and dA_log are required");
+  HCP_CHECK(!dy || (g.dC && g.dinit_states), "ssd_init_state_bwd: dy needs dC and dinit_states");
+  host::require_numel(*g.ddt, in.dt->numel(), "ssd_init_state_bwd: ddt");
+  if (dy) {
+    host::require_numel(*dy, in.x->numel(), "ssd_init_state_bwd: dy");
+    host::require_numel(*g.dC, in.Cm->numel(), "ssd_init_state_bwd: dC");
+    host::require_numel(*g.dinit_states, p.batch * p.heads * p.head_dim * p.d_state, "ssd_init_state_bwd: dinit_states");
+  }
+  if (ddecay) host::require_numel(*ddecay, p.batch * p.heads, "ssd_init_state_bwd: ddecay [B,H]");
+  HCP_DISPATCH_FLOAT(*in.x, {
+    SsdData<T> d(in, p);
+    Tensor dummy = Tensor::zeros({1}, dtype_of<T>());
+    std::unique_ptr<In<T>> dy_, dd_;
+    if (dy) dy_ = std::make_unique<In<T>>(*dy, "dy");
+    if (ddecay) dd_ = std::make_unique<In<T>>(*ddecay, "ddecay");
+    Out<T> ddt(*g.ddt, "ddt", true), dC(g.dC ? *g.dC : dummy, "dC", true),
+        dinit(g.dinit_states ? *g.dinit_states : dummy, "dinit_states");
+    const auto nbh = static_cast<std::size_t>(p.batch * p.heads);
+    std::vector<T> dA_part(nbh, T(0)), ddtb_part(nbh, T(0));
+    init_state_bwd_impl<T>(d, dy_ ? dy_->get() : nullptr, dd_ ? dd_->get() : nullptr, dC, ddt, dinit, dA_part,
+                           ddtb_part);
+    reduce_heads(g.dA_log, dA_part, p, true);
+    if (in.dt_bias) reduce_heads(g.ddt_bias, ddtb_part, p, true);
   });
 }
 

@@ -1,5 +1,6 @@
 #include "model/mamba2.hpp"
 
+#include <chrono>
 #include <cmath>
 
 #include "cp/layout.hpp"
@@ -66,11 +67,84 @@ Tensor sum_groups(const Tensor& x, std::int64_t G, std::int64_t N, std::int64_t 
 }
 }  // namespace
 
-Mamba2HP::Mamba2HP(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)
+std::string to_string(MambaCp m) { return m == MambaCp::HiddenParallel ? "hidden_parallel" : "state_passing"; }
+MambaCp mamba_cp_from_string(const std::string& s) {
+  if (s == "hidden_parallel") return MambaCp::HiddenParallel;
+  if (s == "state_passing") return MambaCp::StatePassing;
+  throw Error("mamba_cp '" + s + "' is not one of hidden_parallel, state_passing");
+}
+
+template <class F> void Mamba2Layer::timed(const std::string& name, F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  phase_ms_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Mamba2Layer::Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)
     : comm_(comm), c_(cfg), global_(std::move(global)), part_(part) {
   cp_ = comm_.size();
   rank_ = comm_.rank();
   HCP_CHECK(c_.heads % c_.groups == 0, "mamba.n_groups (", c_.groups, ") must divide mamba.heads (", c_.heads, ")");
+  cp::require_dcs_divisible(global_, cp_, "Mamba CP layout", part_);
+  tl_ = global_.total() / cp_;
+}
+
+void Mamba2Layer::in_proj_fwd(const Tensor& h, const ParamMap& p) {
+  HCP_CHECK(h.numel() == tl_ * c_.hidden, "mamba: input must be [", tl_, ", ", c_.hidden, "] local tokens");
+  timed("fwd/in_proj", [&] {
+    h_ = h.view({tl_, c_.hidden});
+    zxbcdt_ = Tensor::zeros({tl_, c_.d_in_proj()}, h.dtype());
+    k::linear_fwd(zxbcdt_, h_, p.at("in_proj"), nullptr);
+  });
+}
+
+void Mamba2Layer::out_fwd(Tensor& y, const Tensor& yl, const ParamMap& p) {
+  timed("fwd/norm_out_proj", [&] {
+    const std::int64_t Di = c_.d_inner();
+    const DType dt = yl.dtype();
+    yl_ = yl;
+    Tensor z = cols(zxbcdt_, 0, Di), g = Tensor::zeros({tl_, Di}, dt);
+    rstd_ = Tensor::zeros({tl_, c_.groups}, dt);
+    k::gated_rmsnorm_fwd(g, rstd_, yl_, z, p.at("norm_w"), c_.groups, c_.eps);
+    Tensor out = Tensor::zeros({tl_, c_.hidden}, dt);
+    k::linear_fwd(out, g, p.at("out_proj"), nullptr);
+    y.copy_from(out.view(y.shape()));
+    gated_ = g;
+  });
+}
+
+Tensor Mamba2Layer::out_bwd(Tensor& dz, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
+  HCP_CHECK(yl_.defined(), "mamba: backward() before forward()");
+  Tensor dyl;
+  timed("bwd/norm_out_proj", [&] {
+    const std::int64_t Di = c_.d_inner();
+    const DType dt = h_.dtype();
+    grads = zeros_like(p);
+    Tensor dyv = dy.view({tl_, c_.hidden});
+    Tensor dg = Tensor::zeros({tl_, Di}, dt);
+    k::linear_bwd(&dg, &grads["out_proj"], nullptr, gated_, p.at("out_proj"), dyv);
+    Tensor z = cols(zxbcdt_, 0, Di);
+    dyl = Tensor::zeros({tl_, Di}, dt);
+    dz = Tensor::zeros({tl_, Di}, dt);
+    k::gated_rmsnorm_bwd(dyl, dz, grads["norm_w"], yl_, z, p.at("norm_w"), rstd_, c_.groups, dg);
+  });
+  return dyl;
+}
+
+void Mamba2Layer::in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt, const ParamMap& p) {
+  timed("bwd/in_proj", [&] {
+    Tensor dhl = Tensor::zeros({tl_, c_.hidden}, h_.dtype());
+    k::linear_bwd(&dhl, &grads["in_proj"], nullptr, h_, p.at("in_proj"), dzxbcdt);
+    dh.copy_from(dhl.view(dh.shape()));
+  });
+  // Parameter gradients: sum over the CP group (token partial sums and head/group slices alike).
+  timed("bwd/param_allreduce", [&] {
+    for (auto& [n, g] : grads) comm_.all_reduce(g);
+  });
+}
+
+Mamba2HP::Mamba2HP(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)
+    : Mamba2Layer(comm, cfg, std::move(global), part) {
   HCP_CHECK(c_.heads % cp_ == 0, "hidden-parallel Mamba CP needs mamba.heads (", c_.heads, ") divisible by cp (", cp_, ")");
   if (c_.groups >= cp_) {
     HCP_CHECK(c_.groups % cp_ == 0, "hidden-parallel Mamba CP needs mamba.n_groups (", c_.groups,
@@ -82,9 +156,7 @@ Mamba2HP::Mamba2HP(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::P
     rep_ = cp_ / c_.groups;
     gl_ = 1;
   }
-  cp::require_dcs_divisible(global_, cp_, "Mamba CP layout", part_);
   hl_ = c_.heads / cp_;
-  tl_ = global_.total() / cp_;
   if (global_.format == Format::BSHD) {
     batch_ = global_.nseq();
     seqlen_ = global_.nseq() ? global_.len(0) : 0;
@@ -116,102 +188,255 @@ void Mamba2HP::ssd_setup(kernels::SsdParams& sp, kernels::SsdInputs& in) {
 void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   const std::int64_t Di = c_.d_inner(), G = c_.groups, N = c_.d_state, H = c_.heads, P = c_.head_dim;
   const std::int64_t T = global_.total();
-  HCP_CHECK(h.numel() == tl_ * c_.hidden, "mamba: input must be [", tl_, ", ", c_.hidden, "] local tokens");
   const DType dt = h.dtype();
-  h_ = h.view({tl_, c_.hidden});
-  zxbcdt_ = Tensor::zeros({tl_, c_.d_in_proj()}, dt);
-  k::linear_fwd(zxbcdt_, h_, p.at("in_proj"), nullptr);
+  in_proj_fwd(h, p);
   // cp2hp of x, B, C (groups repeated when G < cp) and dt.
-  xpre_ = cp::cp2hp(comm_, cols(zxbcdt_, Di, Di), global_, part_);                                   // [T, Hl*P]
-  Bpre_ = cp::cp2hp(comm_, repeat_groups(cols(zxbcdt_, 2 * Di, G * N), G, N, rep_), global_, part_);  // [T, Gl*N]
-  Cpre_ = cp::cp2hp(comm_, repeat_groups(cols(zxbcdt_, 2 * Di + G * N, G * N), G, N, rep_), global_, part_);
-  dt_ = cp::cp2hp(comm_, cols(zxbcdt_, 2 * Di + 2 * G * N, H), global_, part_);                       // [T, Hl]
-  // Parameter slices of this rank: its heads, and its group (or group copy).
-  const std::int64_t h0 = rank_ * hl_, g0 = rep_ > 1 ? rank_ / rep_ : rank_ * gl_;
-  sl_["conv_wx"] = rows(p.at("conv_w"), h0 * P, hl_ * P);
-  sl_["conv_bx"] = rows(p.at("conv_b"), h0 * P, hl_ * P);
-  sl_["conv_wB"] = rows(p.at("conv_w"), Di + g0 * N, gl_ * N);
-  sl_["conv_bB"] = rows(p.at("conv_b"), Di + g0 * N, gl_ * N);
-  sl_["conv_wC"] = rows(p.at("conv_w"), Di + G * N + g0 * N, gl_ * N);
-  sl_["conv_bC"] = rows(p.at("conv_b"), Di + G * N + g0 * N, gl_ * N);
-  sl_["A_log"] = rows(p.at("A_log"), h0, hl_);
-  sl_["D"] = rows(p.at("D"), h0, hl_);
-  sl_["dt_bias"] = rows(p.at("dt_bias"), h0, hl_);
+  timed("fwd/all_to_all", [&] {
+    xpre_ = cp::cp2hp(comm_, cols(zxbcdt_, Di, Di), global_, part_);                                   // [T, Hl*P]
+    Bpre_ = cp::cp2hp(comm_, repeat_groups(cols(zxbcdt_, 2 * Di, G * N), G, N, rep_), global_, part_);  // [T, Gl*N]
+    Cpre_ = cp::cp2hp(comm_, repeat_groups(cols(zxbcdt_, 2 * Di + G * N, G * N), G, N, rep_), global_, part_);
+    dt_ = cp::cp2hp(comm_, cols(zxbcdt_, 2 * Di + 2 * G * N, H), global_, part_);                       // [T, Hl]
+  });
   const std::vector<std::int64_t>* seq = seq_idx_.empty() ? nullptr : &seq_idx_;
-  xc_ = Tensor::zeros({batch_, seqlen_, hl_ * P}, dt);
-  Bc_ = Tensor::zeros({batch_, seqlen_, gl_ * N}, dt);
-  Cc_ = Tensor::zeros({batch_, seqlen_, gl_ * N}, dt);
-  k::conv1d_fwd(xc_, xpre_.view({batch_, seqlen_, hl_ * P}), sl_["conv_wx"], &sl_["conv_bx"], seq, true);
-  k::conv1d_fwd(Bc_, Bpre_.view({batch_, seqlen_, gl_ * N}), sl_["conv_wB"], &sl_["conv_bB"], seq, true);
-  k::conv1d_fwd(Cc_, Cpre_.view({batch_, seqlen_, gl_ * N}), sl_["conv_wC"], &sl_["conv_bC"], seq, true);
-  k::SsdParams sp;
-  k::SsdInputs in;
-  ssd_setup(sp, in);
-  yh_ = Tensor::zeros({T, hl_ * P}, dt);
-  k::ssd_fwd(yh_, nullptr, in, sp);
-  yl_ = cp::hp2cp(comm_, yh_, global_, part_);  // [Tl, Di]
-  Tensor z = cols(zxbcdt_, 0, Di), g = Tensor::zeros({tl_, Di}, dt);
-  rstd_ = Tensor::zeros({tl_, G}, dt);
-  k::gated_rmsnorm_fwd(g, rstd_, yl_, z, p.at("norm_w"), G, c_.eps);
-  Tensor out = Tensor::zeros({tl_, c_.hidden}, dt);
-  k::linear_fwd(out, g, p.at("out_proj"), nullptr);
-  y.copy_from(out.view(y.shape()));
-  gated_ = g;
+  timed("fwd/conv1d", [&] {
+    // Parameter slices of this rank: its heads, and its group (or group copy).
+    const std::int64_t h0 = rank_ * hl_, g0 = rep_ > 1 ? rank_ / rep_ : rank_ * gl_;
+    sl_["conv_wx"] = rows(p.at("conv_w"), h0 * P, hl_ * P);
+    sl_["conv_bx"] = rows(p.at("conv_b"), h0 * P, hl_ * P);
+    sl_["conv_wB"] = rows(p.at("conv_w"), Di + g0 * N, gl_ * N);
+    sl_["conv_bB"] = rows(p.at("conv_b"), Di + g0 * N, gl_ * N);
+    sl_["conv_wC"] = rows(p.at("conv_w"), Di + G * N + g0 * N, gl_ * N);
+    sl_["conv_bC"] = rows(p.at("conv_b"), Di + G * N + g0 * N, gl_ * N);
+    sl_["A_log"] = rows(p.at("A_log"), h0, hl_);
+    sl_["D"] = rows(p.at("D"), h0, hl_);
+    sl_["dt_bias"] = rows(p.at("dt_bias"), h0, hl_);
+    xc_ = Tensor::zeros({batch_, seqlen_, hl_ * P}, dt);
+    Bc_ = Tensor::zeros({batch_, seqlen_, gl_ * N}, dt);
+    Cc_ = Tensor::zeros({batch_, seqlen_, gl_ * N}, dt);
+    k::conv1d_fwd(xc_, xpre_.view({batch_, seqlen_, hl_ * P}), sl_["conv_wx"], &sl_["conv_bx"], seq, true);
+    k::conv1d_fwd(Bc_, Bpre_.view({batch_, seqlen_, gl_ * N}), sl_["conv_wB"], &sl_["conv_bB"], seq, true);
+    k::conv1d_fwd(Cc_, Cpre_.view({batch_, seqlen_, gl_ * N}), sl_["conv_wC"], &sl_["conv_bC"], seq, true);
+  });
+  timed("fwd/ssd", [&] {
+    k::SsdParams sp;
+    k::SsdInputs in;
+    ssd_setup(sp, in);
+    yh_ = Tensor::zeros({T, hl_ * P}, dt);
+    k::ssd_fwd(yh_, nullptr, in, sp);
+  });
+  Tensor yl;
+  timed("fwd/all_to_all", [&] { yl = cp::hp2cp(comm_, yh_, global_, part_); });  // [Tl, Di]
+  out_fwd(y, yl, p);
 }
 
 void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
-  HCP_CHECK(yl_.defined(), "mamba: backward() before forward()");
   const std::int64_t Di = c_.d_inner(), G = c_.groups, N = c_.d_state, H = c_.heads, P = c_.head_dim;
   const std::int64_t T = global_.total();
   const DType dt = h_.dtype();
-  grads = zeros_like(p);
-  Tensor dyv = dy.view({tl_, c_.hidden});
-  Tensor dg = Tensor::zeros({tl_, Di}, dt);
-  k::linear_bwd(&dg, &grads["out_proj"], nullptr, gated_, p.at("out_proj"), dyv);
-  Tensor z = cols(zxbcdt_, 0, Di), dyl = Tensor::zeros({tl_, Di}, dt), dz = Tensor::zeros({tl_, Di}, dt);
-  k::gated_rmsnorm_bwd(dyl, dz, grads["norm_w"], yl_, z, p.at("norm_w"), rstd_, G, dg);
-  Tensor dyh = cp::cp2hp(comm_, dyl, global_, part_);  // backward of hp2cp
+  Tensor dz;
+  Tensor dyl = out_bwd(dz, grads, dy, p);
+  Tensor dyh;
+  timed("bwd/all_to_all", [&] { dyh = cp::cp2hp(comm_, dyl, global_, part_); });  // backward of hp2cp
   const std::vector<std::int64_t>* seq = seq_idx_.empty() ? nullptr : &seq_idx_;
-  k::SsdParams sp;
-  k::SsdInputs in;
-  ssd_setup(sp, in);
   Tensor dxc = Tensor::zeros(xc_.shape(), dt), ddt = Tensor::zeros(dt_.shape(), dt), dA = Tensor::zeros({hl_}, dt),
          dBc = Tensor::zeros(Bc_.shape(), dt), dCc = Tensor::zeros(Cc_.shape(), dt), dD = Tensor::zeros({hl_}, dt),
          ddb = Tensor::zeros({hl_}, dt);
-  k::SsdGrads sg{&dxc, &ddt, &dA, &dBc, &dCc, &dD, &ddb, nullptr};
-  k::ssd_bwd(sg, in, dyh.view(yh_.shape()), nullptr, sp);
+  timed("bwd/ssd", [&] {
+    k::SsdParams sp;
+    k::SsdInputs in;
+    ssd_setup(sp, in);
+    k::SsdGrads sg{&dxc, &ddt, &dA, &dBc, &dCc, &dD, &ddb, nullptr};
+    k::ssd_bwd(sg, in, dyh.view(yh_.shape()), nullptr, sp);
+  });
   Tensor dxpre = Tensor::zeros(xc_.shape(), dt), dBpre = Tensor::zeros(Bc_.shape(), dt),
          dCpre = Tensor::zeros(Cc_.shape(), dt);
-  Tensor dwx = Tensor::zeros(sl_["conv_wx"].shape(), dt), dbx = Tensor::zeros(sl_["conv_bx"].shape(), dt);
-  Tensor dwB = Tensor::zeros(sl_["conv_wB"].shape(), dt), dbB = Tensor::zeros(sl_["conv_bB"].shape(), dt);
-  Tensor dwC = Tensor::zeros(sl_["conv_wC"].shape(), dt), dbC = Tensor::zeros(sl_["conv_bC"].shape(), dt);
-  k::conv1d_bwd(dxpre, dwx, &dbx, xpre_.view(xc_.shape()), sl_["conv_wx"], &sl_["conv_bx"], seq, true, dxc);
-  k::conv1d_bwd(dBpre, dwB, &dbB, Bpre_.view(Bc_.shape()), sl_["conv_wB"], &sl_["conv_bB"], seq, true, dBc);
-  k::conv1d_bwd(dCpre, dwC, &dbC, Cpre_.view(Cc_.shape()), sl_["conv_wC"], &sl_["conv_bC"], seq, true, dCc);
-  // Slice gradients into the full parameters (other ranks fill the other slices).
-  const std::int64_t h0 = rank_ * hl_, g0 = rep_ > 1 ? rank_ / rep_ : rank_ * gl_;
-  add_rows(grads["conv_w"], h0 * P, dwx);
-  add_rows(grads["conv_b"], h0 * P, dbx);
-  add_rows(grads["conv_w"], Di + g0 * N, dwB);
-  add_rows(grads["conv_b"], Di + g0 * N, dbB);
-  add_rows(grads["conv_w"], Di + G * N + g0 * N, dwC);
-  add_rows(grads["conv_b"], Di + G * N + g0 * N, dbC);
-  add_rows(grads["A_log"], h0, dA);
-  add_rows(grads["D"], h0, dD);
-  add_rows(grads["dt_bias"], h0, ddb);
+  timed("bwd/conv1d", [&] {
+    Tensor dwx = Tensor::zeros(sl_["conv_wx"].shape(), dt), dbx = Tensor::zeros(sl_["conv_bx"].shape(), dt);
+    Tensor dwB = Tensor::zeros(sl_["conv_wB"].shape(), dt), dbB = Tensor::zeros(sl_["conv_bB"].shape(), dt);
+    Tensor dwC = Tensor::zeros(sl_["conv_wC"].shape(), dt), dbC = Tensor::zeros(sl_["conv_bC"].shape(), dt);
+    k::conv1d_bwd(dxpre, dwx, &dbx, xpre_.view(xc_.shape()), sl_["conv_wx"], &sl_["conv_bx"], seq, true, dxc);
+    k::conv1d_bwd(dBpre, dwB, &dbB, Bpre_.view(Bc_.shape()), sl_["conv_wB"], &sl_["conv_bB"], seq, true, dBc);
+    k::conv1d_bwd(dCpre, dwC, &dbC, Cpre_.view(Cc_.shape()), sl_["conv_wC"], &sl_["conv_bC"], seq, true, dCc);
+    // Slice gradients into the full parameters (other ranks fill the other slices).
+    const std::int64_t h0 = rank_ * hl_, g0 = rep_ > 1 ? rank_ / rep_ : rank_ * gl_;
+    add_rows(grads["conv_w"], h0 * P, dwx);
+    add_rows(grads["conv_b"], h0 * P, dbx);
+    add_rows(grads["conv_w"], Di + g0 * N, dwB);
+    add_rows(grads["conv_b"], Di + g0 * N, dbB);
+    add_rows(grads["conv_w"], Di + G * N + g0 * N, dwC);
+    add_rows(grads["conv_b"], Di + G * N + g0 * N, dbC);
+    add_rows(grads["A_log"], h0, dA);
+    add_rows(grads["D"], h0, dD);
+    add_rows(grads["dt_bias"], h0, ddb);
+  });
   // hp2cp: the backward of cp2hp (group copies summed back).
   Tensor dzxbcdt = Tensor::zeros({tl_, c_.d_in_proj()}, dt);
   dzxbcdt.slice(1, 0, Di).copy_from(dz);
-  dzxbcdt.slice(1, Di, Di).copy_from(cp::hp2cp(comm_, dxpre.view({T, hl_ * P}), global_, part_));
-  dzxbcdt.slice(1, 2 * Di, G * N).copy_from(sum_groups(cp::hp2cp(comm_, dBpre.view({T, gl_ * N}), global_, part_), G, N, rep_));
-  dzxbcdt.slice(1, 2 * Di + G * N, G * N)
-      .copy_from(sum_groups(cp::hp2cp(comm_, dCpre.view({T, gl_ * N}), global_, part_), G, N, rep_));
-  dzxbcdt.slice(1, 2 * Di + 2 * G * N, H).copy_from(cp::hp2cp(comm_, ddt.view({T, hl_}), global_, part_));
-  Tensor dhl = Tensor::zeros({tl_, c_.hidden}, dt);
-  k::linear_bwd(&dhl, &grads["in_proj"], nullptr, h_, p.at("in_proj"), dzxbcdt);
-  dh.copy_from(dhl.view(dh.shape()));
-  // Parameter gradients: sum over the CP group (token partial sums and head/group slices alike).
-  for (auto& [n, g] : grads) comm_.all_reduce(g);
+  timed("bwd/all_to_all", [&] {
+    dzxbcdt.slice(1, Di, Di).copy_from(cp::hp2cp(comm_, dxpre.view({T, hl_ * P}), global_, part_));
+    dzxbcdt.slice(1, 2 * Di, G * N)
+        .copy_from(sum_groups(cp::hp2cp(comm_, dBpre.view({T, gl_ * N}), global_, part_), G, N, rep_));
+    dzxbcdt.slice(1, 2 * Di + G * N, G * N)
+        .copy_from(sum_groups(cp::hp2cp(comm_, dCpre.view({T, gl_ * N}), global_, part_), G, N, rep_));
+    dzxbcdt.slice(1, 2 * Di + 2 * G * N, H).copy_from(cp::hp2cp(comm_, ddt.view({T, hl_}), global_, part_));
+  });
+  in_proj_bwd(dh, grads, dzxbcdt, p);
+}
+
+// ================================ state passing ==================================================
+Mamba2SP::Mamba2SP(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)
+    : Mamba2Layer(comm, cfg, std::move(global), part) {
+  pieces_ = cp::local_pieces(global_, cp_, rank_, part_);
+  halo_ = cp::ConvHalo(global_, cp_, rank_, part_, c_.conv - 1);
+  scan_ = cp::StateScan(global_, cp_, rank_, part_);
+}
+
+Mamba2SP::PieceIO Mamba2SP::piece_io(std::size_t i, const Tensor& x, const Tensor& dt, const Tensor& B,
+                                     const Tensor& C) const {
+  const cp::Piece& pc = pieces_[i];
+  PieceIO io;
+  io.sp.batch = 1;
+  io.sp.seqlen = pc.len;
+  io.sp.heads = c_.heads;
+  io.sp.head_dim = c_.head_dim;
+  io.sp.groups = c_.groups;
+  io.sp.d_state = c_.d_state;
+  io.sp.chunk = c_.chunk;
+  // Row slices of contiguous [Tl, ...] tensors are contiguous views.
+  io.x = x.slice(0, pc.lrow, pc.len).view({1, pc.len, c_.heads, c_.head_dim});
+  io.dt = dt.slice(0, pc.lrow, pc.len).view({1, pc.len, c_.heads});
+  io.B = B.slice(0, pc.lrow, pc.len).view({1, pc.len, c_.groups, c_.d_state});
+  io.C = C.slice(0, pc.lrow, pc.len).view({1, pc.len, c_.groups, c_.d_state});
+  return io;
+}
+
+kernels::SsdInputs Mamba2SP::inputs(const PieceIO& io, const ParamMap& p, const Tensor* init) const {
+  kernels::SsdInputs in;
+  in.x = &io.x;
+  in.dt = &io.dt;
+  in.A_log = &p.at("A_log");
+  in.Bm = &io.B;
+  in.Cm = &io.C;
+  in.D = &p.at("D");
+  in.dt_bias = &p.at("dt_bias");
+  in.init_states = init;
+  return in;
+}
+
+void Mamba2SP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
+  const std::int64_t Di = c_.d_inner(), G = c_.groups, N = c_.d_state, H = c_.heads, P = c_.head_dim;
+  const std::int64_t CD = c_.conv_dim(), np = static_cast<std::int64_t>(pieces_.size());
+  const DType dt = h.dtype();
+  in_proj_fwd(h, p);
+  // 1. conv1d with the w-1 tokens before each piece (halo) fetched from their owners.
+  timed("fwd/halo", [&] { ext_ = halo_.gather(comm_, cols(zxbcdt_, Di, CD)); });
+  timed("fwd/conv1d", [&] {
+    Tensor conv = Tensor::zeros({1, halo_.ext_rows(), CD}, dt);
+    k::conv1d_fwd(conv, ext_.view({1, halo_.ext_rows(), CD}), p.at("conv_w"), &p.at("conv_b"), &halo_.ext_seq(), true);
+    Tensor xbc = halo_.own_rows(conv.view({halo_.ext_rows(), CD}));
+    xl_ = cols(xbc, 0, Di);
+    Bl_ = cols(xbc, Di, G * N);
+    Cl_ = cols(xbc, Di + G * N, G * N);
+    dtl_ = cols(zxbcdt_, 2 * Di + 2 * G * N, H);
+  });
+  // 2. every piece from a zero state: local output, final state S_k and total decay a_k.
+  Tensor yl = Tensor::zeros({tl_, Di}, dt), S = Tensor::zeros({np, H, P, N}, dt), a = Tensor::zeros({np, H}, dt);
+  timed("fwd/ssd", [&] {
+    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+      PieceIO io = piece_io(i, xl_, dtl_, Bl_, Cl_);
+      Tensor yi = yl.slice(0, pieces_[i].lrow, pieces_[i].len), Si = S.slice(0, static_cast<std::int64_t>(i), 1),
+             ai = a.slice(0, static_cast<std::int64_t>(i), 1);
+      k::ssd_fwd(yi, &Si, inputs(io, p, nullptr), io.sp);
+      k::ssd_run_decay(ai, inputs(io, p, nullptr), io.sp);
+    }
+  });
+  // 3. exchange (S_k, a_k); exclusive scan along each sequence gives every piece's initial state.
+  timed("fwd/state_exchange", [&] { S_in_ = scan_.forward(comm_, S, a); });
+  // 4. correct the outputs by the initial-state term.
+  timed("fwd/state_correction", [&] {
+    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+      if (pieces_[i].chunk == 0) continue;  // starts its sequence: S_in = 0
+      PieceIO io = piece_io(i, xl_, dtl_, Bl_, Cl_);
+      Tensor yi = yl.slice(0, pieces_[i].lrow, pieces_[i].len), Si = S_in_.slice(0, static_cast<std::int64_t>(i), 1);
+      k::ssd_init_state_fwd(yi, inputs(io, p, &Si), io.sp);
+    }
+  });
+  out_fwd(y, yl, p);
+}
+
+void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
+  const std::int64_t Di = c_.d_inner(), G = c_.groups, N = c_.d_state, H = c_.heads, P = c_.head_dim;
+  const std::int64_t CD = c_.conv_dim(), np = static_cast<std::int64_t>(pieces_.size());
+  const DType dt = h_.dtype();
+  Tensor dz;
+  Tensor dyl = out_bwd(dz, grads, dy, p);
+  Tensor dxl = Tensor::zeros(xl_.shape(), dt), dBl = Tensor::zeros(Bl_.shape(), dt), dCl = Tensor::zeros(Cl_.shape(), dt),
+         ddtl = Tensor::zeros(dtl_.shape(), dt);
+  Tensor& dA = grads["A_log"];
+  Tensor& dD = grads["D"];
+  Tensor& ddb = grads["dt_bias"];
+  // 4'. the initial-state term: gradients of C, dt, A_log, dt_bias and of each S_in.
+  Tensor dSin = Tensor::zeros({np, H, P, N}, dt);
+  timed("bwd/state_correction", [&] {
+    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+      if (pieces_[i].chunk == 0) continue;
+      PieceIO io = piece_io(i, xl_, dtl_, Bl_, Cl_);
+      PieceIO gio = piece_io(i, dxl, ddtl, dBl, dCl);
+      Tensor Si = S_in_.slice(0, static_cast<std::int64_t>(i), 1), dSi = dSin.slice(0, static_cast<std::int64_t>(i), 1);
+      Tensor dyi = dyl.slice(0, pieces_[i].lrow, pieces_[i].len);
+      k::SsdStateGrads sg{&gio.C, &gio.dt, &dA, &ddb, &dSi};
+      k::ssd_init_state_bwd(sg, inputs(io, p, &Si), &dyi, nullptr, io.sp);
+    }
+  });
+  // 3'. reverse scan: gradient of every piece's final state and decay.
+  Tensor dS, da;
+  timed("bwd/state_exchange", [&] { scan_.backward(comm_, dS, da, dSin); });
+  // 2'. each piece's zero-state backward with its final-state gradient, plus the decay's gradient.
+  timed("bwd/ssd", [&] {
+    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+      PieceIO io = piece_io(i, xl_, dtl_, Bl_, Cl_);
+      PieceIO gio = piece_io(i, dxl, ddtl, dBl, dCl);
+      const std::int64_t len = pieces_[i].len;
+      Tensor tdt = Tensor::zeros(gio.dt.shape(), dt), tC = Tensor::zeros(gio.C.shape(), dt);
+      Tensor tA = Tensor::zeros({H}, dt), tD = Tensor::zeros({H}, dt), tb = Tensor::zeros({H}, dt);
+      Tensor dSi = dS.slice(0, static_cast<std::int64_t>(i), 1), dai = da.slice(0, static_cast<std::int64_t>(i), 1);
+      Tensor dyi = dyl.slice(0, pieces_[i].lrow, len).view({1, len, H, P});
+      k::SsdGrads sg{&gio.x, &tdt, &tA, &gio.B, &tC, &tD, &tb, nullptr};
+      k::ssd_bwd(sg, inputs(io, p, nullptr), dyi, &dSi, io.sp);
+      k::axpy(gio.dt, 1.0, tdt);
+      k::axpy(gio.C, 1.0, tC);
+      k::axpy(dA, 1.0, tA);
+      k::axpy(dD, 1.0, tD);
+      k::axpy(ddb, 1.0, tb);
+      // a_k = exp(A sum dt): its gradient adds to dt, A_log and dt_bias (S_in is not needed).
+      Tensor zero_state = Tensor::zeros({1, H, P, N}, dt);
+      k::SsdStateGrads ag{nullptr, &gio.dt, &dA, &ddb, nullptr};
+      k::ssd_init_state_bwd(ag, inputs(io, p, &zero_state), nullptr, &dai, io.sp);
+    }
+  });
+  // 1'. conv1d backward over the extended rows; halo gradients go back to their owners.
+  Tensor dzxbcdt = Tensor::zeros({tl_, c_.d_in_proj()}, dt), dext_rows;
+  timed("bwd/conv1d", [&] {
+    Tensor dxbc = Tensor::zeros({tl_, CD}, dt);
+    dxbc.slice(1, 0, Di).copy_from(dxl);
+    dxbc.slice(1, Di, G * N).copy_from(dBl);
+    dxbc.slice(1, Di + G * N, G * N).copy_from(dCl);
+    const std::int64_t E = halo_.ext_rows();
+    Tensor dext = Tensor::zeros({1, E, CD}, dt);
+    k::conv1d_bwd(dext, grads["conv_w"], &grads["conv_b"], ext_.view({1, E, CD}), p.at("conv_w"), &p.at("conv_b"),
+                  &halo_.ext_seq(), true, halo_.expand(dxbc).view({1, E, CD}));
+    dext_rows = dext.view({E, CD});
+  });
+  timed("bwd/halo", [&] { dzxbcdt.slice(1, Di, CD).copy_from(halo_.scatter_back(comm_, dext_rows)); });
+  dzxbcdt.slice(1, 0, Di).copy_from(dz);
+  dzxbcdt.slice(1, 2 * Di + 2 * G * N, H).copy_from(ddtl);
+  in_proj_bwd(dh, grads, dzxbcdt, p);
+}
+
+std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& comm, Mamba2Config cfg, SeqLayout global,
+                                         cp::Partition part) {
+  if (strategy == MambaCp::HiddenParallel) return std::make_unique<Mamba2HP>(comm, cfg, std::move(global), part);
+  return std::make_unique<Mamba2SP>(comm, cfg, std::move(global), part);
 }
 
 }  // namespace hcp::model

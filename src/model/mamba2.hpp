@@ -1,19 +1,22 @@
-// Mamba2 mixer layer, forward and backward, with hidden-parallel context parallelism:
+// Mamba2 mixer layer, forward and backward, under context parallelism. Hidden parallel (Mamba2HP):
 //   in_proj (local tokens) -> cp2hp all-to-all of x, B, C, dt (heads/cp heads per rank, B/C groups
 //   split or repeated) -> causal conv1d + SiLU (sliced weights) -> SSD scan (sliced A_log, D,
 //   dt_bias; seq_idx from the global padded cu_seqlens) -> hp2cp -> gated group RMSNorm with the
 //   local z -> out_proj.
 // The gate z never leaves its rank: y * silu(z) is applied after hp2cp inside the gated norm,
 // which is the same function and saves the all-to-all of z (d_inner values per token) each way.
-// With cp = 1 the same code is the plain layer.
+// State passing (Mamba2SP): no all-to-all; conv halos and per-chunk SSM states move instead.
+// With cp = 1 either is the plain layer.
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 
 #include "comm/communicator.hpp"
 #include "core/layout.hpp"
 #include "core/tensor.hpp"
 #include "cp/layout.hpp"
+#include "cp/state_passing.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::model {
@@ -33,30 +36,100 @@ using ParamMap = std::map<std::string, Tensor>;
 ParamMap mamba2_init(const Mamba2Config& c, DType dt, std::uint64_t seed);
 ParamMap zeros_like(const ParamMap& p);
 
-class Mamba2HP {
+// How a Mamba2 layer runs under CP (deck key `mamba_cp`):
+//   hidden_parallel: all-to-all to every token / heads/cp heads and back (needs heads % cp == 0 and
+//                    n_groups vs cp divisibility);
+//   state_passing:   each rank scans its own chunks from a zero state; conv halos and the chunks'
+//                    final states are exchanged, the true initial states follow from a scan along
+//                    each sequence and correct the outputs (any heads / n_groups).
+enum class MambaCp { HiddenParallel, StatePassing };
+std::string to_string(MambaCp m);
+MambaCp mamba_cp_from_string(const std::string& s);  // "hidden_parallel" | "state_passing"
+
+// The strategy-independent parts of a Mamba2 mixer on local tokens: in_proj, the gated group
+// RMSNorm and out_proj, the parameter all-reduce, and wall time per phase.
+class Mamba2Layer {
+ public:
+  virtual ~Mamba2Layer() = default;
+  // h, y local [Tl, hidden] in the partition's order.
+  virtual void forward(Tensor& y, const Tensor& h, const ParamMap& p) = 0;
+  // dh local; parameter gradients summed over the CP group into `grads` (overwritten).
+  virtual void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) = 0;
+  virtual MambaCp strategy() const = 0;
+  // Milliseconds per phase (fwd/<phase>, bwd/<phase>), summed since the last reset.
+  const std::map<std::string, double>& phase_ms() const { return phase_ms_; }
+  void reset_phases() { phase_ms_.clear(); }
+
+ protected:
+  Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part);
+  // in_proj of the local tokens into zxbcdt_ (saves h_).
+  void in_proj_fwd(const Tensor& h, const ParamMap& p);
+  // Gated group RMSNorm of yl [Tl, d_inner] with the local z, then out_proj into y.
+  void out_fwd(Tensor& y, const Tensor& yl, const ParamMap& p);
+  // Backward of out_fwd: grads of out_proj and norm_w; returns dyl, writes dz.
+  Tensor out_bwd(Tensor& dz, ParamMap& grads, const Tensor& dy, const ParamMap& p);
+  // Backward of in_proj from the assembled dzxbcdt; all-reduce of every parameter gradient.
+  void in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt, const ParamMap& p);
+  // Runs f and adds its wall time to phase `name`.
+  template <class F> void timed(const std::string& name, F&& f);
+
+  Communicator& comm_;
+  Mamba2Config c_;
+  SeqLayout global_;
+  cp::Partition part_ = cp::Partition::DCS;
+  int cp_ = 1, rank_ = 0;
+  std::int64_t tl_ = 0;
+  Tensor h_, zxbcdt_, yl_, rstd_, gated_;  // saved by forward
+  std::map<std::string, double> phase_ms_;
+};
+
+class Mamba2HP : public Mamba2Layer {
  public:
   // Checks heads % cp, groups vs cp (n_groups % cp == 0, or cp % n_groups == 0 to repeat groups)
   // and the DCS divisibility of `global` (BSHD rows or THD packed sequences).
   // `part`: how the tokens arrive (DCS between layers; Contiguous as a plain all-gather attention
   // layer would leave them).
   Mamba2HP(Communicator& cp_comm, Mamba2Config cfg, SeqLayout global, cp::Partition part = cp::Partition::DCS);
-  // h, y local [Tl, hidden] in DCS order.
-  void forward(Tensor& y, const Tensor& h, const ParamMap& p);
-  // dh local; parameter gradients summed over the CP group into `grads` (overwritten).
-  void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p);
+  void forward(Tensor& y, const Tensor& h, const ParamMap& p) override;
+  void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) override;
+  MambaCp strategy() const override { return MambaCp::HiddenParallel; }
 
  private:
   void ssd_setup(kernels::SsdParams& sp, kernels::SsdInputs& in);  // this rank's SSD problem
-  Communicator& comm_;
-  Mamba2Config c_;
-  SeqLayout global_;
-  cp::Partition part_ = cp::Partition::DCS;
-  int cp_ = 1, rank_ = 0;
-  std::int64_t hl_ = 1, gl_ = 1, rep_ = 1, tl_ = 0, batch_ = 1, seqlen_ = 1;
+  std::int64_t hl_ = 1, gl_ = 1, rep_ = 1, batch_ = 1, seqlen_ = 1;
   std::vector<std::int64_t> seq_idx_;  // empty for BSHD
   // saved by forward
-  Tensor h_, zxbcdt_, xpre_, Bpre_, Cpre_, dt_, xc_, Bc_, Cc_, yh_, yl_, rstd_, gated_;
+  Tensor xpre_, Bpre_, Cpre_, dt_, xc_, Bc_, Cc_, yh_;
   ParamMap sl_;  // this rank's parameter slices
 };
+
+// State-passing CP (see MambaCp). Works for any heads and n_groups; the tokens keep the
+// partition's layout throughout (no all-to-all).
+class Mamba2SP : public Mamba2Layer {
+ public:
+  Mamba2SP(Communicator& cp_comm, Mamba2Config cfg, SeqLayout global, cp::Partition part = cp::Partition::DCS);
+  void forward(Tensor& y, const Tensor& h, const ParamMap& p) override;
+  void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) override;
+  MambaCp strategy() const override { return MambaCp::StatePassing; }
+  // Rows of the conv halo this rank sends per exchange (the backward sends the same back).
+  std::int64_t halo_rows_sent() const { return halo_.remote_rows_sent(); }
+
+ private:
+  // SSD problem of piece i over the local tensors (views of its rows).
+  struct PieceIO {
+    kernels::SsdParams sp;
+    Tensor x, dt, B, C;
+  };
+  PieceIO piece_io(std::size_t i, const Tensor& x, const Tensor& dt, const Tensor& B, const Tensor& C) const;
+  kernels::SsdInputs inputs(const PieceIO& io, const ParamMap& p, const Tensor* init) const;
+  std::vector<cp::Piece> pieces_;
+  cp::ConvHalo halo_;
+  cp::StateScan scan_;
+  // saved by forward
+  Tensor ext_, xl_, Bl_, Cl_, dtl_, S_in_;
+};
+
+std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg, SeqLayout global,
+                                         cp::Partition part = cp::Partition::DCS);
 
 }  // namespace hcp::model

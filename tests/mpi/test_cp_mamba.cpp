@@ -47,9 +47,9 @@ SeqLayout layout_of(const std::string& f) {
 }
 }  // namespace
 
-class MambaCp : public ::testing::TestWithParam<std::tuple<std::string, std::int64_t, DType>> {};
+class MambaHpGrid : public ::testing::TestWithParam<std::tuple<std::string, std::int64_t, DType>> {};
 
-TEST_P(MambaCp, MatchesCp1) {
+TEST_P(MambaHpGrid, MatchesCp1) {
   auto [format, groups, dtype] = GetParam();
   MpiCommunicator world(MPI_COMM_WORLD);
   auto self = world.split(world.rank(), 0);  // cp = 1 on the same backend
@@ -70,7 +70,7 @@ TEST_P(MambaCp, MatchesCp1) {
   for (auto& [n, t] : ref.grads) test::expect_close(got.grads.at(n), t, atol * 10, rtol, "d" + n);
 }
 
-INSTANTIATE_TEST_SUITE_P(Grid, MambaCp,
+INSTANTIATE_TEST_SUITE_P(Grid, MambaHpGrid,
                          ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked", "bshd_contiguous"), ::testing::Values(1, 2, 8),
                                             ::testing::Values(DType::F64, DType::F32)),
                          [](const auto& info) {

@@ -174,3 +174,59 @@ TEST(Ssd, BadShapesAreClearErrors) {
   d.seq = {0, 1, 0, 1};
   EXPECT_NE(test::error_of([&] { ssd_fwd(y2, nullptr, d.inputs(), d.p); }).find("non-decreasing"), std::string::npos);
 }
+
+// State passing: a zero-state run plus the initial-state term equals the run from that state; the
+// final state is decay * S0 + the zero-state final state; finite differences of the term's backward.
+TEST(SsdStatePassing, InitStateTermAndDecayCompose) {
+  Case c(2, 11, 4, 3, 2, 5, 4, 300);
+  c.use_init = true;
+  Tensor yfull = c.y(), ffull = c.states();
+  ssd_fwd(yfull, &ffull, c.inputs(), c.p);
+  c.use_init = false;
+  Tensor y = c.y(), f0 = c.states(), decay = Tensor::zeros({2, 4}, DType::F64);
+  ssd_fwd(y, &f0, c.inputs(), c.p);
+  ssd_run_decay(decay, c.inputs(), c.p);
+  c.use_init = true;
+  ssd_init_state_fwd(y, c.inputs(), c.p);
+  test::expect_close(y, yfull, 1e-13, 1e-12, "y");
+  Tensor fsum = f0.clone();
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t h = 0; h < 4; ++h)
+      for (std::int64_t e = 0; e < 15; ++e) {
+        const std::int64_t i = (b * 4 + h) * 15 + e;
+        fsum.set(i, f0.get(i) + decay.get(b * 4 + h) * c.init.get(i));
+      }
+  test::expect_close(fsum, ffull, 1e-13, 1e-12, "final state");
+}
+
+TEST(SsdStatePassing, InitStateBackwardFiniteDifference) {
+  Case c(2, 7, 4, 3, 2, 3, 4, 310);
+  c.use_init = true;
+  Tensor dy = rand({2, 7, 4, 3}, 320), ddecay = rand({2, 4}, 321);
+  auto loss = [&] {
+    Tensor y = c.y(), a = Tensor::zeros({2, 4}, DType::F64);
+    ssd_init_state_fwd(y, c.inputs(), c.p);
+    ssd_run_decay(a, c.inputs(), c.p);
+    return test::dot(y, dy) + test::dot(a, ddecay);
+  };
+  auto g = c.zero_grads();
+  // Accumulating semantics: start from ones and subtract them afterwards.
+  for (Tensor* t : {&g.dC, &g.ddt, &g.dA_log, &g.ddt_bias}) t->fill(1.0);
+  SsdStateGrads sg{&g.dC, &g.ddt, &g.dA_log, &g.ddt_bias, &g.dinit};
+  ssd_init_state_bwd(sg, c.inputs(), &dy, nullptr, c.p);
+  ssd_init_state_bwd(sg, c.inputs(), nullptr, &ddecay, c.p);
+  for (Tensor* t : {&g.dC, &g.ddt, &g.dA_log, &g.ddt_bias})
+    for (std::int64_t i = 0; i < t->numel(); ++i) t->set(i, t->get(i) - 1.0);
+  test::fd_check(c.C, g.dC, loss, "dC");
+  test::fd_check(c.dt, g.ddt, loss, "ddt");
+  test::fd_check(c.A_log, g.dA_log, loss, "dA_log");
+  test::fd_check(c.dt_bias, g.ddt_bias, loss, "ddt_bias");
+  test::fd_check(c.init, g.dinit, loss, "dinit_states");
+  EXPECT_NE(test::error_of([&] {
+              c.use_seq = true;
+              c.seq.assign(14, 0);
+              Tensor y = c.y();
+              ssd_init_state_fwd(y, c.inputs(), c.p);
+            }).find("no seq_idx"),
+            std::string::npos);
+}

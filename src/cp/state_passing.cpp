@@ -1,0 +1,296 @@
+#include "cp/state_passing.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace hcp::cp {
+
+namespace {
+int owner_of_chunk(std::int64_t chunk, int cp, Partition part) {
+  if (part == Partition::Contiguous) return static_cast<int>(chunk);
+  return static_cast<int>(chunk < cp ? chunk : 2 * cp - 1 - chunk);
+}
+std::int64_t chunks_per_seq(int cp, Partition part) { return part == Partition::DCS ? 2 * cp : cp; }
+
+// Row `src` of a contiguous [R, C] tensor into row `dst` of another (same dtype and width).
+void copy_row(Tensor& out, std::int64_t dst, const Tensor& in, std::int64_t src) {
+  const std::size_t row = static_cast<std::size_t>(in.numel() / in.size(0)) * dtype_size(in.dtype());
+  std::memcpy(static_cast<char*>(out.raw()) + static_cast<std::size_t>(dst) * row,
+              static_cast<const char*>(in.raw()) + static_cast<std::size_t>(src) * row, row);
+}
+std::int64_t width(const Tensor& t) { return t.size(0) ? t.numel() / t.size(0) : 0; }
+}  // namespace
+
+std::vector<Piece> local_pieces(const SeqLayout& global, int cp, int rank, Partition part) {
+  require_dcs_divisible(global, cp, "state-passing layout", part);
+  HCP_CHECK(rank >= 0 && rank < cp, "state passing: rank ", rank, " outside [0, ", cp, ")");
+  const std::int64_t nch = chunks_per_seq(cp, part);
+  std::vector<Piece> out;
+  std::int64_t lrow = 0;
+  for (std::int64_t s = 0; s < global.nseq(); ++s) {
+    const std::int64_t lc = global.len(s) / nch;
+    std::vector<std::int64_t> chunks{rank};
+    if (part == Partition::DCS) chunks.push_back(2 * cp - 1 - rank);
+    for (std::int64_t k : chunks) {
+      out.push_back({s, k, nch, rank, lrow, global.cu_seqlens[s] + k * lc, lc});
+      lrow += lc;
+    }
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------
+ConvHalo::ConvHalo(const SeqLayout& global, int cp, int rank, Partition part, std::int64_t halo)
+    : halo_(halo), cp_(cp), rank_(rank) {
+  HCP_CHECK(halo >= 0, "conv halo must be >= 0");
+  std::vector<std::vector<Piece>> all(static_cast<std::size_t>(cp));
+  for (int q = 0; q < cp; ++q) all[static_cast<std::size_t>(q)] = local_pieces(global, cp, q, part);
+  pieces_ = all[static_cast<std::size_t>(rank)];
+  for (const auto& p : pieces_) tl_ += p.len;
+  const std::int64_t nch = chunks_per_seq(cp, part);
+  // (rank, local row) of a global token, through the piece that holds it.
+  auto owner = [&](std::int64_t s, std::int64_t g) {
+    const std::int64_t lc = global.len(s) / nch, off = g - global.cu_seqlens[s], k = off / lc;
+    const int q = owner_of_chunk(k, cp, part);
+    for (const auto& p : all[static_cast<std::size_t>(q)])
+      if (p.seq == s && p.chunk == k) return std::pair<int, std::int64_t>{q, p.lrow + (g - p.gstart)};
+    throw Error("state passing: no owner of token " + std::to_string(g));
+  };
+  // Halo tokens of a piece, in order: g in [gstart - halo, gstart) inside its sequence.
+  auto halo_tokens = [&](const Piece& p, auto&& fn) {
+    for (std::int64_t m = 0; m < halo_; ++m) {
+      const std::int64_t g = p.gstart - halo_ + m;
+      if (g >= global.cu_seqlens[p.seq]) fn(m, g);
+    }
+  };
+  send_rows_.assign(static_cast<std::size_t>(cp), {});
+  recv_rows_.assign(static_cast<std::size_t>(cp), {});
+  std::int64_t e = 0;
+  for (std::size_t i = 0; i < pieces_.size(); ++i) {
+    const Piece& p = pieces_[i];
+    ext_start_.push_back(e);
+    for (std::int64_t r = 0; r < halo_ + p.len; ++r) ext_seq_.push_back(static_cast<std::int64_t>(i));
+    halo_tokens(p, [&](std::int64_t m, std::int64_t g) {
+      recv_rows_[static_cast<std::size_t>(owner(p.seq, g).first)].push_back(e + m);
+    });
+    e += halo_ + p.len;
+  }
+  for (int d = 0; d < cp; ++d)
+    for (const auto& p : all[static_cast<std::size_t>(d)])
+      halo_tokens(p, [&](std::int64_t, std::int64_t g) {
+        auto [q, row] = owner(p.seq, g);
+        if (q == rank_) send_rows_[static_cast<std::size_t>(d)].push_back(row);
+      });
+}
+
+std::int64_t ConvHalo::remote_rows_sent() const {
+  std::int64_t n = 0;
+  for (int d = 0; d < cp_; ++d)
+    if (d != rank_) n += static_cast<std::int64_t>(send_rows_[static_cast<std::size_t>(d)].size());
+  return n;
+}
+
+Tensor ConvHalo::gather(Communicator& comm, const Tensor& local) const {
+  HCP_CHECK(comm.size() == cp_ && comm.rank() == rank_, "ConvHalo: communicator does not match the plan");
+  HCP_CHECK(local.dim() == 2 && local.size(0) == tl_ && local.is_contiguous(), "ConvHalo::gather: need [", tl_,
+            ", C] contiguous, got ", shape_str(local.shape()));
+  const std::int64_t C = width(local);
+  std::vector<std::int64_t> sc, rc;
+  std::int64_t ns = 0, nr = 0;
+  for (int q = 0; q < cp_; ++q) {
+    sc.push_back(static_cast<std::int64_t>(send_rows_[static_cast<std::size_t>(q)].size()) * C);
+    rc.push_back(static_cast<std::int64_t>(recv_rows_[static_cast<std::size_t>(q)].size()) * C);
+    ns += sc.back() / std::max<std::int64_t>(C, 1);
+    nr += rc.back() / std::max<std::int64_t>(C, 1);
+  }
+  Tensor send = Tensor::empty({std::max<std::int64_t>(ns, 1), C}, local.dtype());
+  Tensor recv = Tensor::empty({std::max<std::int64_t>(nr, 1), C}, local.dtype());
+  std::int64_t k = 0;
+  for (const auto& rows : send_rows_)
+    for (auto r : rows) copy_row(send, k++, local, r);
+  comm.all_to_all_v(send.raw(), sc, recv.raw(), rc, local.dtype());
+  Tensor ext = Tensor::zeros({ext_rows(), C}, local.dtype());
+  k = 0;
+  for (const auto& rows : recv_rows_)
+    for (auto r : rows) copy_row(ext, r, recv, k++);
+  for (std::size_t i = 0; i < pieces_.size(); ++i)
+    for (std::int64_t j = 0; j < pieces_[i].len; ++j) copy_row(ext, ext_start_[i] + halo_ + j, local, pieces_[i].lrow + j);
+  return ext;
+}
+
+Tensor ConvHalo::own_rows(const Tensor& ext) const {
+  HCP_CHECK(ext.dim() == 2 && ext.size(0) == ext_rows() && ext.is_contiguous(), "ConvHalo::own_rows: need [",
+            ext_rows(), ", C]");
+  Tensor out = Tensor::empty({tl_, width(ext)}, ext.dtype());
+  for (std::size_t i = 0; i < pieces_.size(); ++i)
+    for (std::int64_t j = 0; j < pieces_[i].len; ++j) copy_row(out, pieces_[i].lrow + j, ext, ext_start_[i] + halo_ + j);
+  return out;
+}
+
+Tensor ConvHalo::expand(const Tensor& local) const {
+  HCP_CHECK(local.dim() == 2 && local.size(0) == tl_ && local.is_contiguous(), "ConvHalo::expand: need [", tl_, ", C]");
+  Tensor ext = Tensor::zeros({ext_rows(), width(local)}, local.dtype());
+  for (std::size_t i = 0; i < pieces_.size(); ++i)
+    for (std::int64_t j = 0; j < pieces_[i].len; ++j) copy_row(ext, ext_start_[i] + halo_ + j, local, pieces_[i].lrow + j);
+  return ext;
+}
+
+Tensor ConvHalo::scatter_back(Communicator& comm, const Tensor& dext) const {
+  HCP_CHECK(comm.size() == cp_ && comm.rank() == rank_, "ConvHalo: communicator does not match the plan");
+  Tensor dlocal = own_rows(dext);
+  const std::int64_t C = width(dext);
+  std::vector<std::int64_t> sc, rc;
+  std::int64_t ns = 0, nr = 0;
+  for (int q = 0; q < cp_; ++q) {
+    const auto nrecv = static_cast<std::int64_t>(recv_rows_[static_cast<std::size_t>(q)].size());
+    const auto nsend = static_cast<std::int64_t>(send_rows_[static_cast<std::size_t>(q)].size());
+    sc.push_back(nrecv * C);  // the reverse of gather(): halo gradients go back where they came from
+    rc.push_back(nsend * C);
+    ns += nrecv;
+    nr += nsend;
+  }
+  Tensor send = Tensor::empty({std::max<std::int64_t>(ns, 1), C}, dext.dtype());
+  Tensor recv = Tensor::empty({std::max<std::int64_t>(nr, 1), C}, dext.dtype());
+  std::int64_t k = 0;
+  for (const auto& rows : recv_rows_)
+    for (auto r : rows) copy_row(send, k++, dext, r);
+  comm.all_to_all_v(send.raw(), sc, recv.raw(), rc, dext.dtype());
+  k = 0;
+  for (const auto& rows : send_rows_)
+    for (auto r : rows) {
+      Tensor dst = dlocal.slice(0, r, 1);
+      Tensor sum = dst.clone();
+      for (std::int64_t c = 0; c < C; ++c) sum.set(c, sum.get(c) + recv.get(k * C + c));
+      dst.copy_from(sum);
+      ++k;
+    }
+  return dlocal;
+}
+
+std::int64_t model_halo_rows(const SeqLayout& global, int cp, Partition part, std::int64_t halo) {
+  const std::int64_t nch = chunks_per_seq(cp, part);
+  std::int64_t rows = 0;
+  for (std::int64_t s = 0; s < global.nseq(); ++s) {
+    const std::int64_t lc = global.len(s) / nch;
+    for (std::int64_t k = 1; k < nch; ++k) {
+      // Tokens [k*lc - need, k*lc) of the sequence, owned by the chunk each falls in.
+      const std::int64_t need = std::min(halo, k * lc);
+      for (std::int64_t o = k * lc - need; o < k * lc; ++o)
+        rows += owner_of_chunk(o / lc, cp, part) != owner_of_chunk(k, cp, part) ? 1 : 0;
+    }
+  }
+  return rows;
+}
+
+// ------------------------------------------------------------------------------------------------
+StateScan::StateScan(const SeqLayout& global, int cp, int rank, Partition part) : cp_(cp), rank_(rank) {
+  const auto mine = local_pieces(global, cp, rank, part);
+  np_ = static_cast<std::int64_t>(mine.size());
+  slot_.assign(static_cast<std::size_t>(global.nseq()), std::vector<std::int64_t>(
+                                                            static_cast<std::size_t>(chunks_per_seq(cp, part)), -1));
+  for (int q = 0; q < cp; ++q) {
+    const auto ps = local_pieces(global, cp, q, part);
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      slot_[static_cast<std::size_t>(ps[i].seq)][static_cast<std::size_t>(ps[i].chunk)] = q * np_ + static_cast<std::int64_t>(i);
+  }
+}
+
+namespace {
+template <class T>
+void scan_fwd(T* Sin, const T* S, const T* a, const std::vector<std::vector<std::int64_t>>& slots, std::int64_t H,
+              std::int64_t PN) {
+  for (const auto& seq : slots) {
+    for (std::size_t k = 0; k < seq.size(); ++k) {
+      T* out = Sin + seq[k] * H * PN;
+      if (k == 0) {
+        std::fill(out, out + H * PN, T(0));
+        continue;
+      }
+      const std::int64_t prev = seq[k - 1];
+      const T* sp = Sin + prev * H * PN;
+      const T* Sk = S + prev * H * PN;
+      for (std::int64_t h = 0; h < H; ++h) {
+        const T ah = a[prev * H + h];
+        for (std::int64_t e = 0; e < PN; ++e) out[h * PN + e] = ah * sp[h * PN + e] + Sk[h * PN + e];
+      }
+    }
+  }
+}
+template <class T>
+void scan_bwd(T* dS, T* da, const T* dSin, const T* Sin, const T* a, const std::vector<std::vector<std::int64_t>>& slots,
+              std::int64_t H, std::int64_t PN) {
+  std::vector<T> Gt(static_cast<std::size_t>(H * PN));
+  for (const auto& seq : slots) {
+    std::fill(Gt.begin(), Gt.end(), T(0));  // the last chunk's final state feeds nothing
+    for (std::size_t kk = seq.size(); kk-- > 0;) {
+      const std::int64_t sl = seq[kk];
+      T* dSk = dS + sl * H * PN;
+      const T* sin = Sin + sl * H * PN;
+      const T* dsin = dSin + sl * H * PN;
+      for (std::int64_t h = 0; h < H; ++h) {
+        T acc = 0;
+        for (std::int64_t e = 0; e < PN; ++e) {
+          const T g = Gt[static_cast<std::size_t>(h * PN + e)];
+          dSk[h * PN + e] = g;  // S_in(k+1) = a_k S_in(k) + S_k
+          acc += g * sin[h * PN + e];
+          Gt[static_cast<std::size_t>(h * PN + e)] = dsin[h * PN + e] + a[sl * H + h] * g;
+        }
+        da[sl * H + h] = acc;
+      }
+    }
+  }
+}
+}  // namespace
+
+Tensor StateScan::forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local) {
+  HCP_CHECK(comm.size() == cp_ && comm.rank() == rank_, "StateScan: communicator does not match the plan");
+  HCP_CHECK(S_local.dim() == 4 && S_local.size(0) == np_ && a_local.dim() == 2 && a_local.size(0) == np_ &&
+                a_local.size(1) == S_local.size(1) && S_local.dtype() == a_local.dtype(),
+            "StateScan: need S [", np_, ",H,P,N] and a [", np_, ",H] of one dtype");
+  HCP_CHECK(S_local.dtype() == DType::F64 || S_local.dtype() == DType::F32, "StateScan: states must be fp32 or fp64");
+  const std::int64_t H = S_local.size(1), PN = S_local.size(2) * S_local.size(3);
+  Shape all_s = S_local.shape();
+  all_s[0] *= cp_;
+  S_all_ = Tensor::empty(all_s, S_local.dtype());
+  a_all_ = Tensor::empty({cp_ * np_, H}, S_local.dtype());
+  // One message per rank: its states and decays together.
+  const std::int64_t per = np_ * H * (PN + 1);
+  Tensor send = Tensor::empty({per}, S_local.dtype()), recv = Tensor::empty({cp_ * per}, S_local.dtype());
+  const std::size_t es = dtype_size(S_local.dtype());
+  std::memcpy(send.raw(), S_local.raw(), S_local.nbytes());
+  std::memcpy(static_cast<char*>(send.raw()) + S_local.nbytes(), a_local.raw(), a_local.nbytes());
+  comm.all_gather(send, recv);
+  for (int q = 0; q < cp_; ++q) {
+    const char* src = static_cast<const char*>(recv.raw()) + static_cast<std::size_t>(q * per) * es;
+    std::memcpy(static_cast<char*>(S_all_.raw()) + S_local.nbytes() * static_cast<std::size_t>(q), src, S_local.nbytes());
+    std::memcpy(static_cast<char*>(a_all_.raw()) + a_local.nbytes() * static_cast<std::size_t>(q), src + S_local.nbytes(),
+                a_local.nbytes());
+  }
+  Sin_all_ = Tensor::empty(all_s, S_local.dtype());
+  if (S_local.dtype() == DType::F64)
+    scan_fwd<double>(Sin_all_.data<double>(), S_all_.data<double>(), a_all_.data<double>(), slot_, H, PN);
+  else
+    scan_fwd<float>(Sin_all_.data<float>(), S_all_.data<float>(), a_all_.data<float>(), slot_, H, PN);
+  return Sin_all_.slice(0, rank_ * np_, np_).clone();
+}
+
+void StateScan::backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const {
+  HCP_CHECK(Sin_all_.defined(), "StateScan: backward() before forward()");
+  HCP_CHECK(dS_in.shape() == S_all_.slice(0, 0, np_).shape() && dS_in.dtype() == S_all_.dtype(),
+            "StateScan::backward: dS_in must be ", shape_str(S_all_.slice(0, 0, np_).shape()));
+  const std::int64_t H = S_all_.size(1), PN = S_all_.size(2) * S_all_.size(3);
+  Tensor dsin_all = Tensor::empty(S_all_.shape(), S_all_.dtype());
+  comm.all_gather(dS_in.is_contiguous() ? dS_in : dS_in.clone(), dsin_all);
+  Tensor dS_all = Tensor::empty(S_all_.shape(), S_all_.dtype()), da_all = Tensor::empty(a_all_.shape(), a_all_.dtype());
+  if (S_all_.dtype() == DType::F64)
+    scan_bwd<double>(dS_all.data<double>(), da_all.data<double>(), dsin_all.data<double>(), Sin_all_.data<double>(),
+                     a_all_.data<double>(), slot_, H, PN);
+  else
+    scan_bwd<float>(dS_all.data<float>(), da_all.data<float>(), dsin_all.data<float>(), Sin_all_.data<float>(),
+                    a_all_.data<float>(), slot_, H, PN);
+  dS_local = dS_all.slice(0, rank_ * np_, np_).clone();
+  da_local = da_all.slice(0, rank_ * np_, np_).clone();
+}
+
+}  // namespace hcp::cp

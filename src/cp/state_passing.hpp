@@ -1,0 +1,91 @@
+// SSM state-passing context parallelism: the index maths and communication that let every rank
+// scan its own chunks of each sequence and exchange only states (no all-to-all of activations).
+//   * Pieces: the runs of consecutive tokens of one sequence that a rank holds (DualChunkSwap: two
+//     per sequence, chunks r and 2cp-1-r of 2cp; Contiguous: one, chunk r of cp).
+//   * ConvHalo: the causal conv1d of a piece needs the w-1 tokens before it in its sequence, owned
+//     by other ranks (or several, when chunks are shorter than w-1). gather() builds an extended
+//     buffer [halo | piece] per piece; scatter_back() returns the halo rows' gradients to their
+//     owners, added into their local rows. Never across sequence boundaries.
+//   * StateScan: all-gather of every piece's zero-state final state S_k and total decay a_k, then
+//     the exclusive scan S_in(k) = a_(k-1) S_in(k-1) + S_(k-1) along each sequence (S_in(0) = 0);
+//     its backward all-gathers dS_in and runs the reverse scan.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "core/layout.hpp"
+#include "core/tensor.hpp"
+#include "cp/layout.hpp"
+
+namespace hcp::cp {
+
+struct Piece {
+  std::int64_t seq = 0;      // sequence (BSHD row or THD packed sequence)
+  std::int64_t chunk = 0;    // index of this run among the sequence's chunks, in sequence order
+  std::int64_t nchunks = 1;  // chunks per sequence (2cp for DCS, cp for Contiguous)
+  int rank = 0;              // owner
+  std::int64_t lrow = 0;     // first row in the owner's local tensor
+  std::int64_t gstart = 0;   // first token in the global token order
+  std::int64_t len = 0;      // tokens
+};
+
+// The pieces of `rank`, in local row order (equal count on every rank).
+std::vector<Piece> local_pieces(const SeqLayout& global, int cp, int rank, Partition part = Partition::DCS);
+
+class ConvHalo {
+ public:
+  ConvHalo() = default;
+  // `halo` = conv width - 1.
+  ConvHalo(const SeqLayout& global, int cp, int rank, Partition part, std::int64_t halo);
+  std::int64_t halo() const { return halo_; }
+  std::int64_t ext_rows() const { return static_cast<std::int64_t>(ext_seq_.size()); }
+  // Piece index of every extended row (conv1d's seq_idx: pieces never mix).
+  const std::vector<std::int64_t>& ext_seq() const { return ext_seq_; }
+  // First extended row of piece i (its halo; the piece's own rows start `halo` later).
+  std::int64_t ext_start(std::size_t i) const { return ext_start_[i]; }
+  // local [Tl, C] -> extended [E, C]: per piece, `halo` rows before it (zero before the sequence
+  // start) and then its own rows.
+  Tensor gather(Communicator& comm, const Tensor& local) const;
+  // Extended [E, C] -> local [Tl, C]: the piece rows (copy; halo rows dropped).
+  Tensor own_rows(const Tensor& ext) const;
+  // Local [Tl, C] -> extended [E, C] with zero halo rows (the adjoint of own_rows).
+  Tensor expand(const Tensor& local) const;
+  // Backward of gather(): piece rows of `dext` plus every halo row's gradient sent back to its
+  // owner and added into its local row.
+  Tensor scatter_back(Communicator& comm, const Tensor& dext) const;
+  // Rows this rank sends to other ranks per gather() (the same come back in scatter_back()).
+  std::int64_t remote_rows_sent() const;
+
+ private:
+  std::int64_t halo_ = 0, tl_ = 0;
+  int cp_ = 1, rank_ = 0;
+  std::vector<Piece> pieces_;
+  std::vector<std::int64_t> ext_seq_, ext_start_;
+  std::vector<std::vector<std::int64_t>> send_rows_;  // per destination: my local rows, in its order
+  std::vector<std::vector<std::int64_t>> recv_rows_;  // per source: my extended rows, in that order
+};
+
+// Total rows moved between different ranks by one ConvHalo::gather() over the whole CP group,
+// counted chunk by chunk (the cost model the measured bytes are checked against).
+std::int64_t model_halo_rows(const SeqLayout& global, int cp, Partition part, std::int64_t halo);
+
+class StateScan {
+ public:
+  StateScan() = default;
+  StateScan(const SeqLayout& global, int cp, int rank, Partition part);
+  // S_local [np, H, P, N] zero-state final states of this rank's pieces, a_local [np, H] their
+  // decays -> S_in [np, H, P, N], the true state entering each piece. Saves what backward needs.
+  Tensor forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local);
+  // dS_in [np, H, P, N] -> dS_local (gradient of each piece's final state) and da_local [np, H].
+  void backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const;
+
+ private:
+  int cp_ = 1, rank_ = 0;
+  std::int64_t np_ = 0;
+  // Gathered slot (rank * np + i) of chunk k of sequence s: slot_[s][k].
+  std::vector<std::vector<std::int64_t>> slot_;
+  Tensor S_all_, a_all_, Sin_all_;  // [cp*np, H, P, N], [cp*np, H], [cp*np, H, P, N]
+};
+
+}  // namespace hcp::cp
