@@ -1,0 +1,102 @@
+#include "cp/moe_ep.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace hcp::cp {
+
+namespace {
+std::int64_t width(const Tensor& t) { return t.size(0) ? t.numel() / t.size(0) : (t.dim() > 1 ? t.size(1) : 0); }
+// Rows [src, src+n) of a contiguous [R, C] tensor to rows [dst, dst+n) of another.
+void copy_rows(Tensor& out, std::int64_t dst, const Tensor& in, std::int64_t src, std::int64_t n, std::int64_t C) {
+  if (n == 0) return;
+  const std::size_t row = static_cast<std::size_t>(C) * dtype_size(in.dtype());
+  std::memcpy(static_cast<char*>(out.raw()) + static_cast<std::size_t>(dst) * row,
+              static_cast<const char*>(in.raw()) + static_cast<std::size_t>(src) * row, static_cast<std::size_t>(n) * row);
+}
+}  // namespace
+
+EpDispatcher::EpDispatcher(Communicator& comm, std::int64_t experts, const std::vector<std::int64_t>& counts)
+    : comm_(comm), ep_(comm.size()), rank_(comm.rank()), E_(experts) {
+  HCP_CHECK(experts % ep_ == 0, "expert parallelism needs moe.experts (", experts, ") divisible by the EP size (", ep_, ")");
+  HCP_CHECK(static_cast<std::int64_t>(counts.size()) == experts, "EpDispatcher: ", counts.size(), " counts for ",
+            experts, " experts");
+  el_ = experts / ep_;
+  e0_ = rank_ * el_;
+  send_rows_.assign(static_cast<std::size_t>(ep_), 0);
+  for (std::int64_t e = 0; e < experts; ++e) {
+    send_rows_[static_cast<std::size_t>(e / el_)] += counts[static_cast<std::size_t>(e)];
+    rows_ += counts[static_cast<std::size_t>(e)];
+  }
+  // Counts first: rank q receives, from every source, that source's counts of q's experts.
+  // (Counts travel as fp64: exact below 2^53.)
+  std::vector<double> cs(counts.begin(), counts.end()), cr(static_cast<std::size_t>(ep_ * el_));
+  comm_.all_to_all(cs.data(), cr.data(), el_, DType::F64);
+  recv_counts_.assign(cr.begin(), cr.end());
+  local_counts_.assign(static_cast<std::size_t>(el_), 0);
+  for (int s = 0; s < ep_; ++s)
+    for (std::int64_t e = 0; e < el_; ++e)
+      local_counts_[static_cast<std::size_t>(e)] += recv_counts_[static_cast<std::size_t>(s * el_ + e)];
+  for (auto c : local_counts_) local_rows_ += c;
+}
+
+Tensor EpDispatcher::dispatch(const Tensor& xp) const {
+  HCP_CHECK(xp.dim() == 2 && xp.size(0) == rows_ && xp.is_contiguous(), "EpDispatcher::dispatch: need [", rows_,
+            ", C] contiguous");
+  const std::int64_t C = width(xp);
+  std::vector<std::int64_t> sc(static_cast<std::size_t>(ep_)), rc(static_cast<std::size_t>(ep_));
+  for (int q = 0; q < ep_; ++q) {
+    sc[static_cast<std::size_t>(q)] = send_rows_[static_cast<std::size_t>(q)] * C;
+    std::int64_t n = 0;
+    for (std::int64_t e = 0; e < el_; ++e) n += recv_counts_[static_cast<std::size_t>(q * el_ + e)];
+    rc[static_cast<std::size_t>(q)] = n * C;
+  }
+  Tensor recv = Tensor::empty({std::max<std::int64_t>(local_rows_, 1), C}, xp.dtype());
+  comm_.all_to_all_v(xp.raw(), sc, recv.raw(), rc, xp.dtype());
+  // Source-major (source, expert) -> expert-major (expert, source).
+  Tensor out = Tensor::empty({local_rows_, C}, xp.dtype());
+  std::int64_t dst = 0;
+  for (std::int64_t e = 0; e < el_; ++e)
+    for (int s = 0; s < ep_; ++s) {
+      std::int64_t src = 0;
+      for (int s2 = 0; s2 < s; ++s2)
+        for (std::int64_t e2 = 0; e2 < el_; ++e2) src += recv_counts_[static_cast<std::size_t>(s2 * el_ + e2)];
+      for (std::int64_t e2 = 0; e2 < e; ++e2) src += recv_counts_[static_cast<std::size_t>(s * el_ + e2)];
+      const std::int64_t n = recv_counts_[static_cast<std::size_t>(s * el_ + e)];
+      copy_rows(out, dst, recv, src, n, C);
+      dst += n;
+    }
+  return out;
+}
+
+Tensor EpDispatcher::combine(const Tensor& yl) const {
+  HCP_CHECK(yl.dim() == 2 && yl.size(0) == local_rows_ && yl.is_contiguous(), "EpDispatcher::combine: need [",
+            local_rows_, ", C] contiguous");
+  const std::int64_t C = width(yl);
+  // Expert-major -> source-major, then back to the sources.
+  Tensor send = Tensor::empty({std::max<std::int64_t>(local_rows_, 1), C}, yl.dtype());
+  std::int64_t src = 0;
+  for (std::int64_t e = 0; e < el_; ++e)
+    for (int s = 0; s < ep_; ++s) {
+      std::int64_t dst = 0;
+      for (int s2 = 0; s2 < s; ++s2)
+        for (std::int64_t e2 = 0; e2 < el_; ++e2) dst += recv_counts_[static_cast<std::size_t>(s2 * el_ + e2)];
+      for (std::int64_t e2 = 0; e2 < e; ++e2) dst += recv_counts_[static_cast<std::size_t>(s * el_ + e2)];
+      const std::int64_t n = recv_counts_[static_cast<std::size_t>(s * el_ + e)];
+      copy_rows(send, dst, yl, src, n, C);
+      src += n;
+    }
+  std::vector<std::int64_t> sc(static_cast<std::size_t>(ep_)), rc(static_cast<std::size_t>(ep_));
+  for (int q = 0; q < ep_; ++q) {
+    std::int64_t n = 0;
+    for (std::int64_t e = 0; e < el_; ++e) n += recv_counts_[static_cast<std::size_t>(q * el_ + e)];
+    sc[static_cast<std::size_t>(q)] = n * C;
+    rc[static_cast<std::size_t>(q)] = send_rows_[static_cast<std::size_t>(q)] * C;
+  }
+  Tensor out = Tensor::empty({rows_, C}, yl.dtype());
+  Tensor recv = rows_ ? out : Tensor::empty({1, C}, yl.dtype());
+  comm_.all_to_all_v(send.raw(), sc, recv.raw(), rc, yl.dtype());
+  return out;
+}
+
+}  // namespace hcp::cp

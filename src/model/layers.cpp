@@ -1,0 +1,249 @@
+#include "model/layers.hpp"
+
+#include <cmath>
+#include <functional>
+
+#include "cp/layout.hpp"
+
+namespace hcp::model {
+namespace k = hcp::kernels;
+
+void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo, double hi) {
+  Tensor t = Tensor::empty(s, dt);
+  fill_uniform(t, seed * 31 + std::hash<std::string>{}(name) % 1000, lo, hi);
+  p[name] = t;
+}
+
+namespace {
+double inv_sqrt(std::int64_t n) { return 1.0 / std::sqrt(static_cast<double>(n)); }
+void all_reduce_grads(Communicator& c, ParamMap& g) {
+  for (auto& [n, t] : g) c.all_reduce(t);
+}
+}  // namespace
+
+// ================================ attention ======================================================
+ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed) {
+  ParamMap p;
+  const double a = inv_sqrt(c.hidden), o = inv_sqrt(c.heads * c.head_dim);
+  init_param(p, "Wq", {c.heads * c.head_dim, c.hidden}, dt, seed, -a, a);
+  init_param(p, "Wk", {c.kv_heads * c.head_dim, c.hidden}, dt, seed, -a, a);
+  init_param(p, "Wv", {c.kv_heads * c.head_dim, c.hidden}, dt, seed, -a, a);
+  init_param(p, "Wo", {c.hidden, c.heads * c.head_dim}, dt, seed, -o, o);
+  return p;
+}
+
+namespace {
+cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global) {
+  cp::CpAttnConfig a;
+  a.strategy = c.strategy;
+  a.heads = c.heads;
+  a.kv_heads = c.kv_heads;
+  a.head_dim = c.head_dim;
+  a.causal = c.causal;
+  a.global = std::move(global);
+  return a;
+}
+}  // namespace
+
+AttentionLayer::AttentionLayer(Communicator& comm, AttnLayerConfig cfg, SeqLayout global)
+    : comm_(comm), c_(cfg), attn_(comm, cp_attn_config(cfg, global)) {
+  tl_ = global.total() / comm.size();
+  if (c_.rope_theta > 0) pos_ = cp::dcs_positions(global, comm.size(), comm.rank());
+}
+
+void AttentionLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
+  const DType dt = x.dtype();
+  const std::int64_t H = c_.heads, Hk = c_.kv_heads, D = c_.head_dim;
+  x_ = x.view({tl_, c_.hidden});
+  Tensor q = Tensor::zeros({tl_, H * D}, dt), kk = Tensor::zeros({tl_, Hk * D}, dt), v = Tensor::zeros({tl_, Hk * D}, dt);
+  k::linear_fwd(q, x_, p.at("Wq"), nullptr);
+  k::linear_fwd(kk, x_, p.at("Wk"), nullptr);
+  k::linear_fwd(v, x_, p.at("Wv"), nullptr);
+  q = q.view({tl_, H, D});
+  kk = kk.view({tl_, Hk, D});
+  v = v.view({tl_, Hk, D});
+  if (c_.rope_theta > 0) {
+    Tensor qr = Tensor::zeros(q.shape(), dt), kr = Tensor::zeros(kk.shape(), dt);
+    k::rope_fwd(qr, q, pos_, c_.rope_theta, D);
+    k::rope_fwd(kr, kk, pos_, c_.rope_theta, D);
+    q = qr;
+    kk = kr;
+  }
+  o_ = Tensor::zeros({tl_, H, D}, dt);
+  attn_.forward(o_, q, kk, v);
+  Tensor out = Tensor::zeros({tl_, c_.hidden}, dt);
+  k::linear_fwd(out, o_.view({tl_, H * D}), p.at("Wo"), nullptr);
+  y.copy_from(out.view(y.shape()));
+}
+
+void AttentionLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
+  HCP_CHECK(o_.defined(), "attention: backward() before forward()");
+  const DType dt = x_.dtype();
+  const std::int64_t H = c_.heads, Hk = c_.kv_heads, D = c_.head_dim;
+  grads = zeros_like(p);
+  Tensor dyv = dy.view({tl_, c_.hidden}), dout = Tensor::zeros({tl_, H * D}, dt);
+  k::linear_bwd(&dout, &grads["Wo"], nullptr, o_.view({tl_, H * D}), p.at("Wo"), dyv);
+  Tensor dq = Tensor::zeros({tl_, H, D}, dt), dk = Tensor::zeros({tl_, Hk, D}, dt), dv = Tensor::zeros({tl_, Hk, D}, dt);
+  attn_.backward(dq, dk, dv, dout.view({tl_, H, D}));
+  if (c_.rope_theta > 0) {
+    Tensor a = Tensor::zeros(dq.shape(), dt), b = Tensor::zeros(dk.shape(), dt);
+    k::rope_bwd(a, dq, pos_, c_.rope_theta, D);
+    k::rope_bwd(b, dk, pos_, c_.rope_theta, D);
+    dq = a;
+    dk = b;
+  }
+  Tensor acc = Tensor::zeros({tl_, c_.hidden}, dt), part = Tensor::zeros({tl_, c_.hidden}, dt);
+  k::linear_bwd(&acc, &grads["Wq"], nullptr, x_, p.at("Wq"), dq.view({tl_, H * D}));
+  k::linear_bwd(&part, &grads["Wk"], nullptr, x_, p.at("Wk"), dk.view({tl_, Hk * D}));
+  k::axpy(acc, 1.0, part);
+  k::linear_bwd(&part, &grads["Wv"], nullptr, x_, p.at("Wv"), dv.view({tl_, Hk * D}));
+  k::axpy(acc, 1.0, part);
+  dx.copy_from(acc.view(dx.shape()));
+  all_reduce_grads(comm_, grads);
+}
+
+// ================================ dense MLP ======================================================
+ParamMap mlp_init(const MlpConfig& c, DType dt, std::uint64_t seed) {
+  ParamMap p;
+  const std::int64_t F1 = c.act == k::Activation::SwiGLU ? 2 * c.ffn : c.ffn;
+  init_param(p, "W1", {F1, c.hidden}, dt, seed, -inv_sqrt(c.hidden), inv_sqrt(c.hidden));
+  init_param(p, "W2", {c.hidden, c.ffn}, dt, seed, -inv_sqrt(c.ffn), inv_sqrt(c.ffn));
+  return p;
+}
+
+// A dense MLP is the grouped expert MLP with one expert holding every row.
+void MlpLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
+  const Tensor& W1 = p.at("W1");
+  const std::int64_t T = x.numel() / c_.hidden, F1 = W1.size(0);
+  x_ = x.view({T, c_.hidden});
+  h_ = Tensor::zeros({T, F1}, x.dtype());
+  Tensor out = Tensor::zeros({T, c_.hidden}, x.dtype());
+  k::expert_mlp_fwd(out, h_, x_, W1.view({1, F1, c_.hidden}), p.at("W2").view({1, c_.hidden, c_.ffn}), {T}, c_.act);
+  y.copy_from(out.view(y.shape()));
+}
+
+void MlpLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
+  HCP_CHECK(h_.defined(), "mlp: backward() before forward()");
+  const Tensor& W1 = p.at("W1");
+  const std::int64_t T = x_.size(0), F1 = W1.size(0);
+  grads = zeros_like(p);
+  Tensor dxl = Tensor::zeros({T, c_.hidden}, x_.dtype());
+  Tensor dW1 = grads["W1"].view({1, F1, c_.hidden}), dW2 = grads["W2"].view({1, c_.hidden, c_.ffn});
+  k::expert_mlp_bwd(dxl, dW1, dW2, x_, W1.view({1, F1, c_.hidden}), p.at("W2").view({1, c_.hidden, c_.ffn}), h_, {T},
+                    c_.act, dy.view({T, c_.hidden}));
+  dx.copy_from(dxl.view(dx.shape()));
+  all_reduce_grads(comm_, grads);
+}
+
+// ================================ MoE ============================================================
+k::RouterParams MoeConfig::router() const {
+  k::RouterParams r;
+  r.experts = experts;
+  r.topk = topk;
+  r.sigmoid = sigmoid;
+  r.renormalize = renormalize;
+  r.scaling = scaling;
+  return r;
+}
+
+ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed) {
+  ParamMap p;
+  const std::int64_t F1 = c.act == k::Activation::SwiGLU ? 2 * c.ffn : c.ffn;
+  const double a = inv_sqrt(c.hidden), f = inv_sqrt(c.ffn);
+  init_param(p, "router", {c.experts, c.hidden}, dt, seed, -a, a);
+  init_param(p, "e_bias", {c.experts}, dt, seed, -0.05, 0.05);
+  init_param(p, "W1", {c.experts, F1, c.hidden}, dt, seed, -a, a);
+  init_param(p, "W2", {c.experts, c.hidden, c.ffn}, dt, seed, -f, f);
+  if (c.shared_ffn > 0) {
+    MlpConfig s{c.hidden, c.shared_ffn, c.act};
+    for (auto& [n, t] : mlp_init(s, dt, seed + 17)) p["shared_" + n] = t;
+  }
+  return p;
+}
+
+MoeLayer::MoeLayer(Communicator& ep, Communicator& grad, MoeConfig cfg) : ep_(ep), grad_(grad), c_(cfg) {
+  HCP_CHECK(c_.experts % ep_.size() == 0, "expert parallelism needs moe.experts (", c_.experts,
+            ") divisible by the EP size (", ep_.size(), ")");
+  HCP_CHECK(c_.topk >= 1 && c_.topk <= c_.experts, "moe.topk (", c_.topk, ") must be in [1, moe.experts = ", c_.experts, "]");
+}
+
+namespace {
+ParamMap shared_params(const ParamMap& p) {
+  return {{"W1", p.at("shared_W1")}, {"W2", p.at("shared_W2")}};
+}
+}  // namespace
+
+void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
+  const DType dt = x.dtype();
+  const std::int64_t C = c_.hidden, E = c_.experts, K = c_.topk, T = x.numel() / C;
+  x_ = x.view({T, C});
+  Tensor logits = Tensor::zeros({T, E}, dt);
+  k::linear_fwd(logits, x_, p.at("router"), nullptr);
+  scores_ = Tensor::zeros({T, E}, dt);
+  topk_w_ = Tensor::zeros({T, K}, dt);
+  const auto rp = c_.router();
+  k::router_fwd(scores_, idx_, topk_w_, logits, &p.at("e_bias"), rp);
+  Tensor xp = Tensor::zeros({T * K, C}, dt);
+  std::vector<std::int64_t> counts;
+  if (T > 0) k::moe_permute(xp, counts, src_, x_, idx_, E);
+  else counts.assign(static_cast<std::size_t>(E), 0);
+  disp_ = std::make_unique<cp::EpDispatcher>(ep_, E, counts);
+  xl_ = disp_->dispatch(xp);
+  const std::int64_t el = disp_->local_experts(), e0 = disp_->first_expert(), F1 = p.at("W1").size(1);
+  h_ = Tensor::zeros({disp_->local_rows(), F1}, dt);
+  Tensor yl = Tensor::zeros({disp_->local_rows(), C}, dt);
+  if (disp_->local_rows() > 0)
+    k::expert_mlp_fwd(yl, h_, xl_, p.at("W1").slice(0, e0, el), p.at("W2").slice(0, e0, el), disp_->local_counts(),
+                      c_.act);
+  yp_ = disp_->combine(yl);
+  Tensor out = Tensor::zeros({T, C}, dt);
+  if (T > 0) k::moe_combine_fwd(out, yp_, src_, topk_w_);
+  if (c_.shared_ffn > 0) {
+    shared_ = std::make_unique<MlpLayer>(grad_, MlpConfig{C, c_.shared_ffn, c_.act});
+    Tensor ys = Tensor::zeros({T, C}, dt);
+    shared_->forward(ys, x_, shared_params(p));
+    k::axpy(out, 1.0, ys);
+  }
+  y.copy_from(out.view(y.shape()));
+}
+
+void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
+  HCP_CHECK(disp_, "moe: backward() before forward()");
+  const DType dt = x_.dtype();
+  const std::int64_t C = c_.hidden, E = c_.experts, K = c_.topk, T = x_.size(0);
+  grads = zeros_like(p);
+  Tensor dyv = dy.view({T, C}), dxl = Tensor::zeros({T, C}, dt);
+  // Routed experts: combine -> (dispatch) -> grouped MLP -> (combine) -> permute.
+  Tensor dyp = Tensor::zeros(yp_.shape(), dt), dw = Tensor::zeros({T, K}, dt);
+  if (T > 0) k::moe_combine_bwd(dyp, dw, dyv, yp_, src_, topk_w_);
+  Tensor dyl = disp_->dispatch(dyp);
+  const std::int64_t el = disp_->local_experts(), e0 = disp_->first_expert();
+  Tensor dxloc = Tensor::zeros(xl_.shape(), dt);
+  if (disp_->local_rows() > 0) {
+    Tensor dW1 = grads["W1"].slice(0, e0, el), dW2 = grads["W2"].slice(0, e0, el);
+    k::expert_mlp_bwd(dxloc, dW1, dW2, xl_, p.at("W1").slice(0, e0, el), p.at("W2").slice(0, e0, el), h_,
+                      disp_->local_counts(), c_.act, dyl);
+  }
+  Tensor dxp = disp_->combine(dxloc);
+  if (T > 0) {
+    k::moe_permute_bwd(dxl, dxp, src_, K);
+    // Router: top-k weights -> scores -> logits -> router weight and x.
+    Tensor dlogits = Tensor::zeros({T, E}, dt), dxr = Tensor::zeros({T, C}, dt);
+    k::router_bwd(dlogits, scores_, idx_, dw, nullptr, c_.router());
+    k::linear_bwd(&dxr, &grads["router"], nullptr, x_, p.at("router"), dlogits);
+    k::axpy(dxl, 1.0, dxr);
+  }
+  // Routed-expert and router gradients: partial sums (tokens, or this rank's experts) over the group.
+  for (const char* n : {"router", "W1", "W2"}) grad_.all_reduce(grads[n]);
+  if (shared_) {
+    ParamMap sg;
+    Tensor dxs = Tensor::zeros({T, C}, dt);
+    shared_->backward(dxs, sg, dyv, shared_params(p));  // all-reduces its own gradients
+    grads["shared_W1"] = sg.at("W1");
+    grads["shared_W2"] = sg.at("W2");
+    k::axpy(dxl, 1.0, dxs);
+  }
+  dx.copy_from(dxl.view(dx.shape()));
+}
+
+}  // namespace hcp::model

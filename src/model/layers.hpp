@@ -1,0 +1,99 @@
+// The non-Mamba mixers of the hybrid stack, forward and backward on local tokens of a CP rank:
+//   AttentionLayer  QKV projections -> optional RoPE at global positions -> CP attention (ring p2p,
+//                   all-gather or Ulysses a2a) -> output projection;
+//   MoeLayer        router (sigmoid / softmax, correction bias for selection only, top-k, renorm,
+//                   scaling) -> permute -> expert-parallel dispatch -> grouped expert MLP -> combine
+//                   -> + shared expert;
+//   MlpLayer        dense MLP (squared ReLU or SwiGLU).
+// Every layer sums its parameter gradients over the CP group (`grad_comm`) so each rank holds the
+// full gradient, as Mamba2Layer does.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "core/layout.hpp"
+#include "cp/attention_cp.hpp"
+#include "cp/moe_ep.hpp"
+#include "kernels/kernels.hpp"
+#include "model/mamba2.hpp"
+
+namespace hcp::model {
+
+// Uniform(-a, a) parameters with a per-name seed (shared by every layer's init).
+void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo, double hi);
+
+struct AttnLayerConfig {
+  std::int64_t hidden = 64, heads = 4, kv_heads = 2, head_dim = 16;
+  bool causal = true;
+  double rope_theta = 0;  // 0: no positional embedding (NemotronH/V3)
+  cp::AttnStrategy strategy = cp::AttnStrategy::P2P;
+};
+ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed);  // Wq, Wk, Wv, Wo
+
+class AttentionLayer {
+ public:
+  AttentionLayer(Communicator& cp_comm, AttnLayerConfig cfg, SeqLayout global);
+  void forward(Tensor& y, const Tensor& x, const ParamMap& p);
+  void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
+  const cp::CpAttention& attention() const { return attn_; }
+
+ private:
+  Communicator& comm_;
+  AttnLayerConfig c_;
+  cp::CpAttention attn_;
+  std::vector<std::int64_t> pos_;
+  std::int64_t tl_ = 0;
+  Tensor x_, o_;
+};
+
+struct MlpConfig {
+  std::int64_t hidden = 64, ffn = 128;
+  kernels::Activation act = kernels::Activation::SquaredReLU;
+};
+ParamMap mlp_init(const MlpConfig& c, DType dt, std::uint64_t seed);  // W1 [F1,C], W2 [C,F]
+
+class MlpLayer {
+ public:
+  MlpLayer(Communicator& grad_comm, MlpConfig cfg) : comm_(grad_comm), c_(cfg) {}
+  void forward(Tensor& y, const Tensor& x, const ParamMap& p);
+  void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
+
+ private:
+  Communicator& comm_;
+  MlpConfig c_;
+  Tensor x_, h_;
+};
+
+struct MoeConfig {
+  std::int64_t hidden = 64, experts = 8, topk = 2, ffn = 32, shared_ffn = 0;  // shared_ffn 0: none
+  kernels::RouterParams router() const;
+  bool sigmoid = true, renormalize = true;
+  double scaling = 1.0;
+  kernels::Activation act = kernels::Activation::SquaredReLU;
+};
+// router [E,C], e_bias [E] (selection-only correction bias: a buffer, its gradient is zero),
+// W1 [E,F1,C], W2 [E,C,F], and shared_W1 [F1s,C], shared_W2 [C,Fs] when shared_ffn > 0.
+ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed);
+
+class MoeLayer {
+ public:
+  // ep_comm: the expert-parallel group (the CP group, or a one-rank group for no EP);
+  // grad_comm: the group over which parameter gradients are summed (the CP group).
+  MoeLayer(Communicator& ep_comm, Communicator& grad_comm, MoeConfig cfg);
+  void forward(Tensor& y, const Tensor& x, const ParamMap& p);
+  void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
+  // Token copies each local expert received in the last forward.
+  const std::vector<std::int64_t>& local_counts() const { return disp_->local_counts(); }
+
+ private:
+  Communicator &ep_, &grad_;
+  MoeConfig c_;
+  std::unique_ptr<cp::EpDispatcher> disp_;
+  std::unique_ptr<MlpLayer> shared_;
+  Tensor x_, scores_, topk_w_, xl_, h_, yp_;
+  std::vector<std::int64_t> idx_, src_;
+};
+
+}  // namespace hcp::model
