@@ -1,0 +1,191 @@
+#include "model/hybrid.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+namespace hcp::model {
+namespace k = hcp::kernels;
+
+void HybridConfig::finalize() {
+  HCP_CHECK(!pattern.empty(), "model.pattern must name at least one block");
+  for (char ch : pattern)
+    HCP_CHECK(ch == 'M' || ch == '*' || ch == 'E' || ch == '-', "model.pattern: '", std::string(1, ch),
+              "' is not a block (M Mamba2, * attention, E MoE, - MLP)");
+  mamba.hidden = attn.hidden = moe.hidden = mlp.hidden = hidden;
+}
+
+namespace {
+std::string block_prefix(std::size_t i) {
+  char b[32];
+  std::snprintf(b, sizeof b, "L%02zu.", i);
+  return b;
+}
+ParamMap sub(const ParamMap& p, const std::string& prefix) {
+  ParamMap s;
+  for (auto it = p.lower_bound(prefix); it != p.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+    s[it->first.substr(prefix.size())] = it->second;
+  s.erase("norm");
+  return s;
+}
+}  // namespace
+
+bool is_buffer(const std::string& name) {
+  return name.size() >= 6 && name.compare(name.size() - 6, 6, "e_bias") == 0;
+}
+
+ParamMap hybrid_init(const HybridConfig& cin, DType dt, std::uint64_t seed) {
+  HybridConfig c = cin;
+  c.finalize();
+  ParamMap p;
+  const double a = 1.0 / std::sqrt(static_cast<double>(c.hidden));
+  init_param(p, "embed", {c.vocab, c.hidden}, dt, seed, -1.0, 1.0);
+  init_param(p, "lm_head", {c.vocab, c.hidden}, dt, seed, -a, a);
+  init_param(p, "final_norm", {c.hidden}, dt, seed, 0.9, 1.1);
+  for (std::size_t i = 0; i < c.pattern.size(); ++i) {
+    const std::string pre = block_prefix(i);
+    const std::uint64_t s = seed * 1000 + i;
+    ParamMap m;
+    switch (c.pattern[i]) {
+      case 'M': m = mamba2_init(c.mamba, dt, s); break;
+      case '*': m = attention_init(c.attn, dt, s); break;
+      case 'E': m = moe_init(c.moe, dt, s); break;
+      default: m = mlp_init(c.mlp, dt, s); break;
+    }
+    for (auto& [n, t] : m) p[pre + n] = t;
+    init_param(p, pre + "norm", {c.hidden}, dt, s, 0.9, 1.1);
+  }
+  return p;
+}
+
+template <class F> void HybridModel::timed(const std::string& name, F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  phase_ms_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global)
+    : comm_(comm), c_(std::move(cfg)), global_(std::move(global)) {
+  c_.finalize();
+  const int cp = comm_.size();
+  cp::require_dcs_divisible(global_, cp, "hybrid model layout");
+  tl_ = global_.total() / cp;
+  self_ = comm_.split(comm_.rank(), 0);
+  Communicator& ep = c_.expert_parallel ? comm_ : *self_;
+  for (std::size_t i = 0; i < c_.pattern.size(); ++i) {
+    Block b;
+    b.kind = c_.pattern[i];
+    b.prefix = block_prefix(i);
+    switch (b.kind) {
+      case 'M': b.mamba = make_mamba2(c_.mamba_cp, comm_, c_.mamba, global_); break;
+      case '*': b.attn = std::make_unique<AttentionLayer>(comm_, c_.attn, global_); break;
+      case 'E': b.moe = std::make_unique<MoeLayer>(ep, comm_, c_.moe); break;
+      default: b.mlp = std::make_unique<MlpLayer>(comm_, c_.mlp); break;
+    }
+    blocks_.push_back(std::move(b));
+  }
+}
+
+std::int64_t HybridModel::attention_model_bytes(DType dt) const {
+  std::int64_t n = 0;
+  for (const auto& b : blocks_)
+    if (b.attn) n += b.attn->attention().model_fwd_bytes(dt) + b.attn->attention().model_bwd_bytes(dt);
+  return n;
+}
+
+void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
+                      StepResult& r) {
+  HCP_CHECK(static_cast<std::int64_t>(tokens.size()) == tl_ && labels.size() == tokens.size(), "hybrid: need ", tl_,
+            " local tokens and labels, got ", tokens.size(), " and ", labels.size());
+  for (auto t : tokens) HCP_CHECK(t >= 0 && t < c_.vocab, "hybrid: token id ", t, " outside [0, model.vocab = ", c_.vocab, ")");
+  const DType dt = p.at("embed").dtype();
+  const std::int64_t C = c_.hidden;
+  tokens_ = tokens;
+  labels_ = labels;
+  Tensor h = Tensor::zeros({tl_, C}, dt);
+  timed("fwd/embed", [&] { k::embedding_fwd(h, p.at("embed"), tokens); });
+  outs_.clear();
+  for (auto& b : blocks_) {
+    timed(std::string("fwd/") + b.kind, [&] {
+      b.x = h;
+      Tensor n = Tensor::zeros({tl_, C}, dt), m = Tensor::zeros({tl_, C}, dt);
+      b.rstd = Tensor::zeros({tl_}, dt);
+      k::rmsnorm_fwd(n, b.rstd, h, p.at(b.prefix + "norm"), c_.eps);
+      const ParamMap sp = sub(p, b.prefix);
+      if (b.mamba) b.mamba->forward(m, n, sp);
+      if (b.attn) b.attn->forward(m, n, sp);
+      if (b.moe) b.moe->forward(m, n, sp);
+      if (b.mlp) b.mlp->forward(m, n, sp);
+      Tensor hn = Tensor::zeros({tl_, C}, dt);
+      k::add(hn, h, m);
+      h = hn;
+    });
+    outs_.push_back(h);
+  }
+  timed("fwd/head", [&] {
+    hfinal_ = h;
+    hn_ = Tensor::zeros({tl_, C}, dt);
+    rstd_final_ = Tensor::zeros({tl_}, dt);
+    k::rmsnorm_fwd(hn_, rstd_final_, h, p.at("final_norm"), c_.eps);
+    logits_ = Tensor::zeros({tl_, c_.vocab}, dt);
+    k::linear_fwd(logits_, hn_, p.at("lm_head"), nullptr);
+    std::int64_t cnt = 0;
+    const double local = k::cross_entropy_fwd(logits_, labels, c_.ignore_label, &cnt);
+    double v[2] = {local, static_cast<double>(cnt)};
+    comm_.all_reduce(v, 2, DType::F64, ReduceOp::Sum);
+    count_ = static_cast<std::int64_t>(v[1]);
+    r.label_tokens = count_;
+    r.loss = count_ > 0 ? v[0] / static_cast<double>(count_) : 0.0;
+  });
+}
+
+StepResult HybridModel::forward(const ParamMap& p, const std::vector<std::int64_t>& tokens,
+                                const std::vector<std::int64_t>& labels) {
+  StepResult r;
+  fwd(p, tokens, labels, r);
+  return r;
+}
+
+StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>& tokens,
+                             const std::vector<std::int64_t>& labels, ParamMap& grads) {
+  StepResult r;
+  fwd(p, tokens, labels, r);
+  const DType dt = p.at("embed").dtype();
+  const std::int64_t C = c_.hidden;
+  grads = zeros_like(p);
+  Tensor dh = Tensor::zeros({tl_, C}, dt);
+  timed("bwd/head", [&] {
+    dlogits_ = Tensor::zeros(logits_.shape(), dt);
+    k::cross_entropy_bwd(dlogits_, logits_, labels_, c_.ignore_label, count_ > 0 ? 1.0 / static_cast<double>(count_) : 0.0);
+    Tensor dhn = Tensor::zeros({tl_, C}, dt);
+    k::linear_bwd(&dhn, &grads["lm_head"], nullptr, hn_, p.at("lm_head"), dlogits_);
+    k::rmsnorm_bwd(dh, grads["final_norm"], hfinal_, p.at("final_norm"), rstd_final_, dhn);
+    comm_.all_reduce(grads["lm_head"]);
+    comm_.all_reduce(grads["final_norm"]);
+  });
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    auto& b = *it;
+    timed(std::string("bwd/") + b.kind, [&] {
+      const ParamMap sp = sub(p, b.prefix);
+      ParamMap g;
+      Tensor dn = Tensor::zeros({tl_, C}, dt);
+      if (b.mamba) b.mamba->backward(dn, g, dh, sp);
+      if (b.attn) b.attn->backward(dn, g, dh, sp);
+      if (b.moe) b.moe->backward(dn, g, dh, sp);
+      if (b.mlp) b.mlp->backward(dn, g, dh, sp);
+      for (auto& [n, t] : g) grads[b.prefix + n] = t;
+      Tensor dx = Tensor::zeros({tl_, C}, dt);
+      Tensor& dnorm = grads[b.prefix + "norm"];
+      k::rmsnorm_bwd(dx, dnorm, b.x, p.at(b.prefix + "norm"), b.rstd, dn);
+      comm_.all_reduce(dnorm);
+      k::axpy(dh, 1.0, dx);  // residual
+    });
+  }
+  timed("bwd/embed", [&] {
+    k::embedding_bwd(grads["embed"], tokens_, dh);
+    comm_.all_reduce(grads["embed"]);
+  });
+  return r;
+}
+
+}  // namespace hcp::model

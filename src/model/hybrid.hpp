@@ -1,0 +1,89 @@
+// The hybrid NemotronV3 / Nemotron-H style language model under context parallelism: a block
+// stack from a pattern string ('M' Mamba2, '*' attention, 'E' MoE, '-' dense MLP), each block
+// pre-norm (RMSNorm) with a residual, then final RMSNorm, LM head and cross-entropy over the label
+// tokens with the global label count all-reduced over the CP group. Tokens stay in the
+// DualChunkSwap layout between blocks; each mixer converts inside itself. Forward and backward are
+// written out; every parameter gradient is summed over the CP group.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/layers.hpp"
+#include "model/mamba2.hpp"
+
+namespace hcp::model {
+
+struct HybridConfig {
+  std::string pattern = "M*E-";
+  std::int64_t vocab = 64, hidden = 32;
+  double eps = 1e-5;
+  Mamba2Config mamba;
+  MambaCp mamba_cp = MambaCp::HiddenParallel;
+  AttnLayerConfig attn;
+  MoeConfig moe;
+  MlpConfig mlp;
+  bool expert_parallel = true;  // MoE experts split over the CP group (else replicated)
+  std::int64_t ignore_label = -100;
+  // Sizes of the sub-configs follow `hidden`; throws on an unknown pattern character.
+  void finalize();
+};
+
+// Parameter names: embed [V,C], final_norm [C], lm_head [V,C], and per block i "L<i>.norm" [C] plus
+// the mixer's parameters as "L<i>.<name>".
+ParamMap hybrid_init(const HybridConfig& c, DType dt, std::uint64_t seed);
+// Names that are buffers, not trained (the MoE selection bias).
+bool is_buffer(const std::string& name);
+
+struct StepResult {
+  double loss = 0;                // mean over the global label tokens
+  std::int64_t label_tokens = 0;  // global
+};
+
+class HybridModel {
+ public:
+  HybridModel(Communicator& cp_comm, HybridConfig cfg, SeqLayout global);
+  // tokens/labels: this rank's local tokens (DCS order). Forward and backward; grads overwritten.
+  StepResult step(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
+                  ParamMap& grads);
+  // Forward only (the loss).
+  StepResult forward(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels);
+  // After step(): local output of every block [Tl, C], logits and their gradient [Tl, V].
+  const std::vector<Tensor>& block_outputs() const { return outs_; }
+  const Tensor& logits() const { return logits_; }
+  const Tensor& dlogits() const { return dlogits_; }
+  // Milliseconds per phase, summed since reset: fwd/<kind>, bwd/<kind> (kind: embed, M, *, E, -, head).
+  const std::map<std::string, double>& phase_ms() const { return phase_ms_; }
+  void reset_phases() { phase_ms_.clear(); }
+  const HybridConfig& config() const { return c_; }
+  // Attention layers' CP communication model (values sent per step, all attention blocks).
+  std::int64_t attention_model_bytes(DType dt) const;
+
+ private:
+  struct Block {
+    char kind;
+    std::string prefix;
+    std::unique_ptr<Mamba2Layer> mamba;
+    std::unique_ptr<AttentionLayer> attn;
+    std::unique_ptr<MoeLayer> moe;
+    std::unique_ptr<MlpLayer> mlp;
+    Tensor x, rstd;  // block input and its norm's rstd (saved)
+  };
+  void fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
+           StepResult& r);
+  template <class F> void timed(const std::string& name, F&& f);
+  Communicator& comm_;
+  std::unique_ptr<Communicator> self_;
+  HybridConfig c_;
+  SeqLayout global_;
+  std::int64_t tl_ = 0;
+  std::vector<Block> blocks_;
+  std::vector<Tensor> outs_;
+  Tensor hfinal_, rstd_final_, hn_, logits_, dlogits_;
+  std::vector<std::int64_t> tokens_, labels_;
+  std::int64_t count_ = 0;
+  std::map<std::string, double> phase_ms_;
+};
+
+}  // namespace hcp::model

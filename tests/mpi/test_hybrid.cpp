@@ -1,0 +1,164 @@
+// The hybrid model end to end under CP against cp=1 on the same padded layout: loss, logits
+// gradient (gathered) and every parameter gradient, for each attention strategy x format
+// (BSHD, THD packed) x Mamba CP strategy; the packed loss equals the sequences' losses one by one.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "comm/mpi_communicator.hpp"
+#include "cp/layout.hpp"
+#include "model/hybrid.hpp"
+#include "unit/fd.hpp"
+
+using namespace hcp;
+using namespace hcp::model;
+
+namespace {
+HybridConfig small(cp::AttnStrategy s, MambaCp m) {
+  HybridConfig c;
+  c.pattern = "M*E-ME";
+  c.vocab = 23;
+  c.hidden = 12;
+  c.mamba.heads = 4;
+  c.mamba.head_dim = 3;
+  c.mamba.groups = 2;
+  c.mamba.d_state = 4;
+  c.mamba.chunk = 5;
+  c.mamba_cp = m;
+  c.attn.heads = 4;
+  c.attn.kv_heads = 2;
+  c.attn.head_dim = 4;
+  c.attn.strategy = s;
+  c.moe.experts = 4;
+  c.moe.topk = 2;
+  c.moe.ffn = 6;
+  c.moe.shared_ffn = 5;
+  c.moe.scaling = 2.5;
+  c.mlp.ffn = 10;
+  return c;
+}
+struct Batch {
+  SeqLayout layout;
+  std::vector<std::int64_t> tokens, labels;
+};
+// BSHD: 2 rows of 8*cp_max tokens; THD: three sequences packed and padded to 2*cp.
+Batch make_batch(const std::string& f, int cp) {
+  std::vector<std::vector<std::int64_t>> seqs;
+  const std::vector<std::int64_t> lens = f == "bshd" ? std::vector<std::int64_t>{32, 32} : std::vector<std::int64_t>{13, 6, 21};
+  for (std::size_t s = 0; s < lens.size(); ++s) {
+    std::vector<std::int64_t> q;
+    for (std::int64_t t = 0; t < lens[s]; ++t) q.push_back(static_cast<std::int64_t>((s * 7 + t * t * 3 + t) % 23));
+    seqs.push_back(q);
+  }
+  cp::PackedBatch pb = cp::pack_sequences(seqs, 2 * cp, 0);
+  Batch b;
+  b.layout = f == "bshd" ? SeqLayout::bshd(2, 32) : pb.layout;
+  b.tokens = pb.tokens;
+  b.labels = pb.labels;
+  return b;
+}
+std::vector<std::int64_t> local_ids(const std::vector<std::int64_t>& v, const SeqLayout& g, int cp, int r) {
+  std::vector<std::int64_t> out;
+  for (auto i : cp::dcs_global_index(g, cp, r)) out.push_back(v[static_cast<std::size_t>(i)]);
+  return out;
+}
+struct Out {
+  StepResult r;
+  ParamMap grads;
+  Tensor dlogits;
+};
+Out run(Communicator& comm, const HybridConfig& c, const Batch& b, const ParamMap& p) {
+  const int cp = comm.size(), r = comm.rank();
+  HybridModel m(comm, c, b.layout);
+  Out o;
+  o.r = m.step(p, local_ids(b.tokens, b.layout, cp, r), local_ids(b.labels, b.layout, cp, r), o.grads);
+  o.dlogits = cp::dcs_gather(comm, m.dlogits(), b.layout);
+  return o;
+}
+}  // namespace
+
+class Hybrid : public ::testing::TestWithParam<std::tuple<std::string, cp::AttnStrategy, MambaCp>> {};
+
+TEST_P(Hybrid, MatchesCp1) {
+  auto [format, strat, mcp] = GetParam();
+  MpiCommunicator world(MPI_COMM_WORLD);
+  auto self = world.split(world.rank(), 0);
+  const int cp = world.size();
+  const HybridConfig c = small(strat, mcp);
+  const Batch b = make_batch(format, cp);
+  const ParamMap p = hybrid_init(c, DType::F64, 3);
+  Out ref = run(*self, c, b, p);
+  Out got = run(world, c, b, p);
+  EXPECT_GT(ref.r.label_tokens, 0);
+  EXPECT_EQ(got.r.label_tokens, ref.r.label_tokens);
+  EXPECT_NEAR(got.r.loss, ref.r.loss, 1e-12 * std::abs(ref.r.loss));
+  test::expect_close(got.dlogits, ref.dlogits, 1e-14, 1e-10, "dlogits");
+  ASSERT_EQ(got.grads.size(), p.size());
+  for (auto& [n, t] : ref.grads) test::expect_close(got.grads.at(n), t, 1e-13, 1e-10, "d" + n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, Hybrid,
+                         ::testing::Combine(::testing::Values("bshd", "thdpacked"),
+                                            ::testing::Values(cp::AttnStrategy::P2P, cp::AttnStrategy::AllGather,
+                                                              cp::AttnStrategy::A2A),
+                                            ::testing::Values(MambaCp::HiddenParallel, MambaCp::StatePassing)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + cp::to_string(std::get<1>(info.param)) + "_" +
+                                  to_string(std::get<2>(info.param));
+                         });
+
+TEST(HybridCp1, PackedLossIsSumOfSequences) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  auto self = world.split(world.rank(), 0);
+  const HybridConfig c = small(cp::AttnStrategy::P2P, MambaCp::StatePassing);
+  const Batch b = make_batch("thdpacked", 1);
+  const ParamMap p = hybrid_init(c, DType::F64, 4);
+  HybridModel packed(*self, c, b.layout);
+  const StepResult all = packed.forward(p, b.tokens, b.labels);
+  double sum = 0;
+  std::int64_t count = 0;
+  for (std::int64_t s = 0; s < b.layout.nseq(); ++s) {
+    const auto a = b.layout.cu_seqlens[static_cast<std::size_t>(s)], n = b.layout.len(s);
+    std::vector<std::int64_t> t(b.tokens.begin() + a, b.tokens.begin() + a + n), l(b.labels.begin() + a, b.labels.begin() + a + n);
+    HybridModel one(*self, c, SeqLayout::bshd(1, n));
+    const StepResult r = one.forward(p, t, l);
+    sum += r.loss * static_cast<double>(r.label_tokens);
+    count += r.label_tokens;
+  }
+  EXPECT_EQ(count, all.label_tokens);
+  EXPECT_NEAR(all.loss, sum / static_cast<double>(count), 1e-12);
+}
+
+TEST(HybridCp1, GradientsFiniteDifference) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  auto self = world.split(world.rank(), 0);
+  HybridConfig c = small(cp::AttnStrategy::P2P, MambaCp::StatePassing);
+  c.pattern = "M*E-";
+  const Batch b = make_batch("thdpacked", 1);
+  ParamMap p = hybrid_init(c, DType::F64, 5);
+  HybridModel m(*self, c, b.layout);
+  ParamMap g;
+  m.step(p, b.tokens, b.labels, g);
+  auto loss = [&] { return HybridModel(*self, c, b.layout).forward(p, b.tokens, b.labels).loss; };
+  // A few elements of every parameter (all elements would take long): first, middle and last.
+  for (auto& [n, t] : p) {
+    if (is_buffer(n)) continue;
+    for (std::int64_t i : {std::int64_t{0}, t.numel() / 2, t.numel() - 1}) {
+      const double x0 = t.get(i), h = 1e-6;
+      t.set(i, x0 + h);
+      const double lp = loss();
+      t.set(i, x0 - h);
+      const double lm = loss();
+      t.set(i, x0);
+      const double fd = (lp - lm) / (2 * h);
+      EXPECT_NEAR(g.at(n).get(i), fd, 1e-7 + 1e-5 * std::abs(fd)) << n << "[" << i << "]";
+    }
+  }
+}
+
+TEST(HybridErrors, BadPattern) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  HybridConfig c = small(cp::AttnStrategy::P2P, MambaCp::StatePassing);
+  c.pattern = "M*X";
+  EXPECT_NE(test::error_of([&] { HybridModel m(world, c, SeqLayout::bshd(1, 8 * world.size())); }).find("'X' is not a block"),
+            std::string::npos);
+}
