@@ -8,7 +8,8 @@ pkgs=(build-essential cmake pkg-config
       libtrilinos-kokkos-dev
       libgtest-dev libbenchmark-dev
       libcli11-dev libtomlplusplus-dev
-      python3-h5py python3-numpy python3-matplotlib)
+      python3-h5py python3-numpy python3-matplotlib
+      slurm-wlm munge)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

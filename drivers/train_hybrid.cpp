@@ -1,0 +1,302 @@
+// train_hybrid: trains the hybrid model under CP on a deterministic synthetic corpus (packed THD
+// sequences of varying length, or BSHD rows) with AdamW, warm-up + cosine schedule and gradient
+// clipping. Optionally trains a cp=1 replica on rank 0 in lock step and checks that the two loss
+// curves agree step by step. Checkpoints (HDF5: parameters, Adam moments, step) and resume
+// reproduce the uninterrupted run bit for bit. One progress line per step.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "common.hpp"
+#include "comm/process_grid.hpp"
+#include "harness.hpp"
+#include "hybrid_common.hpp"
+#include "io/results.hpp"
+#include "model/optim.hpp"
+
+using namespace hcp;
+
+namespace {
+const char* kDeck = R"(# Built-in deck of train_hybrid: a small hybrid stack on packed synthetic sequences.
+[model]
+pattern = "M*EM-E"
+vocab = 32
+hidden = 32
+
+[mamba]
+heads = 4
+head_dim = 8
+n_groups = 2
+d_state = 8
+chunk = 16
+
+[attention]
+heads = 4
+kv_heads = 2
+head_dim = 8
+
+[moe]
+experts = 8
+topk = 2
+ffn = 16
+shared_ffn = 16
+
+[data]
+format = "thd"
+seqs_per_step = 4
+min_len = 24
+max_len = 72
+dtype = "fp64"
+seed = 1
+
+[train]
+steps = 30
+lr = 1e-2
+min_lr = 1e-3
+warmup = 5
+reference = true     # cp=1 replica on rank 0, loss curves compared step by step
+loss_rtol = 0.0      # 0: 1e-9 in fp64, 1e-5 in fp32
+)";
+
+DeckSchema schema() {
+  DeckSchema s;
+  drivers::add_hybrid_model_keys(s, {"p2p", "allgather", "a2a"}, "p2p");
+  s.add_string("data.format", "thd", "token layout", {"bshd", "thd"})
+      .add_int("data.seqs_per_step", 4, "sequences per step (THD packed) or batch rows (BSHD)", 1)
+      .add_int("data.min_len", 24, "shortest sequence (THD)", 2)
+      .add_int("data.max_len", 72, "longest sequence (THD; BSHD row length, a multiple of 2*cp)", 2)
+      .add_string("data.dtype", "fp64", "precision of parameters and compute", {"fp32", "fp64"})
+      .add_int("data.seed", 1, "seed of the corpus and the initial parameters", 0)
+      .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
+      .add_int("train.steps", 30, "optimizer steps in total", 1)
+      .add_float("train.lr", 1e-2, "peak learning rate", 0.0)
+      .add_float("train.min_lr", 1e-3, "final learning rate of the cosine", 0.0)
+      .add_int("train.warmup", 5, "linear warm-up steps", 0)
+      .add_float("train.beta1", 0.9, "Adam beta1", 0.0, 1.0)
+      .add_float("train.beta2", 0.95, "Adam beta2", 0.0, 1.0)
+      .add_float("train.weight_decay", 0.01, "decoupled weight decay (matrices only)", 0.0)
+      .add_float("train.clip", 1.0, "global gradient-norm clip (0: off)", 0.0)
+      .add_bool("train.reference", true, "train a cp=1 replica on rank 0 and compare the loss curves")
+      .add_float("train.loss_rtol", 0.0, "largest allowed |loss_cp - loss_cp1| / loss_cp1 per step (0: 1e-9 fp64, 1e-5 fp32)", 0.0)
+      .add_int("train.checkpoint_every", 0, "write a checkpoint every N steps (0: never)", 0)
+      .add_string("train.checkpoint", "checkpoint.h5", "checkpoint file")
+      .add_string("train.resume", "", "checkpoint to resume from (\"\": start fresh)")
+      .add_int("train.stop_after", 0, "stop (with a checkpoint) after this many steps of this run (0: run to the end)", 0);
+  return s;
+}
+
+struct Setup {
+  int cp = 1;
+  DType dt = DType::F64;
+  model::HybridConfig cfg;
+  model::AdamWConfig opt;
+};
+
+Setup make_setup(const DriverContext& ctx) {
+  const Deck& d = ctx.deck;
+  Setup s;
+  s.cp = drivers::cp_size_of(d, ctx.world->size());
+  s.dt = dtype_from_string(d.get_string("data.dtype"));
+  s.cfg = drivers::hybrid_config(d, cp::attn_strategy_from_string(d.get_string("parallel.attention")));
+  s.opt.lr = d.get_float("train.lr");
+  s.opt.min_lr = d.get_float("train.min_lr");
+  s.opt.beta1 = d.get_float("train.beta1");
+  s.opt.beta2 = d.get_float("train.beta2");
+  s.opt.weight_decay = d.get_float("train.weight_decay");
+  s.opt.clip = d.get_float("train.clip");
+  s.opt.warmup = d.get_int("train.warmup");
+  s.opt.total = d.get_int("train.steps");
+  HCP_CHECK(d.get_int("data.min_len") <= d.get_int("data.max_len"), "data.min_len (", d.get_int("data.min_len"),
+            ") must be <= data.max_len (", d.get_int("data.max_len"), ")");
+  if (d.get_string("data.format") == "bshd")
+    HCP_CHECK(d.get_int("data.max_len") % (2 * s.cp) == 0, "data.max_len = ", d.get_int("data.max_len"),
+              " (the BSHD row length) must be a multiple of 2*cp = ", 2 * s.cp);
+  return s;
+}
+
+// The batch of step t: a pure function of (seed, t), so a resumed run sees the same data.
+drivers::TokenBatch step_batch(const Deck& d, int cp, std::int64_t vocab, std::int64_t t) {
+  const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
+  const std::int64_t n = d.get_int("data.seqs_per_step"), lo = d.get_int("data.min_len"), hi = d.get_int("data.max_len");
+  const bool bshd = d.get_string("data.format") == "bshd";
+  std::vector<std::int64_t> lens;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint64_t h = drivers::mix64(seed * 7919 + static_cast<std::uint64_t>(t) * 104729 + static_cast<std::uint64_t>(i));
+    lens.push_back(bshd ? hi : lo + static_cast<std::int64_t>(h % static_cast<std::uint64_t>(hi - lo + 1)));
+  }
+  cp::PackedBatch pb = cp::pack_sequences(drivers::synthetic_sequences(vocab, lens, seed * 1000003 + static_cast<std::uint64_t>(t)),
+                                          2 * cp, 0);
+  drivers::TokenBatch b;
+  b.layout = bshd ? SeqLayout::bshd(n, hi) : pb.layout;
+  b.tokens = std::move(pb.tokens);
+  b.labels = std::move(pb.labels);
+  b.label_tokens = pb.label_tokens;
+  return b;
+}
+
+void validate(DriverContext& ctx) {
+  Setup s = make_setup(ctx);
+  ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
+  model::HybridModel m(*g.cp, s.cfg, step_batch(ctx.deck, s.cp, s.cfg.vocab, 1).layout);
+  const std::string resume = ctx.deck.get_string("train.resume");
+  if (!resume.empty()) {
+    HCP_CHECK(std::ifstream(resume).good(), "train.resume: cannot read checkpoint file '", resume, "'");
+    ResultsReader r(resume);  // unreadable file: one clear error, before any work
+    HCP_CHECK(r.exists("/checkpoint/step"), "train.resume: '", resume, "' is not a train_hybrid checkpoint (no /checkpoint/step)");
+  }
+}
+
+void write_checkpoint(Communicator& world, const std::string& path, model::ParamMap& p, model::AdamW& opt,
+                      const std::vector<double>& loss, const std::vector<double>& ref_loss) {
+  ResultsWriter w(path, world);
+  w.tensor("/checkpoint/step", Tensor::from({static_cast<double>(opt.steps_done())}, {1}, DType::F64), "scalar", "steps");
+  for (auto& [n, t] : p) w.tensor("/checkpoint/params/" + n, t, "parameter shape", "1");
+  for (auto& [n, t] : opt.m()) w.tensor("/checkpoint/adam_m/" + n, t, "parameter shape", "1");
+  for (auto& [n, t] : opt.v()) w.tensor("/checkpoint/adam_v/" + n, t, "parameter shape", "1");
+  w.tensor("/checkpoint/loss", Tensor::from(loss, {static_cast<std::int64_t>(loss.size())}, DType::F64), "[step]", "nats");
+  if (!ref_loss.empty())
+    w.tensor("/checkpoint/loss_reference", Tensor::from(ref_loss, {static_cast<std::int64_t>(ref_loss.size())}, DType::F64),
+             "[step]", "nats");
+  w.finish();
+}
+
+void read_checkpoint(const std::string& path, model::ParamMap& p, model::AdamW& opt, std::vector<double>& loss,
+                     std::vector<double>* ref_loss) {
+  ResultsReader r(path);
+  const auto step = static_cast<std::int64_t>(r.read("/checkpoint/step").get(0));
+  for (auto& [n, t] : p) {
+    t.copy_from(r.read("/checkpoint/params/" + n, t.dtype()).view(t.shape()));
+    opt.m().at(n).copy_from(r.read("/checkpoint/adam_m/" + n, t.dtype()).view(t.shape()));
+    opt.v().at(n).copy_from(r.read("/checkpoint/adam_v/" + n, t.dtype()).view(t.shape()));
+  }
+  opt.set_steps_done(step);
+  loss = r.read("/checkpoint/loss").to_vector();
+  if (ref_loss && r.exists("/checkpoint/loss_reference")) *ref_loss = r.read("/checkpoint/loss_reference").to_vector();
+}
+
+void run(DriverContext& ctx) {
+  const Deck& d = ctx.deck;
+  Setup s = make_setup(ctx);
+  ProcessGrid grid = ProcessGrid::make(*ctx.world, s.cp);
+  Communicator& cpc = *grid.cp;
+  auto self = ctx.world->split(ctx.world->rank(), 0);
+  const int r = grid.cp_rank;
+  const bool with_ref = d.get_bool("train.reference");
+  const double rtol = d.get_float("train.loss_rtol") > 0 ? d.get_float("train.loss_rtol") : (s.dt == DType::F64 ? 1e-9 : 1e-5);
+  const std::int64_t steps = d.get_int("train.steps"), every = d.get_int("train.checkpoint_every"),
+                     stop_after = d.get_int("train.stop_after");
+  const std::string ck = d.get_string("train.checkpoint"), resume = d.get_string("train.resume");
+  model::ParamMap p = model::hybrid_init(s.cfg, s.dt, static_cast<std::uint64_t>(d.get_int("data.seed")));
+  model::AdamW opt(s.opt, p);
+  model::ParamMap rp;  // the cp=1 replica (rank 0)
+  std::unique_ptr<model::AdamW> ropt;
+  std::vector<double> loss, ref_loss, lrs, gnorms, label_tokens, step_ms;
+  if (!resume.empty()) read_checkpoint(resume, p, opt, loss, with_ref ? &ref_loss : nullptr);
+  if (with_ref && ctx.root()) {
+    for (auto& [n, t] : p) rp[n] = t.clone();
+    ropt = std::make_unique<model::AdamW>(s.opt, rp);
+    if (!resume.empty()) {
+      std::vector<double> dummy;
+      read_checkpoint(resume, rp, *ropt, dummy, nullptr);
+      // The checkpoint holds the CP run's state; the replica resumes from it too.
+    }
+  }
+  const std::int64_t start = opt.steps_done();
+  HCP_CHECK(start < steps, "train.resume: the checkpoint is at step ", start, ", not before train.steps = ", steps);
+  if (ctx.root())
+    std::printf("# train_hybrid: ranks=%d cp=%d pattern=%s hidden=%lld vocab=%lld attention=%s mamba_cp=%s dtype=%s "
+                "steps %lld..%lld%s\n",
+                ctx.world->size(), s.cp, s.cfg.pattern.c_str(), static_cast<long long>(s.cfg.hidden),
+                static_cast<long long>(s.cfg.vocab), d.get_string("parallel.attention").c_str(),
+                d.get_string("parallel.mamba_cp").c_str(), to_string(s.dt).c_str(), static_cast<long long>(start + 1),
+                static_cast<long long>(steps), resume.empty() ? "" : (" (resumed from " + resume + ")").c_str());
+  double worst = 0;
+  std::int64_t done_here = 0;
+  for (std::int64_t t = start + 1; t <= steps; ++t) {
+    const drivers::TokenBatch b = step_batch(d, s.cp, s.cfg.vocab, t);
+    model::HybridModel m(cpc, s.cfg, b.layout);
+    model::ParamMap g;
+    cpc.barrier();
+    const double t0 = MPI_Wtime();
+    const model::StepResult res = m.step(p, drivers::local_ids(b.tokens, b.layout, s.cp, r),
+                                         drivers::local_ids(b.labels, b.layout, s.cp, r), g);
+    const double gn = opt.step(p, g, model::is_buffer);
+    const double ms = cpc.all_reduce_scalar((MPI_Wtime() - t0) * 1e3, ReduceOp::Max);
+    loss.push_back(res.loss);
+    lrs.push_back(opt.last_lr());
+    gnorms.push_back(gn);
+    label_tokens.push_back(static_cast<double>(res.label_tokens));
+    step_ms.push_back(ms);
+    double rl = 0;
+    if (ropt) {
+      model::HybridModel mr(*self, s.cfg, b.layout);
+      model::ParamMap rg;
+      rl = mr.step(rp, b.tokens, b.labels, rg).loss;
+      ropt->step(rp, rg, model::is_buffer);
+      ref_loss.push_back(rl);
+      worst = std::max(worst, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300));
+    }
+    if (ctx.root()) {
+      std::printf("step %4lld/%lld  loss %.6f", static_cast<long long>(t), static_cast<long long>(steps), res.loss);
+      if (ropt) std::printf("  cp1 %.6f (rel %.1e)", rl, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300));
+      std::printf("  lr %.2e  gnorm %.3f  tokens/s %.0f  step %.1f ms\n", opt.last_lr(), gn,
+                  static_cast<double>(b.layout.total()) / (ms * 1e-3), ms);
+      std::fflush(stdout);
+    }
+    ++done_here;
+    const bool stop = stop_after > 0 && done_here >= stop_after && t < steps;
+    if ((every > 0 && t % every == 0) || stop) write_checkpoint(*ctx.world, ck, p, opt, loss, ref_loss);
+    if (stop) {
+      if (ctx.root()) std::printf("# stopped after %lld steps; checkpoint %s at step %lld\n", static_cast<long long>(done_here), ck.c_str(), static_cast<long long>(t));
+      break;
+    }
+  }
+  double pass = !with_ref || worst <= rtol ? 1 : 0;
+  ctx.world->broadcast(&pass, 1, DType::F64, 0);
+  if (!ctx.out.empty()) {
+    ResultsWriter w(ctx.out, *ctx.world);
+    w.config({{"driver", "train_hybrid"}, {"deck", d.text()}, {"deck_resolved", d.resolved()}, {"command_line", ctx.cmdline},
+              {"git_revision", ctx.git_rev}, {"format", d.get_string("data.format")},
+              {"strategy", d.get_string("parallel.attention")}, {"mamba_cp", d.get_string("parallel.mamba_cp")},
+              {"pattern", s.cfg.pattern}, {"backend", "host/" + cpc.backend()}, {"dtype", to_string(s.dt)},
+              {"resumed_from", resume}});
+    w.config_int("cp_size", s.cp);
+    w.config_int("world_size", ctx.world->size());
+    auto vec = [](const std::vector<double>& v) { return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64); };
+    w.tensor("/train/loss", vec(loss), "[step] (all steps since step 1)", "nats");
+    if (with_ref) {
+      w.tensor("/train/loss_reference", vec(ref_loss), "[step] cp=1 replica", "nats");
+      w.summary("train/loss", worst, worst, rtol, pass == 1);
+    }
+    w.tensor("/train/lr", vec(lrs), "[step] (this run)", "1");
+    w.tensor("/train/grad_norm", vec(gnorms), "[step] (this run), before clipping", "1");
+    w.tensor("/train/label_tokens", vec(label_tokens), "[step] (this run)", "tokens");
+    w.timings("train/step", step_ms);
+    for (auto& [n, t] : p) w.tensor("/params/" + n, t, "parameter shape (final)", "1");
+    w.finish();
+  }
+  if (ctx.root()) {
+    const std::size_t n = loss.size();
+    std::printf("# loss %.4f -> %.4f over %zu steps", loss.front(), loss.back(), n);
+    if (with_ref) std::printf("; max |loss - cp1| / cp1 = %.1e (tolerance %.1e)", worst, rtol);
+    std::printf("\nRESULT train_hybrid %s%s%s\n", pass == 1 ? "PASS" : "FAIL", ctx.out.empty() ? "" : " file=", ctx.out.c_str());
+  }
+  if (pass != 1) throw Error("the CP loss curve departs from the cp=1 replica beyond train.loss_rtol");
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  DriverSpec spec;
+  spec.name = "train_hybrid";
+  spec.description = "train the hybrid model under CP (AdamW, schedule, clipping, checkpoints) against a cp=1 replica";
+  spec.schema = schema();
+  spec.builtin_deck = kDeck;
+  spec.default_out = "train_hybrid.h5";
+  spec.validate = validate;
+  spec.run = run;
+  return run_driver(argc, argv, spec);
+}
