@@ -1,0 +1,274 @@
+#!/usr/bin/python3
+"""Post-processing of hybridcp HDF5 result files (h5py, numpy, matplotlib).
+
+  hcp_post.py compare A.h5 B.h5 [--rtol R] [--atol A] [--prefix /gradients ...] [--pair PA PB]
+      tensor-by-tensor comparison of the datasets both files hold (max abs / max rel error,
+      pass/fail against atol + rtol * max|B|); exit 1 if any fails or nothing is comparable.
+      --pair compares A's datasets under PA with B's under PB instead (e.g. two strategies of
+      one file: compare F.h5 F.h5 --pair /gradients/p2p /gradients/a2a).
+  hcp_post.py summary [--brief] F.h5 ...  the /summary entries (errors against cp=1) with pass/fail; exit 1 on a fail
+  hcp_post.py table F.h5 ...        timings: per file, strategy and phase, median over repeats of the slowest rank
+  hcp_post.py plot-scaling --out S.png F.h5 ...   time per step against cp size, one line per strategy
+  hcp_post.py plot-breakdown --out B.png F.h5     stacked per-phase time per strategy
+  hcp_post.py loss --out L.png F.h5 [--min-drop X] training loss curve(s); exit 1 unless the loss fell by X
+"""
+import argparse
+import sys
+
+import h5py
+import numpy as np
+
+
+def _datasets(f, prefixes):
+    out = {}
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset) and any(("/" + name).startswith(p) for p in prefixes):
+            out["/" + name] = obj
+
+    f.visititems(visit)
+    return out
+
+
+def cmd_compare(a):
+    fa, fb = h5py.File(a.a, "r"), h5py.File(a.b, "r")
+    if a.pair:
+        pa, pb = (p.rstrip("/") + "/" for p in a.pair)
+        da = {n[len(pa):]: d for n, d in _datasets(fa, [pa]).items()}
+        db = {n[len(pb):]: d for n, d in _datasets(fb, [pb]).items()}
+    else:
+        da, db = _datasets(fa, a.prefix), _datasets(fb, a.prefix)
+    common = sorted(set(da) & set(db))
+    if not common:
+        where = " vs ".join(a.pair) if a.pair else ", ".join(a.prefix)
+        print(f"error: {a.a} and {a.b} have no dataset in common under {where}", file=sys.stderr)
+        return 1
+    bad = 0
+    print(f"# {'dataset':<48} {'max_abs':>10} {'max_rel':>10} {'result':>6}")
+    for n in common:
+        x, y = np.asarray(da[n][()], dtype=np.float64), np.asarray(db[n][()], dtype=np.float64)
+        if x.shape != y.shape:
+            print(f"  {n:<48} {'shape':>10} {str(x.shape) + ' vs ' + str(y.shape):>17} FAIL")
+            bad += 1
+            continue
+        d = np.abs(x - y)
+        mabs = float(d.max()) if d.size else 0.0
+        ref = float(np.abs(y).max()) if y.size else 0.0
+        mrel = mabs / ref if ref > 0 else mabs
+        ok = mabs <= a.atol + a.rtol * ref
+        bad += 0 if ok else 1
+        print(f"  {n:<48} {mabs:10.3e} {mrel:10.3e} {'pass' if ok else 'FAIL':>6}")
+    only = sorted(set(da) ^ set(db))
+    if only:
+        print(f"# {len(only)} datasets in one file only (not compared), e.g. {only[0]}")
+    print(f"RESULT compare {'PASS' if bad == 0 else 'FAIL'} {len(common) - bad}/{len(common)}")
+    return 0 if bad == 0 else 1
+
+
+def _config(f):
+    c = f["config"].attrs if "config" in f else {}
+    return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in c.items()}
+
+
+def cmd_summary(a):
+    bad = 0
+    for path in a.files:
+        with h5py.File(path, "r") as f:
+            cfg = _config(f)
+            print(f"# {path}: driver={cfg.get('driver')} cp={int(cfg.get('cp_size', 0))} strategy={cfg.get('strategy')}")
+            if "summary" not in f:
+                print("  (no /summary: not checked against cp=1)")
+                continue
+            rows = []
+            f["summary"].visititems(lambda n, o: rows.append((n, o)) if "pass" in o.attrs else None)
+            worst = {}
+            for n, o in rows:
+                ok = bool(o.attrs["pass"])
+                bad += 0 if ok else 1
+                group = n.split("/")[0] if "/" in n else "-"
+                w = worst.setdefault(group, [0.0, 0, 0, 0.0])
+                w[0] = max(w[0], float(o.attrs["max_rel"]))
+                w[1] += 1
+                w[2] += 0 if ok else 1
+                w[3] = float(o.attrs["tolerance"])
+                if not a.brief:
+                    print(f"  {n:<40} max_rel {float(o.attrs['max_rel']):10.3e}  tol {float(o.attrs['tolerance']):8.1e}"
+                          f"  {'pass' if ok else 'FAIL'}")
+            if a.brief:
+                for g, (mx, n, nb, tol) in sorted(worst.items()):
+                    print(f"  {g:<16} {n:4d} tensors  worst max_rel {mx:9.2e}  tol {tol:8.1e}  {'pass' if nb == 0 else 'FAIL'}")
+    print(f"RESULT summary {'PASS' if bad == 0 else 'FAIL'}")
+    return 0 if bad == 0 else 1
+
+
+def _timings(f):
+    """{strategy: {phase: median over repeats of the slowest rank (ms)}} from /timings."""
+    out = {}
+    if "timings" not in f:
+        return out
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            v = np.asarray(obj[()], dtype=np.float64)
+            v = v.max(axis=0) if v.ndim == 2 else v  # [rank, repeat] -> slowest rank per repeat
+            parts = name.split("/")
+            strat, phase = (parts[0], "/".join(parts[1:])) if len(parts) > 1 else ("-", parts[0])
+            out.setdefault(strat, {})[phase] = float(np.median(v)) if v.size else 0.0
+
+    f["timings"].visititems(visit)
+    return out
+
+
+def _step_ms(phases):
+    for key in ("step", "train/step"):
+        if key in phases:
+            return phases[key]
+    if "forward" in phases and "backward" in phases:
+        return phases["forward"] + phases["backward"]
+    return sum(v for k, v in phases.items() if "/" not in k)
+
+
+def cmd_table(a):
+    print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'step_ms':>10}  phases (ms)")
+    for path in a.files:
+        with h5py.File(path, "r") as f:
+            cfg = _config(f)
+            for strat, ph in sorted(_timings(f).items()):
+                detail = " ".join(f"{k}={v:.2f}" for k, v in sorted(ph.items()) if k not in ("step", "forward", "backward"))
+                print(f"  {path.split('/')[-1]:<40} {int(cfg.get('cp_size', 0)):>3} {strat:<16} {_step_ms(ph):10.2f}  {detail}")
+    return 0
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def cmd_plot_scaling(a):
+    series = {}
+    for path in a.files:
+        with h5py.File(path, "r") as f:
+            cp = int(_config(f).get("cp_size", 1))
+            for strat, ph in _timings(f).items():
+                series.setdefault(strat, []).append((cp, _step_ms(ph)))
+    if not series:
+        print("error: no /timings in the given files", file=sys.stderr)
+        return 1
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for strat, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=strat)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("CP size")
+    ax.set_ylabel("time per step (ms, slowest rank, median)")
+    ax.set_title(a.title)
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=120)
+    print(f"wrote {a.out} ({sum(len(v) for v in series.values())} points, {len(series)} strategies)")
+    return 0
+
+
+def cmd_plot_breakdown(a):
+    with h5py.File(a.file, "r") as f:
+        t = _timings(f)
+    t = {s: {k: v for k, v in ph.items() if "/" in k and k != "train/step"} for s, ph in t.items()}
+    t = {s: ph for s, ph in t.items() if ph}
+    if not t:
+        print(f"error: {a.file} has no per-phase timings", file=sys.stderr)
+        return 1
+    plt = _plt()
+    phases = sorted({k for ph in t.values() for k in ph})
+    strats = sorted(t)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = np.zeros(len(strats))
+    for k in phases:
+        vals = np.array([t[s].get(k, 0.0) for s in strats])
+        ax.bar(strats, vals, bottom=bottom, label=k)
+        bottom += vals
+    ax.set_ylabel("ms (median, slowest rank)")
+    ax.set_title(a.title or a.file.split("/")[-1])
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=120)
+    print(f"wrote {a.out} ({len(strats)} strategies, {len(phases)} phases)")
+    return 0
+
+
+def cmd_loss(a):
+    with h5py.File(a.file, "r") as f:
+        if "train/loss" not in f:
+            print(f"error: {a.file} has no /train/loss (not a train_hybrid file)", file=sys.stderr)
+            return 1
+        loss = np.asarray(f["train/loss"][()])
+        ref = np.asarray(f["train/loss_reference"][()]) if "train/loss_reference" in f else None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    steps = np.arange(1, len(loss) + 1)
+    ax.plot(steps, loss, label="CP run")
+    if ref is not None and len(ref):
+        ax.plot(steps[-len(ref):], ref, "--", label="cp=1 replica")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats / label token)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=120)
+    k = max(1, len(loss) // 5)
+    first, last = float(np.mean(loss[:k])), float(np.mean(loss[-k:]))
+    print(f"loss {first:.4f} (first {k} steps) -> {last:.4f} (last {k}); wrote {a.out}")
+    if a.min_drop > 0 and first - last < a.min_drop:
+        print(f"RESULT loss FAIL: fell by {first - last:.4f} < {a.min_drop}")
+        return 1
+    print("RESULT loss PASS")
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--rtol", type=float, default=1e-10)
+    c.add_argument("--atol", type=float, default=0.0)
+    c.add_argument("--prefix", nargs="+", default=["/activations", "/gradients", "/params", "/train/loss"])
+    c.add_argument("--pair", nargs=2, metavar=("PA", "PB"))
+    c.set_defaults(fn=cmd_compare)
+    s = sub.add_parser("summary")
+    s.add_argument("--brief", action="store_true", help="one line per strategy: the worst error")
+    s.add_argument("files", nargs="+")
+    s.set_defaults(fn=cmd_summary)
+    t = sub.add_parser("table")
+    t.add_argument("files", nargs="+")
+    t.set_defaults(fn=cmd_table)
+    ps = sub.add_parser("plot-scaling")
+    ps.add_argument("--out", required=True)
+    ps.add_argument("--title", default="CP scaling")
+    ps.add_argument("files", nargs="+")
+    ps.set_defaults(fn=cmd_plot_scaling)
+    pb = sub.add_parser("plot-breakdown")
+    pb.add_argument("--out", required=True)
+    pb.add_argument("--title", default="")
+    pb.add_argument("file")
+    pb.set_defaults(fn=cmd_plot_breakdown)
+    pl = sub.add_parser("loss")
+    pl.add_argument("--out", required=True)
+    pl.add_argument("--min-drop", type=float, default=0.0)
+    pl.add_argument("file")
+    pl.set_defaults(fn=cmd_loss)
+    a = p.parse_args(argv)
+    for path in [getattr(a, k) for k in ("a", "b", "file") if hasattr(a, k)] + list(getattr(a, "files", [])):
+        try:
+            h5py.File(path, "r").close()
+        except OSError as e:
+            print(f"error: cannot read HDF5 file '{path}': {e}", file=sys.stderr)
+            return 2
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Submits small strong- and weak-scaling studies to a real (local, single-node) Slurm with
+# `sbatch --wait` and checks the HDF5 files, the table, the summary and the plot they produced.
+# Starts the daemons when none answers. Usage: slurm_study.sh <repo> <build dir>
+set -euo pipefail
+root="$1"; build="$2"
+if [ "$(id -u)" -ne 0 ] && ! sinfo -h >/dev/null 2>&1; then echo "SKIP: no Slurm and not root"; exit 77; fi
+"$root/jobs/slurm/start_local_slurm.sh" >/dev/null
+out="$build/slurm_study"
+rm -rf "$out"; mkdir -p "$out"
+export HCP_ROOT="$root" HCP_BUILD_DIR="$build" HCP_SRUN_ARGS="--overcommit"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+run_study() {  # name, then variables
+  local name="$1"; shift
+  env "$@" HCP_OUTDIR="$out/$name" sbatch --wait -n 4 -O -t 10 --export=ALL --output="$out/$name.out" \
+    "$root/jobs/slurm/cp_scaling.sbatch" >/dev/null || { cat "$out/$name.out"; echo "FAIL: job $name"; exit 1; }
+  grep -q "RESULT cp_scaling DONE" "$out/$name.out" || { cat "$out/$name.out"; echo "FAIL: job $name"; exit 1; }
+}
+run_study strong HCP_DRIVER=cp_hybrid HCP_MODE=strong HCP_CP_SIZES="1 2 4" HCP_TOKENS=64 HCP_STRATEGIES="p2p a2a" \
+  HCP_EXTRA="--set run.repeats=1 --set run.warmup=0"
+run_study weak HCP_DRIVER=cp_mamba HCP_MODE=weak HCP_CP_SIZES="1 2 4" HCP_TOKENS=32 \
+  HCP_EXTRA="--set run.repeats=1 --set run.warmup=0"
+n_strong=$(ls "$out"/strong/*.h5 | wc -l); n_weak=$(ls "$out"/weak/*.h5 | wc -l)
+[ "$n_strong" -eq 6 ] && [ "$n_weak" -eq 6 ] || { echo "FAIL: expected 6 + 6 files, got $n_strong + $n_weak"; exit 1; }
+for f in "$out"/strong/*.h5 "$out"/weak/*.h5; do h5dump -a /config/driver "$f" >/dev/null || { echo "FAIL: unreadable $f"; exit 1; }; done
+[ -s "$out/strong/scaling_cp_hybrid_strong.png" ] && [ -s "$out/weak/scaling_cp_mamba_weak.png" ] || { echo "FAIL: no plot"; exit 1; }
+grep -q "RESULT summary PASS" "$out/strong/summary.txt" && grep -q "RESULT summary PASS" "$out/weak/summary.txt" \
+  || { echo "FAIL: summary"; exit 1; }
+# Weak scaling: the cp=4 run had 4x the tokens of cp=1 (a BSHD row of 128).
+/usr/bin/python3 - "$out/weak/cp_mamba_weak_cp4_state_passing.h5" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], "r")
+assert f["activations/state_passing/out"].shape[0] == 128, f["activations/state_passing/out"].shape
+PY
+echo "RESULT slurm_study PASS ($n_strong + $n_weak files)"
