@@ -16,10 +16,15 @@ run_study() {  # name, then variables
     "$root/jobs/slurm/cp_scaling.sbatch" >/dev/null || { cat "$out/$name.out"; echo "FAIL: job $name"; exit 1; }
   grep -q "RESULT cp_scaling DONE" "$out/$name.out" || { cat "$out/$name.out"; echo "FAIL: job $name"; exit 1; }
 }
+# Both jobs at once (sbatch --wait polls with a growing interval; two in sequence would wait twice).
 run_study strong HCP_DRIVER=cp_hybrid HCP_MODE=strong HCP_CP_SIZES="1 2 4" HCP_TOKENS=64 HCP_STRATEGIES="p2p a2a" \
-  HCP_EXTRA="--set run.repeats=1 --set run.warmup=0"
+  HCP_EXTRA="--set run.repeats=1 --set run.warmup=0" &
+p1=$!
 run_study weak HCP_DRIVER=cp_mamba HCP_MODE=weak HCP_CP_SIZES="1 2 4" HCP_TOKENS=32 \
-  HCP_EXTRA="--set run.repeats=1 --set run.warmup=0"
+  HCP_EXTRA="--set run.repeats=1 --set run.warmup=0" &
+p2=$!
+wait $p1 || exit 1
+wait $p2 || exit 1
 n_strong=$(ls "$out"/strong/*.h5 | wc -l); n_weak=$(ls "$out"/weak/*.h5 | wc -l)
 [ "$n_strong" -eq 6 ] && [ "$n_weak" -eq 6 ] || { echo "FAIL: expected 6 + 6 files, got $n_strong + $n_weak"; exit 1; }
 for f in "$out"/strong/*.h5 "$out"/weak/*.h5; do h5dump -a /config/driver "$f" >/dev/null || { echo "FAIL: unreadable $f"; exit 1; }; done
