@@ -1,6 +1,6 @@
 // The hybrid model end to end under CP against cp=1 on the same padded layout: loss, logits
 // gradient (gathered) and every parameter gradient, for each attention strategy x format
-// (BSHD, THD packed) x Mamba CP strategy; the packed loss equals the sequences' losses one by one.
+// (BSHD, THD single sequence, THD packed) x Mamba CP strategy; the packed loss equals the sequences' losses one by one.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -43,7 +43,9 @@ struct Batch {
 // BSHD: 2 rows of 8*cp_max tokens; THD: three sequences packed and padded to 2*cp.
 Batch make_batch(const std::string& f, int cp) {
   std::vector<std::vector<std::int64_t>> seqs;
-  const std::vector<std::int64_t> lens = f == "bshd" ? std::vector<std::int64_t>{32, 32} : std::vector<std::int64_t>{13, 6, 21};
+  const std::vector<std::int64_t> lens = f == "bshd"   ? std::vector<std::int64_t>{32, 32}
+                                         : f == "thd1" ? std::vector<std::int64_t>{37}
+                                                       : std::vector<std::int64_t>{13, 6, 21};
   for (std::size_t s = 0; s < lens.size(); ++s) {
     std::vector<std::int64_t> q;
     for (std::int64_t t = 0; t < lens[s]; ++t) q.push_back(static_cast<std::int64_t>((s * 7 + t * t * 3 + t) % 23));
@@ -97,7 +99,7 @@ TEST_P(Hybrid, MatchesCp1) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, Hybrid,
-                         ::testing::Combine(::testing::Values("bshd", "thdpacked"),
+                         ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked"),
                                             ::testing::Values(cp::AttnStrategy::P2P, cp::AttnStrategy::AllGather,
                                                               cp::AttnStrategy::A2A),
                                             ::testing::Values(MambaCp::HiddenParallel, MambaCp::StatePassing)),
