@@ -1,5 +1,6 @@
 // One GoogleTest main for every test binary: MPI -> Kokkos -> gtest. Non-root ranks print only
-// failures (prefixed with their rank); the exit status is the maximum over ranks.
+// failures (prefixed with their rank); the exit status is the maximum over ranks, or 77 (CTest's
+// "skipped", SKIP_RETURN_CODE) when every test that ran was skipped, e.g. GPU tests without a GPU.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -37,6 +38,8 @@ int main(int argc, char** argv) {
     }
     int local = RUN_ALL_TESTS();
     MPI_Allreduce(&local, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    const auto* ut = testing::UnitTest::GetInstance();
+    if (rc == 0 && ut->test_to_run_count() > 0 && ut->skipped_test_count() == ut->test_to_run_count()) rc = 77;
     Kokkos::finalize();
   }
   MPI_Finalize();

@@ -80,6 +80,22 @@ template <class T> inline T dsilu(T x) {
 
 }  // namespace hcp::kernels::host
 
+// Tensors on Space::Cuda go to the CUDA implementation (kernels/cuda) after the shape checks.
+#ifdef HCP_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.hpp"
+#define HCP_ROUTE_CUDA(t, ...)                       \
+  do {                                               \
+    if ((t).space() == ::hcp::Space::Cuda) {         \
+      __VA_ARGS__;                                   \
+      return;                                        \
+    }                                                \
+  } while (0)
+#else
+#define HCP_ROUTE_CUDA(t, ...) \
+  do {                         \
+  } while (0)
+#endif
+
 // Runs the statement with T = double for fp64 `ref`, T = float otherwise.
 #define HCP_DISPATCH_FLOAT(ref, ...)            \
   do {                                          \

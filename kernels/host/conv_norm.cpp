@@ -50,6 +50,7 @@ void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
                 const std::vector<std::int64_t>* seq_idx, bool silu) {
   const ConvShape s = check_conv(x, w, bias, seq_idx);
   host::require_numel(y, x.numel(), "conv1d_fwd: y");
+  HCP_ROUTE_CUDA(x, cuda_impl::conv1d_fwd(y, x, w, bias, seq_idx, silu));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), w_(w, "w");
     std::optional<In<T>> b_;
@@ -74,6 +75,7 @@ void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Te
   host::require_numel(dw, w.numel(), "conv1d_bwd: dw");
   host::require_numel(dy, x.numel(), "conv1d_bwd: dy");
   if (dbias) host::require_numel(*dbias, s.C, "conv1d_bwd: dbias");
+  HCP_ROUTE_CUDA(x, cuda_impl::conv1d_bwd(dx, dw, dbias, x, w, bias, seq_idx, silu, dy));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), w_(w, "w"), dy_(dy, "dy");
     std::optional<In<T>> b_;
@@ -120,6 +122,7 @@ void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, doub
   const std::int64_t M = x.numel() / C;
   host::require_numel(y, x.numel(), "rmsnorm_fwd: y");
   host::require_numel(rstd, M, "rmsnorm_fwd: rstd");
+  HCP_ROUTE_CUDA(x, cuda_impl::rmsnorm_fwd(y, rstd, x, w, eps));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), w_(w, "w");
     Out<T> y_(y, "y"), r_(rstd, "rstd");
@@ -145,6 +148,7 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const
   host::require_numel(dw, C, "rmsnorm_bwd: dw");
   host::require_numel(rstd, M, "rmsnorm_bwd: rstd");
   host::require_numel(dy, x.numel(), "rmsnorm_bwd: dy");
+  HCP_ROUTE_CUDA(x, cuda_impl::rmsnorm_bwd(dx, dw, x, w, rstd, dy));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), w_(w, "w"), r_(rstd, "rstd"), dy_(dy, "dy");
     Out<T> dx_(dx, "dx"), dw_(dw, "dw");
@@ -179,6 +183,7 @@ void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z
   const std::int64_t M = x.numel() / C, Cg = C / groups;
   host::require_numel(y, x.numel(), "gated_rmsnorm_fwd: y");
   host::require_numel(rstd, M * groups, "gated_rmsnorm_fwd: rstd [M,G]");
+  HCP_ROUTE_CUDA(x, cuda_impl::gated_rmsnorm_fwd(y, rstd, x, z, w, groups, eps));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), z_(z, "z"), w_(w, "w");
     Out<T> y_(y, "y"), r_(rstd, "rstd");
@@ -212,6 +217,7 @@ void gated_rmsnorm_bwd(Tensor& dx, Tensor& dz, Tensor& dw, const Tensor& x, cons
   host::require_numel(dw, C, "gated_rmsnorm_bwd: dw");
   host::require_numel(rstd, M * groups, "gated_rmsnorm_bwd: rstd");
   host::require_numel(dy, x.numel(), "gated_rmsnorm_bwd: dy");
+  HCP_ROUTE_CUDA(x, cuda_impl::gated_rmsnorm_bwd(dx, dz, dw, x, z, w, rstd, groups, dy));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), z_(z, "z"), w_(w, "w"), r_(rstd, "rstd"), dy_(dy, "dy");
     Out<T> dx_(dx, "dx"), dz_(dz, "dz"), dw_(dw, "dw");

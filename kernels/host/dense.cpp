@@ -19,6 +19,7 @@ void linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias)
   const std::int64_t M = x.numel() / K;
   host::require_numel(y, M * N, "linear_fwd: y [M,N]");
   if (bias) host::require_numel(*bias, N, "linear: bias [N]");
+  HCP_ROUTE_CUDA(x, cuda_impl::linear_fwd(y, x, W, bias));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), W_(W, "W");
     std::optional<In<T>> b_;
@@ -43,6 +44,7 @@ void linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Te
   HCP_CHECK(K > 0 && x.numel() % K == 0, "linear: x ", shape_str(x.shape()), " is not [M, K=", K, "]");
   const std::int64_t M = x.numel() / K;
   host::require_numel(dy, M * N, "linear_bwd: dy [M,N]");
+  HCP_ROUTE_CUDA(x, cuda_impl::linear_bwd(dx, dW, dbias, x, W, dy));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), W_(W, "W"), dy_(dy, "dy");
     const T* xb = x_.get();
@@ -92,6 +94,7 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
   HCP_CHECK(static_cast<std::int64_t>(pos.size()) == Tn, "rope: ", pos.size(), " positions for ", Tn, " tokens");
   HCP_CHECK(theta > 0, "rope: theta must be > 0");
   host::require_numel(y, x.numel(), "rope: y");
+  HCP_ROUTE_CUDA(x, cuda_impl::rope_apply(y, x, pos, theta, rd, sign));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x");
     Out<T> y_(y, "y");
@@ -131,6 +134,7 @@ void embedding_fwd(Tensor& y, const Tensor& table, const std::vector<std::int64_
   const std::int64_t V = table.size(0), C = table.size(1), Tn = static_cast<std::int64_t>(ids.size());
   host::require_numel(y, Tn * C, "embedding_fwd: y [T,C]");
   for (auto id : ids) HCP_CHECK(id >= 0 && id < V, "embedding: token id ", id, " outside the vocabulary [0, ", V, ")");
+  HCP_ROUTE_CUDA(table, cuda_impl::embedding_fwd(y, table, ids));
   HCP_DISPATCH_FLOAT(table, {
     In<T> t_(table, "table");
     Out<T> y_(y, "y");
@@ -155,6 +159,7 @@ void embedding_bwd(Tensor& dtable, const std::vector<std::int64_t>& ids, const T
   for (std::int64_t v = 0; v < V; ++v) start[static_cast<std::size_t>(v + 1)] += start[static_cast<std::size_t>(v)];
   std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
   for (std::int64_t t = 0; t < Tn; ++t) order[static_cast<std::size_t>(fill[static_cast<std::size_t>(ids[static_cast<std::size_t>(t)])]++)] = t;
+  HCP_ROUTE_CUDA(dy, cuda_impl::embedding_bwd(dtable, ids, dy));
   HCP_DISPATCH_FLOAT(dy, {
     In<T> dy_(dy, "dy");
     Out<T> dt_(dtable, "dtable");
@@ -186,6 +191,9 @@ double cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& 
                          std::int64_t* count) {
   check_ce(logits, labels, ignore);
   const std::int64_t Tn = logits.size(0), V = logits.size(1);
+#ifdef HCP_HAVE_CUDA
+  if (logits.space() == Space::Cuda) return cuda_impl::cross_entropy_fwd(logits, labels, ignore, count);
+#endif
   std::vector<double> loss(static_cast<std::size_t>(Tn), 0.0);
   HCP_DISPATCH_FLOAT(logits, {
     In<T> l_(logits, "logits");
@@ -216,6 +224,7 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<
   check_ce(logits, labels, ignore);
   const std::int64_t Tn = logits.size(0), V = logits.size(1);
   host::require_numel(dlogits, logits.numel(), "cross_entropy_bwd: dlogits");
+  HCP_ROUTE_CUDA(logits, cuda_impl::cross_entropy_bwd(dlogits, logits, labels, ignore, scale));
   HCP_DISPATCH_FLOAT(logits, {
     In<T> l_(logits, "logits");
     Out<T> d_(dlogits, "dlogits");
@@ -241,6 +250,7 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<
 void add(Tensor& y, const Tensor& a, const Tensor& b) {
   HCP_CHECK(a.numel() == b.numel(), "add: ", shape_str(a.shape()), " + ", shape_str(b.shape()));
   host::require_numel(y, a.numel(), "add: y");
+  HCP_ROUTE_CUDA(a, cuda_impl::add(y, a, b));
   HCP_DISPATCH_FLOAT(a, {
     In<T> a_(a, "a"), b_(b, "b");
     Out<T> y_(y, "y");
@@ -253,6 +263,7 @@ void add(Tensor& y, const Tensor& a, const Tensor& b) {
 
 void axpy(Tensor& y, double alpha, const Tensor& x) {
   host::require_numel(y, x.numel(), "axpy: y");
+  HCP_ROUTE_CUDA(x, cuda_impl::axpy(y, alpha, x));
   HCP_DISPATCH_FLOAT(y, {
     In<T> x_(x, "x");
     Out<T> y_(y, "y", true);

@@ -2,8 +2,44 @@
 
 #include <limits>
 
+#include "core/device.hpp"
+
 namespace hcp {
 namespace {
+
+// A buffer as MPI sees it: host memory as is; device memory (a device backend is registered and
+// says so) through a page-locked host copy: copied in for data MPI reads, out for data it writes.
+// Open MPI here is not CUDA-aware, and NCCL refuses several ranks on one GPU.
+class Stage {
+ public:
+  Stage(const void* p, std::size_t bytes, bool copy_in) : dev_(const_cast<void*>(p)), bytes_(bytes) {
+    const DeviceOps* ops = device_ops();
+    if (!ops || !p || bytes == 0 || !ops->is_device_ptr(p)) {
+      host_ = dev_;
+      return;
+    }
+    ops_ = ops;
+    host_ = ops->alloc_pinned(bytes);
+    if (copy_in) ops->copy(host_, Space::Host, p, Space::Cuda, bytes);
+  }
+  ~Stage() {
+    if (ops_) ops_->free_pinned(host_);
+  }
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+  Stage(Stage&& o) noexcept : ops_(o.ops_), dev_(o.dev_), host_(o.host_), bytes_(o.bytes_) { o.ops_ = nullptr; }
+  void* host() const { return host_; }
+  void copy_out() const {
+    if (ops_) ops_->copy(dev_, Space::Cuda, host_, Space::Host, bytes_);
+  }
+
+ private:
+  const DeviceOps* ops_ = nullptr;
+  void* dev_ = nullptr;
+  void* host_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+std::size_t nbytes(std::int64_t count, DType dt) { return static_cast<std::size_t>(count) * dtype_size(dt); }
 
 MPI_Datatype mpi_type(DType dt) {
   switch (dt) {
@@ -31,6 +67,8 @@ struct Timer {
 
 }  // namespace
 
+std::string MpiCommunicator::backend() const { return device_ops() ? "mpi (device buffers host-staged)" : "mpi"; }
+
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   HCP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   HCP_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
@@ -46,7 +84,9 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dt) {
   Timer t;
-  HCP_MPI_CHECK(MPI_Alltoall(send, icount(count), mpi_type(dt), recv, icount(count), mpi_type(dt), comm_));
+  Stage sb(send, nbytes(count * size_, dt), true), rb(recv, nbytes(count * size_, dt), false);
+  HCP_MPI_CHECK(MPI_Alltoall(sb.host(), icount(count), mpi_type(dt), rb.host(), icount(count), mpi_type(dt), comm_));
+  rb.copy_out();
   record("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
 }
 
@@ -66,26 +106,34 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::vector<std::int6
     ro += recv_counts[k];
     if (k != rank_) bytes += send_counts[k];
   }
-  HCP_MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(dt), recv, rc.data(), rd.data(), mpi_type(dt),
-                              comm_));
+  Stage sb(send, nbytes(so, dt), true), rb(recv, nbytes(ro, dt), false);
+  HCP_MPI_CHECK(MPI_Alltoallv(sb.host(), sc.data(), sd.data(), mpi_type(dt), rb.host(), rc.data(), rd.data(),
+                              mpi_type(dt), comm_));
+  rb.copy_out();
   record("all_to_all_v", bytes * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
   Timer t;
-  HCP_MPI_CHECK(MPI_Allgather(send, icount(count), mpi_type(dt), recv, icount(count), mpi_type(dt), comm_));
+  Stage sb(send, nbytes(count, dt), true), rb(recv, nbytes(count * size_, dt), false);
+  HCP_MPI_CHECK(MPI_Allgather(sb.host(), icount(count), mpi_type(dt), rb.host(), icount(count), mpi_type(dt), comm_));
+  rb.copy_out();
   record("all_gather", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, ReduceOp op) {
   Timer t;
-  HCP_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, icount(count), mpi_type(dt), mpi_op(dt, op), comm_));
+  Stage sb(send, nbytes(count * size_, dt), true), rb(recv, nbytes(count, dt), false);
+  HCP_MPI_CHECK(MPI_Reduce_scatter_block(sb.host(), rb.host(), icount(count), mpi_type(dt), mpi_op(dt, op), comm_));
+  rb.copy_out();
   record("reduce_scatter", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
 }
 
 void MpiCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, ReduceOp op) {
   Timer t;
-  HCP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, icount(count), mpi_type(dt), mpi_op(dt, op), comm_));
+  Stage b(buf, nbytes(count, dt), true);
+  HCP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, b.host(), icount(count), mpi_type(dt), mpi_op(dt, op), comm_));
+  b.copy_out();
   // Ring all-reduce cost: 2 (p-1)/p of the buffer per rank.
   record("all_reduce", size_ > 1 ? 2 * count * (size_ - 1) / size_ * static_cast<std::int64_t>(dtype_size(dt)) : 0,
         t.elapsed());
@@ -93,19 +141,24 @@ void MpiCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, Reduce
 
 void MpiCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {
   Timer t;
-  HCP_MPI_CHECK(MPI_Bcast(buf, icount(count), mpi_type(dt), root, comm_));
+  Stage b(buf, nbytes(count, dt), rank_ == root);
+  HCP_MPI_CHECK(MPI_Bcast(b.host(), icount(count), mpi_type(dt), root, comm_));
+  if (rank_ != root) b.copy_out();
   record("broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0, t.elapsed());
 }
 
 void MpiCommunicator::send(const void* buf, std::int64_t count, DType dt, int dst, int tag) {
   Timer t;
-  HCP_MPI_CHECK(MPI_Send(buf, icount(count), mpi_type(dt), dst, tag, comm_));
+  Stage b(buf, nbytes(count, dt), true);
+  HCP_MPI_CHECK(MPI_Send(b.host(), icount(count), mpi_type(dt), dst, tag, comm_));
   record("send", count * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
 }
 
 void MpiCommunicator::recv(void* buf, std::int64_t count, DType dt, int src, int tag) {
   Timer t;
-  HCP_MPI_CHECK(MPI_Recv(buf, icount(count), mpi_type(dt), src, tag, comm_, MPI_STATUS_IGNORE));
+  Stage b(buf, nbytes(count, dt), false);
+  HCP_MPI_CHECK(MPI_Recv(b.host(), icount(count), mpi_type(dt), src, tag, comm_, MPI_STATUS_IGNORE));
+  b.copy_out();
   record("recv", 0, t.elapsed());
 }
 
@@ -114,12 +167,17 @@ RingRequest MpiCommunicator::ring_post(const void* send, void* recv, std::int64_
   RingRequest r;
   r.posted_at = MPI_Wtime();
   MPI_Request rq[2];
-  HCP_MPI_CHECK(MPI_Irecv(recv, icount(count), mpi_type(dt), src, tag, comm_, &rq[0]));
-  HCP_MPI_CHECK(MPI_Isend(send, icount(count), mpi_type(dt), dst, tag, comm_, &rq[1]));
-  for (auto q : rq) {
-    r.handles.push_back(static_cast<std::int64_t>(pending_.size()));
-    pending_.push_back(q);
-  }
+  auto rs = std::make_shared<Stage>(recv, nbytes(count, dt), false);
+  auto ss = std::make_shared<Stage>(send, nbytes(count, dt), true);
+  HCP_MPI_CHECK(MPI_Irecv(rs->host(), icount(count), mpi_type(dt), src, tag, comm_, &rq[0]));
+  HCP_MPI_CHECK(MPI_Isend(ss->host(), icount(count), mpi_type(dt), dst, tag, comm_, &rq[1]));
+  // Staging buffers live until ring_wait (the receive one is copied out there).
+  r.handles.push_back(static_cast<std::int64_t>(pending_.size()));
+  pending_.push_back(rq[0]);
+  staged_.push_back(std::static_pointer_cast<void>(rs));
+  r.handles.push_back(static_cast<std::int64_t>(pending_.size()));
+  pending_.push_back(rq[1]);
+  staged_.push_back(std::static_pointer_cast<void>(ss));
   r.active = true;
   record("ring_post", count * static_cast<std::int64_t>(dtype_size(dt)), MPI_Wtime() - r.posted_at);
   return r;
@@ -129,11 +187,16 @@ void MpiCommunicator::ring_wait(RingRequest& req) {
   HCP_CHECK(req.active, "ring_wait on a request that is not in flight");
   Timer t;
   for (auto h : req.handles) HCP_MPI_CHECK(MPI_Wait(&pending_[static_cast<std::size_t>(h)], MPI_STATUS_IGNORE));
+  static_cast<Stage*>(staged_[static_cast<std::size_t>(req.handles[0])].get())->copy_out();  // the receive
+  for (auto h : req.handles) staged_[static_cast<std::size_t>(h)].reset();
   req.active = false;
   // Forget completed requests once nothing is in flight.
   bool any = false;
   for (auto& q : pending_) any = any || q != MPI_REQUEST_NULL;
-  if (!any) pending_.clear();
+  if (!any) {
+    pending_.clear();
+    staged_.clear();
+  }
   record("ring_wait", 0, t.elapsed());
 }
 

@@ -1,6 +1,10 @@
-// MPI backend of Communicator, on host memory.
+// MPI backend of Communicator: host memory directly; device memory (CUDA tensors, when a device
+// backend is registered) staged through page-locked host buffers ("host-staged MPI").
 #pragma once
 #include <mpi.h>
+
+#include <memory>
+#include <vector>
 
 #include "comm/communicator.hpp"
 
@@ -16,7 +20,7 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string backend() const override { return "mpi"; }
+  std::string backend() const override;
   MPI_Comm handle() const { return comm_; }
 
   void all_to_all(const void* send, void* recv, std::int64_t count, DType dt) override;
@@ -44,6 +48,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::vector<MPI_Request> pending_;  // requests of in-flight ring steps, indexed by RingRequest handles
+  std::vector<std::shared_ptr<void>> staged_;  // their staging buffers (same index)
 };
 
 }  // namespace hcp

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/device.hpp"
 #include "core/layout.hpp"
 
 namespace hcp {
@@ -47,12 +48,39 @@ Shape contiguous_strides(const Shape& s) {
   return st;
 }
 
+namespace {
+DeviceOps g_device_ops;
+bool g_have_device = false;
+const DeviceOps& require_device(const char* what) {
+  HCP_CHECK(g_have_device, what, " on a CUDA tensor needs the CUDA backend: this process has no GPU backend "
+            "initialised (a build without CUDA, or no usable GPU)");
+  return g_device_ops;
+}
+}  // namespace
+
+void register_device_ops(const DeviceOps& ops) {
+  g_device_ops = ops;
+  g_have_device = true;
+}
+const DeviceOps* device_ops() { return g_have_device ? &g_device_ops : nullptr; }
+
 Tensor Tensor::empty(const Shape& shape, DType dt, Space sp) {
   for (auto v : shape) HCP_CHECK(v >= 0, "negative extent in shape ", shape_str(shape));
-  HCP_CHECK(sp == Space::Host, "Tensor::empty on ", to_string(sp),
-            " needs the CUDA backend allocator (kernels/cuda)");
   Tensor t;
   std::size_t bytes = static_cast<std::size_t>(numel_of(shape)) * dtype_size(dt);
+  if (sp == Space::Cuda) {
+    const DeviceOps& ops = require_device("Tensor::empty");
+    void* p = ops.alloc(std::max<std::size_t>(bytes, 1));
+    auto fr = ops.free;
+    t.storage_ = std::shared_ptr<void>(p, [fr](void* q) { fr(q); });
+    t.data_ = p;
+    t.dtype_ = dt;
+    t.space_ = sp;
+    t.shape_ = shape;
+    t.strides_ = contiguous_strides(shape);
+    t.defined_ = true;
+    return t;
+  }
   void* p = std::aligned_alloc(64, ((bytes + 63) / 64) * 64 + 64);
   HCP_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed");
   t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
@@ -67,7 +95,8 @@ Tensor Tensor::empty(const Shape& shape, DType dt, Space sp) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dt, Space sp) {
   Tensor t = empty(shape, dt, sp);
-  std::memset(t.data_, 0, t.nbytes());
+  if (sp == Space::Cuda) require_device("Tensor::zeros").zero(t.data_, t.nbytes());
+  else std::memset(t.data_, 0, t.nbytes());
   return t;
 }
 
@@ -187,6 +216,14 @@ std::vector<double> Tensor::to_vector() const {
 void Tensor::copy_from(const Tensor& src) {
   HCP_CHECK(src.shape_ == shape_, "copy_from(): shape ", shape_str(src.shape_), " into ",
             shape_str(shape_));
+  if (space_ == Space::Cuda || src.space_ == Space::Cuda) {
+    // Across spaces or on the device: same dtype, contiguous (convert on the host first).
+    HCP_CHECK(src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous(), "copy_from() between ",
+              to_string(src.space_), " and ", to_string(space_), " needs contiguous tensors of one dtype (",
+              to_string(src.dtype_), " -> ", to_string(dtype_), ")");
+    require_device("copy_from()").copy(data_, space_, src.data_, src.space_, nbytes());
+    return;
+  }
   if (src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous()) {
     std::memcpy(data_, src.data_, nbytes());
     return;
@@ -202,8 +239,16 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(DType dt) const {
+  if (space_ == Space::Cuda && dt != dtype_) return to(Space::Host).to(dt).to(Space::Cuda);
   Tensor t = empty(shape_, dt, space_);
   t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Space sp) const {
+  Tensor c = is_contiguous() ? *this : clone();
+  Tensor t = empty(shape_, dtype_, sp);
+  t.copy_from(c);
   return t;
 }
 

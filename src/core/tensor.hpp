@@ -59,6 +59,7 @@ class Tensor {
   // Copies.
   Tensor clone() const;          // contiguous copy, same dtype
   Tensor to(DType dt) const;     // contiguous copy converted
+  Tensor to(Space sp) const;     // contiguous copy in another memory space (CUDA: needs the backend)
   void copy_from(const Tensor& src);  // same shape, any dtypes/strides (host)
   void fill(double v);
 

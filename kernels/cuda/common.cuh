@@ -1,0 +1,97 @@
+// Shared device helpers of the CUDA kernels: typed loads/stores (bf16 storage, fp32 compute;
+// fp64 stays fp64), block reductions, launch checks, and dispatch on the tensor dtype.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/cuda_check.hpp"
+#include "core/tensor.hpp"
+
+namespace hcp::cuda {
+
+cublasHandle_t cublas();
+
+template <class S> struct Acc { using type = float; };
+template <> struct Acc<double> { using type = double; };
+
+__device__ __forceinline__ float ld(const float* p) { return *p; }
+__device__ __forceinline__ double ld(const double* p) { return *p; }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void st(double* p, double v) { *p = v; }
+__device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
+
+template <class A> __device__ __forceinline__ A sigmoid_(A x) { return A(1) / (A(1) + exp(-x)); }
+template <class A> __device__ __forceinline__ A silu_(A x) { return x * sigmoid_(x); }
+template <class A> __device__ __forceinline__ A dsilu_(A x) {
+  const A s = sigmoid_(x);
+  return s * (A(1) + x * (A(1) - s));
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+template <class A> __device__ A block_sum(A v) {
+  __shared__ A warp_sums[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) warp_sums[wid] = v;
+  __syncthreads();
+  const int nw = (blockDim.x + 31) >> 5;
+  A t = lane < nw ? warp_sums[lane] : A(0);
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;
+}
+
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) HCP_FAIL(what, ": kernel launch failed: ", cudaGetErrorString(e));
+}
+inline unsigned blocks_for(std::int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+// Device copy of an index vector (nullptr for nullptr); freed with the returned holder.
+struct DeviceIndex {
+  std::int64_t* p = nullptr;
+  DeviceIndex() = default;
+  explicit DeviceIndex(const std::vector<std::int64_t>* v) {
+    if (!v || v->empty()) return;
+    HCP_CUDA_CHECK(cudaMalloc(&p, v->size() * sizeof(std::int64_t)));
+    HCP_CUDA_CHECK(cudaMemcpy(p, v->data(), v->size() * sizeof(std::int64_t), cudaMemcpyHostToDevice));
+  }
+  ~DeviceIndex() {
+    if (p) cudaFree(p);
+  }
+  DeviceIndex(const DeviceIndex&) = delete;
+  DeviceIndex& operator=(const DeviceIndex&) = delete;
+};
+
+inline void require_cuda(const Tensor& t, const char* what) {
+  HCP_CHECK(t.defined() && t.space() == Space::Cuda, what, ": expected a CUDA tensor");
+  HCP_CHECK(t.is_contiguous(), what, ": tensor must be contiguous, shape ", shape_str(t.shape()));
+}
+template <class S> S* dptr(Tensor& t) { return static_cast<S*>(t.raw()); }
+template <class S> const S* dptr(const Tensor& t) { return static_cast<const S*>(t.raw()); }
+
+}  // namespace hcp::cuda
+
+// Runs the statement with S = the storage type of `ref` (float, double or __nv_bfloat16).
+#define HCP_CUDA_DISPATCH(ref, ...)                       \
+  do {                                                    \
+    switch ((ref).dtype()) {                              \
+      case ::hcp::DType::F64: {                           \
+        using S = double;                                 \
+        __VA_ARGS__;                                      \
+      } break;                                            \
+      case ::hcp::DType::F32: {                           \
+        using S = float;                                  \
+        __VA_ARGS__;                                      \
+      } break;                                            \
+      default: {                                          \
+        using S = __nv_bfloat16;                          \
+        __VA_ARGS__;                                      \
+      } break;                                            \
+    }                                                     \
+  } while (0)

@@ -1,0 +1,35 @@
+// CUDA implementations behind kernels/kernels.hpp (same signatures and semantics). The public
+// functions route here when their tensors live on Space::Cuda; shapes are checked there first.
+// bf16 storage computes in fp32, fp32 in fp32, fp64 in fp64.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace hcp::kernels::cuda_impl {
+
+void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double eps);
+void rmsnorm_bwd(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy);
+void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w, std::int64_t groups,
+                       double eps);
+void gated_rmsnorm_bwd(Tensor& dx, Tensor& dz, Tensor& dw, const Tensor& x, const Tensor& z, const Tensor& w,
+                       const Tensor& rstd, std::int64_t groups, const Tensor& dy);
+void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const std::vector<std::int64_t>* seq_idx,
+                bool silu);
+void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Tensor& w, const Tensor* bias,
+                const std::vector<std::int64_t>* seq_idx, bool silu, const Tensor& dy);
+void linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias);
+void linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Tensor& W, const Tensor& dy);
+void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& positions, double theta,
+                std::int64_t rotary_dim, double sign);
+void embedding_fwd(Tensor& y, const Tensor& table, const std::vector<std::int64_t>& ids);
+void embedding_bwd(Tensor& dtable, const std::vector<std::int64_t>& ids, const Tensor& dy);
+double cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& labels, std::int64_t ignore,
+                         std::int64_t* count);
+void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<std::int64_t>& labels,
+                       std::int64_t ignore, double scale);
+void add(Tensor& y, const Tensor& a, const Tensor& b);
+void axpy(Tensor& y, double alpha, const Tensor& x);
+
+}  // namespace hcp::kernels::cuda_impl

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU check on a machine with an NVIDIA GPU, CUDA, NCCL, MPI and HDF5: configure with CUDA on,
+# build the GPU tests, run them (CUDA kernels against the host kernels; NCCL and host-staged MPI
+# communicators), then compute-sanitizer memcheck and racecheck on the kernel tests.
+# Usage: scripts/gpu_check.sh   (HCP_BUILD_DIR default build-gpu, HCP_CMAKE_ARGS, HCP_JOBS; logs to
+# $HCP_LOG_DIR when set). Exit non-zero when a test fails or a sanitizer reports an error.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${HCP_BUILD_DIR:-build-gpu}"
+logs="${HCP_LOG_DIR:-$build/gpu-logs}"
+mkdir -p "$logs"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# shellcheck disable=SC2086
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON -DHCP_BUILD_BENCHMARKS=OFF ${HCP_CMAKE_ARGS:-} \
+  > "$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
+grep -E "^-- hybridcp:" "$logs/configure.log" || true
+cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" --target test_cuda_kernels test_cuda_comm > "$logs/build.log" 2>&1 \
+  || { tail -40 "$logs/build.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+rc=0
+ctest --test-dir "$build" -R "test_cuda" --output-on-failure 2>&1 | tee "$logs/ctest.log" || rc=1
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/test_cuda_kernels" > "$logs/sanitizer_$tool.log" 2>&1 \
+      && echo "compute-sanitizer $tool: clean ($(grep -c '^\[       OK \]' "$logs/sanitizer_$tool.log") tests)" \
+      || { echo "compute-sanitizer $tool: FAILED"; tail -30 "$logs/sanitizer_$tool.log"; rc=1; }
+  done
+else
+  echo "compute-sanitizer: not found (skipped)"
+fi
+exit $rc

@@ -1,0 +1,288 @@
+#include "comm/nccl_communicator.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/cuda_check.hpp"
+
+namespace hcp {
+namespace {
+ncclDataType_t nccl_type(DType dt) {
+  switch (dt) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+  }
+  return ncclFloat32;
+}
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
+std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n) * dtype_size(dt); }
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+bool on_device(const void* p) {
+  if (!p) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+// A host buffer seen through device memory (NCCL needs device pointers); device buffers as is.
+class DevStage {
+ public:
+  DevStage(const void* p, std::size_t bytes, bool copy_in) : user_(const_cast<void*>(p)), bytes_(bytes) {
+    if (!p || bytes == 0 || on_device(p)) {
+      dev_ = user_;
+      return;
+    }
+    HCP_CUDA_CHECK(cudaMalloc(&dev_, bytes));
+    owned_ = true;
+    if (copy_in) HCP_CUDA_CHECK(cudaMemcpy(dev_, p, bytes, cudaMemcpyHostToDevice));
+  }
+  ~DevStage() {
+    if (owned_) cudaFree(dev_);
+  }
+  DevStage(const DevStage&) = delete;
+  DevStage& operator=(const DevStage&) = delete;
+  void* dev() const { return dev_; }
+  void copy_out() const {
+    if (owned_) HCP_CUDA_CHECK(cudaMemcpy(user_, dev_, bytes_, cudaMemcpyDeviceToHost));
+  }
+
+ private:
+  void* user_ = nullptr;
+  void* dev_ = nullptr;
+  std::size_t bytes_ = 0;
+  bool owned_ = false;
+};
+}  // namespace
+
+struct NcclCommunicator::Impl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr;
+  std::vector<cudaEvent_t> ring_events;  // in-flight ring steps, indexed by RingRequest handles
+  bool aborted = false;
+
+  void create_stream() {
+    HCP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    HCP_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  }
+  // The communication stream waits for the work queued so far on the default stream.
+  void order_after_compute() {
+    HCP_CUDA_CHECK(cudaEventRecord(ready, cudaStreamLegacy));
+    HCP_CUDA_CHECK(cudaStreamWaitEvent(stream, ready, 0));
+  }
+  // Polls `done` (an event, or the stream when null) with NCCL's asynchronous error check and a
+  // timeout; aborts the communicator on either.
+  void wait(const char* op, double timeout_s, cudaEvent_t done = nullptr) {
+    const double t0 = now();
+    while (true) {
+      const cudaError_t q = done ? cudaEventQuery(done) : cudaStreamQuery(stream);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) HCP_FAIL("NCCL ", op, ": CUDA error while waiting: ", cudaGetErrorString(q));
+      ncclResult_t async = ncclSuccess;
+      HCP_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+      if (async != ncclSuccess) {
+        abort();
+        HCP_FAIL("NCCL ", op, " failed asynchronously (", ncclGetErrorString(async), "); communicator aborted");
+      }
+      if (now() - t0 > timeout_s) {
+        abort();
+        HCP_FAIL("NCCL ", op, " did not complete within ", timeout_s,
+                 " s (a peer died or hangs); communicator aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  void abort() {
+    if (!aborted && comm) ncclCommAbort(comm);
+    aborted = true;
+    comm = nullptr;
+  }
+  ~Impl() {
+    for (auto e : ring_events)
+      if (e) cudaEventDestroy(e);
+    if (comm && !aborted) ncclCommDestroy(comm);
+    if (ready) cudaEventDestroy(ready);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+NcclCommunicator::NcclCommunicator(Communicator& boot, double timeout_s)
+    : impl_(std::make_unique<Impl>()), rank_(boot.rank()), size_(boot.size()), timeout_s_(timeout_s) {
+  int dev = -1;
+  HCP_CUDA_CHECK(cudaGetDevice(&dev));
+  // Two ranks on one GPU: NCCL would refuse ("invalid usage"); say why instead.
+  char bus[64] = {0};
+  HCP_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
+  std::vector<char> all(static_cast<std::size_t>(64 * size_));
+  boot.all_gather(bus, all.data(), 64 / static_cast<std::int64_t>(dtype_size(DType::F32)), DType::F32);
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && std::strncmp(all.data() + 64 * r, bus, 64) == 0)
+      HCP_FAIL("NCCL needs one GPU per rank: ranks ", rank_, " and ", r, " share GPU ", bus,
+               " (use the host-staged MPI backend)");
+  ncclUniqueId id;
+  if (rank_ == 0) HCP_NCCL_CHECK(ncclGetUniqueId(&id));
+  static_assert(sizeof(ncclUniqueId) % 4 == 0, "unique id size");
+  boot.broadcast(&id, static_cast<std::int64_t>(sizeof id / 4), DType::F32, 0);
+  HCP_NCCL_CHECK(ncclCommInitRank(&impl_->comm, size_, id, rank_));
+  impl_->create_stream();
+}
+
+NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int size, double timeout_s)
+    : impl_(std::move(impl)), rank_(rank), size_(size), timeout_s_(timeout_s) {}
+
+NcclCommunicator::~NcclCommunicator() = default;
+
+#define HCP_NCCL_TIMED(opname, bytes, ...)            \
+  do {                                                \
+    const double t0_ = now();                         \
+    impl_->order_after_compute();                     \
+    __VA_ARGS__;                                      \
+    impl_->wait(opname, timeout_s_);                  \
+    record(opname, bytes, now() - t0_);               \
+  } while (0)
+
+void NcclCommunicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dt) {
+  DevStage s(send, nbytes(count * size_, dt), true), r(recv, nbytes(count * size_, dt), false);
+  const std::size_t blk = nbytes(count, dt);
+  HCP_NCCL_TIMED("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), {
+    HCP_NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < size_; ++p) {
+      HCP_NCCL_CHECK(ncclSend(static_cast<const char*>(s.dev()) + p * blk, count, nccl_type(dt), p, impl_->comm,
+                              impl_->stream));
+      HCP_NCCL_CHECK(ncclRecv(static_cast<char*>(r.dev()) + p * blk, count, nccl_type(dt), p, impl_->comm,
+                              impl_->stream));
+    }
+    HCP_NCCL_CHECK(ncclGroupEnd());
+  });
+  r.copy_out();
+}
+
+void NcclCommunicator::all_to_all_v(const void* send, const std::vector<std::int64_t>& sc, void* recv,
+                                    const std::vector<std::int64_t>& rc, DType dt) {
+  HCP_CHECK(static_cast<int>(sc.size()) == size_ && static_cast<int>(rc.size()) == size_, "all_to_all_v: need ", size_,
+            " send and receive counts");
+  std::int64_t ns = 0, nr = 0, bytes = 0;
+  for (int p = 0; p < size_; ++p) {
+    ns += sc[static_cast<std::size_t>(p)];
+    nr += rc[static_cast<std::size_t>(p)];
+    if (p != rank_) bytes += sc[static_cast<std::size_t>(p)];
+  }
+  DevStage s(send, nbytes(ns, dt), true), r(recv, nbytes(nr, dt), false);
+  HCP_NCCL_TIMED("all_to_all_v", bytes * static_cast<std::int64_t>(dtype_size(dt)), {
+    HCP_NCCL_CHECK(ncclGroupStart());
+    std::size_t so = 0, ro = 0;
+    for (int p = 0; p < size_; ++p) {
+      const auto n_s = sc[static_cast<std::size_t>(p)], n_r = rc[static_cast<std::size_t>(p)];
+      if (n_s) HCP_NCCL_CHECK(ncclSend(static_cast<const char*>(s.dev()) + so, n_s, nccl_type(dt), p, impl_->comm, impl_->stream));
+      if (n_r) HCP_NCCL_CHECK(ncclRecv(static_cast<char*>(r.dev()) + ro, n_r, nccl_type(dt), p, impl_->comm, impl_->stream));
+      so += nbytes(n_s, dt);
+      ro += nbytes(n_r, dt);
+    }
+    HCP_NCCL_CHECK(ncclGroupEnd());
+  });
+  r.copy_out();
+}
+
+void NcclCommunicator::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
+  DevStage s(send, nbytes(count, dt), true), r(recv, nbytes(count * size_, dt), false);
+  HCP_NCCL_TIMED("all_gather", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)),
+                 HCP_NCCL_CHECK(ncclAllGather(s.dev(), r.dev(), count, nccl_type(dt), impl_->comm, impl_->stream)));
+  r.copy_out();
+}
+
+void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, ReduceOp op) {
+  DevStage s(send, nbytes(count * size_, dt), true), r(recv, nbytes(count, dt), false);
+  HCP_NCCL_TIMED("reduce_scatter", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)),
+                 HCP_NCCL_CHECK(ncclReduceScatter(s.dev(), r.dev(), count, nccl_type(dt), nccl_op(op), impl_->comm,
+                                                  impl_->stream)));
+  r.copy_out();
+}
+
+void NcclCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, ReduceOp op) {
+  DevStage b(buf, nbytes(count, dt), true);
+  HCP_NCCL_TIMED("all_reduce",
+                 size_ > 1 ? 2 * count * (size_ - 1) / size_ * static_cast<std::int64_t>(dtype_size(dt)) : 0,
+                 HCP_NCCL_CHECK(ncclAllReduce(b.dev(), b.dev(), count, nccl_type(dt), nccl_op(op), impl_->comm,
+                                              impl_->stream)));
+  b.copy_out();
+}
+
+void NcclCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {
+  DevStage b(buf, nbytes(count, dt), rank_ == root);
+  HCP_NCCL_TIMED("broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0,
+                 HCP_NCCL_CHECK(ncclBroadcast(b.dev(), b.dev(), count, nccl_type(dt), root, impl_->comm, impl_->stream)));
+  if (rank_ != root) b.copy_out();
+}
+
+void NcclCommunicator::send(const void* buf, std::int64_t count, DType dt, int dst, int /*tag*/) {
+  DevStage b(buf, nbytes(count, dt), true);
+  HCP_NCCL_TIMED("send", count * static_cast<std::int64_t>(dtype_size(dt)),
+                 HCP_NCCL_CHECK(ncclSend(b.dev(), count, nccl_type(dt), dst, impl_->comm, impl_->stream)));
+}
+
+void NcclCommunicator::recv(void* buf, std::int64_t count, DType dt, int src, int /*tag*/) {
+  DevStage b(buf, nbytes(count, dt), false);
+  HCP_NCCL_TIMED("recv", 0, HCP_NCCL_CHECK(ncclRecv(b.dev(), count, nccl_type(dt), src, impl_->comm, impl_->stream)));
+  b.copy_out();
+}
+
+RingRequest NcclCommunicator::ring_post(const void* send, void* recv, std::int64_t count, DType dt, int dst, int src,
+                                        int /*tag*/) {
+  HCP_CHECK(on_device(send) && on_device(recv), "NCCL ring_post needs device buffers");
+  RingRequest r;
+  r.posted_at = now();
+  impl_->order_after_compute();
+  HCP_NCCL_CHECK(ncclGroupStart());
+  HCP_NCCL_CHECK(ncclSend(send, count, nccl_type(dt), dst, impl_->comm, impl_->stream));
+  HCP_NCCL_CHECK(ncclRecv(recv, count, nccl_type(dt), src, impl_->comm, impl_->stream));
+  HCP_NCCL_CHECK(ncclGroupEnd());
+  cudaEvent_t done = nullptr;
+  HCP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  HCP_CUDA_CHECK(cudaEventRecord(done, impl_->stream));
+  r.handles.push_back(static_cast<std::int64_t>(impl_->ring_events.size()));
+  impl_->ring_events.push_back(done);
+  r.active = true;
+  record("ring_post", count * static_cast<std::int64_t>(dtype_size(dt)), now() - r.posted_at);
+  return r;
+}
+
+void NcclCommunicator::ring_wait(RingRequest& req) {
+  HCP_CHECK(req.active, "ring_wait on a request that is not in flight");
+  const double t0 = now();
+  cudaEvent_t& ev = impl_->ring_events[static_cast<std::size_t>(req.handles.at(0))];
+  impl_->wait("ring step", timeout_s_, ev);
+  HCP_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, ev, 0));  // later compute sees the received block
+  cudaEventDestroy(ev);
+  ev = nullptr;
+  req.active = false;
+  bool any = false;
+  for (auto e : impl_->ring_events) any = any || e != nullptr;
+  if (!any) impl_->ring_events.clear();
+  record("ring_wait", 0, now() - t0);
+}
+
+void NcclCommunicator::barrier() {
+  float one = 1;
+  DevStage b(&one, sizeof one, true);
+  HCP_NCCL_TIMED("barrier", 0,
+                 HCP_NCCL_CHECK(ncclAllReduce(b.dev(), b.dev(), 1, ncclFloat32, ncclSum, impl_->comm, impl_->stream)));
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) const {
+  auto impl = std::make_unique<Impl>();
+  HCP_NCCL_CHECK(ncclCommSplit(impl_->comm, color, key, &impl->comm, nullptr));
+  int r = 0, n = 0;
+  HCP_NCCL_CHECK(ncclCommUserRank(impl->comm, &r));
+  HCP_NCCL_CHECK(ncclCommCount(impl->comm, &n));
+  impl->create_stream();
+  return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(impl), r, n, timeout_s_));
+}
+
+}  // namespace hcp

@@ -1,0 +1,27 @@
+// Device-memory hooks: the core layer knows no CUDA. A device backend (kernels/cuda) registers
+// these once at start-up (hcp::cuda::init); until then, CUDA tensors are an error that says so.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "core/dtype.hpp"
+
+namespace hcp {
+
+struct DeviceOps {
+  void* (*alloc)(std::size_t bytes) = nullptr;  // device memory (throws on failure)
+  void (*free)(void* p) = nullptr;
+  // dst <- src, n bytes; either side may be host or device memory (synchronous).
+  void (*copy)(void* dst, Space dst_space, const void* src, Space src_space, std::size_t n) = nullptr;
+  void (*zero)(void* p, std::size_t n) = nullptr;
+  void* (*alloc_pinned)(std::size_t bytes) = nullptr;  // page-locked host memory for staging
+  void (*free_pinned)(void* p) = nullptr;
+  bool (*is_device_ptr)(const void* p) = nullptr;
+  std::string name;  // e.g. "cuda:0 NVIDIA H200"
+};
+
+void register_device_ops(const DeviceOps& ops);
+// nullptr when no device backend has been initialised in this process.
+const DeviceOps* device_ops();
+
+}  // namespace hcp
