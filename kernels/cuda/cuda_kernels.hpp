@@ -7,6 +7,14 @@
 
 #include "core/tensor.hpp"
 
+namespace hcp::kernels {
+struct AttnParams;
+struct SsdParams;
+struct SsdInputs;
+struct SsdGrads;
+struct SsdStateGrads;
+}
+
 namespace hcp::kernels::cuda_impl {
 
 void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double eps);
@@ -30,6 +38,18 @@ double cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& 
 void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<std::int64_t>& labels,
                        std::int64_t ignore, double scale);
 void add(Tensor& y, const Tensor& a, const Tensor& b);
+// Attention: lse is fp32 (fp64 for fp64 inputs) for every input dtype.
+void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const AttnParams& p);
+void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& o, const Tensor& lse, const Tensor& dout, const AttnParams& p);
+void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& lse_b);
+// SSD (sequential per head, chunk-start recomputation in the backward) and state passing.
+void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p);
+void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal_states, const SsdParams& p);
+void ssd_run_decay(Tensor& decay, const SsdInputs& in, const SsdParams& p);
+void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p);
+void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
+                        const SsdParams& p);
 void axpy(Tensor& y, double alpha, const Tensor& x);
 
 }  // namespace hcp::kernels::cuda_impl

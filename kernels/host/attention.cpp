@@ -215,6 +215,7 @@ void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, con
   const Shapes s = check_attn(q, k, v, p);
   host::require_numel(o, q.numel(), "attention_fwd: o");
   host::require_numel(lse, s.tq * s.H, "attention_fwd: lse");
+  HCP_ROUTE_CUDA(q, cuda_impl::attention_fwd(o, lse, q, k, v, p));
   HCP_DISPATCH_FLOAT(q, {
     In<T> q_(q, "q"), k_(k, "k"), v_(v, "v");
     Out<T> o_(o, "o"), l_(lse, "lse");
@@ -231,6 +232,7 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
   host::require_numel(o, q.numel(), "attention_bwd: o");
   host::require_numel(dout, q.numel(), "attention_bwd: dout");
   host::require_numel(lse, s.tq * s.H, "attention_bwd: lse");
+  HCP_ROUTE_CUDA(q, cuda_impl::attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, p));
   HCP_DISPATCH_FLOAT(q, {
     In<T> q_(q, "q"), k_(k, "k"), v_(v, "v"), o_(o, "o"), l_(lse, "lse"), do_(dout, "dout");
     Out<T> dq_(dq, "dq"), dk_(dk, "dk"), dv_(dv, "dv");
@@ -244,6 +246,7 @@ void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& ls
             "attention_merge: shapes o ", shape_str(o.shape()), ", o_b ", shape_str(o_b.shape()), ", lse ",
             shape_str(lse.shape()), ", lse_b ", shape_str(lse_b.shape()));
   const std::int64_t rows = lse.numel(), D = o.numel() / rows;
+  HCP_ROUTE_CUDA(o, cuda_impl::attention_merge(o, lse, o_b, lse_b));
   HCP_DISPATCH_FLOAT(o, {
     In<T> ob(o_b, "o_b"), lb(lse_b, "lse_b");
     Out<T> o_(o, "o", true), l_(lse, "lse", true);

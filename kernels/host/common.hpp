@@ -16,7 +16,11 @@ template <class T> using View3 = Kokkos::View<T***, Kokkos::LayoutRight, Kokkos:
 
 inline void require_host(const Tensor& t, const char* what) {
   HCP_CHECK(t.defined(), what, ": tensor is not defined");
+#ifdef HCP_HAVE_CUDA
+  HCP_CHECK(t.space() == Space::Host, what, ": this op has no CUDA implementation yet (kernels/cuda); pass host tensors");
+#else
   HCP_CHECK(t.space() == Space::Host, what, ": CUDA tensors need the CUDA backend, which this build lacks");
+#endif
   HCP_CHECK(t.is_contiguous(), what, ": tensor must be contiguous, shape ", shape_str(t.shape()));
 }
 inline void require_numel(const Tensor& t, std::int64_t n, const char* what) {

@@ -388,6 +388,7 @@ void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdPara
   check_ssd(in, p);
   host::require_numel(y, in.x->numel(), "ssd_fwd: y");
   if (final_states) host::require_numel(*final_states, p.batch * p.heads * p.head_dim * p.d_state, "ssd_fwd: final_states");
+  HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_fwd(y, final_states, in, p));
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
     Out<T> y_(y, "y");
@@ -425,6 +426,7 @@ void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Ten
   host::require_numel(*g.dB, in.Bm->numel(), "ssd_bwd: dB");
   host::require_numel(*g.dC, in.Cm->numel(), "ssd_bwd: dC");
   HCP_CHECK(!g.dinit_states || in.init_states, "ssd_bwd: dinit_states requested without init_states");
+  HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_bwd(g, in, dy, dfinal, p));
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
     In<T> dy_(dy, "dy");
@@ -455,6 +457,7 @@ void ssd_run_decay(Tensor& decay, const SsdInputs& in, const SsdParams& p) {
   check_ssd(in, p);
   HCP_CHECK(!in.seq_idx, "ssd_run_decay: every row must be one sequence's run (no seq_idx)");
   host::require_numel(decay, p.batch * p.heads, "ssd_run_decay: decay [B,H]");
+  HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_run_decay(decay, in, p));
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
     Out<T> a(decay, "decay");
@@ -472,6 +475,7 @@ void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p) {
   HCP_CHECK(in.init_states, "ssd_init_state_fwd: init_states are required");
   HCP_CHECK(!in.seq_idx, "ssd_init_state_fwd: every row must be one sequence's run (no seq_idx)");
   host::require_numel(y, in.x->numel(), "ssd_init_state_fwd: y");
+  HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_init_state_fwd(y, in, p));
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
     Out<T> y_(y, "y", true);
@@ -493,6 +497,7 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
     host::require_numel(*g.dinit_states, p.batch * p.heads * p.head_dim * p.d_state, "ssd_init_state_bwd: dinit_states");
   }
   if (ddecay) host::require_numel(*ddecay, p.batch * p.heads, "ssd_init_state_bwd: ddecay [B,H]");
+  HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_init_state_bwd(g, in, dy, ddecay, p));
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
     Tensor dummy = Tensor::zeros({1}, dtype_of<T>());

@@ -2,6 +2,7 @@
 // a stated tolerance; several shapes, seq_idx (packed) cases, optional bias. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include "kernels/cuda/runtime.hpp"
@@ -184,14 +185,168 @@ TEST(CudaKernels, BitwiseRepeatable) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
+TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
+  REQUIRE_GPU();
+  struct Case {
+    std::int64_t H, Hkv, D;
+    Mask mask;
+    std::vector<AttnSegment> segs;
+    std::int64_t tq, tkv;
+  };
+  std::vector<Case> cases;
+  // Packed THD (3 sequences) causal GQA 4:2, D 64.
+  cases.push_back({4, 2, 64, Mask::Causal, {{0, 50, 0, 50, 0, 0}, {50, 7, 50, 7, 0, 0}, {57, 100, 57, 100, 0, 0}}, 157, 157});
+  // CP-like blocks: two query chunks against one key block at position offsets (all-gather style,
+  // key rows shared by two segments), MQA, D 128, plus a row with no visible key.
+  cases.push_back({4, 1, 128, Mask::Causal, {{0, 40, 0, 160, 40, 0}, {40, 40, 0, 160, 120, 0}, {80, 5, 0, 160, 0, 10}}, 85, 160});
+  // Full (non-causal) attention, D 16, MHA.
+  cases.push_back({2, 2, 16, Mask::None, {{0, 33, 0, 70, 0, 0}}, 33, 70});
+  for (DType d : kTypes)
+    for (const auto& c : cases) {
+      AttnParams p;
+      p.heads = c.H;
+      p.kv_heads = c.Hkv;
+      p.head_dim = c.D;
+      p.mask = c.mask;
+      p.segments = c.segs;
+      const DType ld = d == DType::F64 ? DType::F64 : DType::F32;
+      Tensor q = rnd({c.tq, c.H, c.D}, 30, d), k = rnd({c.tkv, c.Hkv, c.D}, 31, d), v = rnd({c.tkv, c.Hkv, c.D}, 32, d),
+             dout = rnd({c.tq, c.H, c.D}, 33, d);
+      Tensor o = Tensor::zeros(q.shape(), d), lse = Tensor::zeros({c.tq, c.H}, ld), dq = Tensor::zeros(q.shape(), d),
+             dk = Tensor::zeros(k.shape(), d), dv = Tensor::zeros(v.shape(), d);
+      attention_fwd(o, lse, q, k, v, p);
+      attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, p);
+      Tensor Q = dev(q), K = dev(k), V = dev(v), DO = dev(dout), O = zeros_like_on(o, Space::Cuda),
+             L = zeros_like_on(lse, Space::Cuda), DQ = zeros_like_on(dq, Space::Cuda), DK = zeros_like_on(dk, Space::Cuda),
+             DV = zeros_like_on(dv, Space::Cuda);
+      attention_fwd(O, L, Q, K, V, p);
+      attention_bwd(DQ, DK, DV, Q, K, V, O, L, DO, p);
+      const std::string tag = " H" + std::to_string(c.H) + ":" + std::to_string(c.Hkv) + " D" + std::to_string(c.D);
+      expect_match(O, o, d, "attention o" + tag);
+      // lse: -inf rows must match exactly; finite rows to tolerance.
+      Tensor lh = L.to(Space::Host);
+      for (std::int64_t i = 0; i < lse.numel(); ++i) {
+        if (std::isinf(lse.get(i))) {
+          EXPECT_TRUE(std::isinf(lh.get(i))) << "lse row " << i << tag;
+        } else {
+          EXPECT_NEAR(lh.get(i), lse.get(i), tol(d) * 10 * (1 + std::abs(lse.get(i)))) << "lse row " << i << tag;
+        }
+      }
+      expect_match(DQ, dq, d, "attention dq" + tag);
+      expect_match(DK, dk, d, "attention dk" + tag);
+      expect_match(DV, dv, d, "attention dv" + tag);
+      // LSE merge of two halves equals the whole (CP's partial-result combination).
+      Tensor O2 = O.clone(), L2 = L.clone();
+      attention_merge(O2, L2, O, L);
+      Tensor o2 = o.clone(), l2 = lse.clone();
+      attention_merge(o2, l2, o, lse);
+      expect_match(O2, o2, d, "attention merge" + tag);
+    }
+}
+
+TEST(CudaKernels, SsdForwardBackwardResetsStates) {
+  REQUIRE_GPU();
+  for (DType d : kTypes)
+    for (int variant = 0; variant < 3; ++variant) {
+      // 0: BSHD batch 2, chunk 8; 1: packed row with seq_idx resets and initial/final states; 2: P*N
+      // beyond 48 KiB of shared memory (fp64), groups of 4 heads.
+      SsdParams p;
+      p.batch = variant == 1 ? 1 : 2;
+      p.seqlen = variant == 2 ? 40 : 37;
+      p.heads = variant == 2 ? 8 : 4;
+      p.head_dim = variant == 2 ? 64 : 8;
+      p.groups = 2;
+      p.d_state = variant == 2 ? 128 : 16;
+      p.chunk = variant == 0 ? 8 : 16;
+      const std::int64_t B = p.batch, L = p.seqlen, H = p.heads, P = p.head_dim, G = p.groups, N = p.d_state;
+      Tensor x = rnd({B, L, H, P}, 40, d), dt = rnd({B, L, H}, 41, d, -2.0, 0.5), A_log = rnd({H}, 42, d, -0.5, 0.8),
+             Bm = rnd({B, L, G, N}, 43, d), Cm = rnd({B, L, G, N}, 44, d), Dv = rnd({H}, 45, d), db = rnd({H}, 46, d, -0.5, 0.5),
+             init = rnd({B, H, P, N}, 47, d), dy = rnd({B, L, H, P}, 48, d), dfin = rnd({B, H, P, N}, 49, d);
+      std::vector<std::int64_t> seq;
+      for (std::int64_t t = 0; t < B * L; ++t) seq.push_back(t < 9 ? 0 : t < 10 ? 1 : t < 30 ? 2 : 3);
+      const bool states = variant == 1;
+      auto inputs = [&](const Tensor& X, const Tensor& DT, const Tensor& AL, const Tensor& BB, const Tensor& CC,
+                        const Tensor& DD, const Tensor& DB, const Tensor& IN) {
+        SsdInputs in;
+        in.x = &X;
+        in.dt = &DT;
+        in.A_log = &AL;
+        in.Bm = &BB;
+        in.Cm = &CC;
+        in.D = &DD;
+        in.dt_bias = &DB;
+        in.init_states = states ? &IN : nullptr;
+        in.seq_idx = states ? &seq : nullptr;
+        return in;
+      };
+      struct G8 {
+        Tensor dx, ddt, dA, dB, dC, dD, ddb, dinit;
+      };
+      auto grads = [&](Space sp) {
+        return G8{Tensor::zeros(x.shape(), d, sp),    Tensor::zeros(dt.shape(), d, sp), Tensor::zeros({H}, d, sp),
+                  Tensor::zeros(Bm.shape(), d, sp),   Tensor::zeros(Cm.shape(), d, sp), Tensor::zeros({H}, d, sp),
+                  Tensor::zeros({H}, d, sp),          Tensor::zeros(init.shape(), d, sp)};
+      };
+      // host
+      SsdInputs hin = inputs(x, dt, A_log, Bm, Cm, Dv, db, init);
+      Tensor y = Tensor::zeros(x.shape(), d), fin = Tensor::zeros(init.shape(), d);
+      ssd_fwd(y, &fin, hin, p);
+      G8 hg = grads(Space::Host);
+      SsdGrads hs{&hg.dx, &hg.ddt, &hg.dA, &hg.dB, &hg.dC, &hg.dD, &hg.ddb, states ? &hg.dinit : nullptr};
+      ssd_bwd(hs, hin, dy, states ? &dfin : nullptr, p);
+      // device
+      Tensor X = dev(x), DT = dev(dt), AL = dev(A_log), BB = dev(Bm), CC = dev(Cm), DD = dev(Dv), DB = dev(db), IN = dev(init),
+             DY = dev(dy), DF = dev(dfin);
+      SsdInputs din = inputs(X, DT, AL, BB, CC, DD, DB, IN);
+      Tensor Y = Tensor::zeros(x.shape(), d, Space::Cuda), FIN = Tensor::zeros(init.shape(), d, Space::Cuda);
+      ssd_fwd(Y, &FIN, din, p);
+      G8 dg = grads(Space::Cuda);
+      SsdGrads ds{&dg.dx, &dg.ddt, &dg.dA, &dg.dB, &dg.dC, &dg.dD, &dg.ddb, states ? &dg.dinit : nullptr};
+      ssd_bwd(ds, din, DY, states ? &DF : nullptr, p);
+      const std::string tag = " variant " + std::to_string(variant);
+      expect_match(Y, y, d, "ssd y" + tag);
+      expect_match(FIN, fin, d, "ssd final state" + tag);
+      expect_match(dg.dx, hg.dx, d, "ssd dx" + tag);
+      expect_match(dg.ddt, hg.ddt, d, "ssd ddt" + tag);
+      expect_match(dg.dA, hg.dA, d, "ssd dA_log" + tag);
+      expect_match(dg.dB, hg.dB, d, "ssd dB" + tag);
+      expect_match(dg.dC, hg.dC, d, "ssd dC" + tag);
+      expect_match(dg.dD, hg.dD, d, "ssd dD" + tag);
+      expect_match(dg.ddb, hg.ddb, d, "ssd ddt_bias" + tag);
+      if (states) expect_match(dg.dinit, hg.dinit, d, "ssd dinit" + tag);
+      // State passing: decay, the initial-state term and its backward (accumulating).
+      if (variant != 1) {
+        SsdInputs hi = inputs(x, dt, A_log, Bm, Cm, Dv, db, init), di = inputs(X, DT, AL, BB, CC, DD, DB, IN);
+        hi.init_states = &init;
+        di.init_states = &IN;
+        Tensor a = Tensor::zeros({B, H}, d), Aa = Tensor::zeros({B, H}, d, Space::Cuda);
+        ssd_run_decay(a, hi, p);
+        ssd_run_decay(Aa, di, p);
+        expect_match(Aa, a, d, "ssd run decay" + tag);
+        ssd_init_state_fwd(y, hi, p);
+        ssd_init_state_fwd(Y, di, p);
+        expect_match(Y, y, d, "ssd initial-state term" + tag);
+        Tensor dd = rnd({B, H}, 50, d);
+        SsdStateGrads hsg{&hg.dC, &hg.ddt, &hg.dA, &hg.ddb, &hg.dinit}, dsg{&dg.dC, &dg.ddt, &dg.dA, &dg.ddb, &dg.dinit};
+        ssd_init_state_bwd(hsg, hi, &dy, &dd, p);
+        Tensor DDc = dev(dd);
+        ssd_init_state_bwd(dsg, di, &DY, &DDc, p);
+        expect_match(dg.dC, hg.dC, d, "state-term dC" + tag);
+        expect_match(dg.ddt, hg.ddt, d, "state-term ddt" + tag);
+        expect_match(dg.dA, hg.dA, d, "state-term dA_log" + tag);
+        expect_match(dg.ddb, hg.ddb, d, "state-term ddt_bias" + tag);
+        expect_match(dg.dinit, hg.dinit, d, "state-term dS0" + tag);
+      }
+    }
+}
+
 TEST(CudaKernels, HostOnlyOpsOnCudaTensorsSayWhy) {
   REQUIRE_GPU();
-  // Ops without a CUDA implementation yet name the tensor's space instead of reading device memory.
-  Tensor q = Tensor::zeros({4, 2, 8}, DType::F32, Space::Cuda), o = Tensor::zeros({4, 2, 8}, DType::F32, Space::Cuda),
-         lse = Tensor::zeros({4, 2}, DType::F32, Space::Cuda);
-  AttnParams p;
-  p.heads = p.kv_heads = 2;
-  p.head_dim = 8;
-  p.segments = {{0, 4, 0, 4, 0, 0}};
-  EXPECT_NE(test::error_of([&] { attention_fwd(o, lse, q, q, q, p); }).find("CUDA"), std::string::npos);
+  // Ops without a CUDA implementation yet (MoE) say so instead of reading device memory.
+  Tensor xp = Tensor::zeros({4, 8}, DType::F32, Space::Cuda), W1 = Tensor::zeros({2, 6, 8}, DType::F32, Space::Cuda),
+         W2 = Tensor::zeros({2, 8, 6}, DType::F32, Space::Cuda), yp = Tensor::zeros({4, 8}, DType::F32, Space::Cuda),
+         h = Tensor::zeros({4, 6}, DType::F32, Space::Cuda);
+  EXPECT_NE(test::error_of([&] { expert_mlp_fwd(yp, h, xp, W1, W2, {2, 2}, Activation::SquaredReLU); })
+                .find("no CUDA implementation yet"),
+            std::string::npos);
 }

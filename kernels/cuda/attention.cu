@@ -1,0 +1,337 @@
+// Flash-style attention on the GPU: one warp per (query row, head) with an online softmax over key
+// tiles of 32 (one key per lane for the scores, lanes over head_dim for the output), LSE out (fp32,
+// fp64 for fp64 inputs); backward from the saved O and LSE: dq with one warp per (query row,
+// head), dk/dv with one warp per (key row, kv head) visiting every segment that holds the key, so
+// every output has one owner (no atomics: bitwise repeatable). Segments and masks exactly as the
+// host kernels (kernels.hpp). Tensor-core tiling (wgmma/TMA) belongs to the performance work;
+// this is the correct GPU reference the CP strategies run on.
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/kernels.hpp"
+
+namespace hcp::kernels::cuda_impl {
+using namespace hcp::cuda;
+
+namespace {
+constexpr int kMaxD = 256, kPer = kMaxD / 32, kWarps = 4;
+
+struct Seg {
+  std::int64_t q_start, q_len, kv_start, kv_len, q_pos0, kv_pos0;
+};
+
+__device__ __forceinline__ std::int64_t visible(const Seg& g, std::int64_t i, bool causal) {
+  if (!causal) return g.kv_len;
+  const std::int64_t n = g.q_pos0 + i - g.kv_pos0 + 1;
+  return n < 0 ? 0 : (n > g.kv_len ? g.kv_len : n);
+}
+template <class A> __device__ __forceinline__ A warp_max(A v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <class A> __device__ __forceinline__ A warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class S, class A> __device__ __forceinline__ A dot_row(const A* a_sh, const S* b, std::int64_t D) {
+  A s = 0;
+  for (std::int64_t d = 0; d < D; ++d) s += a_sh[d] * ld(b + d);
+  return s;
+}
+
+// ---- forward --------------------------------------------------------------------------------------
+template <class S, class A>
+__global__ void fwd_k(S* o, A* lse, const S* q, const S* k, const S* v, const Seg* segs, const std::int64_t* row_seg,
+                      const std::int64_t* row_i, std::int64_t nrows, std::int64_t H, std::int64_t Hkv, std::int64_t D,
+                      A scale, bool causal) {
+  __shared__ A q_sh[kWarps][kMaxD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + warp;
+  if (w >= nrows * H) return;
+  const std::int64_t r = w / H, h = w % H, hk = h / (H / Hkv);
+  const Seg g = segs[row_seg[r]];
+  const std::int64_t i = row_i[r], row = g.q_start + i, nvis = visible(g, i, causal);
+  for (std::int64_t d = lane; d < D; d += 32) q_sh[warp][d] = ld(q + (row * H + h) * D + d);
+  __syncwarp();
+  A acc[kPer];
+  for (int t = 0; t < kPer; ++t) acc[t] = 0;
+  A m = -INFINITY, l = 0;
+  for (std::int64_t j0 = 0; j0 < nvis; j0 += 32) {
+    const std::int64_t j = j0 + lane;
+    A s = -INFINITY;
+    if (j < nvis) s = dot_row(q_sh[warp], k + ((g.kv_start + j) * Hkv + hk) * D, D) * scale;
+    const A mt = max(m, warp_max(s));
+    const A corr = exp(m - mt);  // m = -inf on the first tile: 0
+    const A p = j < nvis ? exp(s - mt) : A(0);
+    l = l * corr + warp_sum(p);
+    for (int t = 0; t < kPer; ++t) acc[t] *= corr;
+    const std::int64_t n = nvis - j0 < 32 ? nvis - j0 : 32;
+    for (std::int64_t jj = 0; jj < n; ++jj) {
+      const A pj = __shfl_sync(0xffffffffu, p, static_cast<int>(jj));
+      const S* vr = v + ((g.kv_start + j0 + jj) * Hkv + hk) * D;
+      for (int t = 0; t < kPer; ++t) {
+        const std::int64_t d = lane + 32 * t;
+        if (d < D) acc[t] += pj * ld(vr + d);
+      }
+    }
+    m = mt;
+  }
+  S* orow = o + (row * H + h) * D;
+  for (int t = 0; t < kPer; ++t) {
+    const std::int64_t d = lane + 32 * t;
+    if (d < D) st(orow + d, nvis > 0 ? acc[t] / l : A(0));
+  }
+  if (lane == 0) lse[row * H + h] = nvis > 0 ? m + log(l) : -INFINITY;
+}
+
+template <class S, class A> __global__ void init_k(S* o, A* lse, std::int64_t rows, std::int64_t D) {
+  const std::int64_t x = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (x < rows * D) st(o + x, A(0));
+  if (x < rows) lse[x] = -INFINITY;
+}
+
+// ---- backward ---------------------------------------------------------------------------------------
+template <class S, class A> __global__ void delta_k(A* delta, const S* dout, const S* o, std::int64_t rows, std::int64_t D) {
+  const std::int64_t x = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (x >= rows) return;
+  A acc = 0;
+  for (std::int64_t d = 0; d < D; ++d) acc += ld(dout + x * D + d) * ld(o + x * D + d);
+  delta[x] = acc;
+}
+template <class S, class A>
+__global__ void dq_k(S* dq, const S* q, const S* k, const S* v, const A* lse, const A* delta, const S* dout,
+                     const Seg* segs, const std::int64_t* row_seg, const std::int64_t* row_i, std::int64_t nrows,
+                     std::int64_t H, std::int64_t Hkv, std::int64_t D, A scale, bool causal) {
+  __shared__ A q_sh[kWarps][kMaxD], do_sh[kWarps][kMaxD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + warp;
+  if (w >= nrows * H) return;
+  const std::int64_t r = w / H, h = w % H, hk = h / (H / Hkv);
+  const Seg g = segs[row_seg[r]];
+  const std::int64_t i = row_i[r], row = g.q_start + i, nvis = visible(g, i, causal);
+  const A L = lse[row * H + h], Dl = delta[row * H + h];
+  for (std::int64_t d = lane; d < D; d += 32) {
+    q_sh[warp][d] = ld(q + (row * H + h) * D + d);
+    do_sh[warp][d] = ld(dout + (row * H + h) * D + d);
+  }
+  __syncwarp();
+  A acc[kPer];
+  for (int t = 0; t < kPer; ++t) acc[t] = 0;
+  const bool live = !(isinf(L) && L < 0);
+  for (std::int64_t j0 = 0; live && j0 < nvis; j0 += 32) {
+    const std::int64_t j = j0 + lane;
+    A ds = 0;
+    if (j < nvis) {
+      const std::int64_t col = g.kv_start + j;
+      const A s = dot_row(q_sh[warp], k + (col * Hkv + hk) * D, D) * scale;
+      const A dp = dot_row(do_sh[warp], v + (col * Hkv + hk) * D, D);
+      ds = exp(s - L) * (dp - Dl) * scale;
+    }
+    const std::int64_t n = nvis - j0 < 32 ? nvis - j0 : 32;
+    for (std::int64_t jj = 0; jj < n; ++jj) {
+      const A dsj = __shfl_sync(0xffffffffu, ds, static_cast<int>(jj));
+      const S* kr = k + ((g.kv_start + j0 + jj) * Hkv + hk) * D;
+      for (int t = 0; t < kPer; ++t) {
+        const std::int64_t d = lane + 32 * t;
+        if (d < D) acc[t] += dsj * ld(kr + d);
+      }
+    }
+  }
+  for (int t = 0; t < kPer; ++t) {
+    const std::int64_t d = lane + 32 * t;
+    if (d < D) st(dq + (row * H + h) * D + d, acc[t]);
+  }
+}
+// One warp per (key row, kv head); lanes over the query rows of each segment holding the key.
+template <class S, class A>
+__global__ void dkv_k(S* dk, S* dv, const S* q, const S* k, const S* v, const A* lse, const A* delta, const S* dout,
+                      const Seg* segs, std::int64_t nseg, std::int64_t tkv, std::int64_t H, std::int64_t Hkv,
+                      std::int64_t D, A scale, bool causal) {
+  __shared__ A k_sh[kWarps][kMaxD], v_sh[kWarps][kMaxD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(kWarps) + warp;
+  if (w >= tkv * Hkv) return;
+  const std::int64_t col = w / Hkv, hk = w % Hkv, grp = H / Hkv;
+  for (std::int64_t d = lane; d < D; d += 32) {
+    k_sh[warp][d] = ld(k + (col * Hkv + hk) * D + d);
+    v_sh[warp][d] = ld(v + (col * Hkv + hk) * D + d);
+  }
+  __syncwarp();
+  A ak[kPer], av[kPer];
+  for (int t = 0; t < kPer; ++t) ak[t] = av[t] = 0;
+  for (std::int64_t si = 0; si < nseg; ++si) {
+    const Seg g = segs[si];
+    if (col < g.kv_start || col >= g.kv_start + g.kv_len) continue;
+    const std::int64_t j = col - g.kv_start;
+    // Rows i that see key j: all, or (causal) i >= j + kv_pos0 - q_pos0.
+    std::int64_t i_lo = causal ? j + g.kv_pos0 - g.q_pos0 : 0;
+    if (i_lo < 0) i_lo = 0;
+    for (std::int64_t h = hk * grp; h < (hk + 1) * grp; ++h)
+      for (std::int64_t i0 = i_lo; i0 < g.q_len; i0 += 32) {
+        const std::int64_t i = i0 + lane, row = g.q_start + i;
+        A p = 0, ds = 0;
+        if (i < g.q_len) {
+          const A L = lse[row * H + h];
+          if (!(isinf(L) && L < 0)) {
+            const A s = dot_row(k_sh[warp], q + (row * H + h) * D, D) * scale;
+            const A dp = dot_row(v_sh[warp], dout + (row * H + h) * D, D);
+            p = exp(s - L);
+            ds = p * (dp - delta[row * H + h]) * scale;
+          }
+        }
+        const std::int64_t n = g.q_len - i0 < 32 ? g.q_len - i0 : 32;
+        for (std::int64_t ii = 0; ii < n; ++ii) {
+          const A pi = __shfl_sync(0xffffffffu, p, static_cast<int>(ii));
+          const A dsi = __shfl_sync(0xffffffffu, ds, static_cast<int>(ii));
+          const std::int64_t rr = g.q_start + i0 + ii;
+          const S* qr = q + (rr * H + h) * D;
+          const S* dor = dout + (rr * H + h) * D;
+          for (int t = 0; t < kPer; ++t) {
+            const std::int64_t d = lane + 32 * t;
+            if (d < D) {
+              av[t] += pi * ld(dor + d);
+              ak[t] += dsi * ld(qr + d);
+            }
+          }
+        }
+      }
+  }
+  for (int t = 0; t < kPer; ++t) {
+    const std::int64_t d = lane + 32 * t;
+    if (d < D) {
+      st(dk + (col * Hkv + hk) * D + d, ak[t]);
+      st(dv + (col * Hkv + hk) * D + d, av[t]);
+    }
+  }
+}
+
+template <class S, class A>
+__global__ void merge_k(S* o, A* lse, const S* ob, const A* lseb, std::int64_t rows, std::int64_t D) {
+  const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= rows) return;
+  const A b = lseb[r], a = lse[r];
+  if (isinf(b) && b < 0) return;
+  if (isinf(a) && a < 0) {
+    lse[r] = b;
+    for (std::int64_t d = 0; d < D; ++d) o[r * D + d] = ob[r * D + d];
+    return;
+  }
+  const A mx = max(a, b), mn = min(a, b);
+  const A l = mx + log1p(exp(mn - mx));
+  const A wa = exp(a - l), wb = exp(b - l);
+  for (std::int64_t d = 0; d < D; ++d) st(o + r * D + d, ld(o + r * D + d) * wa + ld(ob + r * D + d) * wb);
+  lse[r] = l;
+}
+
+// Segments and the flattened (segment, row) list on the device.
+struct SegPlan {
+  Seg* segs = nullptr;
+  std::int64_t* row_seg = nullptr;
+  std::int64_t* row_i = nullptr;
+  std::int64_t nseg = 0, nrows = 0;
+  explicit SegPlan(const AttnParams& p) {
+    std::vector<Seg> s;
+    std::vector<std::int64_t> rs, ri;
+    for (std::size_t gi = 0; gi < p.segments.size(); ++gi) {
+      const auto& g = p.segments[gi];
+      s.push_back({g.q_start, g.q_len, g.kv_start, g.kv_len, g.q_pos0, g.kv_pos0});
+      for (std::int64_t i = 0; i < g.q_len; ++i) {
+        rs.push_back(static_cast<std::int64_t>(gi));
+        ri.push_back(i);
+      }
+    }
+    nseg = static_cast<std::int64_t>(s.size());
+    nrows = static_cast<std::int64_t>(rs.size());
+    upload(&segs, s);
+    upload(&row_seg, rs);
+    upload(&row_i, ri);
+  }
+  template <class X> static void upload(X** d, const std::vector<X>& h) {
+    if (h.empty()) return;
+    HCP_CUDA_CHECK(cudaMalloc(d, h.size() * sizeof(X)));
+    HCP_CUDA_CHECK(cudaMemcpy(*d, h.data(), h.size() * sizeof(X), cudaMemcpyHostToDevice));
+  }
+  ~SegPlan() {
+    cudaDeviceSynchronize();  // kernels using the plan are done before it is freed
+    cudaFree(segs);
+    cudaFree(row_seg);
+    cudaFree(row_i);
+  }
+  SegPlan(const SegPlan&) = delete;
+  SegPlan& operator=(const SegPlan&) = delete;
+};
+
+double scale_of(const AttnParams& p) { return p.scale != 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim)); }
+void check_types(const Tensor& q, std::initializer_list<const Tensor*> same, std::initializer_list<const Tensor*> lses,
+                 const char* what) {
+  const DType acc = q.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  require_cuda(q, what);
+  for (const Tensor* t : same) {
+    require_cuda(*t, what);
+    HCP_CHECK(t->dtype() == q.dtype(), what, ": q, k, v, o, dout and gradients must share q's dtype (", to_string(q.dtype()), ")");
+  }
+  for (const Tensor* t : lses) {
+    require_cuda(*t, what);
+    HCP_CHECK(t->dtype() == acc, what, ": lse must be ", to_string(acc), " for ", to_string(q.dtype()), " inputs");
+  }
+}
+unsigned warp_blocks(std::int64_t items) { return static_cast<unsigned>((items + kWarps - 1) / kWarps); }
+}  // namespace
+
+void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const AttnParams& p) {
+  check_types(q, {&o, &k, &v}, {&lse}, "attention_fwd");
+  HCP_CHECK(p.head_dim <= kMaxD, "attention (CUDA): head_dim ", p.head_dim, " > ", kMaxD, " is not supported");
+  const std::int64_t H = p.heads, Hkv = p.kv_heads, D = p.head_dim, tq = q.numel() / (H * D);
+  SegPlan plan(p);
+  HCP_CUDA_DISPATCH(q, {
+    using A = typename Acc<S>::type;
+    init_k<S, A><<<blocks_for(tq * H * D, 256), 256>>>(dptr<S>(o), dptr<A>(lse), tq * H, D);
+    if (plan.nrows > 0)
+      fwd_k<S, A><<<warp_blocks(plan.nrows * H), 32 * kWarps>>>(dptr<S>(o), dptr<A>(lse), dptr<S>(q), dptr<S>(k),
+                                                               dptr<S>(v), plan.segs, plan.row_seg, plan.row_i,
+                                                               plan.nrows, H, Hkv, D, A(scale_of(p)),
+                                                               p.mask == Mask::Causal);
+  });
+  check_launch("attention_fwd");
+}
+
+void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& o, const Tensor& lse, const Tensor& dout, const AttnParams& p) {
+  check_types(q, {&dq, &dk, &dv, &k, &v, &o, &dout}, {&lse}, "attention_bwd");
+  HCP_CHECK(p.head_dim <= kMaxD, "attention (CUDA): head_dim ", p.head_dim, " > ", kMaxD, " is not supported");
+  const std::int64_t H = p.heads, Hkv = p.kv_heads, D = p.head_dim, tq = q.numel() / (H * D), tkv = k.numel() / (Hkv * D);
+  SegPlan plan(p);
+  HCP_CUDA_CHECK(cudaMemset(dq.raw(), 0, dq.nbytes()));
+  HCP_CUDA_DISPATCH(q, {
+    using A = typename Acc<S>::type;
+    A* delta = nullptr;
+    HCP_CUDA_CHECK(cudaMalloc(&delta, static_cast<std::size_t>(std::max<std::int64_t>(tq * H, 1)) * sizeof(A)));
+    delta_k<S, A><<<blocks_for(tq * H, 256), 256>>>(delta, dptr<S>(dout), dptr<S>(o), tq * H, D);
+    const A sc = A(scale_of(p));
+    const bool causal = p.mask == Mask::Causal;
+    if (plan.nrows > 0)
+      dq_k<S, A><<<warp_blocks(plan.nrows * H), 32 * kWarps>>>(dptr<S>(dq), dptr<S>(q), dptr<S>(k), dptr<S>(v),
+                                                              dptr<A>(lse), delta, dptr<S>(dout), plan.segs, plan.row_seg,
+                                                              plan.row_i, plan.nrows, H, Hkv, D, sc, causal);
+    if (tkv > 0)
+      dkv_k<S, A><<<warp_blocks(tkv * Hkv), 32 * kWarps>>>(dptr<S>(dk), dptr<S>(dv), dptr<S>(q), dptr<S>(k), dptr<S>(v),
+                                                          dptr<A>(lse), delta, dptr<S>(dout), plan.segs, plan.nseg, tkv, H,
+                                                          Hkv, D, sc, causal);
+    check_launch("attention_bwd");
+    HCP_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaFree(delta);
+  });
+}
+
+void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& lse_b) {
+  check_types(o, {&o_b}, {&lse, &lse_b}, "attention_merge");
+  const std::int64_t rows = lse.numel(), D = o.numel() / rows;
+  HCP_CUDA_DISPATCH(o, {
+    using A = typename Acc<S>::type;
+    merge_k<S, A><<<blocks_for(rows, 256), 256>>>(dptr<S>(o), dptr<A>(lse), dptr<S>(o_b), dptr<A>(lse_b), rows, D);
+  });
+  check_launch("attention_merge");
+}
+
+}  // namespace hcp::kernels::cuda_impl
