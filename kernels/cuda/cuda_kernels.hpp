@@ -13,6 +13,8 @@ struct SsdParams;
 struct SsdInputs;
 struct SsdGrads;
 struct SsdStateGrads;
+struct RouterParams;
+enum class Activation;
 }
 
 namespace hcp::kernels::cuda_impl {
@@ -51,5 +53,21 @@ void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p);
 void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
                         const SsdParams& p);
 void axpy(Tensor& y, double alpha, const Tensor& x);
+
+// MoE.
+void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& topk_w, const Tensor& logits,
+                const Tensor* correction_bias, const RouterParams& p);
+void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const Tensor& dtopk_w,
+                const Tensor* dscores, const RouterParams& p);
+// xp row r = x row src[r] / topk (the host builds counts and src).
+void moe_permute_rows(Tensor& xp, const Tensor& x, const std::vector<std::int64_t>& src, std::int64_t topk);
+void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64_t>& src, std::int64_t topk);
+void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t>& src, const Tensor& topk_w);
+void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const std::vector<std::int64_t>& src,
+                     const Tensor& topk_w);
+void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,
+                    const std::vector<std::int64_t>& counts, Activation act);
+void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, const Tensor& W1, const Tensor& W2,
+                    const Tensor& h, const std::vector<std::int64_t>& counts, Activation act, const Tensor& dyp);
 
 }  // namespace hcp::kernels::cuda_impl

@@ -39,6 +39,7 @@ void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& top
   host::require_numel(topk_w, Tn * K, "router_fwd: topk_w [T,k]");
   if (bias) host::require_numel(*bias, E, "router: correction bias [E]");
   topk_idx.assign(static_cast<std::size_t>(Tn * K), 0);
+  HCP_ROUTE_CUDA(logits, cuda_impl::router_fwd(scores, topk_idx, topk_w, logits, bias, p));
   HCP_DISPATCH_FLOAT(logits, {
     In<T> l_(logits, "logits");
     std::optional<In<T>> b_;
@@ -109,6 +110,7 @@ void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::in
   host::require_numel(dtopk_w, Tn * K, "router_bwd: dtopk_w");
   host::require_numel(dlogits, Tn * E, "router_bwd: dlogits");
   if (dscores) host::require_numel(*dscores, Tn * E, "router_bwd: dscores");
+  HCP_ROUTE_CUDA(scores, cuda_impl::router_bwd(dlogits, scores, topk_idx, dtopk_w, dscores, p));
   HCP_DISPATCH_FLOAT(scores, {
     In<T> s_(scores, "scores"), dw_(dtopk_w, "dtopk_w");
     std::optional<In<T>> ds_;
@@ -203,6 +205,7 @@ void moe_permute(Tensor& xp, std::vector<std::int64_t>& counts, std::vector<std:
   src.assign(static_cast<std::size_t>(TK), 0);
   for (std::int64_t a = 0; a < TK; ++a) src[static_cast<std::size_t>(off[static_cast<std::size_t>(topk_idx[static_cast<std::size_t>(a)])]++)] = a;
   const std::int64_t K = TK / Tn;
+  HCP_ROUTE_CUDA(x, cuda_impl::moe_permute_rows(xp, x, src, K));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x");
     Out<T> xp_(xp, "xp");
@@ -229,6 +232,7 @@ void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64
   const std::int64_t C = dxp.numel() / TK;
   host::require_numel(dx, Tn * C, "moe_permute_bwd: dx [T,C]");
   const auto inv = inverse(src);
+  HCP_ROUTE_CUDA(dxp, cuda_impl::moe_permute_bwd(dx, dxp, src, topk));
   HCP_DISPATCH_FLOAT(dxp, {
     In<T> d_(dxp, "dxp");
     Out<T> dx_(dx, "dx");
@@ -250,6 +254,7 @@ void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t
   const std::int64_t C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1, Tn = TK / K;
   host::require_numel(y, Tn * C, "moe_combine: y [T,C]");
   const auto inv = inverse(src);
+  HCP_ROUTE_CUDA(yp, cuda_impl::moe_combine_fwd(y, yp, src, topk_w));
   HCP_DISPATCH_FLOAT(yp, {
     In<T> yp_(yp, "yp"), w_(topk_w, "topk_w");
     Out<T> y_(y, "y");
@@ -274,6 +279,7 @@ void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tenso
   host::require_numel(dyp, yp.numel(), "moe_combine_bwd: dyp");
   host::require_numel(dtopk_w, TK, "moe_combine_bwd: dtopk_w");
   host::require_numel(dy, (TK / K) * C, "moe_combine_bwd: dy");
+  HCP_ROUTE_CUDA(yp, cuda_impl::moe_combine_bwd(dyp, dtopk_w, dy, yp, src, topk_w));
   HCP_DISPATCH_FLOAT(yp, {
     In<T> yp_(yp, "yp"), w_(topk_w, "topk_w"), dy_(dy, "dy");
     Out<T> dp_(dyp, "dyp"), dw_(dtopk_w, "dtopk_w");
@@ -332,6 +338,7 @@ void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, c
   const MlpShape s = check_mlp(xp, W1, W2, counts, act);
   host::require_numel(yp, s.rows * s.C, "expert_mlp_fwd: yp");
   host::require_numel(h, s.rows * s.F1, "expert_mlp_fwd: h");
+  HCP_ROUTE_CUDA(xp, cuda_impl::expert_mlp_fwd(yp, h, xp, W1, W2, counts, act));
   HCP_DISPATCH_FLOAT(xp, {
     In<T> x_(xp, "xp"), W1_(W1, "W1"), W2_(W2, "W2");
     Out<T> y_(yp, "yp"), h_(h, "h");
@@ -374,6 +381,7 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
   host::require_numel(dW2, W2.numel(), "expert_mlp_bwd: dW2");
   host::require_numel(h, s.rows * s.F1, "expert_mlp_bwd: h");
   host::require_numel(dyp, s.rows * s.C, "expert_mlp_bwd: dyp");
+  HCP_ROUTE_CUDA(xp, cuda_impl::expert_mlp_bwd(dxp, dW1, dW2, xp, W1, W2, h, counts, act, dyp));
   HCP_DISPATCH_FLOAT(xp, {
     In<T> x_(xp, "xp"), W1_(W1, "W1"), W2_(W2, "W2"), h_(h, "h"), dy_(dyp, "dyp");
     Out<T> dx_(dxp, "dxp"), dW1_(dW1, "dW1"), dW2_(dW2, "dW2");

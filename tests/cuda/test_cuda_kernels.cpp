@@ -340,13 +340,74 @@ TEST(CudaKernels, SsdForwardBackwardResetsStates) {
     }
 }
 
-TEST(CudaKernels, HostOnlyOpsOnCudaTensorsSayWhy) {
+TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
   REQUIRE_GPU();
-  // Ops without a CUDA implementation yet (MoE) say so instead of reading device memory.
-  Tensor xp = Tensor::zeros({4, 8}, DType::F32, Space::Cuda), W1 = Tensor::zeros({2, 6, 8}, DType::F32, Space::Cuda),
-         W2 = Tensor::zeros({2, 8, 6}, DType::F32, Space::Cuda), yp = Tensor::zeros({4, 8}, DType::F32, Space::Cuda),
-         h = Tensor::zeros({4, 6}, DType::F32, Space::Cuda);
-  EXPECT_NE(test::error_of([&] { expert_mlp_fwd(yp, h, xp, W1, W2, {2, 2}, Activation::SquaredReLU); })
-                .find("no CUDA implementation yet"),
-            std::string::npos);
+  for (DType d : kTypes)
+    for (int variant = 0; variant < 2; ++variant) {
+      // 0: sigmoid router with correction bias, group-limited (4 groups, 2 kept), renormalised,
+      //    scaled, squared-ReLU experts, one expert never chosen; 1: softmax router, SwiGLU.
+      RouterParams rp;
+      rp.experts = 16;
+      rp.topk = 3;
+      rp.sigmoid = variant == 0;
+      rp.n_group = variant == 0 ? 4 : 1;
+      rp.topk_group = variant == 0 ? 2 : 1;
+      rp.scaling = variant == 0 ? 2.5 : 1.0;
+      const Activation act = variant == 0 ? Activation::SquaredReLU : Activation::SwiGLU;
+      const std::int64_t T = 45, C = 32, F = 24, E = rp.experts, K = rp.topk, F1 = act == Activation::SwiGLU ? 2 * F : F;
+      Tensor logits = rnd({T, E}, 60, d, -2, 2), bias = rnd({E}, 61, d, -0.1, 0.1);
+      bias.set(5, -50.0);  // expert 5 never selected
+      Tensor sc = Tensor::zeros({T, E}, d), w = Tensor::zeros({T, K}, d), SC = Tensor::zeros({T, E}, d, Space::Cuda),
+             Wt = Tensor::zeros({T, K}, d, Space::Cuda);
+      std::vector<std::int64_t> idx, IDX;
+      router_fwd(sc, idx, w, logits, &bias, rp);
+      Tensor L = dev(logits), Bs = dev(bias);
+      router_fwd(SC, IDX, Wt, L, &Bs, rp);
+      expect_match(SC, sc, d, "router scores");
+      expect_match(Wt, w, d, "router weights");
+      EXPECT_EQ(IDX, idx) << "router selection " << to_string(d);
+      Tensor dw = rnd({T, K}, 62, d), dl = Tensor::zeros({T, E}, d), DL = Tensor::zeros({T, E}, d, Space::Cuda);
+      router_bwd(dl, sc, idx, dw, nullptr, rp);
+      router_bwd(DL, SC, IDX, dev(dw), nullptr, rp);
+      expect_match(DL, dl, d, "router dlogits");
+      // permute -> experts -> combine, and back
+      Tensor x = rnd({T, C}, 63, d), xp = Tensor::zeros({T * K, C}, d), XP = Tensor::zeros({T * K, C}, d, Space::Cuda);
+      std::vector<std::int64_t> cnt, src, CNT, SRC;
+      moe_permute(xp, cnt, src, x, idx, E);
+      Tensor X = dev(x);
+      moe_permute(XP, CNT, SRC, X, IDX, E);
+      EXPECT_EQ(CNT, cnt);
+      EXPECT_EQ(cnt[5], 0);
+      expect_match(XP, xp, d, "permute");
+      Tensor W1 = rnd({E, F1, C}, 64, d, -0.3, 0.3), W2 = rnd({E, C, F}, 65, d, -0.3, 0.3);
+      Tensor yp = Tensor::zeros({T * K, C}, d), h = Tensor::zeros({T * K, F1}, d), YP = Tensor::zeros({T * K, C}, d, Space::Cuda),
+             Hh = Tensor::zeros({T * K, F1}, d, Space::Cuda);
+      expert_mlp_fwd(yp, h, xp, W1, W2, cnt, act);
+      Tensor DW1 = dev(W1), DW2 = dev(W2);
+      expert_mlp_fwd(YP, Hh, XP, DW1, DW2, CNT, act);
+      expect_match(Hh, h, d, "expert h");
+      expect_match(YP, yp, d, "expert yp");
+      Tensor y = Tensor::zeros({T, C}, d), Y = Tensor::zeros({T, C}, d, Space::Cuda);
+      moe_combine_fwd(y, yp, src, w);
+      moe_combine_fwd(Y, YP, SRC, Wt);
+      expect_match(Y, y, d, "combine");
+      Tensor dy = rnd({T, C}, 66, d), dyp = Tensor::zeros({T * K, C}, d), dtw = Tensor::zeros({T, K}, d),
+             DYP = Tensor::zeros({T * K, C}, d, Space::Cuda), DTW = Tensor::zeros({T, K}, d, Space::Cuda);
+      moe_combine_bwd(dyp, dtw, dy, yp, src, w);
+      moe_combine_bwd(DYP, DTW, dev(dy), YP, SRC, Wt);
+      expect_match(DYP, dyp, d, "combine dyp");
+      expect_match(DTW, dtw, d, "combine dtopk_w");
+      Tensor dxp = Tensor::zeros({T * K, C}, d), dW1 = Tensor::zeros(W1.shape(), d), dW2 = Tensor::zeros(W2.shape(), d);
+      Tensor DXP = Tensor::zeros({T * K, C}, d, Space::Cuda), GW1 = Tensor::zeros(W1.shape(), d, Space::Cuda),
+             GW2 = Tensor::zeros(W2.shape(), d, Space::Cuda);
+      expert_mlp_bwd(dxp, dW1, dW2, xp, W1, W2, h, cnt, act, dyp);
+      expert_mlp_bwd(DXP, GW1, GW2, XP, DW1, DW2, Hh, CNT, act, DYP);
+      expect_match(DXP, dxp, d, "expert dxp");
+      expect_match(GW1, dW1, d, "expert dW1");
+      expect_match(GW2, dW2, d, "expert dW2");
+      Tensor dx = Tensor::zeros({T, C}, d), DX = Tensor::zeros({T, C}, d, Space::Cuda);
+      moe_permute_bwd(dx, dxp, src, K);
+      moe_permute_bwd(DX, DXP, SRC, K);
+      expect_match(DX, dx, d, "permute dx");
+    }
 }
