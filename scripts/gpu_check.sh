@@ -14,7 +14,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON -DHCP_BUILD_BENCHMARKS=OFF ${HCP_CMAKE_ARGS:-} \
   > "$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
 grep -E "^-- hybridcp:" "$logs/configure.log" || true
-cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" --target test_cuda_kernels test_cuda_comm > "$logs/build.log" 2>&1 \
+cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" --target test_cuda_kernels test_cuda_comm test_cuda_cp > "$logs/build.log" 2>&1 \
   || { tail -40 "$logs/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 rc=0

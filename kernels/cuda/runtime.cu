@@ -42,6 +42,65 @@ bool is_dev(const void* p) {
   }
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
+struct StridedArgs {
+  std::int64_t shape[8], ds[8], ss[8];
+  int ndim;
+};
+template <class W> __global__ void strided_k(W* dst, const W* src, StridedArgs a, std::int64_t n) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  std::int64_t rem = i, od = 0, os = 0;
+  for (int k = a.ndim - 1; k >= 0; --k) {
+    const std::int64_t idx = rem % a.shape[k];
+    rem /= a.shape[k];
+    od += idx * a.ds[k];
+    os += idx * a.ss[k];
+  }
+  dst[od] = src[os];
+}
+void dev_copy_strided(void* dst, const std::int64_t* ds, const void* src, const std::int64_t* ss, const std::int64_t* shape,
+                      int ndim, std::size_t elem) {
+  StridedArgs a{};
+  a.ndim = ndim;
+  std::int64_t n = 1;
+  for (int k = 0; k < ndim; ++k) {
+    a.shape[k] = shape[k];
+    a.ds[k] = ds[k];
+    a.ss[k] = ss[k];
+    n *= shape[k];
+  }
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
+  switch (elem) {
+    case 2: strided_k<unsigned short><<<blocks, 256>>>(static_cast<unsigned short*>(dst), static_cast<const unsigned short*>(src), a, n); break;
+    case 4: strided_k<unsigned int><<<blocks, 256>>>(static_cast<unsigned int*>(dst), static_cast<const unsigned int*>(src), a, n); break;
+    default: strided_k<unsigned long long><<<blocks, 256>>>(static_cast<unsigned long long*>(dst), static_cast<const unsigned long long*>(src), a, n); break;
+  }
+  check_launch("strided copy");
+}
+// One thread per 2-byte word of each row.
+__global__ void rows_k(unsigned short* dst, const unsigned short* src, const std::int64_t* dr, const std::int64_t* sr,
+                       std::int64_t n, std::int64_t words) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n * words) return;
+  const std::int64_t r = i / words, w = i % words;
+  dst[dr[r] * words + w] = src[sr[r] * words + w];
+}
+void dev_copy_rows(void* dst, const void* src, const std::int64_t* drows, const std::int64_t* srows, std::int64_t n,
+                   std::size_t row_bytes) {
+  if (n == 0 || row_bytes == 0) return;
+  HCP_CHECK(row_bytes % 2 == 0, "device row copy: rows of ", row_bytes, " bytes are not whole 2-byte words");
+  std::int64_t* d = nullptr;
+  HCP_CUDA_CHECK(cudaMalloc(&d, static_cast<std::size_t>(2 * n) * sizeof(std::int64_t)));
+  HCP_CUDA_CHECK(cudaMemcpy(d, drows, static_cast<std::size_t>(n) * sizeof(std::int64_t), cudaMemcpyHostToDevice));
+  HCP_CUDA_CHECK(cudaMemcpy(d + n, srows, static_cast<std::size_t>(n) * sizeof(std::int64_t), cudaMemcpyHostToDevice));
+  const std::int64_t words = static_cast<std::int64_t>(row_bytes / 2);
+  rows_k<<<static_cast<unsigned>((n * words + 255) / 256), 256>>>(static_cast<unsigned short*>(dst),
+                                                                  static_cast<const unsigned short*>(src), d, d + n, n, words);
+  check_launch("row copy");
+  HCP_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaFree(d);
+}
 }  // namespace
 
 int device_count() {
@@ -85,6 +144,8 @@ void init(int local_rank) {
   ops.alloc_pinned = pinned_alloc;
   ops.free_pinned = pinned_free;
   ops.is_device_ptr = is_dev;
+  ops.copy_strided = dev_copy_strided;
+  ops.copy_rows = dev_copy_rows;
   ops.name = g_name;
   register_device_ops(ops);
   g_init = true;

@@ -2,6 +2,7 @@
 // these once at start-up (hcp::cuda::init); until then, CUDA tensors are an error that says so.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/dtype.hpp"
@@ -17,6 +18,12 @@ struct DeviceOps {
   void* (*alloc_pinned)(std::size_t bytes) = nullptr;  // page-locked host memory for staging
   void (*free_pinned)(void* p) = nullptr;
   bool (*is_device_ptr)(const void* p) = nullptr;
+  // Device to device, elements of `elem` bytes, any strides (in elements), ndim <= 8.
+  void (*copy_strided)(void* dst, const std::int64_t* dst_strides, const void* src, const std::int64_t* src_strides,
+                       const std::int64_t* shape, int ndim, std::size_t elem) = nullptr;
+  // Device rows: dst row dst_rows[i] <- src row src_rows[i] (index arrays on the host).
+  void (*copy_rows)(void* dst, const void* src, const std::int64_t* dst_rows, const std::int64_t* src_rows,
+                    std::int64_t n, std::size_t row_bytes) = nullptr;
   std::string name;  // e.g. "cuda:0 NVIDIA H200"
 };
 

@@ -58,6 +58,13 @@ const DeviceOps& require_device(const char* what) {
 }
 }  // namespace
 
+namespace {
+thread_local Space g_default_space = Space::Host;
+}
+Space default_space() { return g_default_space; }
+SpaceScope::SpaceScope(Space s) : prev_(g_default_space) { g_default_space = s; }
+SpaceScope::~SpaceScope() { g_default_space = prev_; }
+
 void register_device_ops(const DeviceOps& ops) {
   g_device_ops = ops;
   g_have_device = true;
@@ -114,7 +121,7 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dt, Space sp) {
 Tensor Tensor::from(const std::vector<double>& v, const Shape& shape, DType dt) {
   HCP_CHECK(static_cast<std::int64_t>(v.size()) == numel_of(shape), "Tensor::from: ", v.size(),
             " values for shape ", shape_str(shape));
-  Tensor t = empty(shape, dt);
+  Tensor t = empty(shape, dt, Space::Host);
   for (std::size_t i = 0; i < v.size(); ++i) t.set(static_cast<std::int64_t>(i), v[i]);
   return t;
 }
@@ -217,11 +224,20 @@ void Tensor::copy_from(const Tensor& src) {
   HCP_CHECK(src.shape_ == shape_, "copy_from(): shape ", shape_str(src.shape_), " into ",
             shape_str(shape_));
   if (space_ == Space::Cuda || src.space_ == Space::Cuda) {
-    // Across spaces or on the device: same dtype, contiguous (convert on the host first).
-    HCP_CHECK(src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous(), "copy_from() between ",
-              to_string(src.space_), " and ", to_string(space_), " needs contiguous tensors of one dtype (",
-              to_string(src.dtype_), " -> ", to_string(dtype_), ")");
-    require_device("copy_from()").copy(data_, space_, src.data_, src.space_, nbytes());
+    // Across spaces or on the device: one dtype (convert on the host first); strided views on the
+    // device by the backend's strided copy.
+    HCP_CHECK(src.dtype_ == dtype_, "copy_from() between ", to_string(src.space_), " and ", to_string(space_),
+              " needs tensors of one dtype (", to_string(src.dtype_), " -> ", to_string(dtype_), ")");
+    const DeviceOps& ops = require_device("copy_from()");
+    if (is_contiguous() && src.is_contiguous()) {
+      ops.copy(data_, space_, src.data_, src.space_, nbytes());
+    } else if (space_ == Space::Host) {
+      copy_from(src.to(Space::Host));  // device -> contiguous host copy -> strided host copy
+    } else {
+      const Tensor s = src.space_ == Space::Cuda ? src : src.clone().to(Space::Cuda);
+      HCP_CHECK(dim() <= 8, "copy_from(): strided device copies support up to 8 axes");
+      ops.copy_strided(data_, strides_.data(), s.data_, s.strides_.data(), shape_.data(), dim(), dtype_size(dtype_));
+    }
     return;
   }
   if (src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous()) {
@@ -253,6 +269,12 @@ Tensor Tensor::to(Space sp) const {
 }
 
 void Tensor::fill(double v) {
+  if (space_ == Space::Cuda) {
+    Tensor h = Tensor::empty(shape_, dtype_, Space::Host);
+    h.fill(v);
+    copy_from(h);
+    return;
+  }
   const std::int64_t n = numel();
   for (std::int64_t i = 0; i < n; ++i) set(i, v);
 }

@@ -17,13 +17,28 @@ std::string shape_str(const Shape& s);
 std::int64_t numel_of(const Shape& s);
 Shape contiguous_strides(const Shape& s);
 
+// The memory space of allocations that name none (Tensor::empty/zeros without a space): Host,
+// unless a SpaceScope says otherwise. Layers set it from their inputs, so one code path allocates
+// on the host for host tensors and on the GPU for CUDA tensors. Per thread.
+Space default_space();
+class SpaceScope {
+ public:
+  explicit SpaceScope(Space s);
+  ~SpaceScope();
+  SpaceScope(const SpaceScope&) = delete;
+  SpaceScope& operator=(const SpaceScope&) = delete;
+
+ private:
+  Space prev_;
+};
+
 class Tensor {
  public:
   Tensor() = default;
 
   // Owning, contiguous, uninitialised / zero-filled host tensors.
-  static Tensor empty(const Shape& shape, DType dt, Space sp = Space::Host);
-  static Tensor zeros(const Shape& shape, DType dt, Space sp = Space::Host);
+  static Tensor empty(const Shape& shape, DType dt, Space sp = default_space());
+  static Tensor zeros(const Shape& shape, DType dt, Space sp = default_space());
   // Non-owning contiguous view of memory the caller keeps alive.
   static Tensor wrap(void* data, const Shape& shape, DType dt, Space sp = Space::Host);
   // Host tensor from values (converted to dt).

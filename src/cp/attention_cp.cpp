@@ -69,6 +69,7 @@ k::AttnParams CpAttention::base_params(std::int64_t heads, std::int64_t kv_heads
 }
 
 void CpAttention::forward(Tensor& o, const Tensor& q, const Tensor& kk, const Tensor& v) {
+  SpaceScope space_scope(q.space());  // work tensors live where the inputs do
   const std::int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
   HCP_CHECK(q.numel() == tl_ * H * D, "cp attention: q has shape ", shape_str(q.shape()), ", expected [", tl_, ", ", H,
             ", ", D, "] (local tokens = global / cp)");
@@ -87,6 +88,7 @@ void CpAttention::forward(Tensor& o, const Tensor& q, const Tensor& kk, const Te
 }
 
 void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
+  SpaceScope space_scope(dout.space());  // work tensors live where the inputs do
   HCP_CHECK(o_.defined(), "cp attention: backward() before forward()");
   HCP_CHECK(dout.numel() == q_.numel() && dq.numel() == q_.numel() && dk.numel() == k_.numel() &&
                 dv.numel() == v_.numel(),

@@ -1,5 +1,7 @@
 #include "cp/layout.hpp"
 
+#include "core/device.hpp"
+
 #include <algorithm>
 #include <cstring>
 
@@ -63,6 +65,11 @@ void permute_rows(Tensor& out, const Tensor& in, const std::vector<std::int64_t>
                   const std::vector<std::int64_t>& dst) {
   HCP_CHECK(in.is_contiguous() && out.is_contiguous(), "dcs: tensors must be contiguous");
   const std::size_t row = static_cast<std::size_t>(in.numel() / std::max<std::int64_t>(in.size(0), 1)) * dtype_size(in.dtype());
+  if (in.space() == Space::Cuda || out.space() == Space::Cuda) {
+    HCP_CHECK(in.space() == out.space(), "dcs: row permutation across memory spaces");
+    device_ops()->copy_rows(out.raw(), in.raw(), dst.data(), src.data(), static_cast<std::int64_t>(src.size()), row);
+    return;
+  }
   const char* ip = static_cast<const char*>(in.raw());
   char* op = static_cast<char*>(out.raw());
   for (std::size_t i = 0; i < src.size(); ++i)
@@ -84,7 +91,7 @@ Tensor dcs_partition(const Tensor& g, const SeqLayout& global, int cp, int rank,
   HCP_CHECK(g.dim() >= 1 && g.size(0) == global.total(), "dcs_partition: tensor has ", g.dim() ? g.size(0) : 0,
             " tokens, layout ", global.total());
   auto idx = dcs_global_index(global, cp, rank, part);
-  Tensor out = Tensor::empty(with_rows(g, static_cast<std::int64_t>(idx.size())), g.dtype());
+  Tensor out = Tensor::empty(with_rows(g, static_cast<std::int64_t>(idx.size())), g.dtype(), g.space());
   permute_rows(out, g, idx, iota(idx.size()));
   return out;
 }
@@ -92,7 +99,7 @@ Tensor dcs_partition(const Tensor& g, const SeqLayout& global, int cp, int rank,
 Tensor dcs_undo(const Tensor& rm, const SeqLayout& global, int cp, Partition part) {
   HCP_CHECK(rm.dim() >= 1 && rm.size(0) == global.total(), "dcs_undo: token count mismatch");
   auto idx = dcs_rank_major_index(global, cp, part);
-  Tensor out = Tensor::empty(rm.shape(), rm.dtype());
+  Tensor out = Tensor::empty(rm.shape(), rm.dtype(), rm.space());
   permute_rows(out, rm, iota(idx.size()), idx);
   return out;
 }
@@ -100,7 +107,7 @@ Tensor dcs_undo(const Tensor& rm, const SeqLayout& global, int cp, Partition par
 Tensor dcs_redo(const Tensor& g, const SeqLayout& global, int cp, Partition part) {
   HCP_CHECK(g.dim() >= 1 && g.size(0) == global.total(), "dcs_redo: token count mismatch");
   auto idx = dcs_rank_major_index(global, cp, part);
-  Tensor out = Tensor::empty(g.shape(), g.dtype());
+  Tensor out = Tensor::empty(g.shape(), g.dtype(), g.space());
   permute_rows(out, g, idx, iota(idx.size()));
   return out;
 }
@@ -110,7 +117,7 @@ Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& glob
   HCP_CHECK(local.size(0) * cp == global.total(), "dcs_gather: ", local.size(0), " local tokens x cp ", cp,
             " != ", global.total(), " global tokens");
   Tensor c = local.is_contiguous() ? local : local.clone();
-  Tensor rm = Tensor::empty(with_rows(local, global.total()), local.dtype());
+  Tensor rm = Tensor::empty(with_rows(local, global.total()), local.dtype(), local.space());
   comm.all_gather(c, rm);
   return dcs_undo(rm, global, cp, part);
 }
@@ -123,7 +130,7 @@ Tensor cp2hp(Communicator& comm, const Tensor& x, const SeqLayout& global, Parti
   HCP_CHECK(tl * cp == global.total(), "cp2hp: ", tl, " local tokens x cp ", cp, " != ", global.total());
   const std::int64_t cb = C / cp;
   Tensor x2 = x.view({tl, cp, cb});
-  Tensor send = Tensor::empty({cp, tl, cb}, x.dtype()), recv = Tensor::empty({cp, tl, cb}, x.dtype());
+  Tensor send = Tensor::empty({cp, tl, cb}, x.dtype(), x.space()), recv = Tensor::empty({cp, tl, cb}, x.dtype(), x.space());
   for (int r = 0; r < cp; ++r) send.slice(0, r, 1).view({tl, 1, cb}).copy_from(x2.slice(1, r, 1));
   comm.all_to_all(send, recv);
   return dcs_undo(recv.view({cp * tl, cb}), global, cp, part);
@@ -134,9 +141,9 @@ Tensor hp2cp(Communicator& comm, const Tensor& xh, const SeqLayout& global, Part
   HCP_CHECK(xh.dim() >= 2 && xh.size(0) == global.total(), "hp2cp: need [T, C/cp] with T = ", global.total());
   const std::int64_t T = xh.size(0), cb = xh.numel() / T, tl = T / cp;
   Tensor send = dcs_redo(xh.view({T, cb}), global, cp, part).view({cp, tl, cb});
-  Tensor recv = Tensor::empty({cp, tl, cb}, xh.dtype());
+  Tensor recv = Tensor::empty({cp, tl, cb}, xh.dtype(), xh.space());
   comm.all_to_all(send, recv);
-  Tensor out = Tensor::empty({tl, cp, cb}, xh.dtype());
+  Tensor out = Tensor::empty({tl, cp, cb}, xh.dtype(), xh.space());
   for (int r = 0; r < cp; ++r) out.slice(1, r, 1).copy_from(recv.slice(0, r, 1).view({tl, 1, cb}));
   return out.view({tl, cp * cb});
 }

@@ -186,6 +186,7 @@ void Mamba2HP::ssd_setup(kernels::SsdParams& sp, kernels::SsdInputs& in) {
 }
 
 void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
+  SpaceScope space_scope(h.space());  // work tensors live where the inputs do
   const std::int64_t Di = c_.d_inner(), G = c_.groups, N = c_.d_state, H = c_.heads, P = c_.head_dim;
   const std::int64_t T = global_.total();
   const DType dt = h.dtype();
@@ -230,6 +231,7 @@ void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
 }
 
 void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
+  SpaceScope space_scope(dy.space());  // work tensors live where the inputs do
   const std::int64_t Di = c_.d_inner(), G = c_.groups, N = c_.d_state, H = c_.heads, P = c_.head_dim;
   const std::int64_t T = global_.total();
   const DType dt = h_.dtype();
@@ -324,6 +326,9 @@ kernels::SsdInputs Mamba2SP::inputs(const PieceIO& io, const ParamMap& p, const 
 }
 
 void Mamba2SP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
+  HCP_CHECK(h.space() == Space::Host, "state-passing Mamba CP runs on host tensors only for now (its conv halo and "
+            "state scan are host code); use mamba_cp = hidden_parallel on GPU ranks");
+  SpaceScope space_scope(h.space());  // work tensors live where the inputs do
   const std::int64_t Di = c_.d_inner(), G = c_.groups, N = c_.d_state, H = c_.heads, P = c_.head_dim;
   const std::int64_t CD = c_.conv_dim(), np = static_cast<std::int64_t>(pieces_.size());
   const DType dt = h.dtype();
@@ -365,6 +370,7 @@ void Mamba2SP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
 }
 
 void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
+  SpaceScope space_scope(dy.space());  // work tensors live where the inputs do
   const std::int64_t Di = c_.d_inner(), G = c_.groups, N = c_.d_state, H = c_.heads, P = c_.head_dim;
   const std::int64_t CD = c_.conv_dim(), np = static_cast<std::int64_t>(pieces_.size());
   const DType dt = h_.dtype();

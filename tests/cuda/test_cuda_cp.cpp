@@ -1,0 +1,120 @@
+// CP strategies on GPU ranks: attention (ring p2p, all-gather, Ulysses a2a) and hidden-parallel
+// Mamba2 with every tensor on the GPU, through the host-staged MPI backend (several ranks share
+// the one GPU here; NCCL needs one GPU per rank), against the same CP code on host tensors.
+// Skips without a GPU.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "comm/mpi_communicator.hpp"
+#include "cp/attention_cp.hpp"
+#include "cp/layout.hpp"
+#include "kernels/cuda/runtime.hpp"
+#include "model/mamba2.hpp"
+#include "unit/fd.hpp"
+
+using namespace hcp;
+
+namespace {
+bool gpu() {
+  if (cuda::device_count() == 0) return false;
+  int local = 0;
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(s);
+  cuda::init(local);
+  return true;
+}
+#define REQUIRE_GPU() \
+  if (!gpu()) GTEST_SKIP() << "no usable GPU (" << cuda::unavailable_reason() << ")"
+double tol(DType d) { return d == DType::F64 ? 1e-12 : 2e-5; }
+void expect_match(const Tensor& dev, const Tensor& host, DType d, const std::string& what) {
+  ErrorStats e = compare(dev.to(Space::Host), host);
+  EXPECT_LE(e.max_abs, tol(d) * std::max(e.ref_max, 1e-30)) << what << ": max abs " << e.max_abs << ", ref max " << e.ref_max;
+}
+SeqLayout layout_of(const std::string& f, int cp) {
+  const std::int64_t m = 2 * cp;
+  return f == "bshd" ? SeqLayout::bshd(2, 6 * m) : SeqLayout::thd({0, 3 * m, 4 * m, 9 * m});
+}
+}  // namespace
+
+class GpuAttentionCp : public ::testing::TestWithParam<std::tuple<cp::AttnStrategy, std::string, DType>> {};
+
+TEST_P(GpuAttentionCp, DeviceEqualsHost) {
+  REQUIRE_GPU();
+  auto [strategy, format, dt] = GetParam();
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int n = world.size(), r = world.rank();
+  cp::CpAttnConfig c;
+  c.strategy = strategy;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 16;
+  c.global = layout_of(format, n);
+  const std::int64_t T = c.global.total();
+  Tensor q = test::rand({T, 4, 16}, 1, -1, 1, dt), k = test::rand({T, 2, 16}, 2, -1, 1, dt),
+         v = test::rand({T, 2, 16}, 3, -1, 1, dt), dout = test::rand({T, 4, 16}, 4, -1, 1, dt);
+  auto local = [&](const Tensor& t) { return cp::dcs_partition(t, c.global, n, r); };
+  Tensor ql = local(q), kl = local(k), vl = local(v), dol = local(dout);
+  // host
+  cp::CpAttention host(world, c);
+  Tensor o = Tensor::zeros(ql.shape(), dt), dq = Tensor::zeros(ql.shape(), dt), dk = Tensor::zeros(kl.shape(), dt),
+         dv = Tensor::zeros(vl.shape(), dt);
+  host.forward(o, ql, kl, vl);
+  host.backward(dq, dk, dv, dol);
+  // device
+  cp::CpAttention gpu_attn(world, c);
+  Tensor Q = ql.to(Space::Cuda), K = kl.to(Space::Cuda), V = vl.to(Space::Cuda), DO = dol.to(Space::Cuda);
+  Tensor O = Tensor::zeros(ql.shape(), dt, Space::Cuda), DQ = Tensor::zeros(ql.shape(), dt, Space::Cuda),
+         DK = Tensor::zeros(kl.shape(), dt, Space::Cuda), DV = Tensor::zeros(vl.shape(), dt, Space::Cuda);
+  gpu_attn.forward(O, Q, K, V);
+  gpu_attn.backward(DQ, DK, DV, DO);
+  const std::string tag = cp::to_string(strategy) + " " + format;
+  expect_match(O, o, dt, "o " + tag);
+  expect_match(DQ, dq, dt, "dq " + tag);
+  expect_match(DK, dk, dt, "dk " + tag);
+  expect_match(DV, dv, dt, "dv " + tag);
+  // And the gathered device result (device all-gather + DCS undo on the GPU).
+  expect_match(cp::dcs_gather(world, O, c.global), cp::dcs_gather(world, o, c.global), dt, "gathered o " + tag);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, GpuAttentionCp,
+                         ::testing::Combine(::testing::Values(cp::AttnStrategy::P2P, cp::AttnStrategy::AllGather,
+                                                              cp::AttnStrategy::A2A),
+                                            ::testing::Values("bshd", "thdpacked"),
+                                            ::testing::Values(DType::F64, DType::F32)),
+                         [](const auto& info) {
+                           return cp::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param) + "_" +
+                                  hcp::to_string(std::get<2>(info.param));
+                         });
+
+TEST(GpuMambaCp, HiddenParallelDeviceEqualsHost) {
+  REQUIRE_GPU();
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int n = world.size(), r = world.rank();
+  model::Mamba2Config c;
+  c.hidden = 12;
+  c.heads = 8;
+  c.head_dim = 4;
+  c.groups = 2;
+  c.d_state = 8;
+  c.chunk = 8;
+  if (c.groups < n && n % c.groups) GTEST_SKIP() << "cp % n_groups != 0";
+  for (DType dt : {DType::F64, DType::F32})
+    for (const std::string f : {"bshd", "thdpacked"}) {
+      const SeqLayout g = layout_of(f, n);
+      const std::int64_t T = g.total();
+      model::ParamMap p = model::mamba2_init(c, dt, 3), P;
+      for (auto& [nm, t] : p) P[nm] = t.to(Space::Cuda);
+      Tensor h = test::rand({T, c.hidden}, 5, -1, 1, dt), dy = test::rand({T, c.hidden}, 6, -1, 1, dt);
+      Tensor hl = cp::dcs_partition(h, g, n, r), dyl = cp::dcs_partition(dy, g, n, r);
+      model::Mamba2HP host(world, c, g), dev(world, c, g);
+      Tensor y = Tensor::zeros(hl.shape(), dt), dh = Tensor::zeros(hl.shape(), dt);
+      model::ParamMap gh, gd;
+      host.forward(y, hl, p);
+      host.backward(dh, gh, dyl, p);
+      Tensor Y = Tensor::zeros(hl.shape(), dt, Space::Cuda), DH = Tensor::zeros(hl.shape(), dt, Space::Cuda);
+      dev.forward(Y, hl.to(Space::Cuda), P);
+      dev.backward(DH, gd, dyl.to(Space::Cuda), P);
+      expect_match(Y, y, dt, "mamba y " + f);
+      expect_match(DH, dh, dt, "mamba dh " + f);
+      for (auto& [nm, t] : gh) expect_match(gd.at(nm), t, dt, "mamba d" + nm + " " + f);
+    }
+}
