@@ -87,6 +87,16 @@ Shape with_rows(const Tensor& t, std::int64_t rows) {
 }
 }  // namespace
 
+void copy_rows(Tensor& out, const Tensor& in, const std::vector<std::int64_t>& dst_rows,
+               const std::vector<std::int64_t>& src_rows) {
+  HCP_CHECK(dst_rows.size() == src_rows.size(), "copy_rows: ", dst_rows.size(), " destination and ", src_rows.size(),
+            " source rows");
+  HCP_CHECK(in.dtype() == out.dtype() && in.numel() / std::max<std::int64_t>(in.size(0), 1) ==
+                                              out.numel() / std::max<std::int64_t>(out.size(0), 1),
+            "copy_rows: tensors of different row shape or dtype");
+  if (!src_rows.empty()) permute_rows(out, in, src_rows, dst_rows);
+}
+
 Tensor dcs_partition(const Tensor& g, const SeqLayout& global, int cp, int rank, Partition part) {
   HCP_CHECK(g.dim() >= 1 && g.size(0) == global.total(), "dcs_partition: tensor has ", g.dim() ? g.size(0) : 0,
             " tokens, layout ", global.total());

@@ -34,6 +34,11 @@ std::vector<std::int64_t> dcs_positions(const SeqLayout& global, int cp, int ran
 std::vector<std::int64_t> dcs_rank_major_index(const SeqLayout& global, int cp,
                 Partition part = Partition::DCS);
 
+// Row copies of contiguous [R, ...] tensors in one memory space (host memcpy, or one device
+// kernel): out row dst_rows[i] <- in row src_rows[i].
+void copy_rows(Tensor& out, const Tensor& in, const std::vector<std::int64_t>& dst_rows,
+               const std::vector<std::int64_t>& src_rows);
+
 // Tensors with the token axis first ([T, ...]):
 Tensor dcs_partition(const Tensor& global_t, const SeqLayout& global, int cp, int rank,
                 Partition part = Partition::DCS);

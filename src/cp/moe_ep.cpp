@@ -7,12 +7,11 @@ namespace hcp::cp {
 
 namespace {
 std::int64_t width(const Tensor& t) { return t.size(0) ? t.numel() / t.size(0) : (t.dim() > 1 ? t.size(1) : 0); }
-// Rows [src, src+n) of a contiguous [R, C] tensor to rows [dst, dst+n) of another.
-void copy_rows(Tensor& out, std::int64_t dst, const Tensor& in, std::int64_t src, std::int64_t n, std::int64_t C) {
+// Rows [src, src+n) of a contiguous [R, C] tensor to rows [dst, dst+n) of another (any one space).
+void copy_rows(Tensor& out, std::int64_t dst, const Tensor& in, std::int64_t src, std::int64_t n, std::int64_t) {
   if (n == 0) return;
-  const std::size_t row = static_cast<std::size_t>(C) * dtype_size(in.dtype());
-  std::memcpy(static_cast<char*>(out.raw()) + static_cast<std::size_t>(dst) * row,
-              static_cast<const char*>(in.raw()) + static_cast<std::size_t>(src) * row, static_cast<std::size_t>(n) * row);
+  Tensor d = out.slice(0, dst, n);
+  d.copy_from(in.slice(0, src, n));
 }
 }  // namespace
 
@@ -51,10 +50,10 @@ Tensor EpDispatcher::dispatch(const Tensor& xp) const {
     for (std::int64_t e = 0; e < el_; ++e) n += recv_counts_[static_cast<std::size_t>(q * el_ + e)];
     rc[static_cast<std::size_t>(q)] = n * C;
   }
-  Tensor recv = Tensor::empty({std::max<std::int64_t>(local_rows_, 1), C}, xp.dtype());
+  Tensor recv = Tensor::empty({std::max<std::int64_t>(local_rows_, 1), C}, xp.dtype(), xp.space());
   comm_.all_to_all_v(xp.raw(), sc, recv.raw(), rc, xp.dtype());
   // Source-major (source, expert) -> expert-major (expert, source).
-  Tensor out = Tensor::empty({local_rows_, C}, xp.dtype());
+  Tensor out = Tensor::empty({local_rows_, C}, xp.dtype(), xp.space());
   std::int64_t dst = 0;
   for (std::int64_t e = 0; e < el_; ++e)
     for (int s = 0; s < ep_; ++s) {
@@ -74,7 +73,7 @@ Tensor EpDispatcher::combine(const Tensor& yl) const {
             local_rows_, ", C] contiguous");
   const std::int64_t C = width(yl);
   // Expert-major -> source-major, then back to the sources.
-  Tensor send = Tensor::empty({std::max<std::int64_t>(local_rows_, 1), C}, yl.dtype());
+  Tensor send = Tensor::empty({std::max<std::int64_t>(local_rows_, 1), C}, yl.dtype(), yl.space());
   std::int64_t src = 0;
   for (std::int64_t e = 0; e < el_; ++e)
     for (int s = 0; s < ep_; ++s) {
@@ -93,8 +92,8 @@ Tensor EpDispatcher::combine(const Tensor& yl) const {
     sc[static_cast<std::size_t>(q)] = n * C;
     rc[static_cast<std::size_t>(q)] = send_rows_[static_cast<std::size_t>(q)] * C;
   }
-  Tensor out = Tensor::empty({rows_, C}, yl.dtype());
-  Tensor recv = rows_ ? out : Tensor::empty({1, C}, yl.dtype());
+  Tensor out = Tensor::empty({rows_, C}, yl.dtype(), yl.space());
+  Tensor recv = rows_ ? out : Tensor::empty({1, C}, yl.dtype(), yl.space());
   comm_.all_to_all_v(send.raw(), sc, recv.raw(), rc, yl.dtype());
   return out;
 }

@@ -1,5 +1,7 @@
 #include "cp/state_passing.hpp"
 
+#include "kernels/kernels.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -13,13 +15,12 @@ int owner_of_chunk(std::int64_t chunk, int cp, Partition part) {
 }
 std::int64_t chunks_per_seq(int cp, Partition part) { return part == Partition::DCS ? 2 * cp : cp; }
 
-// Row `src` of a contiguous [R, C] tensor into row `dst` of another (same dtype and width).
-void copy_row(Tensor& out, std::int64_t dst, const Tensor& in, std::int64_t src) {
-  const std::size_t row = static_cast<std::size_t>(in.numel() / in.size(0)) * dtype_size(in.dtype());
-  std::memcpy(static_cast<char*>(out.raw()) + static_cast<std::size_t>(dst) * row,
-              static_cast<const char*>(in.raw()) + static_cast<std::size_t>(src) * row, row);
-}
 std::int64_t width(const Tensor& t) { return t.size(0) ? t.numel() / t.size(0) : 0; }
+std::vector<std::int64_t> iota_rows(std::int64_t n) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
+  return v;
+}
 }  // namespace
 
 std::vector<Piece> local_pieces(const SeqLayout& global, int cp, int rank, Partition part) {
@@ -76,6 +77,11 @@ ConvHalo::ConvHalo(const SeqLayout& global, int cp, int rank, Partition part, st
     });
     e += halo_ + p.len;
   }
+  for (std::size_t i = 0; i < pieces_.size(); ++i)
+    for (std::int64_t j = 0; j < pieces_[i].len; ++j) {
+      own_ext_.push_back(ext_start_[i] + halo_ + j);
+      own_local_.push_back(pieces_[i].lrow + j);
+    }
   for (int d = 0; d < cp; ++d)
     for (const auto& p : all[static_cast<std::size_t>(d)])
       halo_tokens(p, [&](std::int64_t, std::int64_t g) {
@@ -96,43 +102,39 @@ Tensor ConvHalo::gather(Communicator& comm, const Tensor& local) const {
   HCP_CHECK(local.dim() == 2 && local.size(0) == tl_ && local.is_contiguous(), "ConvHalo::gather: need [", tl_,
             ", C] contiguous, got ", shape_str(local.shape()));
   const std::int64_t C = width(local);
-  std::vector<std::int64_t> sc, rc;
-  std::int64_t ns = 0, nr = 0;
+  const Space sp = local.space();
+  std::vector<std::int64_t> sc, rc, send_src, recv_dst;
   for (int q = 0; q < cp_; ++q) {
-    sc.push_back(static_cast<std::int64_t>(send_rows_[static_cast<std::size_t>(q)].size()) * C);
-    rc.push_back(static_cast<std::int64_t>(recv_rows_[static_cast<std::size_t>(q)].size()) * C);
-    ns += sc.back() / std::max<std::int64_t>(C, 1);
-    nr += rc.back() / std::max<std::int64_t>(C, 1);
+    const auto& sr = send_rows_[static_cast<std::size_t>(q)];
+    const auto& rr = recv_rows_[static_cast<std::size_t>(q)];
+    sc.push_back(static_cast<std::int64_t>(sr.size()) * C);
+    rc.push_back(static_cast<std::int64_t>(rr.size()) * C);
+    send_src.insert(send_src.end(), sr.begin(), sr.end());
+    recv_dst.insert(recv_dst.end(), rr.begin(), rr.end());
   }
-  Tensor send = Tensor::empty({std::max<std::int64_t>(ns, 1), C}, local.dtype());
-  Tensor recv = Tensor::empty({std::max<std::int64_t>(nr, 1), C}, local.dtype());
-  std::int64_t k = 0;
-  for (const auto& rows : send_rows_)
-    for (auto r : rows) copy_row(send, k++, local, r);
+  const auto ns = static_cast<std::int64_t>(send_src.size()), nr = static_cast<std::int64_t>(recv_dst.size());
+  Tensor send = Tensor::empty({std::max<std::int64_t>(ns, 1), C}, local.dtype(), sp);
+  Tensor recv = Tensor::empty({std::max<std::int64_t>(nr, 1), C}, local.dtype(), sp);
+  copy_rows(send, local, iota_rows(ns), send_src);
   comm.all_to_all_v(send.raw(), sc, recv.raw(), rc, local.dtype());
-  Tensor ext = Tensor::zeros({ext_rows(), C}, local.dtype());
-  k = 0;
-  for (const auto& rows : recv_rows_)
-    for (auto r : rows) copy_row(ext, r, recv, k++);
-  for (std::size_t i = 0; i < pieces_.size(); ++i)
-    for (std::int64_t j = 0; j < pieces_[i].len; ++j) copy_row(ext, ext_start_[i] + halo_ + j, local, pieces_[i].lrow + j);
+  Tensor ext = Tensor::zeros({ext_rows(), C}, local.dtype(), sp);
+  copy_rows(ext, recv, recv_dst, iota_rows(nr));
+  copy_rows(ext, local, own_ext_, own_local_);
   return ext;
 }
 
 Tensor ConvHalo::own_rows(const Tensor& ext) const {
   HCP_CHECK(ext.dim() == 2 && ext.size(0) == ext_rows() && ext.is_contiguous(), "ConvHalo::own_rows: need [",
             ext_rows(), ", C]");
-  Tensor out = Tensor::empty({tl_, width(ext)}, ext.dtype());
-  for (std::size_t i = 0; i < pieces_.size(); ++i)
-    for (std::int64_t j = 0; j < pieces_[i].len; ++j) copy_row(out, pieces_[i].lrow + j, ext, ext_start_[i] + halo_ + j);
+  Tensor out = Tensor::empty({tl_, width(ext)}, ext.dtype(), ext.space());
+  copy_rows(out, ext, own_local_, own_ext_);
   return out;
 }
 
 Tensor ConvHalo::expand(const Tensor& local) const {
   HCP_CHECK(local.dim() == 2 && local.size(0) == tl_ && local.is_contiguous(), "ConvHalo::expand: need [", tl_, ", C]");
-  Tensor ext = Tensor::zeros({ext_rows(), width(local)}, local.dtype());
-  for (std::size_t i = 0; i < pieces_.size(); ++i)
-    for (std::int64_t j = 0; j < pieces_[i].len; ++j) copy_row(ext, ext_start_[i] + halo_ + j, local, pieces_[i].lrow + j);
+  Tensor ext = Tensor::zeros({ext_rows(), width(local)}, local.dtype(), local.space());
+  copy_rows(ext, local, own_ext_, own_local_);
   return ext;
 }
 
@@ -140,31 +142,26 @@ Tensor ConvHalo::scatter_back(Communicator& comm, const Tensor& dext) const {
   HCP_CHECK(comm.size() == cp_ && comm.rank() == rank_, "ConvHalo: communicator does not match the plan");
   Tensor dlocal = own_rows(dext);
   const std::int64_t C = width(dext);
-  std::vector<std::int64_t> sc, rc;
-  std::int64_t ns = 0, nr = 0;
+  const Space sp = dext.space();
+  std::vector<std::int64_t> sc, rc, send_src, add_dst;
   for (int q = 0; q < cp_; ++q) {
-    const auto nrecv = static_cast<std::int64_t>(recv_rows_[static_cast<std::size_t>(q)].size());
-    const auto nsend = static_cast<std::int64_t>(send_rows_[static_cast<std::size_t>(q)].size());
-    sc.push_back(nrecv * C);  // the reverse of gather(): halo gradients go back where they came from
-    rc.push_back(nsend * C);
-    ns += nrecv;
-    nr += nsend;
+    const auto& rr = recv_rows_[static_cast<std::size_t>(q)];
+    const auto& sr = send_rows_[static_cast<std::size_t>(q)];
+    sc.push_back(static_cast<std::int64_t>(rr.size()) * C);  // the reverse of gather(): back where they came from
+    rc.push_back(static_cast<std::int64_t>(sr.size()) * C);
+    send_src.insert(send_src.end(), rr.begin(), rr.end());
+    add_dst.insert(add_dst.end(), sr.begin(), sr.end());
   }
-  Tensor send = Tensor::empty({std::max<std::int64_t>(ns, 1), C}, dext.dtype());
-  Tensor recv = Tensor::empty({std::max<std::int64_t>(nr, 1), C}, dext.dtype());
-  std::int64_t k = 0;
-  for (const auto& rows : recv_rows_)
-    for (auto r : rows) copy_row(send, k++, dext, r);
+  const auto ns = static_cast<std::int64_t>(send_src.size()), nr = static_cast<std::int64_t>(add_dst.size());
+  Tensor send = Tensor::empty({std::max<std::int64_t>(ns, 1), C}, dext.dtype(), sp);
+  Tensor recv = Tensor::empty({std::max<std::int64_t>(nr, 1), C}, dext.dtype(), sp);
+  copy_rows(send, dext, iota_rows(ns), send_src);
   comm.all_to_all_v(send.raw(), sc, recv.raw(), rc, dext.dtype());
-  k = 0;
-  for (const auto& rows : send_rows_)
-    for (auto r : rows) {
-      Tensor dst = dlocal.slice(0, r, 1);
-      Tensor sum = dst.clone();
-      for (std::int64_t c = 0; c < C; ++c) sum.set(c, sum.get(c) + recv.get(k * C + c));
-      dst.copy_from(sum);
-      ++k;
-    }
+  // Add each returned halo gradient into its row, in a fixed order (a row may come back several times).
+  for (std::int64_t k = 0; k < nr; ++k) {
+    Tensor dst = dlocal.slice(0, add_dst[static_cast<std::size_t>(k)], 1);
+    kernels::axpy(dst, 1.0, recv.slice(0, k, 1));
+  }
   return dlocal;
 }
 
@@ -243,8 +240,13 @@ void scan_bwd(T* dS, T* da, const T* dSin, const T* Sin, const T* a, const std::
 }
 }  // namespace
 
-Tensor StateScan::forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local) {
+Tensor StateScan::forward(Communicator& comm, const Tensor& S_local_in, const Tensor& a_local_in) {
   HCP_CHECK(comm.size() == cp_ && comm.rank() == rank_, "StateScan: communicator does not match the plan");
+  // The scan is tiny (pieces x H x P x N) and sequential: it runs on the host; device states are
+  // copied over and the result back.
+  const Space sp = S_local_in.space();
+  const Tensor S_local = sp == Space::Host ? S_local_in : S_local_in.to(Space::Host);
+  const Tensor a_local = sp == Space::Host ? a_local_in : a_local_in.to(Space::Host);
   HCP_CHECK(S_local.dim() == 4 && S_local.size(0) == np_ && a_local.dim() == 2 && a_local.size(0) == np_ &&
                 a_local.size(1) == S_local.size(1) && S_local.dtype() == a_local.dtype(),
             "StateScan: need S [", np_, ",H,P,N] and a [", np_, ",H] of one dtype");
@@ -252,11 +254,11 @@ Tensor StateScan::forward(Communicator& comm, const Tensor& S_local, const Tenso
   const std::int64_t H = S_local.size(1), PN = S_local.size(2) * S_local.size(3);
   Shape all_s = S_local.shape();
   all_s[0] *= cp_;
-  S_all_ = Tensor::empty(all_s, S_local.dtype());
-  a_all_ = Tensor::empty({cp_ * np_, H}, S_local.dtype());
+  S_all_ = Tensor::empty(all_s, S_local.dtype(), Space::Host);
+  a_all_ = Tensor::empty({cp_ * np_, H}, S_local.dtype(), Space::Host);
   // One message per rank: its states and decays together.
   const std::int64_t per = np_ * H * (PN + 1);
-  Tensor send = Tensor::empty({per}, S_local.dtype()), recv = Tensor::empty({cp_ * per}, S_local.dtype());
+  Tensor send = Tensor::empty({per}, S_local.dtype(), Space::Host), recv = Tensor::empty({cp_ * per}, S_local.dtype(), Space::Host);
   const std::size_t es = dtype_size(S_local.dtype());
   std::memcpy(send.raw(), S_local.raw(), S_local.nbytes());
   std::memcpy(static_cast<char*>(send.raw()) + S_local.nbytes(), a_local.raw(), a_local.nbytes());
@@ -267,30 +269,34 @@ Tensor StateScan::forward(Communicator& comm, const Tensor& S_local, const Tenso
     std::memcpy(static_cast<char*>(a_all_.raw()) + a_local.nbytes() * static_cast<std::size_t>(q), src + S_local.nbytes(),
                 a_local.nbytes());
   }
-  Sin_all_ = Tensor::empty(all_s, S_local.dtype());
+  Sin_all_ = Tensor::empty(all_s, S_local.dtype(), Space::Host);
   if (S_local.dtype() == DType::F64)
     scan_fwd<double>(Sin_all_.data<double>(), S_all_.data<double>(), a_all_.data<double>(), slot_, H, PN);
   else
     scan_fwd<float>(Sin_all_.data<float>(), S_all_.data<float>(), a_all_.data<float>(), slot_, H, PN);
-  return Sin_all_.slice(0, rank_ * np_, np_).clone();
+  Tensor mine = Sin_all_.slice(0, rank_ * np_, np_).clone();
+  return sp == Space::Host ? mine : mine.to(sp);
 }
 
-void StateScan::backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const {
+void StateScan::backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in_arg) const {
   HCP_CHECK(Sin_all_.defined(), "StateScan: backward() before forward()");
+  const Space sp = dS_in_arg.space();
+  const Tensor dS_in = sp == Space::Host ? dS_in_arg : dS_in_arg.to(Space::Host);
   HCP_CHECK(dS_in.shape() == S_all_.slice(0, 0, np_).shape() && dS_in.dtype() == S_all_.dtype(),
             "StateScan::backward: dS_in must be ", shape_str(S_all_.slice(0, 0, np_).shape()));
   const std::int64_t H = S_all_.size(1), PN = S_all_.size(2) * S_all_.size(3);
-  Tensor dsin_all = Tensor::empty(S_all_.shape(), S_all_.dtype());
+  Tensor dsin_all = Tensor::empty(S_all_.shape(), S_all_.dtype(), Space::Host);
   comm.all_gather(dS_in.is_contiguous() ? dS_in : dS_in.clone(), dsin_all);
-  Tensor dS_all = Tensor::empty(S_all_.shape(), S_all_.dtype()), da_all = Tensor::empty(a_all_.shape(), a_all_.dtype());
+  Tensor dS_all = Tensor::empty(S_all_.shape(), S_all_.dtype(), Space::Host),
+         da_all = Tensor::empty(a_all_.shape(), a_all_.dtype(), Space::Host);
   if (S_all_.dtype() == DType::F64)
     scan_bwd<double>(dS_all.data<double>(), da_all.data<double>(), dsin_all.data<double>(), Sin_all_.data<double>(),
                      a_all_.data<double>(), slot_, H, PN);
   else
     scan_bwd<float>(dS_all.data<float>(), da_all.data<float>(), dsin_all.data<float>(), Sin_all_.data<float>(),
                     a_all_.data<float>(), slot_, H, PN);
-  dS_local = dS_all.slice(0, rank_ * np_, np_).clone();
-  da_local = da_all.slice(0, rank_ * np_, np_).clone();
+  dS_local = dS_all.slice(0, rank_ * np_, np_).clone().to(sp);
+  da_local = da_all.slice(0, rank_ * np_, np_).clone().to(sp);
 }
 
 }  // namespace hcp::cp

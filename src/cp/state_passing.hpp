@@ -64,6 +64,7 @@ class ConvHalo {
   std::vector<std::int64_t> ext_seq_, ext_start_;
   std::vector<std::vector<std::int64_t>> send_rows_;  // per destination: my local rows, in its order
   std::vector<std::vector<std::int64_t>> recv_rows_;  // per source: my extended rows, in that order
+  std::vector<std::int64_t> own_ext_, own_local_;     // piece rows: extended row <-> local row
 };
 
 // Total rows moved between different ranks by one ConvHalo::gather() over the whole CP group,

@@ -95,6 +95,7 @@ std::int64_t HybridModel::attention_model_bytes(DType dt) const {
 
 void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
                       StepResult& r) {
+  SpaceScope space_scope(p.at("embed").space());  // the model runs where its parameters live
   HCP_CHECK(static_cast<std::int64_t>(tokens.size()) == tl_ && labels.size() == tokens.size(), "hybrid: need ", tl_,
             " local tokens and labels, got ", tokens.size(), " and ", labels.size());
   for (auto t : tokens) HCP_CHECK(t >= 0 && t < c_.vocab, "hybrid: token id ", t, " outside [0, model.vocab = ", c_.vocab, ")");
@@ -148,6 +149,7 @@ StepResult HybridModel::forward(const ParamMap& p, const std::vector<std::int64_
 
 StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>& tokens,
                              const std::vector<std::int64_t>& labels, ParamMap& grads) {
+  SpaceScope space_scope(p.at("embed").space());  // the model runs where its parameters live
   StepResult r;
   fwd(p, tokens, labels, r);
   const DType dt = p.at("embed").dtype();

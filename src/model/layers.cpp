@@ -52,6 +52,7 @@ AttentionLayer::AttentionLayer(Communicator& comm, AttnLayerConfig cfg, SeqLayou
 }
 
 void AttentionLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
+  SpaceScope space_scope(x.space());
   const DType dt = x.dtype();
   const std::int64_t H = c_.heads, Hk = c_.kv_heads, D = c_.head_dim;
   x_ = x.view({tl_, c_.hidden});
@@ -77,6 +78,7 @@ void AttentionLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
 }
 
 void AttentionLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
+  SpaceScope space_scope(dy.space());
   HCP_CHECK(o_.defined(), "attention: backward() before forward()");
   const DType dt = x_.dtype();
   const std::int64_t H = c_.heads, Hk = c_.kv_heads, D = c_.head_dim;
@@ -113,6 +115,7 @@ ParamMap mlp_init(const MlpConfig& c, DType dt, std::uint64_t seed) {
 
 // A dense MLP is the grouped expert MLP with one expert holding every row.
 void MlpLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
+  SpaceScope space_scope(x.space());
   const Tensor& W1 = p.at("W1");
   const std::int64_t T = x.numel() / c_.hidden, F1 = W1.size(0);
   x_ = x.view({T, c_.hidden});
@@ -123,6 +126,7 @@ void MlpLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
 }
 
 void MlpLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
+  SpaceScope space_scope(dy.space());
   HCP_CHECK(h_.defined(), "mlp: backward() before forward()");
   const Tensor& W1 = p.at("W1");
   const std::int64_t T = x_.size(0), F1 = W1.size(0);
@@ -174,6 +178,7 @@ ParamMap shared_params(const ParamMap& p) {
 }  // namespace
 
 void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
+  SpaceScope space_scope(x.space());
   const DType dt = x.dtype();
   const std::int64_t C = c_.hidden, E = c_.experts, K = c_.topk, T = x.numel() / C;
   x_ = x.view({T, C});
@@ -208,6 +213,7 @@ void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
 }
 
 void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
+  SpaceScope space_scope(dy.space());
   HCP_CHECK(disp_, "moe: backward() before forward()");
   const DType dt = x_.dtype();
   const std::int64_t C = c_.hidden, E = c_.experts, K = c_.topk, T = x_.size(0);

@@ -326,8 +326,6 @@ kernels::SsdInputs Mamba2SP::inputs(const PieceIO& io, const ParamMap& p, const 
 }
 
 void Mamba2SP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
-  HCP_CHECK(h.space() == Space::Host, "state-passing Mamba CP runs on host tensors only for now (its conv halo and "
-            "state scan are host code); use mamba_cp = hidden_parallel on GPU ranks");
   SpaceScope space_scope(h.space());  // work tensors live where the inputs do
   const std::int64_t Di = c_.d_inner(), G = c_.groups, N = c_.d_state, H = c_.heads, P = c_.head_dim;
   const std::int64_t CD = c_.conv_dim(), np = static_cast<std::int64_t>(pieces_.size());
