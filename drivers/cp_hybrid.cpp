@@ -11,6 +11,7 @@
 #include "common.hpp"
 #include "comm/process_grid.hpp"
 #include "harness.hpp"
+#include "device.hpp"
 #include "hybrid_common.hpp"
 #include "io/results.hpp"
 
@@ -61,6 +62,7 @@ DeckSchema schema() {
   DeckSchema s;
   drivers::add_hybrid_model_keys(s, {"p2p", "allgather", "a2a", "all"}, "all");
   drivers::add_cp_driver_keys(s, "120, 37, 90", 128);
+  drivers::add_device_key(s);
   return s;
 }
 
@@ -71,6 +73,7 @@ std::vector<cp::AttnStrategy> strategies(const Deck& d) {
 }
 
 void validate(DriverContext& ctx) {
+  drivers::init_device(ctx.deck);
   const int cp = drivers::cp_size_of(ctx.deck, ctx.world->size());
   ProcessGrid g = ProcessGrid::make(*ctx.world, cp);
   for (auto st : strategies(ctx.deck)) {
@@ -89,8 +92,10 @@ void run(DriverContext& ctx) {
   const Deck& d = ctx.deck;
   const int cp = drivers::cp_size_of(d, ctx.world->size());
   ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
-  Communicator& cpc = *grid.cp;
+  std::unique_ptr<Communicator> nccl;
+  Communicator& cpc = drivers::device_comm(d, *grid.cp, nccl);
   auto self = ctx.world->split(ctx.world->rank(), 0);
+  const Space space = drivers::space_of(d);
   const int r = grid.cp_rank;
   const DType dt = dtype_from_string(d.get_string("data.dtype"));
   const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
@@ -100,7 +105,10 @@ void run(DriverContext& ctx) {
   const auto sts = strategies(d);
   const model::HybridConfig c0 = drivers::hybrid_config(d, sts[0]);
   const drivers::TokenBatch batch = drivers::make_token_batch(d, cp, c0.vocab, seed);
-  const model::ParamMap p = model::hybrid_init(c0, dt, seed);
+  model::ParamMap p = model::hybrid_init(c0, dt, seed);
+  if (space == Space::Cuda)
+    for (auto& [n, t] : p) t = t.to(Space::Cuda);  // the model runs where its parameters live
+  auto host = [](const Tensor& t) { return t.space() == Space::Host ? t : t.to(Space::Host); };
   const auto tok = drivers::local_ids(batch.tokens, batch.layout, cp, r);
   const auto lab = drivers::local_ids(batch.labels, batch.layout, cp, r);
 
@@ -117,15 +125,16 @@ void run(DriverContext& ctx) {
     const double t0 = MPI_Wtime();
     ref = m.step(p, batch.tokens, batch.labels, rg);
     ref_ms = (MPI_Wtime() - t0) * 1e3;
-    ref_blocks = m.block_outputs();
-    ref_dlogits = m.dlogits();
+    for (auto& b : m.block_outputs()) ref_blocks.push_back(host(b));
+    ref_dlogits = host(m.dlogits());
+    for (auto& [n, t] : rg) t = host(t);
   }
   if (check && w) {
     for (std::size_t i = 0; i < c0.pattern.size(); ++i)
       w->tensor("/activations/reference/block_" + std::to_string(i), ctx.root() ? ref_blocks[i] : Tensor(),
                 "[T,hidden] global order", "1");
     w->tensor("/gradients/reference/logits", ctx.root() ? ref_dlogits : Tensor(), "[T,vocab] global order", "1/token");
-    for (auto& [n, t] : p) w->tensor("/gradients/reference/" + n, ctx.root() ? rg.at(n) : t, "parameter shape", "1");
+    for (auto& [n, t] : p) w->tensor("/gradients/reference/" + n, ctx.root() ? rg.at(n) : Tensor(), "parameter shape", "1");
   }
   struct Row {
     std::string name;
@@ -163,8 +172,9 @@ void run(DriverContext& ctx) {
     for (auto& [op, cc] : cpc.counters()) bytes += cc.bytes_sent / reps;
     row.comm_mb = cpc.all_reduce_scalar(static_cast<double>(bytes), ReduceOp::Max) / 1e6;
     std::vector<Tensor> blocks;
-    for (auto& b : m.block_outputs()) blocks.push_back(cp::dcs_gather(cpc, b, batch.layout));
-    Tensor dlogits = cp::dcs_gather(cpc, m.dlogits(), batch.layout);
+    for (auto& b : m.block_outputs()) blocks.push_back(host(cp::dcs_gather(cpc, b, batch.layout)));
+    Tensor dlogits = host(cp::dcs_gather(cpc, m.dlogits(), batch.layout));
+    for (auto& [n, t] : grads) t = host(t);
     std::vector<std::pair<std::string, double>> errs;
     if (check && ctx.root()) {
       errs.push_back({"loss", std::abs(res.loss - ref.loss) / std::max(std::abs(ref.loss), 1e-300)});
@@ -194,7 +204,7 @@ void run(DriverContext& ctx) {
     w->config({{"driver", "cp_hybrid"}, {"deck", d.text()}, {"deck_resolved", d.resolved()}, {"command_line", ctx.cmdline},
                {"git_revision", ctx.git_rev}, {"format", d.get_string("data.format")}, {"strategy", names},
                {"mamba_cp", d.get_string("parallel.mamba_cp")}, {"pattern", c0.pattern},
-               {"backend", "host/" + cpc.backend()}, {"dtype", to_string(dt)}});
+               {"backend", drivers::device_desc(d, cpc)}, {"dtype", to_string(dt)}});
     w->config_int("cp_size", cp);
     w->config_int("world_size", ctx.world->size());
     w->config_int("tokens", batch.layout.total());
@@ -202,12 +212,12 @@ void run(DriverContext& ctx) {
   }
   if (ctx.root()) {
     std::printf("# cp_hybrid: ranks=%d cp=%d pattern=%s format=%s tokens=%lld (%lld sequences, %lld label tokens) "
-                "hidden=%lld vocab=%lld mamba_cp=%s dtype=%s backend=host/%s\n",
+                "hidden=%lld vocab=%lld mamba_cp=%s dtype=%s backend=%s\n",
                 ctx.world->size(), cp, c0.pattern.c_str(), d.get_string("data.format").c_str(),
                 static_cast<long long>(batch.layout.total()), static_cast<long long>(batch.layout.nseq()),
                 static_cast<long long>(batch.label_tokens), static_cast<long long>(c0.hidden),
                 static_cast<long long>(c0.vocab), d.get_string("parallel.mamba_cp").c_str(), to_string(dt).c_str(),
-                cpc.backend().c_str());
+                drivers::device_desc(d, cpc).c_str());
     if (check) std::printf("# cp=1 reference on rank 0: loss %.12f, step %.2f ms\n", ref.loss, ref_ms);
     std::printf("# %-10s %16s %10s %12s %12s  %s\n", "attention", "loss", "step_ms", "comm_MB/rank", "max_rel_err",
                 "phases (ms, median, slowest rank)");

@@ -1,0 +1,72 @@
+// GPU ranks for the drivers (deck key run.device = "host" | "cuda"): device selection by local
+// rank, and the CP communicator for device tensors, chosen automatically: NCCL when every rank of
+// the node has its own GPU, else MPI with host staging (several ranks per GPU, or no NCCL).
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "io/deck.hpp"
+#ifdef HCP_HAVE_CUDA
+#include "comm/nccl_communicator.hpp"
+#include "kernels/cuda/runtime.hpp"
+#endif
+
+namespace hcp::drivers {
+
+inline void add_device_key(DeckSchema& s) {
+  s.add_string("run.device", "host", "where tensors live: host (Kokkos kernels) or cuda (one GPU per local rank, or shared)",
+               {"host", "cuda"});
+}
+
+inline Space space_of(const Deck& d) { return d.get_string("run.device") == "cuda" ? Space::Cuda : Space::Host; }
+
+inline int local_rank_and_size(int* local_size) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int r = 0, n = 1;
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  if (local_size) *local_size = n;
+  return r;
+}
+
+// Validate phase: a clear error when run.device = cuda cannot be honoured; selects the GPU.
+inline void init_device(const Deck& d) {
+  if (space_of(d) == Space::Host) return;
+#ifdef HCP_HAVE_CUDA
+  HCP_CHECK(cuda::device_count() > 0, "run.device = \"cuda\": no usable GPU on this node (", cuda::unavailable_reason(), ")");
+  cuda::init(local_rank_and_size(nullptr));
+#else
+  HCP_FAIL("run.device = \"cuda\" needs a build with CUDA and NCCL (this build has none)");
+#endif
+}
+
+// The communicator the CP group uses for device tensors: NCCL over `cp` when each local rank has
+// its own GPU, else `cp` itself (MPI, device buffers host-staged). `owned` keeps the NCCL one alive.
+inline Communicator& device_comm(const Deck& d, Communicator& cp, std::unique_ptr<Communicator>& owned) {
+  if (space_of(d) == Space::Host) return cp;
+#ifdef HCP_HAVE_CUDA
+  int local = 1;
+  local_rank_and_size(&local);
+  if (local <= cuda::device_count()) {
+    owned = std::make_unique<NcclCommunicator>(cp);
+    return *owned;
+  }
+#endif
+  return cp;
+}
+
+inline std::string device_desc(const Deck& d, const Communicator& c) {
+  if (space_of(d) == Space::Host) return "host/" + c.backend();
+#ifdef HCP_HAVE_CUDA
+  return cuda::device_name() + "/" + c.backend();
+#else
+  return "cuda/" + c.backend();
+#endif
+}
+
+}  // namespace hcp::drivers
