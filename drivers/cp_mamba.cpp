@@ -13,6 +13,7 @@
 #include "comm/process_grid.hpp"
 #include "cp/layout.hpp"
 #include "cp/state_passing.hpp"
+#include "device.hpp"
 #include "harness.hpp"
 #include "io/results.hpp"
 #include "model/mamba2.hpp"
@@ -58,6 +59,7 @@ DeckSchema schema() {
       .add_int("mamba.conv", 4, "conv1d width", 1, 16)
       .add_int("mamba.chunk", 32, "SSD chunk size", 1);
   drivers::add_cp_driver_keys(s, "100, 37, 250", 256);
+  drivers::add_device_key(s);
   s.add_string("parallel.mamba_cp", "both", "Mamba CP strategy", {"hidden_parallel", "state_passing", "both"});
   return s;
 }
@@ -91,6 +93,7 @@ Setup make_setup(const DriverContext& ctx) {
 }
 
 void validate(DriverContext& ctx) {
+  drivers::init_device(ctx.deck);
   Setup s = make_setup(ctx);
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
   for (auto st : s.strategies) model::make_mamba2(st, *g.cp, s.cfg, s.global);  // divisibility rules
@@ -128,7 +131,10 @@ struct StrategyRun {
 void run(DriverContext& ctx) {
   Setup s = make_setup(ctx);
   ProcessGrid grid = ProcessGrid::make(*ctx.world, s.cp);
-  Communicator& cpc = *grid.cp;
+  std::unique_ptr<Communicator> nccl;
+  Communicator& cpc = drivers::device_comm(ctx.deck, *grid.cp, nccl);
+  const Space space = drivers::space_of(ctx.deck);
+  auto host = [](const Tensor& t) { return t.space() == Space::Host ? t : t.to(Space::Host); };
   auto self = ctx.world->split(ctx.world->rank(), 0);
   const int r = grid.cp_rank;
   const std::int64_t T = s.global.total(), C = s.cfg.hidden;
@@ -156,13 +162,16 @@ void run(DriverContext& ctx) {
   }
   std::unique_ptr<ResultsWriter> w;
   if (!ctx.out.empty()) w = std::make_unique<ResultsWriter>(ctx.out, *ctx.world);
-  Tensor hl = cp::dcs_partition(h, s.global, s.cp, r), dyl = cp::dcs_partition(dy, s.global, s.cp, r);
+  // The CP runs use run.device; the cp=1 reference above is the host oracle either way.
+  Tensor hl = cp::dcs_partition(h, s.global, s.cp, r).to(space), dyl = cp::dcs_partition(dy, s.global, s.cp, r).to(space);
+  model::ParamMap pd;
+  for (auto& [n, t] : p) pd[n] = t.to(space);
   std::vector<StrategyRun> runs;
   bool all_pass = true;
   for (auto st : s.strategies) {
     const std::string name = model::to_string(st);
     auto layer = model::make_mamba2(st, cpc, s.cfg, s.global);
-    Tensor y = Tensor::zeros(hl.shape(), s.dt), dh = Tensor::zeros(hl.shape(), s.dt);
+    Tensor y = Tensor::zeros(hl.shape(), s.dt, space), dh = Tensor::zeros(hl.shape(), s.dt, space);
     model::ParamMap grads;
     std::vector<double> fwd_ms, bwd_ms;
     std::map<std::string, std::vector<double>> phase_ms;
@@ -171,9 +180,9 @@ void run(DriverContext& ctx) {
       layer->reset_phases();
       cpc.barrier();
       const double t0 = MPI_Wtime();
-      layer->forward(y, hl, p);
+      layer->forward(y, hl, pd);
       const double t1 = MPI_Wtime();
-      layer->backward(dh, grads, dyl, p);
+      layer->backward(dh, grads, dyl, pd);
       const double t2 = MPI_Wtime();
       if (it >= warm) {
         fwd_ms.push_back((t1 - t0) * 1e3);
@@ -204,7 +213,8 @@ void run(DriverContext& ctx) {
     sr.bwd = cpc.all_reduce_scalar(drivers::median(bwd_ms), ReduceOp::Max);
     for (auto& [ph, v] : phase_ms) sr.phases[ph] = cpc.all_reduce_scalar(drivers::median(v), ReduceOp::Max);
     if (w) w->comm(cpc, name + "/");
-    Tensor gy = cp::dcs_gather(cpc, y, s.global), gdh = cp::dcs_gather(cpc, dh, s.global);
+    Tensor gy = host(cp::dcs_gather(cpc, y, s.global)), gdh = host(cp::dcs_gather(cpc, dh, s.global));
+    for (auto& [n, t] : grads) t = host(t);
     if (check && ctx.root()) {
       auto rel = [](const Tensor& a, const Tensor& b) {
         ErrorStats e = compare(a, b);
@@ -234,7 +244,7 @@ void run(DriverContext& ctx) {
     for (auto& sr : runs) names += (names.empty() ? "" : ",") + model::to_string(sr.st);
     w->config({{"driver", "cp_mamba"}, {"deck", ctx.deck.text()}, {"deck_resolved", ctx.deck.resolved()},
                {"command_line", ctx.cmdline}, {"git_revision", ctx.git_rev}, {"format", ctx.deck.get_string("data.format")},
-               {"strategy", names}, {"backend", "host/" + cpc.backend()}, {"dtype", to_string(s.dt)}});
+               {"strategy", names}, {"backend", drivers::device_desc(ctx.deck, cpc)}, {"dtype", to_string(s.dt)}});
     w->config_int("cp_size", s.cp);
     w->config_int("world_size", ctx.world->size());
     if (check) {
@@ -245,12 +255,12 @@ void run(DriverContext& ctx) {
   }
   if (ctx.root()) {
     std::printf("# cp_mamba: ranks=%d cp=%d format=%s tokens=%lld (%lld sequences) hidden=%lld heads=%lld head_dim=%lld "
-                "n_groups=%lld d_state=%lld conv=%lld chunk=%lld dtype=%s backend=host/%s\n",
+                "n_groups=%lld d_state=%lld conv=%lld chunk=%lld dtype=%s backend=%s\n",
                 ctx.world->size(), s.cp, ctx.deck.get_string("data.format").c_str(), static_cast<long long>(T),
                 static_cast<long long>(s.global.nseq()), static_cast<long long>(C), static_cast<long long>(s.cfg.heads),
                 static_cast<long long>(s.cfg.head_dim), static_cast<long long>(s.cfg.groups),
                 static_cast<long long>(s.cfg.d_state), static_cast<long long>(s.cfg.conv),
-                static_cast<long long>(s.cfg.chunk), to_string(s.dt).c_str(), cpc.backend().c_str());
+                static_cast<long long>(s.cfg.chunk), to_string(s.dt).c_str(), drivers::device_desc(ctx.deck, cpc).c_str());
     if (check) std::printf("# cp=1 reference fwd+bwd on rank 0: %.2f ms\n", ref_ms);
     std::printf("# bytes/rank: sent per step (forward + backward), max over ranks; model: the cost model\n");
     std::printf("# %-16s %10s %10s %14s %14s %14s %12s\n", "strategy", "fwd_ms", "bwd_ms", "bytes/rank", "model",
