@@ -18,31 +18,7 @@
 using namespace hcp;
 
 namespace {
-const char* kDeck = R"(# Built-in deck of cp_hybrid: a small NemotronV3-style stack on a packed THD batch.
-[model]
-pattern = "M*EM-E"
-vocab = 64
-hidden = 32
-
-[mamba]
-heads = 4
-head_dim = 8
-n_groups = 2
-d_state = 8
-chunk = 16
-
-[attention]
-heads = 4
-kv_heads = 2
-head_dim = 8
-
-[moe]
-experts = 8
-topk = 2
-ffn = 16
-shared_ffn = 16
-
-[data]
+const std::string kDeck = "# Built-in deck of cp_hybrid: a small NemotronV3-style stack on a packed THD batch.\n" + drivers::builtin_model_deck(64) + R"([data]
 format = "thd"
 seq_lens = "120, 37, 90"
 dtype = "fp64"

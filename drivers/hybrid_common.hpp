@@ -11,6 +11,14 @@
 
 namespace hcp::drivers {
 
+// The model sections of the built-in decks of cp_hybrid and train_hybrid (a small NemotronV3-style
+// stack); each driver appends its [data] / [parallel] / [run] / [train] sections.
+inline std::string builtin_model_deck(std::int64_t vocab) {
+  return "[model]\npattern = \"M*EM-E\"\nvocab = " + std::to_string(vocab) +
+         "\nhidden = 32\n\n[mamba]\nheads = 4\nhead_dim = 8\nn_groups = 2\nd_state = 8\nchunk = 16\n\n"
+         "[attention]\nheads = 4\nkv_heads = 2\nhead_dim = 8\n\n[moe]\nexperts = 8\ntopk = 2\nffn = 16\nshared_ffn = 16\n\n";
+}
+
 // [model], [mamba], [attention], [moe], [mlp] and parallel.{mamba_cp, expert_parallel} keys.
 // `attention_choices` lists what parallel.attention may be (cp_hybrid adds "all").
 inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attention_choices, const std::string& attn_def) {

@@ -21,31 +21,7 @@
 using namespace hcp;
 
 namespace {
-const char* kDeck = R"(# Built-in deck of train_hybrid: a small hybrid stack on packed synthetic sequences.
-[model]
-pattern = "M*EM-E"
-vocab = 32
-hidden = 32
-
-[mamba]
-heads = 4
-head_dim = 8
-n_groups = 2
-d_state = 8
-chunk = 16
-
-[attention]
-heads = 4
-kv_heads = 2
-head_dim = 8
-
-[moe]
-experts = 8
-topk = 2
-ffn = 16
-shared_ffn = 16
-
-[data]
+const std::string kDeck = "# Built-in deck of train_hybrid: a small hybrid stack on packed synthetic sequences.\n" + drivers::builtin_model_deck(32) + R"([data]
 format = "thd"
 seqs_per_step = 4
 min_len = 24

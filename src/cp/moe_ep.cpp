@@ -39,6 +39,14 @@ EpDispatcher::EpDispatcher(Communicator& comm, std::int64_t experts, const std::
   for (auto c : local_counts_) local_rows_ += c;
 }
 
+std::int64_t EpDispatcher::source_major_offset(int s, std::int64_t e) const {
+  std::int64_t off = 0;
+  for (int s2 = 0; s2 < s; ++s2)
+    for (std::int64_t e2 = 0; e2 < el_; ++e2) off += recv_counts_[static_cast<std::size_t>(s2 * el_ + e2)];
+  for (std::int64_t e2 = 0; e2 < e; ++e2) off += recv_counts_[static_cast<std::size_t>(s * el_ + e2)];
+  return off;
+}
+
 Tensor EpDispatcher::dispatch(const Tensor& xp) const {
   HCP_CHECK(xp.dim() == 2 && xp.size(0) == rows_ && xp.is_contiguous(), "EpDispatcher::dispatch: need [", rows_,
             ", C] contiguous");
@@ -57,10 +65,7 @@ Tensor EpDispatcher::dispatch(const Tensor& xp) const {
   std::int64_t dst = 0;
   for (std::int64_t e = 0; e < el_; ++e)
     for (int s = 0; s < ep_; ++s) {
-      std::int64_t src = 0;
-      for (int s2 = 0; s2 < s; ++s2)
-        for (std::int64_t e2 = 0; e2 < el_; ++e2) src += recv_counts_[static_cast<std::size_t>(s2 * el_ + e2)];
-      for (std::int64_t e2 = 0; e2 < e; ++e2) src += recv_counts_[static_cast<std::size_t>(s * el_ + e2)];
+      const std::int64_t src = source_major_offset(s, e);
       const std::int64_t n = recv_counts_[static_cast<std::size_t>(s * el_ + e)];
       copy_rows(out, dst, recv, src, n, C);
       dst += n;
@@ -77,10 +82,7 @@ Tensor EpDispatcher::combine(const Tensor& yl) const {
   std::int64_t src = 0;
   for (std::int64_t e = 0; e < el_; ++e)
     for (int s = 0; s < ep_; ++s) {
-      std::int64_t dst = 0;
-      for (int s2 = 0; s2 < s; ++s2)
-        for (std::int64_t e2 = 0; e2 < el_; ++e2) dst += recv_counts_[static_cast<std::size_t>(s2 * el_ + e2)];
-      for (std::int64_t e2 = 0; e2 < e; ++e2) dst += recv_counts_[static_cast<std::size_t>(s * el_ + e2)];
+      const std::int64_t dst = source_major_offset(s, e);
       const std::int64_t n = recv_counts_[static_cast<std::size_t>(s * el_ + e)];
       copy_rows(send, dst, yl, src, n, C);
       src += n;

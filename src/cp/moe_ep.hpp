@@ -28,6 +28,8 @@ class EpDispatcher {
   Tensor combine(const Tensor& yl) const;
 
  private:
+  // Row where source s's rows for local expert e start in the received (source-major) buffer.
+  std::int64_t source_major_offset(int s, std::int64_t e) const;
   Communicator& comm_;
   int ep_ = 1, rank_ = 0;
   std::int64_t E_ = 1, el_ = 1, e0_ = 0, rows_ = 0, local_rows_ = 0;

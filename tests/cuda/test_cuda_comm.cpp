@@ -6,21 +6,13 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "comm/nccl_communicator.hpp"
+#include "cuda/gpu.hpp"
 #include "kernels/cuda/runtime.hpp"
 #include "unit/fd.hpp"
 
 using namespace hcp;
 
 namespace {
-bool gpu() {
-  if (cuda::device_count() == 0) return false;
-  int local = 0;
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(s);
-  cuda::init(local);
-  return true;
-}
-#define REQUIRE_GPU() \
-  if (!gpu()) GTEST_SKIP() << "no usable GPU (" << cuda::unavailable_reason() << ")"
 
 // Every op of `c` on device tensors, checked against host arithmetic.
 void exercise(Communicator& c, DType dt) {

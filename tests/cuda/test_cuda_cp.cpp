@@ -8,6 +8,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/layout.hpp"
+#include "cuda/gpu.hpp"
 #include "kernels/cuda/runtime.hpp"
 #include "model/hybrid.hpp"
 #include "model/mamba2.hpp"
@@ -16,15 +17,6 @@
 using namespace hcp;
 
 namespace {
-bool gpu() {
-  if (cuda::device_count() == 0) return false;
-  int local = 0;
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(s);
-  cuda::init(local);
-  return true;
-}
-#define REQUIRE_GPU() \
-  if (!gpu()) GTEST_SKIP() << "no usable GPU (" << cuda::unavailable_reason() << ")"
 double tol(DType d) { return d == DType::F64 ? 1e-12 : 2e-5; }
 void expect_match(const Tensor& dev, const Tensor& host, DType d, const std::string& what) {
   ErrorStats e = compare(dev.to(Space::Host), host);
@@ -86,10 +78,37 @@ INSTANTIATE_TEST_SUITE_P(Grid, GpuAttentionCp,
                                   hcp::to_string(std::get<2>(info.param));
                          });
 
-TEST(GpuMambaCp, StatePassingDeviceEqualsHost) {
-  REQUIRE_GPU();
+namespace {
+// One Mamba2 layer on host tensors and on device tensors (same ranks, same code), every output compared.
+void mamba_device_equals_host(model::MambaCp strategy, const model::Mamba2Config& c) {
   MpiCommunicator world(MPI_COMM_WORLD);
   const int n = world.size(), r = world.rank();
+  for (DType dt : {DType::F64, DType::F32})
+    for (const std::string f : {"bshd", "thdpacked"}) {
+      const SeqLayout g = layout_of(f, n);
+      const std::int64_t T = g.total();
+      model::ParamMap p = model::mamba2_init(c, dt, 3), P;
+      for (auto& [nm, t] : p) P[nm] = t.to(Space::Cuda);
+      Tensor h = test::rand({T, c.hidden}, 5, -1, 1, dt), dy = test::rand({T, c.hidden}, 6, -1, 1, dt);
+      Tensor hl = cp::dcs_partition(h, g, n, r), dyl = cp::dcs_partition(dy, g, n, r);
+      auto host = model::make_mamba2(strategy, world, c, g), dev = model::make_mamba2(strategy, world, c, g);
+      Tensor y = Tensor::zeros(hl.shape(), dt), dh = Tensor::zeros(hl.shape(), dt);
+      model::ParamMap gh, gd;
+      host->forward(y, hl, p);
+      host->backward(dh, gh, dyl, p);
+      Tensor Y = Tensor::zeros(hl.shape(), dt, Space::Cuda), DH = Tensor::zeros(hl.shape(), dt, Space::Cuda);
+      dev->forward(Y, hl.to(Space::Cuda), P);
+      dev->backward(DH, gd, dyl.to(Space::Cuda), P);
+      const std::string tag = model::to_string(strategy) + " " + f;
+      expect_match(Y, y, dt, "y " + tag);
+      expect_match(DH, dh, dt, "dh " + tag);
+      for (auto& [nm, t] : gh) expect_match(gd.at(nm), t, dt, "d" + nm + " " + tag);
+    }
+}
+}  // namespace
+
+TEST(GpuMambaCp, StatePassingDeviceEqualsHost) {
+  REQUIRE_GPU();
   model::Mamba2Config c;
   c.hidden = 12;
   c.heads = 6;  // not divisible by 4: hidden parallel could not run this at cp 4
@@ -97,26 +116,19 @@ TEST(GpuMambaCp, StatePassingDeviceEqualsHost) {
   c.groups = 3;
   c.d_state = 8;
   c.chunk = 5;
-  for (DType dt : {DType::F64, DType::F32})
-    for (const std::string f : {"bshd", "thdpacked"}) {
-      const SeqLayout g = layout_of(f, n);
-      const std::int64_t T = g.total();
-      model::ParamMap p = model::mamba2_init(c, dt, 4), P;
-      for (auto& [nm, t] : p) P[nm] = t.to(Space::Cuda);
-      Tensor h = test::rand({T, c.hidden}, 7, -1, 1, dt), dy = test::rand({T, c.hidden}, 8, -1, 1, dt);
-      Tensor hl = cp::dcs_partition(h, g, n, r), dyl = cp::dcs_partition(dy, g, n, r);
-      model::Mamba2SP host(world, c, g), dev(world, c, g);
-      Tensor y = Tensor::zeros(hl.shape(), dt), dh = Tensor::zeros(hl.shape(), dt);
-      model::ParamMap gh, gd;
-      host.forward(y, hl, p);
-      host.backward(dh, gh, dyl, p);
-      Tensor Y = Tensor::zeros(hl.shape(), dt, Space::Cuda), DH = Tensor::zeros(hl.shape(), dt, Space::Cuda);
-      dev.forward(Y, hl.to(Space::Cuda), P);
-      dev.backward(DH, gd, dyl.to(Space::Cuda), P);
-      expect_match(Y, y, dt, "state passing y " + f);
-      expect_match(DH, dh, dt, "state passing dh " + f);
-      for (auto& [nm, t] : gh) expect_match(gd.at(nm), t, dt, "state passing d" + nm + " " + f);
-    }
+  mamba_device_equals_host(model::MambaCp::StatePassing, c);
+}
+
+TEST(GpuMambaCp, HiddenParallelDeviceEqualsHost) {
+  REQUIRE_GPU();
+  model::Mamba2Config c;
+  c.hidden = 12;
+  c.heads = 8;
+  c.head_dim = 4;
+  c.groups = 2;
+  c.d_state = 8;
+  c.chunk = 8;
+  mamba_device_equals_host(model::MambaCp::HiddenParallel, c);
 }
 
 TEST(GpuHybrid, DeviceEqualsHost) {
@@ -168,36 +180,3 @@ TEST(GpuHybrid, DeviceEqualsHost) {
     }
 }
 
-TEST(GpuMambaCp, HiddenParallelDeviceEqualsHost) {
-  REQUIRE_GPU();
-  MpiCommunicator world(MPI_COMM_WORLD);
-  const int n = world.size(), r = world.rank();
-  model::Mamba2Config c;
-  c.hidden = 12;
-  c.heads = 8;
-  c.head_dim = 4;
-  c.groups = 2;
-  c.d_state = 8;
-  c.chunk = 8;
-  if (c.groups < n && n % c.groups) GTEST_SKIP() << "cp % n_groups != 0";
-  for (DType dt : {DType::F64, DType::F32})
-    for (const std::string f : {"bshd", "thdpacked"}) {
-      const SeqLayout g = layout_of(f, n);
-      const std::int64_t T = g.total();
-      model::ParamMap p = model::mamba2_init(c, dt, 3), P;
-      for (auto& [nm, t] : p) P[nm] = t.to(Space::Cuda);
-      Tensor h = test::rand({T, c.hidden}, 5, -1, 1, dt), dy = test::rand({T, c.hidden}, 6, -1, 1, dt);
-      Tensor hl = cp::dcs_partition(h, g, n, r), dyl = cp::dcs_partition(dy, g, n, r);
-      model::Mamba2HP host(world, c, g), dev(world, c, g);
-      Tensor y = Tensor::zeros(hl.shape(), dt), dh = Tensor::zeros(hl.shape(), dt);
-      model::ParamMap gh, gd;
-      host.forward(y, hl, p);
-      host.backward(dh, gh, dyl, p);
-      Tensor Y = Tensor::zeros(hl.shape(), dt, Space::Cuda), DH = Tensor::zeros(hl.shape(), dt, Space::Cuda);
-      dev.forward(Y, hl.to(Space::Cuda), P);
-      dev.backward(DH, gd, dyl.to(Space::Cuda), P);
-      expect_match(Y, y, dt, "mamba y " + f);
-      expect_match(DH, dh, dt, "mamba dh " + f);
-      for (auto& [nm, t] : gh) expect_match(gd.at(nm), t, dt, "mamba d" + nm + " " + f);
-    }
-}

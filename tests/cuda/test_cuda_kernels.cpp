@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 
+#include "cuda/gpu.hpp"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/kernels.hpp"
 #include "unit/fd.hpp"
@@ -13,13 +14,6 @@ using namespace hcp;
 using namespace hcp::kernels;
 
 namespace {
-bool gpu() {
-  if (cuda::device_count() == 0) return false;
-  cuda::init(0);
-  return true;
-}
-#define REQUIRE_GPU() \
-  if (!gpu()) GTEST_SKIP() << "no usable GPU (" << cuda::unavailable_reason() << ")"
 
 // Relative to the reference's largest magnitude: fp64 1e-12, fp32 2e-5, bf16 2e-2.
 double tol(DType d) { return d == DType::F64 ? 1e-12 : d == DType::F32 ? 2e-5 : 2e-2; }
