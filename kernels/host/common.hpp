@@ -56,7 +56,7 @@ template <class T> class Out {
     if (t.dtype() == dtype_of<T>()) {
       p_ = t.data<T>();
     } else {
-      tmp_ = load ? t.to(dtype_of<T>()) : Tensor::zeros(t.shape(), dtype_of<T>());
+      tmp_ = load ? t.to(dtype_of<T>()) : Tensor::zeros(t.shape(), dtype_of<T>(), Space::Host);
       p_ = tmp_.data<T>();
     }
   }

@@ -438,7 +438,7 @@ void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Ten
       dfin = dfin_hold.data<T>();
     }
     Tensor dinit_t;
-    if (g.dinit_states) dinit_t = Tensor::zeros(g.dinit_states->shape(), dtype_of<T>());
+    if (g.dinit_states) dinit_t = Tensor::zeros(g.dinit_states->shape(), dtype_of<T>(), Space::Host);
     Out<T> dx(*g.dx, "dx"), ddt(*g.ddt, "ddt"), dB(*g.dB, "dB"), dC(*g.dC, "dC");
     std::fill(dB.get(), dB.get() + g.dB->numel(), T(0));
     std::fill(dC.get(), dC.get() + g.dC->numel(), T(0));
@@ -500,7 +500,7 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
   HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_init_state_bwd(g, in, dy, ddecay, p));
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
-    Tensor dummy = Tensor::zeros({1}, dtype_of<T>());
+    Tensor dummy = Tensor::zeros({1}, dtype_of<T>(), Space::Host);
     std::unique_ptr<In<T>> dy_, dd_;
     if (dy) dy_ = std::make_unique<In<T>>(*dy, "dy");
     if (ddecay) dd_ = std::make_unique<In<T>>(*ddecay, "ddecay");

@@ -11,10 +11,10 @@ namespace {
 hid_t h5_type(DType dt) { return dt == DType::F64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT; }
 
 void write_dataset(hid_t loc, const std::string& name, const Tensor& t) {
-  // bf16 is widened to fp32; strided views are made contiguous.
-  Tensor c = t;
-  if (t.dtype() == DType::BF16) c = t.to(DType::F32);
-  else if (!t.is_contiguous()) c = t.clone();
+  // Device tensors are copied to the host; bf16 is widened to fp32; strided views are made contiguous.
+  Tensor c = t.space() == Space::Cuda ? t.to(Space::Host) : t;
+  if (c.dtype() == DType::BF16) c = c.to(DType::F32);
+  else if (!c.is_contiguous()) c = c.clone();
   std::vector<hsize_t> dims;
   for (auto d : c.shape()) dims.push_back(static_cast<hsize_t>(d));
   if (dims.empty()) dims.push_back(1);
@@ -130,7 +130,7 @@ void ResultsWriter::timings(const std::string& phase, const std::vector<double>&
   for (double n : nrep)
     HCP_CHECK(n == static_cast<double>(ms.size()), "timings('", phase, "'): ranks recorded different repeat counts");
   const auto r = static_cast<std::int64_t>(ms.size());
-  Tensor all = Tensor::zeros({p, r}, DType::F64);
+  Tensor all = Tensor::zeros({p, r}, DType::F64, Space::Host);
   if (r > 0) comm_.all_gather(ms.data(), all.raw(), r, DType::F64);
   if (comm_.rank() != 0) return;
   auto [dir, name] = split_path("/timings/" + phase);
@@ -221,7 +221,7 @@ Tensor ResultsReader::read(const std::string& path, DType dt) const {
   H5Sget_simple_extent_dims(space, dims.data(), nullptr);
   Shape shape(dims.begin(), dims.end());
   DType rd = dt == DType::BF16 ? DType::F32 : dt;
-  Tensor t = Tensor::empty(shape, rd);
+  Tensor t = Tensor::empty(shape, rd, Space::Host);
   HCP_H5_CHECK(H5Dread(ds, h5_type(rd), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()));
   H5Sclose(space);
   H5Dclose(ds);
