@@ -5,7 +5,12 @@
 set -euo pipefail
 root="$1"; build="$2"
 if [ "$(id -u)" -ne 0 ] && ! sinfo -h >/dev/null 2>&1; then echo "SKIP: no Slurm and not root"; exit 77; fi
-"$root/jobs/slurm/start_local_slurm.sh" >/dev/null
+# Daemons that cannot start here (no packages, a sandbox without the needed system calls) are an
+# environment problem, reported as a skip with the reason; a job or a check that fails is a failure.
+if ! start_log=$("$root/jobs/slurm/start_local_slurm.sh" 2>&1); then
+  echo "SKIP: could not start a local Slurm: $start_log" | tail -3
+  exit 77
+fi
 out="$build/slurm_study"
 rm -rf "$out"; mkdir -p "$out"
 export HCP_ROOT="$root" HCP_BUILD_DIR="$build" HCP_SRUN_ARGS="--overcommit"
