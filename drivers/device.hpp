@@ -47,7 +47,7 @@ inline void init_device(const Deck& d) {
 
 // The communicator the CP group uses for device tensors: NCCL over `cp` when each local rank has
 // its own GPU, else `cp` itself (MPI, device buffers host-staged). `owned` keeps the NCCL one alive.
-inline Communicator& device_comm(const Deck& d, Communicator& cp, std::unique_ptr<Communicator>& owned) {
+inline Communicator& device_comm(const Deck& d, Communicator& cp, [[maybe_unused]] std::unique_ptr<Communicator>& owned) {
   if (space_of(d) == Space::Host) return cp;
 #ifdef HCP_HAVE_CUDA
   int local = 1;
