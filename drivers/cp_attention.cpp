@@ -11,6 +11,7 @@
 #include "comm/process_grid.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/layout.hpp"
+#include "device.hpp"
 #include "harness.hpp"
 #include "io/results.hpp"
 
@@ -52,6 +53,7 @@ DeckSchema schema() {
       .add_bool("attention.causal", true, "causal mask (false: full attention)")
       .add_string("parallel.strategy", "all", "attention CP strategy", {"p2p", "allgather", "a2a", "all"});
   drivers::add_cp_driver_keys(s, "200, 56, 500", 512);
+  drivers::add_device_key(s);
   return s;
 }
 
@@ -86,6 +88,7 @@ Setup make_setup(const DriverContext& ctx) {
 }
 
 void validate(DriverContext& ctx) {
+  drivers::init_device(ctx.deck);
   Setup s = make_setup(ctx);
   // Constructing each strategy checks its own divisibility rules (e.g. a2a: heads % cp).
   ProcessGrid grid = ProcessGrid::make(*ctx.world, s.cp);
@@ -99,7 +102,10 @@ void validate(DriverContext& ctx) {
 void run(DriverContext& ctx) {
   Setup s = make_setup(ctx);
   ProcessGrid grid = ProcessGrid::make(*ctx.world, s.cp);
-  Communicator& cpc = *grid.cp;
+  std::unique_ptr<Communicator> nccl;
+  Communicator& cpc = drivers::device_comm(ctx.deck, *grid.cp, nccl);
+  const Space space = drivers::space_of(ctx.deck);  // the CP runs; the cp=1 reference is the host oracle
+  auto host = [](const Tensor& t) { return t.space() == Space::Host ? t : t.to(Space::Host); };
   const int r = grid.cp_rank;
   const std::int64_t T = s.global.total(), H = s.base.heads, Hkv = s.base.kv_heads, D = s.base.head_dim;
   const auto seed = static_cast<std::uint64_t>(ctx.deck.get_int("data.seed"));
@@ -139,7 +145,7 @@ void run(DriverContext& ctx) {
   if (w) {
     w->config({{"driver", "cp_attention"}, {"deck", ctx.deck.text()}, {"deck_resolved", ctx.deck.resolved()},
                {"command_line", ctx.cmdline}, {"git_revision", ctx.git_rev}, {"format", ctx.deck.get_string("data.format")},
-               {"strategy", ctx.deck.get_string("parallel.strategy")}, {"backend", "host/" + cpc.backend()},
+               {"strategy", ctx.deck.get_string("parallel.strategy")}, {"backend", drivers::device_desc(ctx.deck, cpc)},
                {"dtype", to_string(s.dt)}, {"cu_seqlens_padded", [&] {
                   std::string c;
                   for (auto x : s.global.cu_seqlens) c += (c.empty() ? "" : ",") + std::to_string(x);
@@ -157,10 +163,10 @@ void run(DriverContext& ctx) {
   const double tol = s.dt == DType::F64 ? 1e-10 : 1e-5;
   if (ctx.root()) {
     std::printf("# cp_attention: ranks=%d cp=%d format=%s tokens=%lld (%lld sequences) heads=%lld kv_heads=%lld "
-                "head_dim=%lld causal=%d dtype=%s backend=host/%s\n",
+                "head_dim=%lld causal=%d dtype=%s backend=%s\n",
                 ctx.world->size(), s.cp, ctx.deck.get_string("data.format").c_str(), static_cast<long long>(T),
                 static_cast<long long>(s.global.nseq()), static_cast<long long>(H), static_cast<long long>(Hkv),
-                static_cast<long long>(D), s.base.causal ? 1 : 0, to_string(s.dt).c_str(), cpc.backend().c_str());
+                static_cast<long long>(D), s.base.causal ? 1 : 0, to_string(s.dt).c_str(), drivers::device_desc(ctx.deck, cpc).c_str());
     if (check) std::printf("# cp=1 reference fwd+bwd on rank 0: %.2f ms\n", ref_ms);
     std::printf("# %-9s %10s %10s %10s %10s %12s %12s %10s %10s %10s %10s %5s\n", "strategy", "fwd_ms", "bwd_ms",
                 "compute_ms", "comm_ms", "bytes/rank", "model_bytes", "err_o", "err_dq", "err_dk", "err_dv", "pass");
@@ -170,10 +176,10 @@ void run(DriverContext& ctx) {
     auto c = s.base;
     c.strategy = st;
     cp::CpAttention attn(cpc, c);
-    Tensor ql = cp::dcs_partition(q, s.global, s.cp, r), kl = cp::dcs_partition(kk, s.global, s.cp, r),
-           vl = cp::dcs_partition(v, s.global, s.cp, r), dol = cp::dcs_partition(dout, s.global, s.cp, r);
-    Tensor o = Tensor::zeros(ql.shape(), s.dt), dq = Tensor::zeros(ql.shape(), s.dt), dk = Tensor::zeros(kl.shape(), s.dt),
-           dv = Tensor::zeros(vl.shape(), s.dt);
+    Tensor ql = cp::dcs_partition(q, s.global, s.cp, r).to(space), kl = cp::dcs_partition(kk, s.global, s.cp, r).to(space),
+           vl = cp::dcs_partition(v, s.global, s.cp, r).to(space), dol = cp::dcs_partition(dout, s.global, s.cp, r).to(space);
+    Tensor o = Tensor::zeros(ql.shape(), s.dt, space), dq = Tensor::zeros(ql.shape(), s.dt, space),
+           dk = Tensor::zeros(kl.shape(), s.dt, space), dv = Tensor::zeros(vl.shape(), s.dt, space);
     std::vector<double> fwd_ms, bwd_ms, comp_ms, comm_ms;
     for (int it = 0; it < warmup + reps; ++it) {
       if (it == warmup) cpc.reset_counters();
@@ -196,8 +202,8 @@ void run(DriverContext& ctx) {
     bytes /= reps;
     const std::string name = cp::to_string(st);
     if (w) w->comm(cpc, name + "/");  // counters of the timed iterations only
-    Tensor go = cp::dcs_gather(cpc, o, s.global), gdq = cp::dcs_gather(cpc, dq, s.global),
-           gdk = cp::dcs_gather(cpc, dk, s.global), gdv = cp::dcs_gather(cpc, dv, s.global);
+    Tensor go = host(cp::dcs_gather(cpc, o, s.global)), gdq = host(cp::dcs_gather(cpc, dq, s.global)),
+           gdk = host(cp::dcs_gather(cpc, dk, s.global)), gdv = host(cp::dcs_gather(cpc, dv, s.global));
     double err[4] = {0, 0, 0, 0};
     bool pass = true;
     if (check && ctx.root()) {

@@ -168,6 +168,23 @@ template <class S, class A> __global__ void act_bwd_k(S* dh, const S* da, const 
   }
 }
 
+// Load-balancing loss per token: part[t] = sum_e f_e s_te / sum_e s_te; backward adds
+// k (f_e - inner_t) / sum_t into dscores.
+template <class S, class A>
+__global__ void aux_k(double* part, S* dscores, const S* scores, const double* f, std::int64_t Tn, std::int64_t E, double k) {
+  const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= Tn) return;
+  double sum = 0, inner = 0;
+  for (std::int64_t e = 0; e < E; ++e) sum += static_cast<double>(ld(scores + t * E + e));
+  for (std::int64_t e = 0; e < E; ++e) inner += f[e] * static_cast<double>(ld(scores + t * E + e)) / sum;
+  if (part) part[t] = inner;
+  if (dscores)
+    for (std::int64_t e = 0; e < E; ++e) {
+      S* d = dscores + t * E + e;
+      st(d, A(static_cast<double>(ld(d)) + k * (f[e] - inner) / sum));
+    }
+}
+
 cudaDataType_t cuda_type(DType d) { return d == DType::F64 ? CUDA_R_64F : d == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
 // Row-major C[m,n] = op(A) op(B) with alpha 1 and beta (0 or 1), as cuBLAS column-major calls.
 // trans_a: A is [k,m] (use A^T); else [m,k]. trans_b: B is [n,k] (use B^T); else [k,n].
@@ -295,6 +312,58 @@ void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tenso
                                                                      dptr<S>(yp), s.p, dptr<S>(topk_w), TK, K, C);
   });
   check_launch("moe_combine_bwd");
+}
+
+namespace {
+// Share of assignments per expert (host, from the host index vector), on the device.
+struct Shares {
+  double* f = nullptr;
+  Shares(const std::vector<std::int64_t>& idx, std::int64_t E) {
+    std::vector<double> h(static_cast<std::size_t>(E), 0.0);
+    for (auto e : idx) h[static_cast<std::size_t>(e)] += 1.0;
+    for (auto& v : h) v /= static_cast<double>(idx.size());
+    HCP_CUDA_CHECK(cudaMalloc(&f, h.size() * sizeof(double)));
+    HCP_CUDA_CHECK(cudaMemcpy(f, h.data(), h.size() * sizeof(double), cudaMemcpyHostToDevice));
+  }
+  ~Shares() {
+    cudaDeviceSynchronize();
+    cudaFree(f);
+  }
+  Shares(const Shares&) = delete;
+  Shares& operator=(const Shares&) = delete;
+};
+}  // namespace
+
+double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const RouterParams& p) {
+  same_dtype({&scores}, "moe_aux_loss_fwd");
+  const std::int64_t E = p.experts, Tn = scores.numel() / E;
+  Shares sh(topk_idx, E);
+  double* part = nullptr;
+  HCP_CUDA_CHECK(cudaMalloc(&part, static_cast<std::size_t>(Tn) * sizeof(double)));
+  HCP_CUDA_DISPATCH(scores, {
+    using A = typename Acc<S>::type;
+    aux_k<S, A><<<blocks_for(Tn, 128), 128>>>(part, static_cast<S*>(nullptr), dptr<S>(scores), sh.f, Tn, E, 0.0);
+  });
+  check_launch("moe_aux_loss_fwd");
+  std::vector<double> h(static_cast<std::size_t>(Tn));
+  HCP_CUDA_CHECK(cudaMemcpy(h.data(), part, h.size() * sizeof(double), cudaMemcpyDeviceToHost));
+  cudaFree(part);
+  double loss = 0;  // in token order, as the host does
+  for (double v : h) loss += v;
+  return static_cast<double>(E) * loss / static_cast<double>(Tn);
+}
+
+void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
+                      const RouterParams& p, double dloss) {
+  same_dtype({&scores, &dscores}, "moe_aux_loss_bwd");
+  const std::int64_t E = p.experts, Tn = scores.numel() / E;
+  Shares sh(topk_idx, E);
+  HCP_CUDA_DISPATCH(scores, {
+    using A = typename Acc<S>::type;
+    aux_k<S, A><<<blocks_for(Tn, 128), 128>>>(nullptr, dptr<S>(dscores), dptr<S>(scores), sh.f, Tn, E,
+                                              dloss * static_cast<double>(E) / static_cast<double>(Tn));
+  });
+  check_launch("moe_aux_loss_bwd");
 }
 
 void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,

@@ -164,6 +164,9 @@ std::vector<double> assignment_share(const std::vector<std::int64_t>& idx, std::
 double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const RouterParams& p) {
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
   HCP_CHECK(Tn > 0 && static_cast<std::int64_t>(topk_idx.size()) == Tn * p.topk, "moe_aux_loss: shapes");
+#ifdef HCP_HAVE_CUDA
+  if (scores.space() == Space::Cuda) return cuda_impl::moe_aux_loss_fwd(scores, topk_idx, p);
+#endif
   const auto f = assignment_share(topk_idx, E);
   double loss = 0;
   for (std::int64_t t = 0; t < Tn; ++t) {
@@ -178,6 +181,7 @@ void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<s
                       const RouterParams& p, double dloss) {
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
   host::require_numel(dscores, scores.numel(), "moe_aux_loss_bwd: dscores");
+  HCP_ROUTE_CUDA(scores, cuda_impl::moe_aux_loss_bwd(dscores, scores, topk_idx, p, dloss));
   const auto f = assignment_share(topk_idx, E);
   for (std::int64_t t = 0; t < Tn; ++t) {
     double sum = 0, inner = 0;

@@ -403,5 +403,12 @@ TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
       moe_permute_bwd(dx, dxp, src, K);
       moe_permute_bwd(DX, DXP, SRC, K);
       expect_match(DX, dx, d, "permute dx");
+      // Load-balancing loss and its gradient (added into dscores).
+      const double la = moe_aux_loss_fwd(sc, idx, rp), LA = moe_aux_loss_fwd(SC, IDX, rp);
+      EXPECT_NEAR(LA, la, tol(d) * std::abs(la)) << "aux loss " << to_string(d);
+      Tensor ds = rnd({T, E}, 67, d), DS = dev(ds);
+      moe_aux_loss_bwd(ds, sc, idx, rp, 0.3);
+      moe_aux_loss_bwd(DS, SC, IDX, rp, 0.3);
+      expect_match(DS, ds, d, "aux loss dscores");
     }
 }
