@@ -54,22 +54,30 @@ void linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Te
       host::require_numel(*dx, M * K, "linear_bwd: dx");
       Out<T> o(*dx, "dx");
       T* p = o.get();
-      Kokkos::parallel_for("linear_bwd_dx", Range(0, M * K), [&](std::int64_t i) {
-        const std::int64_t m = i / K, k = i % K;
-        T acc = 0;
-        for (std::int64_t n = 0; n < N; ++n) acc += dyb[m * N + n] * Wb[n * K + k];
-        p[i] = acc;
+      // Row by row, streaming W's rows (contiguous); each dx[m,k] still sums over n in order.
+      Kokkos::parallel_for("linear_bwd_dx", Range(0, M), [&](std::int64_t m) {
+        T* row = p + m * K;
+        for (std::int64_t k = 0; k < K; ++k) row[k] = 0;
+        for (std::int64_t n = 0; n < N; ++n) {
+          const T a = dyb[m * N + n];
+          const T* wr = Wb + n * K;
+          for (std::int64_t k = 0; k < K; ++k) row[k] += a * wr[k];
+        }
       });
     }
     if (dW) {
       host::require_numel(*dW, N * K, "linear_bwd: dW");
       Out<T> o(*dW, "dW");
       T* p = o.get();
-      Kokkos::parallel_for("linear_bwd_dW", Range(0, N * K), [&](std::int64_t i) {
-        const std::int64_t n = i / K, k = i % K;
-        T acc = 0;
-        for (std::int64_t m = 0; m < M; ++m) acc += dyb[m * N + n] * xb[m * K + k];
-        p[i] = acc;
+      // Weight row by weight row, streaming x's rows; each dW[n,k] still sums over m in order.
+      Kokkos::parallel_for("linear_bwd_dW", Range(0, N), [&](std::int64_t n) {
+        T* row = p + n * K;
+        for (std::int64_t k = 0; k < K; ++k) row[k] = 0;
+        for (std::int64_t m = 0; m < M; ++m) {
+          const T a = dyb[m * N + n];
+          const T* xr = xb + m * K;
+          for (std::int64_t k = 0; k < K; ++k) row[k] += a * xr[k];
+        }
       });
     }
     if (dbias) {

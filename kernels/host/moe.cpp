@@ -405,9 +405,15 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
     Kokkos::parallel_for("expert_mlp_bwd_dh", Range(0, s.rows), [&](std::int64_t r) {
       const std::int64_t e = expert_of[static_cast<std::size_t>(r)];
       const T* hr = hb + r * s.F1;
+      // da = dy_r W2_e, streaming W2's rows; each da[f] still sums over c in order.
+      std::vector<T> da_row(static_cast<std::size_t>(s.F), T(0));
+      for (std::int64_t c = 0; c < s.C; ++c) {
+        const T g = dyb[r * s.C + c];
+        const T* w2r = w2 + (e * s.C + c) * s.F;
+        for (std::int64_t f = 0; f < s.F; ++f) da_row[static_cast<std::size_t>(f)] += g * w2r[f];
+      }
       for (std::int64_t f = 0; f < s.F; ++f) {
-        T da = 0;
-        for (std::int64_t c = 0; c < s.C; ++c) da += dyb[r * s.C + c] * w2[(e * s.C + c) * s.F + f];
+        const T da = da_row[static_cast<std::size_t>(f)];
         if (act == Activation::SquaredReLU) {
           dh[static_cast<std::size_t>(r * s.F1 + f)] = hr[f] > T(0) ? da * T(2) * hr[f] : T(0);
         } else {
@@ -415,10 +421,13 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
           dh[static_cast<std::size_t>(r * s.F1 + s.F + f)] = da * host::silu(hr[f]);
         }
       }
-      for (std::int64_t c = 0; c < s.C; ++c) {
-        T acc = 0;
-        for (std::int64_t f = 0; f < s.F1; ++f) acc += dh[static_cast<std::size_t>(r * s.F1 + f)] * w1[(e * s.F1 + f) * s.C + c];
-        dxb[r * s.C + c] = acc;
+      // dx_r = dh_r W1_e, streaming W1's rows; each dx[r,c] still sums over f in order.
+      T* dxr = dxb + r * s.C;
+      for (std::int64_t c = 0; c < s.C; ++c) dxr[c] = 0;
+      for (std::int64_t f = 0; f < s.F1; ++f) {
+        const T g = dh[static_cast<std::size_t>(r * s.F1 + f)];
+        const T* w1r = w1 + (e * s.F1 + f) * s.C;
+        for (std::int64_t c = 0; c < s.C; ++c) dxr[c] += g * w1r[c];
       }
     });
     // Weight gradients: one work item per weight row; rows of the expert summed in order.
