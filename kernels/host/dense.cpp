@@ -56,13 +56,7 @@ void linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Te
       T* p = o.get();
       // Row by row, streaming W's rows (contiguous); each dx[m,k] still sums over n in order.
       Kokkos::parallel_for("linear_bwd_dx", Range(0, M), [&](std::int64_t m) {
-        T* row = p + m * K;
-        for (std::int64_t k = 0; k < K; ++k) row[k] = 0;
-        for (std::int64_t n = 0; n < N; ++n) {
-          const T a = dyb[m * N + n];
-          const T* wr = Wb + n * K;
-          for (std::int64_t k = 0; k < K; ++k) row[k] += a * wr[k];
-        }
+        host::combine_rows(p + m * K, dyb + m * N, 1, Wb, N, K);
       });
     }
     if (dW) {
@@ -71,13 +65,7 @@ void linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Te
       T* p = o.get();
       // Weight row by weight row, streaming x's rows; each dW[n,k] still sums over m in order.
       Kokkos::parallel_for("linear_bwd_dW", Range(0, N), [&](std::int64_t n) {
-        T* row = p + n * K;
-        for (std::int64_t k = 0; k < K; ++k) row[k] = 0;
-        for (std::int64_t m = 0; m < M; ++m) {
-          const T a = dyb[m * N + n];
-          const T* xr = xb + m * K;
-          for (std::int64_t k = 0; k < K; ++k) row[k] += a * xr[k];
-        }
+        host::combine_rows(p + n * K, dyb + n, N, xb, M, K);
       });
     }
     if (dbias) {

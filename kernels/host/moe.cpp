@@ -406,12 +406,8 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
       const std::int64_t e = expert_of[static_cast<std::size_t>(r)];
       const T* hr = hb + r * s.F1;
       // da = dy_r W2_e, streaming W2's rows; each da[f] still sums over c in order.
-      std::vector<T> da_row(static_cast<std::size_t>(s.F), T(0));
-      for (std::int64_t c = 0; c < s.C; ++c) {
-        const T g = dyb[r * s.C + c];
-        const T* w2r = w2 + (e * s.C + c) * s.F;
-        for (std::int64_t f = 0; f < s.F; ++f) da_row[static_cast<std::size_t>(f)] += g * w2r[f];
-      }
+      std::vector<T> da_row(static_cast<std::size_t>(s.F));
+      host::combine_rows(da_row.data(), dyb + r * s.C, 1, w2 + e * s.C * s.F, s.C, s.F);
       for (std::int64_t f = 0; f < s.F; ++f) {
         const T da = da_row[static_cast<std::size_t>(f)];
         if (act == Activation::SquaredReLU) {
@@ -422,23 +418,13 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
         }
       }
       // dx_r = dh_r W1_e, streaming W1's rows; each dx[r,c] still sums over f in order.
-      T* dxr = dxb + r * s.C;
-      for (std::int64_t c = 0; c < s.C; ++c) dxr[c] = 0;
-      for (std::int64_t f = 0; f < s.F1; ++f) {
-        const T g = dh[static_cast<std::size_t>(r * s.F1 + f)];
-        const T* w1r = w1 + (e * s.F1 + f) * s.C;
-        for (std::int64_t c = 0; c < s.C; ++c) dxr[c] += g * w1r[c];
-      }
+      host::combine_rows(dxb + r * s.C, dh.data() + r * s.F1, 1, w1 + e * s.F1 * s.C, s.F1, s.C);
     });
     // Weight gradients: one work item per weight row; rows of the expert summed in order.
     Kokkos::parallel_for("expert_mlp_bwd_dW1", Range(0, s.E * s.F1), [&](std::int64_t ef) {
-      const std::int64_t e = ef / s.F1, f = ef % s.F1;
-      T* out = dw1 + ef * s.C;
-      for (std::int64_t c = 0; c < s.C; ++c) out[c] = 0;
-      for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) {
-        const T g = dh[static_cast<std::size_t>(r * s.F1 + f)];
-        for (std::int64_t c = 0; c < s.C; ++c) out[c] += g * xb[r * s.C + c];
-      }
+      const std::int64_t e = ef / s.F1, f = ef % s.F1, r0 = s.off[static_cast<std::size_t>(e)];
+      host::combine_rows(dw1 + ef * s.C, dh.data() + r0 * s.F1 + f, s.F1, xb + r0 * s.C,
+                         s.off[static_cast<std::size_t>(e + 1)] - r0, s.C);
     });
     Kokkos::parallel_for("expert_mlp_bwd_dW2", Range(0, s.E * s.C), [&](std::int64_t ec) {
       const std::int64_t e = ec / s.C, c = ec % s.C;

@@ -56,11 +56,8 @@ const DeviceOps& require_device(const char* what) {
             "initialised (a build without CUDA, or no usable GPU)");
   return g_device_ops;
 }
-}  // namespace
-
-namespace {
 thread_local Space g_default_space = Space::Host;
-}
+}  // namespace
 Space default_space() { return g_default_space; }
 SpaceScope::SpaceScope(Space s) : prev_(g_default_space) { g_default_space = s; }
 SpaceScope::~SpaceScope() { g_default_space = prev_; }
@@ -77,21 +74,14 @@ Tensor Tensor::empty(const Shape& shape, DType dt, Space sp) {
   std::size_t bytes = static_cast<std::size_t>(numel_of(shape)) * dtype_size(dt);
   if (sp == Space::Cuda) {
     const DeviceOps& ops = require_device("Tensor::empty");
-    void* p = ops.alloc(std::max<std::size_t>(bytes, 1));
     auto fr = ops.free;
-    t.storage_ = std::shared_ptr<void>(p, [fr](void* q) { fr(q); });
-    t.data_ = p;
-    t.dtype_ = dt;
-    t.space_ = sp;
-    t.shape_ = shape;
-    t.strides_ = contiguous_strides(shape);
-    t.defined_ = true;
-    return t;
+    t.storage_ = std::shared_ptr<void>(ops.alloc(std::max<std::size_t>(bytes, 1)), [fr](void* q) { fr(q); });
+  } else {
+    void* p = std::aligned_alloc(64, ((bytes + 63) / 64) * 64 + 64);
+    HCP_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed");
+    t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   }
-  void* p = std::aligned_alloc(64, ((bytes + 63) / 64) * 64 + 64);
-  HCP_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed");
-  t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-  t.data_ = p;
+  t.data_ = t.storage_.get();
   t.dtype_ = dt;
   t.space_ = sp;
   t.shape_ = shape;

@@ -32,6 +32,9 @@ EpDispatcher::EpDispatcher(Communicator& comm, std::int64_t experts, const std::
   std::vector<double> cs(counts.begin(), counts.end()), cr(static_cast<std::size_t>(ep_ * el_));
   comm_.all_to_all(cs.data(), cr.data(), el_, DType::F64);
   recv_counts_.assign(cr.begin(), cr.end());
+  // Received rows are source-major: prefix sums over (source, local expert).
+  recv_off_.assign(static_cast<std::size_t>(ep_ * el_ + 1), 0);
+  for (std::size_t i = 0; i < recv_counts_.size(); ++i) recv_off_[i + 1] = recv_off_[i] + recv_counts_[i];
   local_counts_.assign(static_cast<std::size_t>(el_), 0);
   for (int s = 0; s < ep_; ++s)
     for (std::int64_t e = 0; e < el_; ++e)
@@ -40,11 +43,10 @@ EpDispatcher::EpDispatcher(Communicator& comm, std::int64_t experts, const std::
 }
 
 std::int64_t EpDispatcher::source_major_offset(int s, std::int64_t e) const {
-  std::int64_t off = 0;
-  for (int s2 = 0; s2 < s; ++s2)
-    for (std::int64_t e2 = 0; e2 < el_; ++e2) off += recv_counts_[static_cast<std::size_t>(s2 * el_ + e2)];
-  for (std::int64_t e2 = 0; e2 < e; ++e2) off += recv_counts_[static_cast<std::size_t>(s * el_ + e2)];
-  return off;
+  return recv_off_[static_cast<std::size_t>(s * el_ + e)];
+}
+std::int64_t EpDispatcher::rows_from(int s) const {
+  return recv_off_[static_cast<std::size_t>((s + 1) * el_)] - recv_off_[static_cast<std::size_t>(s * el_)];
 }
 
 Tensor EpDispatcher::dispatch(const Tensor& xp) const {
@@ -54,9 +56,7 @@ Tensor EpDispatcher::dispatch(const Tensor& xp) const {
   std::vector<std::int64_t> sc(static_cast<std::size_t>(ep_)), rc(static_cast<std::size_t>(ep_));
   for (int q = 0; q < ep_; ++q) {
     sc[static_cast<std::size_t>(q)] = send_rows_[static_cast<std::size_t>(q)] * C;
-    std::int64_t n = 0;
-    for (std::int64_t e = 0; e < el_; ++e) n += recv_counts_[static_cast<std::size_t>(q * el_ + e)];
-    rc[static_cast<std::size_t>(q)] = n * C;
+    rc[static_cast<std::size_t>(q)] = rows_from(q) * C;
   }
   Tensor recv = Tensor::empty({std::max<std::int64_t>(local_rows_, 1), C}, xp.dtype(), xp.space());
   comm_.all_to_all_v(xp.raw(), sc, recv.raw(), rc, xp.dtype());
@@ -89,9 +89,7 @@ Tensor EpDispatcher::combine(const Tensor& yl) const {
     }
   std::vector<std::int64_t> sc(static_cast<std::size_t>(ep_)), rc(static_cast<std::size_t>(ep_));
   for (int q = 0; q < ep_; ++q) {
-    std::int64_t n = 0;
-    for (std::int64_t e = 0; e < el_; ++e) n += recv_counts_[static_cast<std::size_t>(q * el_ + e)];
-    sc[static_cast<std::size_t>(q)] = n * C;
+    sc[static_cast<std::size_t>(q)] = rows_from(q) * C;
     rc[static_cast<std::size_t>(q)] = send_rows_[static_cast<std::size_t>(q)] * C;
   }
   Tensor out = Tensor::empty({rows_, C}, yl.dtype(), yl.space());

@@ -30,11 +30,13 @@ class EpDispatcher {
  private:
   // Row where source s's rows for local expert e start in the received (source-major) buffer.
   std::int64_t source_major_offset(int s, std::int64_t e) const;
+  std::int64_t rows_from(int s) const;  // rows received from source s
   Communicator& comm_;
   int ep_ = 1, rank_ = 0;
   std::int64_t E_ = 1, el_ = 1, e0_ = 0, rows_ = 0, local_rows_ = 0;
   std::vector<std::int64_t> send_rows_;    // per destination rank
   std::vector<std::int64_t> recv_counts_;  // [ep * el]: rows from source s for local expert e
+  std::vector<std::int64_t> recv_off_;     // [ep * el + 1] prefix sums of recv_counts_
   std::vector<std::int64_t> local_counts_;
 };
 

@@ -16,6 +16,17 @@ int owner_of_chunk(std::int64_t chunk, int cp, Partition part) {
 std::int64_t chunks_per_seq(int cp, Partition part) { return part == Partition::DCS ? 2 * cp : cp; }
 
 std::int64_t width(const Tensor& t) { return t.size(0) ? t.numel() / t.size(0) : 0; }
+// Per-rank row lists -> element counts per rank (rows x C) and the lists concatenated in rank order.
+std::vector<std::int64_t> flatten_rows(const std::vector<std::vector<std::int64_t>>& per_rank, std::int64_t C,
+                                       std::vector<std::int64_t>& counts) {
+  std::vector<std::int64_t> flat;
+  counts.clear();
+  for (const auto& rows : per_rank) {
+    counts.push_back(static_cast<std::int64_t>(rows.size()) * C);
+    flat.insert(flat.end(), rows.begin(), rows.end());
+  }
+  return flat;
+}
 std::vector<std::int64_t> iota_rows(std::int64_t n) {
   std::vector<std::int64_t> v(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
@@ -103,15 +114,8 @@ Tensor ConvHalo::gather(Communicator& comm, const Tensor& local) const {
             ", C] contiguous, got ", shape_str(local.shape()));
   const std::int64_t C = width(local);
   const Space sp = local.space();
-  std::vector<std::int64_t> sc, rc, send_src, recv_dst;
-  for (int q = 0; q < cp_; ++q) {
-    const auto& sr = send_rows_[static_cast<std::size_t>(q)];
-    const auto& rr = recv_rows_[static_cast<std::size_t>(q)];
-    sc.push_back(static_cast<std::int64_t>(sr.size()) * C);
-    rc.push_back(static_cast<std::int64_t>(rr.size()) * C);
-    send_src.insert(send_src.end(), sr.begin(), sr.end());
-    recv_dst.insert(recv_dst.end(), rr.begin(), rr.end());
-  }
+  std::vector<std::int64_t> sc, rc;
+  const auto send_src = flatten_rows(send_rows_, C, sc), recv_dst = flatten_rows(recv_rows_, C, rc);
   const auto ns = static_cast<std::int64_t>(send_src.size()), nr = static_cast<std::int64_t>(recv_dst.size());
   Tensor send = Tensor::empty({std::max<std::int64_t>(ns, 1), C}, local.dtype(), sp);
   Tensor recv = Tensor::empty({std::max<std::int64_t>(nr, 1), C}, local.dtype(), sp);
@@ -143,15 +147,9 @@ Tensor ConvHalo::scatter_back(Communicator& comm, const Tensor& dext) const {
   Tensor dlocal = own_rows(dext);
   const std::int64_t C = width(dext);
   const Space sp = dext.space();
-  std::vector<std::int64_t> sc, rc, send_src, add_dst;
-  for (int q = 0; q < cp_; ++q) {
-    const auto& rr = recv_rows_[static_cast<std::size_t>(q)];
-    const auto& sr = send_rows_[static_cast<std::size_t>(q)];
-    sc.push_back(static_cast<std::int64_t>(rr.size()) * C);  // the reverse of gather(): back where they came from
-    rc.push_back(static_cast<std::int64_t>(sr.size()) * C);
-    send_src.insert(send_src.end(), rr.begin(), rr.end());
-    add_dst.insert(add_dst.end(), sr.begin(), sr.end());
-  }
+  // The reverse of gather(): halo gradients go back where the halo rows came from.
+  std::vector<std::int64_t> sc, rc;
+  const auto send_src = flatten_rows(recv_rows_, C, sc), add_dst = flatten_rows(send_rows_, C, rc);
   const auto ns = static_cast<std::int64_t>(send_src.size()), nr = static_cast<std::int64_t>(add_dst.size());
   Tensor send = Tensor::empty({std::max<std::int64_t>(ns, 1), C}, dext.dtype(), sp);
   Tensor recv = Tensor::empty({std::max<std::int64_t>(nr, 1), C}, dext.dtype(), sp);
