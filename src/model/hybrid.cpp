@@ -70,7 +70,9 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global)
   const int cp = comm_.size();
   cp::require_dcs_divisible(global_, cp, "hybrid model layout");
   tl_ = global_.total() / cp;
-  self_ = comm_.split(comm_.rank(), 0);
+  // Without expert parallelism every rank runs all experts: a one-rank group (made only then; the
+  // split is collective and train_hybrid builds a model per step).
+  if (!c_.expert_parallel) self_ = comm_.split(comm_.rank(), 0);
   Communicator& ep = c_.expert_parallel ? comm_ : *self_;
   for (std::size_t i = 0; i < c_.pattern.size(); ++i) {
     Block b;
