@@ -1,14 +1,15 @@
-// Mamba2 SSD on the GPU, the correctness reference for the CP strategies (the chunked tensor-core
-// SSD belongs to the performance work): one block per (batch row, head) for the forward, per
-// (batch row, group) for the backward (dB/dC of a group have one owner), the P x N state in shared
-// memory, tokens in order; the backward recomputes the chunk-start states, then each chunk's
-// states, and reverses token by token exactly as the host kernel does. seq_idx resets, initial and
-// final states, D, dt_bias, softplus and clamp; the state-passing kernels (run decay, initial-state
-// term and its backward). Per-head parameter gradients are reduced on the host in a fixed order.
+// Mamba2 SSD on the GPU: the chunked (state-space duality) forward and backward of
+// kernels/cuda/ssd_chunked.hpp, one thread per output element and one launch per phase (dt cumsum,
+// C.B, chunk states, state passing, chunk scan; the backward adds local state gradients, reverse state
+// passing, dy.x, dx, dB, dC, per-token dt terms and a per-chunk reduction); seq_idx resets, initial and
+// final states, D, dt_bias, softplus and clamp. The same element functions run on the host in
+// tests/unit/test_ssd_chunked.cpp. Also the state-passing kernels (run decay, initial-state term and
+// its backward). Per-head parameter gradients are reduced in a fixed order: bitwise repeatable.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/ssd_chunked.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::kernels::cuda_impl {
@@ -36,162 +37,7 @@ __device__ __forceinline__ void dt_eff(const Ptrs<S>& in, const Dims& d, std::in
   if (v < A(d.dt_min)) v = A(d.dt_min), dv = 0;
   if (v > A(d.dt_max)) v = A(d.dt_max), dv = 0;
 }
-__device__ __forceinline__ std::int64_t sidx(const std::int64_t* seq, std::int64_t L, std::int64_t b, std::int64_t t) {
-  return seq ? seq[b * L + t] : 0;
-}
 template <class A> __device__ __forceinline__ A Aof(const A a_log) { return -exp(a_log); }
-
-// S <- (reset ? 0 : a S) + dt x B^T over this thread's elements.
-template <class S, class A>
-__device__ void state_step(A* Ssh, const Ptrs<S>& in, const Dims& d, std::int64_t b, std::int64_t t, std::int64_t h,
-                           std::int64_t g, A dt, A a, bool reset) {
-  const S* xr = in.x + ((b * d.L + t) * d.H + h) * d.P;
-  const S* Br = in.Bm + ((b * d.L + t) * d.G + g) * d.N;
-  for (std::int64_t e = threadIdx.x; e < d.P * d.N; e += blockDim.x) {
-    const std::int64_t p = e / d.N, n = e % d.N;
-    Ssh[e] = (reset ? A(0) : a * Ssh[e]) + dt * ld(xr + p) * ld(Br + n);
-  }
-}
-
-template <class S, class A>
-__global__ void fwd_k(S* y, S* fin, Ptrs<S> in, Dims d) {
-  extern __shared__ unsigned char smem[];
-  A* Ssh = reinterpret_cast<A*>(smem);
-  const std::int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H, g = h / (d.H / d.G);
-  const A Ah = Aof<A>(ld(in.A_log + h)), Dh = in.D ? ld(in.D + h) : A(0);
-  for (std::int64_t e = threadIdx.x; e < d.P * d.N; e += blockDim.x)
-    Ssh[e] = in.init ? ld(in.init + (b * d.H + h) * d.P * d.N + e) : A(0);
-  __syncthreads();
-  for (std::int64_t t = 0; t < d.L; ++t) {
-    A dt, ddt;
-    dt_eff<S, A>(in, d, b, t, h, dt, ddt);
-    const bool reset = t > 0 && sidx(in.seq, d.L, b, t) != sidx(in.seq, d.L, b, t - 1);
-    state_step<S, A>(Ssh, in, d, b, t, h, g, dt, exp(dt * Ah), reset);
-    __syncthreads();
-    const S* Cr = in.Cm + ((b * d.L + t) * d.G + g) * d.N;
-    const S* xr = in.x + ((b * d.L + t) * d.H + h) * d.P;
-    for (std::int64_t p = threadIdx.x; p < d.P; p += blockDim.x) {
-      A acc = 0;
-      for (std::int64_t n = 0; n < d.N; ++n) acc += ld(Cr + n) * Ssh[p * d.N + n];
-      st(y + ((b * d.L + t) * d.H + h) * d.P + p, acc + Dh * ld(xr + p));
-    }
-    __syncthreads();
-  }
-  if (fin)
-    for (std::int64_t e = threadIdx.x; e < d.P * d.N; e += blockDim.x) st(fin + (b * d.H + h) * d.P * d.N + e, Ssh[e]);
-}
-
-// Backward, one block per (b, g); scratch per block: chunk starts [nchunks, P*N] and the states of
-// one chunk [Q, P*N]. Shared: running S and dS (P*N each).
-template <class S, class A>
-__global__ void bwd_k(S* dx, S* ddt_out, S* dB, S* dC, S* dinit, A* dA_part, A* dD_part, A* ddtb_part, const S* dy,
-                      const S* dfin, Ptrs<S> in, Dims d, A* scratch, std::int64_t block0) {
-  extern __shared__ unsigned char smem[];
-  A* Ssh = reinterpret_cast<A*>(smem);
-  A* dS = Ssh + d.P * d.N;
-  const std::int64_t blk = block0 + blockIdx.x, b = blk / d.G, g = blk % d.G, hpg = d.H / d.G;
-  const std::int64_t PN = d.P * d.N, nch = (d.L + d.Q - 1) / d.Q;
-  A* starts = scratch + static_cast<std::int64_t>(blockIdx.x) * (nch + d.Q) * PN;
-  A* states = starts + nch * PN;
-  for (std::int64_t h = g * hpg; h < (g + 1) * hpg; ++h) {
-    const A Ah = Aof<A>(ld(in.A_log + h)), Dh = in.D ? ld(in.D + h) : A(0);
-    // Pass A: the state before every chunk.
-    for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) Ssh[e] = in.init ? ld(in.init + (b * d.H + h) * PN + e) : A(0);
-    __syncthreads();
-    for (std::int64_t t = 0; t < d.L; ++t) {
-      if (t % d.Q == 0)
-        for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) starts[(t / d.Q) * PN + e] = Ssh[e];
-      A dt, ddt;
-      dt_eff<S, A>(in, d, b, t, h, dt, ddt);
-      const bool reset = t > 0 && sidx(in.seq, d.L, b, t) != sidx(in.seq, d.L, b, t - 1);
-      state_step<S, A>(Ssh, in, d, b, t, h, g, dt, exp(dt * Ah), reset);
-      __syncthreads();
-    }
-    for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) dS[e] = dfin ? ld(dfin + (b * d.H + h) * PN + e) : A(0);
-    A dA = 0, dDh = 0, ddtb = 0;  // meaningful on thread 0
-    __syncthreads();
-    for (std::int64_t c = nch - 1; c >= 0; --c) {
-      const std::int64_t c0 = c * d.Q, c1 = min(d.L, c0 + d.Q);
-      for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) Ssh[e] = starts[c * PN + e];
-      __syncthreads();
-      for (std::int64_t t = c0; t < c1; ++t) {
-        A dt, ddt;
-        dt_eff<S, A>(in, d, b, t, h, dt, ddt);
-        const bool reset = t > 0 && sidx(in.seq, d.L, b, t) != sidx(in.seq, d.L, b, t - 1);
-        state_step<S, A>(Ssh, in, d, b, t, h, g, dt, exp(dt * Ah), reset);
-        __syncthreads();
-        for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) states[(t - c0) * PN + e] = Ssh[e];
-      }
-      __syncthreads();
-      for (std::int64_t t = c1 - 1; t >= c0; --t) {
-        const A* St = states + (t - c0) * PN;
-        const bool reset = t > 0 && sidx(in.seq, d.L, b, t) != sidx(in.seq, d.L, b, t - 1);
-        const A* Sprev = nullptr;
-        if (!reset) {
-          if (t > c0) Sprev = states + (t - 1 - c0) * PN;
-          else if (t > 0 || in.init) Sprev = starts + c * PN;
-        }
-        A dt, ddte;
-        dt_eff<S, A>(in, d, b, t, h, dt, ddte);
-        const A a = exp(dt * Ah);
-        const S* Ct = in.Cm + ((b * d.L + t) * d.G + g) * d.N;
-        const S* Bt = in.Bm + ((b * d.L + t) * d.G + g) * d.N;
-        const S* xt = in.x + ((b * d.L + t) * d.H + h) * d.P;
-        const S* dyt = dy + ((b * d.L + t) * d.H + h) * d.P;
-        // y_t = C_t . S_t + D x_t: dC (over p), dD, then dS += dy C^T.
-        for (std::int64_t n = threadIdx.x; n < d.N; n += blockDim.x) {
-          A acc = 0;
-          for (std::int64_t p = 0; p < d.P; ++p) acc += ld(dyt + p) * St[p * d.N + n];
-          S* dCt = dC + ((b * d.L + t) * d.G + g) * d.N + n;
-          st(dCt, ld(dCt) + acc);
-        }
-        A part = 0;
-        for (std::int64_t p = threadIdx.x; p < d.P; p += blockDim.x) part += ld(dyt + p) * ld(xt + p);
-        part = block_sum(part);
-        if (threadIdx.x == 0) dDh += part;
-        for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) dS[e] += ld(dyt + e / d.N) * ld(Ct + e % d.N);
-        __syncthreads();
-        // S_t = a S_{t-1} + dt x_t B_t^T: dx (over n), dB (over p), ddt and da (over all).
-        for (std::int64_t p = threadIdx.x; p < d.P; p += blockDim.x) {
-          A acc = 0;
-          for (std::int64_t n = 0; n < d.N; ++n) acc += dS[p * d.N + n] * ld(Bt + n);
-          st(dx + ((b * d.L + t) * d.H + h) * d.P + p, Dh * ld(dyt + p) + dt * acc);
-        }
-        for (std::int64_t n = threadIdx.x; n < d.N; n += blockDim.x) {
-          A acc = 0;
-          for (std::int64_t p = 0; p < d.P; ++p) acc += dS[p * d.N + n] * ld(xt + p);
-          S* dBt = dB + ((b * d.L + t) * d.G + g) * d.N + n;
-          st(dBt, ld(dBt) + dt * acc);
-        }
-        A pd = 0, pa = 0;
-        for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) {
-          pd += dS[e] * ld(xt + e / d.N) * ld(Bt + e % d.N);
-          if (Sprev) pa += dS[e] * Sprev[e];
-        }
-        pd = block_sum(pd);
-        pa = block_sum(pa);
-        const A ddt_t = pd + pa * a * Ah;
-        if (threadIdx.x == 0) {
-          dA += pa * a * dt;
-          const A graw = ddt_t * ddte;
-          st(ddt_out + (b * d.L + t) * d.H + h, graw);
-          ddtb += graw;
-        }
-        if (t == 0 && dinit)
-          for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) st(dinit + (b * d.H + h) * PN + e, a * dS[e]);
-        __syncthreads();
-        for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) dS[e] = reset ? A(0) : dS[e] * a;
-        __syncthreads();
-      }
-    }
-    if (threadIdx.x == 0) {
-      dA_part[b * d.H + h] = dA * Ah;  // dA/dA_log = A
-      dD_part[b * d.H + h] = dDh;
-      ddtb_part[b * d.H + h] = ddtb;
-    }
-    __syncthreads();
-  }
-}
 
 // ---- state passing -------------------------------------------------------------------------------
 template <class S, class A> __global__ void decay_k(S* decay, Ptrs<S> in, Dims d) {
@@ -313,18 +159,56 @@ template <class K> void allow_smem(K kernel, std::size_t bytes) {
   if (bytes > 48 * 1024)
     HCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
-// Per-head partials [B*H] (device) -> out[h] (+)= sum over b, in order.
-template <class A> void reduce_heads(Tensor* out, const A* part, const SsdParams& p, bool accumulate) {
+// Per-head partials [rows, H] (device) -> out[h] (+)= sum over rows, in order.
+template <class A> void reduce_heads(Tensor* out, const A* part, std::int64_t rows, std::int64_t heads, bool accumulate) {
   if (!out) return;
-  std::vector<A> h(static_cast<std::size_t>(p.batch * p.heads));
+  std::vector<A> h(static_cast<std::size_t>(rows * heads));
   HCP_CUDA_CHECK(cudaMemcpy(h.data(), part, h.size() * sizeof(A), cudaMemcpyDeviceToHost));
   Tensor hostv = out->to(Space::Host);
-  for (std::int64_t k = 0; k < p.heads; ++k) {
+  for (std::int64_t k = 0; k < heads; ++k) {
     double acc = accumulate ? hostv.get(k) : 0.0;
-    for (std::int64_t b = 0; b < p.batch; ++b) acc += static_cast<double>(h[static_cast<std::size_t>(b * p.heads + k)]);
+    for (std::int64_t r = 0; r < rows; ++r) acc += static_cast<double>(h[static_cast<std::size_t>(r * heads + k)]);
     hostv.set(k, acc);
   }
   out->copy_from(hostv);
+}
+template <class A> void reduce_heads(Tensor* out, const A* part, const SsdParams& p, bool accumulate) {
+  reduce_heads(out, part, p.batch, p.heads, accumulate);
+}
+// The exec of the chunked element functions: one thread per element; scratch from the stream-ordered
+// allocator, freed when the exec goes (after the work it was used by).
+template <class F> __global__ void each_k(F f, std::int64_t n) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) f(i);
+}
+struct CudaExec {
+  std::vector<void*> bufs;
+  CudaExec() = default;
+  CudaExec(const CudaExec&) = delete;
+  CudaExec& operator=(const CudaExec&) = delete;
+  ~CudaExec() {
+    for (void* q : bufs) cudaFreeAsync(q, 0);
+  }
+  template <class T> T* alloc(std::int64_t n) {
+    void* q = nullptr;
+    HCP_CUDA_CHECK(cudaMallocAsync(&q, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T), 0));
+    bufs.push_back(q);
+    return static_cast<T*>(q);
+  }
+  template <class F> void run(std::int64_t n, const F& f) {
+    if (n <= 0) return;
+    each_k<F><<<blocks_for(n, 256), 256>>>(f, n);
+    check_launch("ssd (chunked)");
+  }
+};
+ssdc::Dims chunk_dims(const SsdParams& p, bool init) {
+  return {p.batch,       p.seqlen,  p.heads,   p.head_dim, p.groups, p.d_state, p.chunk, (p.seqlen + p.chunk - 1) / p.chunk,
+          p.dt_softplus, p.dt_min,  p.dt_max,  init};
+}
+template <class S> ssdc::In<S> chunk_in(const SsdInputs& in, const std::int64_t* seq) {
+  auto opt = [](const Tensor* t) { return t ? dptr<S>(*t) : nullptr; };
+  return {dptr<S>(*in.x), dptr<S>(*in.dt), dptr<S>(*in.A_log), dptr<S>(*in.Bm), dptr<S>(*in.Cm), opt(in.D),
+          opt(in.dt_bias), opt(in.init_states), seq};
 }
 template <class A> struct DevBuf {
   A* p = nullptr;
@@ -338,44 +222,31 @@ template <class A> struct DevBuf {
 void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p) {
   check_inputs(in, {&y, final_states}, "ssd_fwd");
   DeviceIndex seq(in.seq_idx);
-  const Dims d = dims_of(p);
+  const ssdc::Dims d = chunk_dims(p, in.init_states != nullptr);
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
-    const std::size_t sm = static_cast<std::size_t>(d.P * d.N) * sizeof(A);
-    allow_smem(fwd_k<S, A>, sm);
-    fwd_k<S, A><<<static_cast<unsigned>(d.B * d.H), kThreads, sm>>>(dptr<S>(y), final_states ? dptr<S>(*final_states) : nullptr,
-                                                                    ptrs_of<S>(in, seq.p), d);
-    check_launch("ssd_fwd");
-    HCP_CUDA_CHECK(cudaDeviceSynchronize());
+    CudaExec ex;
+    ssdc::forward<A>(ex, chunk_in<S>(in, seq.p), d, dptr<S>(y), final_states ? dptr<S>(*final_states) : nullptr);
   });
+  HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal, const SsdParams& p) {
   check_inputs(in, {g.dx, g.ddt, g.dA_log, g.dB, g.dC, g.dD, g.ddt_bias, g.dinit_states, &dy, dfinal}, "ssd_bwd");
+  HCP_CHECK(g.dx && g.ddt && g.dB && g.dC, "ssd_bwd: dx, ddt, dB and dC are required");
+  HCP_CHECK(!g.dinit_states || in.init_states, "ssd_bwd: dinit_states requested without init_states");
   DeviceIndex seq(in.seq_idx);
-  const Dims d = dims_of(p);
-  HCP_CUDA_CHECK(cudaMemset(g.dB->raw(), 0, g.dB->nbytes()));
-  HCP_CUDA_CHECK(cudaMemset(g.dC->raw(), 0, g.dC->nbytes()));
+  const ssdc::Dims d = chunk_dims(p, in.init_states != nullptr);
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
-    const std::int64_t PN = d.P * d.N, nch = (d.L + d.Q - 1) / d.Q, blocks = d.B * d.G;
-    // Scratch in waves of blocks, at most ~1 GiB at a time.
-    const std::int64_t per = (nch + d.Q) * PN;
-    const std::int64_t wave = std::max<std::int64_t>(1, std::min<std::int64_t>(blocks, (std::int64_t{1} << 30) / (per * static_cast<std::int64_t>(sizeof(A)))));
-    DevBuf<A> scratch(wave * per), dA(d.B * d.H), dD(d.B * d.H), ddtb(d.B * d.H);
-    const std::size_t sm = static_cast<std::size_t>(2 * PN) * sizeof(A);
-    allow_smem(bwd_k<S, A>, sm);
-    for (std::int64_t b0 = 0; b0 < blocks; b0 += wave) {
-      const std::int64_t nb = std::min(wave, blocks - b0);
-      bwd_k<S, A><<<static_cast<unsigned>(nb), kThreads, sm>>>(
-          dptr<S>(*g.dx), dptr<S>(*g.ddt), dptr<S>(*g.dB), dptr<S>(*g.dC), g.dinit_states ? dptr<S>(*g.dinit_states) : nullptr,
-          dA.p, dD.p, ddtb.p, dptr<S>(dy), dfinal ? dptr<S>(*dfinal) : nullptr, ptrs_of<S>(in, seq.p), d, scratch.p, b0);
-      check_launch("ssd_bwd");
-    }
+    CudaExec ex;
+    const ssdc::Partials<A> part = ssdc::backward<A>(ex, chunk_in<S>(in, seq.p), d, dptr<S>(dy), dfinal ? dptr<S>(*dfinal) : nullptr,
+                                                     dptr<S>(*g.dx), dptr<S>(*g.ddt), dptr<S>(*g.dB), dptr<S>(*g.dC),
+                                                     g.dinit_states ? dptr<S>(*g.dinit_states) : nullptr);
     HCP_CUDA_CHECK(cudaDeviceSynchronize());
-    reduce_heads(g.dA_log, dA.p, p, false);
-    if (in.D) reduce_heads(g.dD, dD.p, p, false);
-    if (in.dt_bias) reduce_heads(g.ddt_bias, ddtb.p, p, false);
+    reduce_heads(g.dA_log, part.dA_log, d.B * d.nch, d.H, false);
+    if (in.D) reduce_heads(g.dD, part.dD, d.B * d.nch, d.H, false);
+    if (in.dt_bias) reduce_heads(g.ddt_bias, part.ddt_bias, d.B * d.nch, d.H, false);
   });
 }
 

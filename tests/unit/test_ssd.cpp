@@ -4,64 +4,13 @@
 
 #include "kernels/kernels.hpp"
 #include "unit/fd.hpp"
+#include "unit/ssd_case.hpp"
 
 using namespace hcp;
 using namespace hcp::kernels;
 using hcp::test::rand;
 
-namespace {
-struct Case {
-  SsdParams p;
-  Tensor x, dt, A_log, B, C, D, dt_bias, init;
-  std::vector<std::int64_t> seq;
-  bool use_seq = false, use_init = false;
-
-  Case(std::int64_t b, std::int64_t L, std::int64_t H, std::int64_t P, std::int64_t G, std::int64_t N, std::int64_t chunk,
-       std::uint64_t seed) {
-    p.batch = b;
-    p.seqlen = L;
-    p.heads = H;
-    p.head_dim = P;
-    p.groups = G;
-    p.d_state = N;
-    p.chunk = chunk;
-    x = rand({b, L, H, P}, seed);
-    dt = rand({b, L, H}, seed + 1, -2.0, 0.5);
-    A_log = rand({H}, seed + 2, -0.5, 0.8);
-    B = rand({b, L, G, N}, seed + 3);
-    C = rand({b, L, G, N}, seed + 4);
-    D = rand({H}, seed + 5);
-    dt_bias = rand({H}, seed + 6, -0.5, 0.5);
-    init = rand({b, H, P, N}, seed + 7);
-  }
-  SsdInputs inputs() const {
-    SsdInputs in;
-    in.x = &x;
-    in.dt = &dt;
-    in.A_log = &A_log;
-    in.Bm = &B;
-    in.Cm = &C;
-    in.D = &D;
-    in.dt_bias = &dt_bias;
-    in.init_states = use_init ? &init : nullptr;
-    in.seq_idx = use_seq ? &seq : nullptr;
-    return in;
-  }
-  Tensor y() const { return Tensor::zeros(x.shape(), DType::F64); }
-  // Zeroed gradient buffers of every input and parameter, and the SsdGrads pointing at them.
-  struct Grads {
-    Tensor dx, ddt, dA_log, dB, dC, dD, ddt_bias, dinit;
-    SsdGrads ptrs(bool with_init) {
-      return {&dx, &ddt, &dA_log, &dB, &dC, &dD, &ddt_bias, with_init ? &dinit : nullptr};
-    }
-  };
-  Grads zero_grads() const {
-    auto z = [](const Tensor& t) { return Tensor::zeros(t.shape(), DType::F64); };
-    return {z(x), z(dt), z(A_log), z(B), z(C), z(D), z(dt_bias), z(init)};
-  }
-  Tensor states() const { return Tensor::zeros({p.batch, p.heads, p.head_dim, p.d_state}, DType::F64); }
-};
-}  // namespace
+using Case = hcp::test::SsdCase;
 
 TEST(Ssd, ChunkedEqualsSequential) {
   for (std::int64_t chunk : {1, 4, 5, 64}) {
