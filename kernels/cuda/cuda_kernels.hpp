@@ -73,4 +73,15 @@ void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, c
 void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, const Tensor& W1, const Tensor& W2,
                     const Tensor& h, const std::vector<std::int64_t>& counts, Activation act, const Tensor& dyp);
 
+// Grouped GEMM, one launch: C_g [M_g,N] = op(A_g) op(B_g) (row-major, ld* in elements; op(A) = A^T
+// when trans_a, A_g then [K_g,M_g]; op(B) = B^T when trans_b, B_g then [N,K_g]). Every group has the
+// same N; M_g and K_g may differ and be 0 (K_g = 0 writes zeros). All pointers on the device, dtype dt.
+struct GemmGroupDesc {
+  const void* A;
+  const void* B;
+  void* C;
+  std::int64_t M, N, K, lda, ldb, ldc;
+};
+void grouped_gemm(bool trans_a, bool trans_b, const std::vector<GemmGroupDesc>& groups, DType dt);
+
 }  // namespace hcp::kernels::cuda_impl

@@ -1,8 +1,8 @@
 // MoE on the GPU: router (sigmoid/softmax scores, selection by score + correction bias, group-limited
 // top-k, renormalisation, scaling) with one thread per token, its backward; permute / combine and
 // their backward as gathers with one owner per output (the row maps are built on the host, as the
-// token->expert assignment is a host vector in the kernel API); expert MLPs with cuBLAS per expert
-// (squared ReLU or SwiGLU between the two GEMMs). A single grouped-GEMM launch is performance work.
+// token->expert assignment is a host vector in the kernel API); expert MLPs as grouped GEMMs
+// (grouped_gemm.cu: one launch over all experts per GEMM) with squared ReLU or SwiGLU between them.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -185,24 +185,6 @@ __global__ void aux_k(double* part, S* dscores, const S* scores, const double* f
     }
 }
 
-cudaDataType_t cuda_type(DType d) { return d == DType::F64 ? CUDA_R_64F : d == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
-// Row-major C[m,n] = op(A) op(B) with alpha 1 and beta (0 or 1), as cuBLAS column-major calls.
-// trans_a: A is [k,m] (use A^T); else [m,k]. trans_b: B is [n,k] (use B^T); else [k,n].
-void gemm_rm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* A, const void* B,
-             void* C, DType dt, bool accumulate) {
-  if (m == 0 || n == 0) return;
-  const double one64 = 1, b64 = accumulate ? 1 : 0;
-  const float one32 = 1, b32 = accumulate ? 1 : 0;
-  const void* alpha = dt == DType::F64 ? static_cast<const void*>(&one64) : static_cast<const void*>(&one32);
-  const void* beta = dt == DType::F64 ? static_cast<const void*>(&b64) : static_cast<const void*>(&b32);
-  // Column-major C^T [n,m] = op(B)^T op(A)^T.
-  const cublasOperation_t ob = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, oa = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const std::int64_t ldb = trans_b ? k : n, lda = trans_a ? m : k;
-  HCP_CUBLAS_CHECK(cublasGemmEx(cublas(), ob, oa, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), alpha, B,
-                                cuda_type(dt), static_cast<int>(ldb), A, cuda_type(dt), static_cast<int>(lda), beta, C,
-                                cuda_type(dt), static_cast<int>(n),
-                                dt == DType::F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
 struct Idx {
   std::int64_t* p = nullptr;
   explicit Idx(const std::vector<std::int64_t>& v) {
@@ -366,33 +348,51 @@ void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<s
   check_launch("moe_aux_loss_bwd");
 }
 
+namespace {
+// One group per expert over its consecutive rows. rows_grouped: C_e = rows of X (x ld) times weight e
+// (trans: weight [N,K] used as W^T); else (weight gradients) C_e [M,N] = X_e^T Y_e summed over the rows.
+std::vector<GemmGroupDesc> per_expert(const std::vector<std::int64_t>& counts, std::size_t es, const void* a, std::int64_t lda,
+                                      const void* b, std::int64_t ldb, void* c, std::int64_t ldc, std::int64_t M,
+                                      std::int64_t N, std::int64_t K, bool rows_grouped, std::int64_t wstride) {
+  std::vector<GemmGroupDesc> g;
+  std::int64_t r0 = 0;
+  for (std::size_t e = 0; e < counts.size(); ++e) {
+    const std::int64_t n = counts[e];
+    const auto at = [&](const void* p, std::int64_t off) {
+      return static_cast<char*>(const_cast<void*>(p)) + static_cast<std::size_t>(off) * es;
+    };
+    const std::int64_t we = static_cast<std::int64_t>(e) * wstride;
+    if (rows_grouped)
+      g.push_back({at(a, r0 * lda), at(b, we), at(c, r0 * ldc), n, N, K, lda, ldb, ldc});
+    else
+      g.push_back({at(a, r0 * lda), at(b, r0 * ldb), at(c, we), M, N, n, lda, ldb, ldc});
+    r0 += n;
+  }
+  return g;
+}
+std::int64_t total_rows(const std::vector<std::int64_t>& counts) {
+  std::int64_t rows = 0;
+  for (auto c : counts) rows += c;
+  return rows;
+}
+}  // namespace
+
 void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,
                     const std::vector<std::int64_t>& counts, Activation act) {
   same_dtype({&xp, &yp, &h, &W1, &W2}, "expert_mlp_fwd");
   const DType dt = xp.dtype();
-  const std::int64_t E = W1.size(0), F1 = W1.size(1), C = W1.size(2), F = W2.size(2);
+  const std::int64_t F1 = W1.size(1), C = W1.size(2), F = W2.size(2), rows = total_rows(counts);
   const std::size_t es = dtype_size(dt);
-  std::int64_t rows = 0;
-  for (auto c : counts) rows += c;
   Tensor a = Tensor::empty({std::max<std::int64_t>(rows, 1), F}, dt, Space::Cuda);
-  const bool sw = act == Activation::SwiGLU;
-  std::int64_t r0 = 0;
-  for (std::int64_t e = 0; e < E; ++e) {
-    const std::int64_t n = counts[static_cast<std::size_t>(e)];
-    if (n == 0) continue;
-    const char* x = static_cast<const char*>(xp.raw()) + static_cast<std::size_t>(r0 * C) * es;
-    char* hp = static_cast<char*>(h.raw()) + static_cast<std::size_t>(r0 * F1) * es;
-    char* ap = static_cast<char*>(a.raw()) + static_cast<std::size_t>(r0 * F) * es;
-    char* yr = static_cast<char*>(yp.raw()) + static_cast<std::size_t>(r0 * C) * es;
-    gemm_rm(false, true, n, F1, C, x, static_cast<const char*>(W1.raw()) + static_cast<std::size_t>(e * F1 * C) * es, hp, dt, false);
-    HCP_CUDA_DISPATCH(xp, {
-      using A = typename Acc<S>::type;
-      act_k<S, A><<<blocks_for(n * F, kThreads), kThreads>>>(reinterpret_cast<S*>(ap), reinterpret_cast<const S*>(hp), n, F, sw);
-    });
-    gemm_rm(false, true, n, C, F, ap, static_cast<const char*>(W2.raw()) + static_cast<std::size_t>(e * C * F) * es, yr, dt, false);
-    r0 += n;
-  }
+  // h = x W1_e^T, a = act(h), y = a W2_e^T
+  grouped_gemm(false, true, per_expert(counts, es, xp.raw(), C, W1.raw(), C, h.raw(), F1, 0, F1, C, true, F1 * C), dt);
+  HCP_CUDA_DISPATCH(xp, {
+    using A = typename Acc<S>::type;
+    if (rows > 0)
+      act_k<S, A><<<blocks_for(rows * F, kThreads), kThreads>>>(dptr<S>(a), dptr<S>(h), rows, F, act == Activation::SwiGLU);
+  });
   check_launch("expert_mlp_fwd");
+  grouped_gemm(false, true, per_expert(counts, es, a.raw(), F, W2.raw(), F, yp.raw(), C, 0, C, F, true, C * F), dt);
   HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -400,43 +400,27 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
                     const Tensor& h, const std::vector<std::int64_t>& counts, Activation act, const Tensor& dyp) {
   same_dtype({&xp, &dxp, &dW1, &dW2, &W1, &W2, &h, &dyp}, "expert_mlp_bwd");
   const DType dt = xp.dtype();
-  const std::int64_t E = W1.size(0), F1 = W1.size(1), C = W1.size(2), F = W2.size(2);
+  const std::int64_t F1 = W1.size(1), C = W1.size(2), F = W2.size(2), rows = total_rows(counts);
   const std::size_t es = dtype_size(dt);
-  std::int64_t rows = 0;
-  for (auto c : counts) rows += c;
-  HCP_CUDA_CHECK(cudaMemset(dW1.raw(), 0, dW1.nbytes()));
-  HCP_CUDA_CHECK(cudaMemset(dW2.raw(), 0, dW2.nbytes()));
-  Tensor a = Tensor::empty({std::max<std::int64_t>(rows, 1), F}, dt, Space::Cuda),
-         da = Tensor::empty({std::max<std::int64_t>(rows, 1), F}, dt, Space::Cuda),
-         dh = Tensor::empty({std::max<std::int64_t>(rows, 1), F1}, dt, Space::Cuda);
+  const std::int64_t R = std::max<std::int64_t>(rows, 1);
+  Tensor a = Tensor::empty({R, F}, dt, Space::Cuda), da = Tensor::empty({R, F}, dt, Space::Cuda),
+         dh = Tensor::empty({R, F1}, dt, Space::Cuda);
   const bool sw = act == Activation::SwiGLU;
-  std::int64_t r0 = 0;
-  for (std::int64_t e = 0; e < E; ++e) {
-    const std::int64_t n = counts[static_cast<std::size_t>(e)];
-    if (n == 0) continue;
-    auto at = [&](const Tensor& t, std::int64_t width) {
-      return static_cast<char*>(const_cast<void*>(t.raw())) + static_cast<std::size_t>(r0 * width) * es;
-    };
-    const char* w1 = static_cast<const char*>(W1.raw()) + static_cast<std::size_t>(e * F1 * C) * es;
-    const char* w2 = static_cast<const char*>(W2.raw()) + static_cast<std::size_t>(e * C * F) * es;
-    char* dw1 = static_cast<char*>(dW1.raw()) + static_cast<std::size_t>(e * F1 * C) * es;
-    char* dw2 = static_cast<char*>(dW2.raw()) + static_cast<std::size_t>(e * C * F) * es;
-    HCP_CUDA_DISPATCH(xp, {
-      using A = typename Acc<S>::type;
-      act_k<S, A><<<blocks_for(n * F, kThreads), kThreads>>>(reinterpret_cast<S*>(at(a, F)), reinterpret_cast<const S*>(at(h, F1)), n, F, sw);
-    });
-    gemm_rm(false, false, n, F, C, at(dyp, C), w2, at(da, F), dt, false);          // da = dy W2_e
-    gemm_rm(true, false, C, F, n, at(dyp, C), at(a, F), dw2, dt, false);            // dW2_e = dy^T a
-    HCP_CUDA_DISPATCH(xp, {
-      using A = typename Acc<S>::type;
-      act_bwd_k<S, A><<<blocks_for(n * F, kThreads), kThreads>>>(reinterpret_cast<S*>(at(dh, F1)), reinterpret_cast<const S*>(at(da, F)),
-                                                                 reinterpret_cast<const S*>(at(h, F1)), n, F, sw);
-    });
-    gemm_rm(false, false, n, C, F1, at(dh, F1), w1, at(dxp, C), dt, false);         // dx = dh W1_e
-    gemm_rm(true, false, F1, C, n, at(dh, F1), at(xp, C), dw1, dt, false);          // dW1_e = dh^T x
-    r0 += n;
-  }
+  HCP_CUDA_DISPATCH(xp, {
+    using A = typename Acc<S>::type;
+    if (rows > 0) act_k<S, A><<<blocks_for(rows * F, kThreads), kThreads>>>(dptr<S>(a), dptr<S>(h), rows, F, sw);
+  });
   check_launch("expert_mlp_bwd");
+  grouped_gemm(false, false, per_expert(counts, es, dyp.raw(), C, W2.raw(), F, da.raw(), F, 0, F, C, true, C * F), dt);  // da = dy W2_e
+  grouped_gemm(true, false, per_expert(counts, es, dyp.raw(), C, a.raw(), F, dW2.raw(), F, C, F, 0, false, C * F), dt);  // dW2_e = dy^T a
+  HCP_CUDA_DISPATCH(xp, {
+    using A = typename Acc<S>::type;
+    if (rows > 0)
+      act_bwd_k<S, A><<<blocks_for(rows * F, kThreads), kThreads>>>(dptr<S>(dh), dptr<S>(da), dptr<S>(h), rows, F, sw);
+  });
+  check_launch("expert_mlp_bwd");
+  grouped_gemm(false, false, per_expert(counts, es, dh.raw(), F1, W1.raw(), C, dxp.raw(), C, 0, C, F1, true, F1 * C), dt);  // dx = dh W1_e
+  grouped_gemm(true, false, per_expert(counts, es, dh.raw(), F1, xp.raw(), C, dW1.raw(), C, F1, C, 0, false, F1 * C), dt);  // dW1_e = dh^T x
   HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
