@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "cuda/gpu.hpp"
+#include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/kernels.hpp"
 #include "unit/fd.hpp"
@@ -410,5 +411,44 @@ TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
       moe_aux_loss_bwd(ds, sc, idx, rp, 0.3);
       moe_aux_loss_bwd(DS, SC, IDX, rp, 0.3);
       expect_match(DS, ds, d, "aux loss dscores");
+    }
+}
+
+TEST(CudaKernels, GroupedGemmUnevenGroupsAllTransposes) {
+  REQUIRE_GPU();
+  // Groups with 0, 1, 70 and 131 rows (M) or reduction lengths (K), N = 100 (two partial N tiles).
+  const std::vector<std::int64_t> sizes = {70, 0, 131, 1};
+  const std::int64_t N = 100, other = 45;
+  for (DType d : kTypes)
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool ta = mode & 1, tb = mode & 2;
+      std::vector<cuda_impl::GemmGroupDesc> desc;
+      std::vector<Tensor> hA, hB, dA, dB, dC;
+      for (std::size_t g = 0; g < sizes.size(); ++g) {
+        // Even modes group M (rows), odd modes group K (as the weight gradients do).
+        const std::int64_t M = ta ? other : sizes[g], K = ta ? sizes[g] : other;
+        hA.push_back(rnd(ta ? Shape{K, M} : Shape{M, K}, 60 + g, d));
+        hB.push_back(rnd(tb ? Shape{N, K} : Shape{K, N}, 70 + g, d));
+        dA.push_back(dev(hA.back()));
+        dB.push_back(dev(hB.back()));
+        const Shape cs{std::max<std::int64_t>(M, 1), N};  // filled with 7: every element must be written
+        dC.push_back(Tensor::from(std::vector<double>(static_cast<std::size_t>(cs[0] * N), 7.0), cs, d).to(Space::Cuda));
+        desc.push_back({dA.back().raw(), dB.back().raw(), dC.back().raw(), M, N, K, ta ? M : K, tb ? K : N, N});
+      }
+      cuda_impl::grouped_gemm(ta, tb, desc, d);
+      for (std::size_t g = 0; g < sizes.size(); ++g) {
+        const std::int64_t M = desc[g].M, K = desc[g].K;
+        if (M == 0) continue;
+        Tensor ref = Tensor::zeros({M, N}, DType::F64);
+        for (std::int64_t m = 0; m < M; ++m)
+          for (std::int64_t n = 0; n < N; ++n) {
+            double s = 0;
+            for (std::int64_t k = 0; k < K; ++k)
+              s += hA[g].get(ta ? k * M + m : m * K + k) * hB[g].get(tb ? n * K + k : k * N + n);
+            ref.set(m * N + n, s);
+          }
+        expect_match(dC[g], ref, d,
+                     "grouped gemm group " + std::to_string(g) + " ta " + std::to_string(ta) + " tb " + std::to_string(tb));
+      }
     }
 }
