@@ -108,6 +108,16 @@ struct SsdStateGrads {
 void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
                         const SsdParams& p);
 
+// Scan of run states across the consecutive runs of each sequence (the state-passing step of SSM
+// context parallelism). Slots index rows of S, a, Sin [slots,H,P,N] / [slots,H]; the runs of sequence
+// q are slots order[off[q]] .. order[off[q+1]-1] in sequence order. Sin(first) = 0,
+// Sin(k+1) = a_k Sin(k) + S_k (per head). Slots not named are left untouched.
+void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std::vector<std::int64_t>& order,
+                        const std::vector<std::int64_t>& off);
+// Backward given dSin: dS_k = dSin-gradient reaching Sin(k+1), da_k = <that gradient, Sin(k)>.
+void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,
+                        const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off);
+
 // =============================== causal depthwise conv1d ========================================
 // y[b,t,c] = act(bias[c] + sum_k w[c,k] x[b,t-W+1+k,c]); taps before the sequence start (or in an
 // earlier packed sequence by seq_idx [B*L]) are zero. x, y [B,L,C]; w [C,W]; bias [C] optional.

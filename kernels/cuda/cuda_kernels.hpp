@@ -49,6 +49,10 @@ void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& ls
 void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p);
 void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal_states, const SsdParams& p);
 void ssd_run_decay(Tensor& decay, const SsdInputs& in, const SsdParams& p);
+void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std::vector<std::int64_t>& order,
+                        const std::vector<std::int64_t>& off);
+void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,
+                        const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off);
 void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p);
 void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
                         const SsdParams& p);

@@ -289,4 +289,81 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
   });
 }
 
+namespace {
+// One thread per (sequence, h*PN + e), sequential over the sequence's runs.
+template <class T>
+__global__ void scan_fwd_k(T* Sin, const T* S, const T* a, const std::int64_t* order, const std::int64_t* off,
+                           std::int64_t nseq, std::int64_t H, std::int64_t PN) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= nseq * H * PN) return;
+  const std::int64_t q = i / (H * PN), he = i % (H * PN), h = he / PN;
+  T run = 0;
+  for (std::int64_t k = off[q]; k < off[q + 1]; ++k) {
+    const std::int64_t sl = order[k];
+    Sin[sl * H * PN + he] = run;
+    run = a[sl * H + h] * run + S[sl * H * PN + he];
+  }
+}
+template <class T>
+__global__ void scan_bwd_k(T* dS, const T* dSin, const T* a, const std::int64_t* order, const std::int64_t* off,
+                           std::int64_t nseq, std::int64_t H, std::int64_t PN) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= nseq * H * PN) return;
+  const std::int64_t q = i / (H * PN), he = i % (H * PN), h = he / PN;
+  T g = 0;  // the last run's final state feeds nothing
+  for (std::int64_t k = off[q + 1] - 1; k >= off[q]; --k) {
+    const std::int64_t sl = order[k];
+    dS[sl * H * PN + he] = g;
+    g = dSin[sl * H * PN + he] + a[sl * H + h] * g;
+  }
+}
+// da[slot, h] = <dS, Sin> over P*N, one thread per (named slot, h).
+template <class T>
+__global__ void scan_da_k(T* da, const T* dS, const T* Sin, const std::int64_t* order, std::int64_t n, std::int64_t H,
+                          std::int64_t PN) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * H) return;
+  const std::int64_t sl = order[i / H], h = i % H;
+  T acc = 0;
+  for (std::int64_t e = 0; e < PN; ++e) acc += dS[(sl * H + h) * PN + e] * Sin[(sl * H + h) * PN + e];
+  da[sl * H + h] = acc;
+}
+void require_float_states(const Tensor& t, const char* what) {
+  require_cuda(t, what);
+  HCP_CHECK(t.dtype() == DType::F64 || t.dtype() == DType::F32, what, ": states must be fp32 or fp64");
+}
+}  // namespace
+
+void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std::vector<std::int64_t>& order,
+                        const std::vector<std::int64_t>& off) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&Sin, &S, &a}) require_float_states(*t, "ssd_state_scan_fwd");
+  if (order.empty()) return;
+  DeviceIndex o(&order), f(&off);
+  const std::int64_t nseq = static_cast<std::int64_t>(off.size()) - 1, H = S.size(1), PN = S.size(2) * S.size(3);
+  if (S.dtype() == DType::F64)
+    scan_fwd_k<double><<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<double>(Sin), dptr<double>(S), dptr<double>(a), o.p, f.p, nseq, H, PN);
+  else
+    scan_fwd_k<float><<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<float>(Sin), dptr<float>(S), dptr<float>(a), o.p, f.p, nseq, H, PN);
+  check_launch("ssd_state_scan_fwd");
+  HCP_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,
+                        const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dS, &da, &dSin, &Sin, &a}) require_float_states(*t, "ssd_state_scan_bwd");
+  if (order.empty()) return;
+  DeviceIndex o(&order), f(&off);
+  const std::int64_t nseq = static_cast<std::int64_t>(off.size()) - 1, H = Sin.size(1), PN = Sin.size(2) * Sin.size(3),
+                     n = static_cast<std::int64_t>(order.size());
+  const auto run = [&](auto zero) {
+    using S = decltype(zero);
+    scan_bwd_k<S><<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<S>(dS), dptr<S>(dSin), dptr<S>(a), o.p, f.p, nseq, H, PN);
+    scan_da_k<S><<<blocks_for(n * H, 128), 128>>>(dptr<S>(da), dptr<S>(dS), dptr<S>(Sin), o.p, n, H, PN);
+  };
+  if (Sin.dtype() == DType::F64) run(0.0);
+  else run(0.0f);
+  check_launch("ssd_state_scan_bwd");
+  HCP_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 }  // namespace hcp::kernels::cuda_impl

@@ -515,4 +515,78 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
   });
 }
 
+namespace {
+void check_state_scan(const Tensor& S, const Tensor& a, const Tensor& Sin, const std::vector<std::int64_t>& order,
+                      const std::vector<std::int64_t>& off, const char* what) {
+  HCP_CHECK(S.dim() == 4 && a.dim() == 2 && a.size(0) == S.size(0) && a.size(1) == S.size(1) && Sin.shape() == S.shape(),
+            what, ": need S, Sin [slots,H,P,N] and a [slots,H], got ", shape_str(S.shape()), ", ", shape_str(Sin.shape()),
+            ", ", shape_str(a.shape()));
+  HCP_CHECK(S.dtype() == a.dtype() && S.dtype() == Sin.dtype() && S.space() == a.space() && S.space() == Sin.space(), what,
+            ": tensors must share dtype and memory space");
+  HCP_CHECK(!off.empty() && off.front() == 0 && off.back() == static_cast<std::int64_t>(order.size()), what,
+            ": offsets must run from 0 to the number of slots named");
+  for (std::int64_t o : order) HCP_CHECK(o >= 0 && o < S.size(0), what, ": slot ", o, " out of range [0, ", S.size(0), ")");
+}
+template <class T>
+void scan_fwd(T* Sin, const T* S, const T* a, const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off,
+              std::int64_t H, std::int64_t PN) {
+  for (std::size_t q = 0; q + 1 < off.size(); ++q)
+    for (std::int64_t k = off[q]; k < off[q + 1]; ++k) {
+      T* out = Sin + order[static_cast<std::size_t>(k)] * H * PN;
+      if (k == off[q]) {
+        std::fill(out, out + H * PN, T(0));
+        continue;
+      }
+      const std::int64_t prev = order[static_cast<std::size_t>(k - 1)];
+      const T *sp = Sin + prev * H * PN, *Sk = S + prev * H * PN;
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t e = 0; e < PN; ++e) out[h * PN + e] = a[prev * H + h] * sp[h * PN + e] + Sk[h * PN + e];
+    }
+}
+template <class T>
+void scan_bwd(T* dS, T* da, const T* dSin, const T* Sin, const T* a, const std::vector<std::int64_t>& order,
+              const std::vector<std::int64_t>& off, std::int64_t H, std::int64_t PN) {
+  std::vector<T> G(static_cast<std::size_t>(H * PN));
+  for (std::size_t q = 0; q + 1 < off.size(); ++q) {
+    std::fill(G.begin(), G.end(), T(0));  // the last run's final state feeds nothing
+    for (std::int64_t k = off[q + 1] - 1; k >= off[q]; --k) {
+      const std::int64_t sl = order[static_cast<std::size_t>(k)];
+      for (std::int64_t h = 0; h < H; ++h) {
+        T acc = 0;
+        for (std::int64_t e = 0; e < PN; ++e) {
+          const std::size_t i = static_cast<std::size_t>(h * PN + e);
+          dS[sl * H * PN + h * PN + e] = G[i];  // Sin(k+1) = a_k Sin(k) + S_k
+          acc += G[i] * Sin[sl * H * PN + h * PN + e];
+          G[i] = dSin[sl * H * PN + h * PN + e] + a[sl * H + h] * G[i];
+        }
+        da[sl * H + h] = acc;
+      }
+    }
+  }
+}
+}  // namespace
+
+void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std::vector<std::int64_t>& order,
+                        const std::vector<std::int64_t>& off) {
+  check_state_scan(S, a, Sin, order, off, "ssd_state_scan_fwd");
+  HCP_ROUTE_CUDA(S, cuda_impl::ssd_state_scan_fwd(Sin, S, a, order, off));
+  HCP_DISPATCH_FLOAT(S, {
+    In<T> S_(S, "S"), a_(a, "a");
+    Out<T> o(Sin, "Sin", true);
+    scan_fwd<T>(o.get(), S_.get(), a_.get(), order, off, S.size(1), S.size(2) * S.size(3));
+  });
+}
+
+void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,
+                        const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off) {
+  check_state_scan(Sin, a, dSin, order, off, "ssd_state_scan_bwd");
+  HCP_CHECK(dS.shape() == Sin.shape() && da.shape() == a.shape(), "ssd_state_scan_bwd: dS and da must match S and a");
+  HCP_ROUTE_CUDA(Sin, cuda_impl::ssd_state_scan_bwd(dS, da, dSin, Sin, a, order, off));
+  HCP_DISPATCH_FLOAT(Sin, {
+    In<T> g(dSin, "dSin"), s(Sin, "Sin"), a_(a, "a");
+    Out<T> o(dS, "dS", true), oa(da, "da", true);
+    scan_bwd<T>(o.get(), oa.get(), g.get(), s.get(), a_.get(), order, off, Sin.size(1), Sin.size(2) * Sin.size(3));
+  });
+}
+
 }  // namespace hcp::kernels

@@ -189,112 +189,46 @@ StateScan::StateScan(const SeqLayout& global, int cp, int rank, Partition part) 
     for (std::size_t i = 0; i < ps.size(); ++i)
       slot_[static_cast<std::size_t>(ps[i].seq)][static_cast<std::size_t>(ps[i].chunk)] = q * np_ + static_cast<std::int64_t>(i);
   }
-}
-
-namespace {
-template <class T>
-void scan_fwd(T* Sin, const T* S, const T* a, const std::vector<std::vector<std::int64_t>>& slots, std::int64_t H,
-              std::int64_t PN) {
-  for (const auto& seq : slots) {
-    for (std::size_t k = 0; k < seq.size(); ++k) {
-      T* out = Sin + seq[k] * H * PN;
-      if (k == 0) {
-        std::fill(out, out + H * PN, T(0));
-        continue;
-      }
-      const std::int64_t prev = seq[k - 1];
-      const T* sp = Sin + prev * H * PN;
-      const T* Sk = S + prev * H * PN;
-      for (std::int64_t h = 0; h < H; ++h) {
-        const T ah = a[prev * H + h];
-        for (std::int64_t e = 0; e < PN; ++e) out[h * PN + e] = ah * sp[h * PN + e] + Sk[h * PN + e];
-      }
-    }
+  off_.push_back(0);
+  for (const auto& seq : slot_) {
+    order_.insert(order_.end(), seq.begin(), seq.end());
+    off_.push_back(static_cast<std::int64_t>(order_.size()));
   }
 }
-template <class T>
-void scan_bwd(T* dS, T* da, const T* dSin, const T* Sin, const T* a, const std::vector<std::vector<std::int64_t>>& slots,
-              std::int64_t H, std::int64_t PN) {
-  std::vector<T> Gt(static_cast<std::size_t>(H * PN));
-  for (const auto& seq : slots) {
-    std::fill(Gt.begin(), Gt.end(), T(0));  // the last chunk's final state feeds nothing
-    for (std::size_t kk = seq.size(); kk-- > 0;) {
-      const std::int64_t sl = seq[kk];
-      T* dSk = dS + sl * H * PN;
-      const T* sin = Sin + sl * H * PN;
-      const T* dsin = dSin + sl * H * PN;
-      for (std::int64_t h = 0; h < H; ++h) {
-        T acc = 0;
-        for (std::int64_t e = 0; e < PN; ++e) {
-          const T g = Gt[static_cast<std::size_t>(h * PN + e)];
-          dSk[h * PN + e] = g;  // S_in(k+1) = a_k S_in(k) + S_k
-          acc += g * sin[h * PN + e];
-          Gt[static_cast<std::size_t>(h * PN + e)] = dsin[h * PN + e] + a[sl * H + h] * g;
-        }
-        da[sl * H + h] = acc;
-      }
-    }
-  }
-}
-}  // namespace
 
-Tensor StateScan::forward(Communicator& comm, const Tensor& S_local_in, const Tensor& a_local_in) {
+Tensor StateScan::forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local) {
   HCP_CHECK(comm.size() == cp_ && comm.rank() == rank_, "StateScan: communicator does not match the plan");
-  // The scan is tiny (pieces x H x P x N) and sequential: it runs on the host; device states are
-  // copied over and the result back.
-  const Space sp = S_local_in.space();
-  const Tensor S_local = sp == Space::Host ? S_local_in : S_local_in.to(Space::Host);
-  const Tensor a_local = sp == Space::Host ? a_local_in : a_local_in.to(Space::Host);
   HCP_CHECK(S_local.dim() == 4 && S_local.size(0) == np_ && a_local.dim() == 2 && a_local.size(0) == np_ &&
-                a_local.size(1) == S_local.size(1) && S_local.dtype() == a_local.dtype(),
-            "StateScan: need S [", np_, ",H,P,N] and a [", np_, ",H] of one dtype");
+                a_local.size(1) == S_local.size(1) && S_local.dtype() == a_local.dtype() &&
+                S_local.space() == a_local.space(),
+            "StateScan: need S [", np_, ",H,P,N] and a [", np_, ",H] of one dtype and memory space");
   HCP_CHECK(S_local.dtype() == DType::F64 || S_local.dtype() == DType::F32, "StateScan: states must be fp32 or fp64");
-  const std::int64_t H = S_local.size(1), PN = S_local.size(2) * S_local.size(3);
+  // Everything stays where the states live (the host, or the GPU: all-gathers through the
+  // communicator, the scan as a kernel).
+  const Space sp = S_local.space();
   Shape all_s = S_local.shape();
   all_s[0] *= cp_;
-  S_all_ = Tensor::empty(all_s, S_local.dtype(), Space::Host);
-  a_all_ = Tensor::empty({cp_ * np_, H}, S_local.dtype(), Space::Host);
-  // One message per rank: its states and decays together.
-  const std::int64_t per = np_ * H * (PN + 1);
-  Tensor send = Tensor::empty({per}, S_local.dtype(), Space::Host), recv = Tensor::empty({cp_ * per}, S_local.dtype(), Space::Host);
-  const std::size_t es = dtype_size(S_local.dtype());
-  std::memcpy(send.raw(), S_local.raw(), S_local.nbytes());
-  std::memcpy(static_cast<char*>(send.raw()) + S_local.nbytes(), a_local.raw(), a_local.nbytes());
-  comm.all_gather(send, recv);
-  for (int q = 0; q < cp_; ++q) {
-    const char* src = static_cast<const char*>(recv.raw()) + static_cast<std::size_t>(q * per) * es;
-    std::memcpy(static_cast<char*>(S_all_.raw()) + S_local.nbytes() * static_cast<std::size_t>(q), src, S_local.nbytes());
-    std::memcpy(static_cast<char*>(a_all_.raw()) + a_local.nbytes() * static_cast<std::size_t>(q), src + S_local.nbytes(),
-                a_local.nbytes());
-  }
-  Sin_all_ = Tensor::empty(all_s, S_local.dtype(), Space::Host);
-  if (S_local.dtype() == DType::F64)
-    scan_fwd<double>(Sin_all_.data<double>(), S_all_.data<double>(), a_all_.data<double>(), slot_, H, PN);
-  else
-    scan_fwd<float>(Sin_all_.data<float>(), S_all_.data<float>(), a_all_.data<float>(), slot_, H, PN);
-  Tensor mine = Sin_all_.slice(0, rank_ * np_, np_).clone();
-  return sp == Space::Host ? mine : mine.to(sp);
+  S_all_ = Tensor::empty(all_s, S_local.dtype(), sp);
+  a_all_ = Tensor::empty({cp_ * np_, S_local.size(1)}, S_local.dtype(), sp);
+  comm.all_gather(S_local.is_contiguous() ? S_local : S_local.clone(), S_all_);
+  comm.all_gather(a_local.is_contiguous() ? a_local : a_local.clone(), a_all_);
+  Sin_all_ = Tensor::zeros(all_s, S_local.dtype(), sp);
+  kernels::ssd_state_scan_fwd(Sin_all_, S_all_, a_all_, order_, off_);
+  return Sin_all_.slice(0, rank_ * np_, np_).clone();
 }
 
-void StateScan::backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in_arg) const {
+void StateScan::backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const {
   HCP_CHECK(Sin_all_.defined(), "StateScan: backward() before forward()");
-  const Space sp = dS_in_arg.space();
-  const Tensor dS_in = sp == Space::Host ? dS_in_arg : dS_in_arg.to(Space::Host);
-  HCP_CHECK(dS_in.shape() == S_all_.slice(0, 0, np_).shape() && dS_in.dtype() == S_all_.dtype(),
-            "StateScan::backward: dS_in must be ", shape_str(S_all_.slice(0, 0, np_).shape()));
-  const std::int64_t H = S_all_.size(1), PN = S_all_.size(2) * S_all_.size(3);
-  Tensor dsin_all = Tensor::empty(S_all_.shape(), S_all_.dtype(), Space::Host);
+  HCP_CHECK(dS_in.shape() == S_all_.slice(0, 0, np_).shape() && dS_in.dtype() == S_all_.dtype() &&
+                dS_in.space() == S_all_.space(),
+            "StateScan::backward: dS_in must be ", shape_str(S_all_.slice(0, 0, np_).shape()), " where the states live");
+  Tensor dsin_all = Tensor::empty(S_all_.shape(), S_all_.dtype(), S_all_.space());
   comm.all_gather(dS_in.is_contiguous() ? dS_in : dS_in.clone(), dsin_all);
-  Tensor dS_all = Tensor::empty(S_all_.shape(), S_all_.dtype(), Space::Host),
-         da_all = Tensor::empty(a_all_.shape(), a_all_.dtype(), Space::Host);
-  if (S_all_.dtype() == DType::F64)
-    scan_bwd<double>(dS_all.data<double>(), da_all.data<double>(), dsin_all.data<double>(), Sin_all_.data<double>(),
-                     a_all_.data<double>(), slot_, H, PN);
-  else
-    scan_bwd<float>(dS_all.data<float>(), da_all.data<float>(), dsin_all.data<float>(), Sin_all_.data<float>(),
-                    a_all_.data<float>(), slot_, H, PN);
-  dS_local = dS_all.slice(0, rank_ * np_, np_).clone().to(sp);
-  da_local = da_all.slice(0, rank_ * np_, np_).clone().to(sp);
+  Tensor dS_all = Tensor::zeros(S_all_.shape(), S_all_.dtype(), S_all_.space()),
+         da_all = Tensor::zeros(a_all_.shape(), a_all_.dtype(), a_all_.space());
+  kernels::ssd_state_scan_bwd(dS_all, da_all, dsin_all, Sin_all_, a_all_, order_, off_);
+  dS_local = dS_all.slice(0, rank_ * np_, np_).clone();
+  da_local = da_all.slice(0, rank_ * np_, np_).clone();
 }
 
 }  // namespace hcp::cp

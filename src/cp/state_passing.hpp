@@ -86,6 +86,7 @@ class StateScan {
   std::int64_t np_ = 0;
   // Gathered slot (rank * np + i) of chunk k of sequence s: slot_[s][k].
   std::vector<std::vector<std::int64_t>> slot_;
+  std::vector<std::int64_t> order_, off_;  // slot_ flattened: the scan kernels' run order and offsets
   Tensor S_all_, a_all_, Sin_all_;  // [cp*np, H, P, N], [cp*np, H], [cp*np, H, P, N]
 };
 

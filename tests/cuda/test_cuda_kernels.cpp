@@ -452,3 +452,23 @@ TEST(CudaKernels, GroupedGemmUnevenGroupsAllTransposes) {
       }
     }
 }
+
+TEST(CudaKernels, SsdStateScanMatchesHost) {
+  REQUIRE_GPU();
+  // 7 slots: sequence 0 runs through slots 3, 0, 5; sequence 1 is slot 6 alone; sequence 2 runs 1, 4;
+  // slot 2 belongs to no sequence and must stay untouched.
+  const std::vector<std::int64_t> order = {3, 0, 5, 6, 1, 4}, off = {0, 3, 4, 6};
+  for (DType d : {DType::F64, DType::F32}) {
+    const Shape s{7, 3, 4, 5};
+    Tensor S = rnd(s, 80, d), a = rnd({7, 3}, 81, d, 0.1, 0.9), g = rnd(s, 82, d), keep = rnd(s, 83, d);
+    Tensor Sin = keep.clone(), dS = keep.clone(), da = rnd({7, 3}, 84, d);
+    Tensor SIN = dev(keep), DS = dev(keep), DA = dev(da);
+    ssd_state_scan_fwd(Sin, S, a, order, off);
+    ssd_state_scan_fwd(SIN, dev(S), dev(a), order, off);
+    expect_match(SIN, Sin, d, "state scan Sin");
+    ssd_state_scan_bwd(dS, da, g, Sin, a, order, off);
+    ssd_state_scan_bwd(DS, DA, dev(g), SIN, dev(a), order, off);
+    expect_match(DS, dS, d, "state scan dS");
+    expect_match(DA, da, d, "state scan da");
+  }
+}
