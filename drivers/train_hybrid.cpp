@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "common.hpp"
+#include "device.hpp"
 #include "comm/process_grid.hpp"
 #include "harness.hpp"
 #include "hybrid_common.hpp"
@@ -62,6 +63,7 @@ DeckSchema schema() {
       .add_string("train.checkpoint", "checkpoint.h5", "checkpoint file")
       .add_string("train.resume", "", "checkpoint to resume from (\"\": start fresh)")
       .add_int("train.stop_after", 0, "stop (with a checkpoint) after this many steps of this run (0: run to the end)", 0);
+  drivers::add_device_key(s);
   return s;
 }
 
@@ -115,6 +117,7 @@ drivers::TokenBatch step_batch(const Deck& d, int cp, std::int64_t vocab, std::i
 }
 
 void validate(DriverContext& ctx) {
+  drivers::init_device(ctx.deck);
   Setup s = make_setup(ctx);
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
   model::HybridModel m(*g.cp, s.cfg, step_batch(ctx.deck, s.cp, s.cfg.vocab, 1).layout);
@@ -158,7 +161,8 @@ void run(DriverContext& ctx) {
   const Deck& d = ctx.deck;
   Setup s = make_setup(ctx);
   ProcessGrid grid = ProcessGrid::make(*ctx.world, s.cp);
-  Communicator& cpc = *grid.cp;
+  std::unique_ptr<Communicator> nccl;
+  Communicator& cpc = drivers::device_comm(d, *grid.cp, nccl);
   auto self = ctx.world->split(ctx.world->rank(), 0);
   const int r = grid.cp_rank;
   const bool with_ref = d.get_bool("train.reference");
@@ -167,6 +171,8 @@ void run(DriverContext& ctx) {
                      stop_after = d.get_int("train.stop_after");
   const std::string ck = d.get_string("train.checkpoint"), resume = d.get_string("train.resume");
   model::ParamMap p = model::hybrid_init(s.cfg, s.dt, static_cast<std::uint64_t>(d.get_int("data.seed")));
+  if (drivers::space_of(d) == Space::Cuda)
+    for (auto& [n, t] : p) t = t.to(Space::Cuda);  // model, gradients and optimizer state live on the GPU
   model::AdamW opt(s.opt, p);
   model::ParamMap rp;  // the cp=1 replica (rank 0)
   std::unique_ptr<model::AdamW> ropt;
@@ -185,11 +191,11 @@ void run(DriverContext& ctx) {
   HCP_CHECK(start < steps, "train.resume: the checkpoint is at step ", start, ", not before train.steps = ", steps);
   if (ctx.root())
     std::printf("# train_hybrid: ranks=%d cp=%d pattern=%s hidden=%lld vocab=%lld attention=%s mamba_cp=%s dtype=%s "
-                "steps %lld..%lld%s\n",
+                "steps %lld..%lld backend=%s%s\n",
                 ctx.world->size(), s.cp, s.cfg.pattern.c_str(), static_cast<long long>(s.cfg.hidden),
                 static_cast<long long>(s.cfg.vocab), d.get_string("parallel.attention").c_str(),
                 d.get_string("parallel.mamba_cp").c_str(), to_string(s.dt).c_str(), static_cast<long long>(start + 1),
-                static_cast<long long>(steps), resume.empty() ? "" : (" (resumed from " + resume + ")").c_str());
+                static_cast<long long>(steps), drivers::device_desc(d, cpc).c_str(), resume.empty() ? "" : (" (resumed from " + resume + ")").c_str());
   double worst = 0;
   std::int64_t done_here = 0;
   for (std::int64_t t = start + 1; t <= steps; ++t) {
@@ -238,7 +244,7 @@ void run(DriverContext& ctx) {
     w.config({{"driver", "train_hybrid"}, {"deck", d.text()}, {"deck_resolved", d.resolved()}, {"command_line", ctx.cmdline},
               {"git_revision", ctx.git_rev}, {"format", d.get_string("data.format")},
               {"strategy", d.get_string("parallel.attention")}, {"mamba_cp", d.get_string("parallel.mamba_cp")},
-              {"pattern", s.cfg.pattern}, {"backend", "host/" + cpc.backend()}, {"dtype", to_string(s.dt)},
+              {"pattern", s.cfg.pattern}, {"backend", drivers::device_desc(d, cpc)}, {"dtype", to_string(s.dt)},
               {"resumed_from", resume}});
     w.config_int("cp_size", s.cp);
     w.config_int("world_size", ctx.world->size());

@@ -161,6 +161,14 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<
 // Elementwise helpers used by the layers: y = a + b; y = act(x) and its backward.
 void add(Tensor& y, const Tensor& a, const Tensor& b);
 void axpy(Tensor& y, double alpha, const Tensor& x);  // y += alpha x
+// Sum of squares in fp64, in a fixed order (the same value for the same tensor and backend).
+double sum_squares(const Tensor& x);
+// One AdamW update of p (fp32 or fp64; m, v, g alike), in fp64 arithmetic per element:
+// g' = g scale; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2; p -= lr ((m/bc1) / (sqrt(v/bc2) + eps) + wd p).
+struct AdamWStep {
+  double lr, beta1, beta2, bc1, bc2, eps, weight_decay, grad_scale;
+};
+void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& s);
 
 // =============================== MoE ============================================================
 struct RouterParams {

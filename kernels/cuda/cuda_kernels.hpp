@@ -15,6 +15,7 @@ struct SsdGrads;
 struct SsdStateGrads;
 struct RouterParams;
 enum class Activation;
+struct AdamWStep;
 }
 
 namespace hcp::kernels::cuda_impl {
@@ -57,6 +58,8 @@ void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p);
 void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
                         const SsdParams& p);
 void axpy(Tensor& y, double alpha, const Tensor& x);
+double sum_squares(const Tensor& x);
+void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& s);
 
 // MoE.
 void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& topk_w, const Tensor& logits,

@@ -30,7 +30,7 @@ ParamMap mamba2_init(const Mamba2Config& c, DType dt, std::uint64_t seed) {
 
 ParamMap zeros_like(const ParamMap& p) {
   ParamMap g;
-  for (auto& [n, t] : p) g[n] = Tensor::zeros(t.shape(), t.dtype());
+  for (auto& [n, t] : p) g[n] = Tensor::zeros(t.shape(), t.dtype(), t.space());
   return g;
 }
 

@@ -472,3 +472,20 @@ TEST(CudaKernels, SsdStateScanMatchesHost) {
     expect_match(DA, da, d, "state scan da");
   }
 }
+
+TEST(CudaKernels, AdamWUpdateAndSumOfSquares) {
+  REQUIRE_GPU();
+  for (DType d : {DType::F64, DType::F32}) {
+    Tensor p = rnd({37, 19}, 90, d), g = rnd({37, 19}, 91, d), m = rnd({37, 19}, 92, d), v = rnd({37, 19}, 93, d, 0.0, 1.0);
+    Tensor P = dev(p), G = dev(g), M = dev(m), V = dev(v);
+    const AdamWStep s{3e-3, 0.9, 0.95, 0.19, 0.0975, 1e-8, 0.01, 0.7};
+    adamw_update(p, g, m, v, s);
+    adamw_update(P, G, M, V, s);
+    expect_match(P, p, d, "adamw p");
+    expect_match(M, m, d, "adamw m");
+    expect_match(V, v, d, "adamw v");
+    const double h = sum_squares(g), c = sum_squares(G);
+    EXPECT_NEAR(c, h, tol(d) * h) << to_string(d);
+    EXPECT_EQ(c, sum_squares(G)) << "sum_squares must repeat bitwise";
+  }
+}
