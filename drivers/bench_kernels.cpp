@@ -1,7 +1,14 @@
-// bench_kernels (host mode): the time of every host kernel on a documented shape, so regressions
-// show. Each op: warm-up, then `repeats` timed runs (Kokkos::fence before each timer); median,
-// min and max, with an effective GFLOP/s or GB/s. Printed as a table and written to HDF5
-// (/timings/<op> [ranks, repeats] in ms). Every rank runs the same ops (no communication).
+// bench_kernels: the time of every kernel on documented shapes, so regressions show.
+//   bench.device = host: the host kernels on small shapes (suite "small").
+//   bench.device = cuda: the CUDA kernels, suite "small" or "anchors" (the shapes of
+//     ../shared/design/BENCHMARKS.md: attention, Mamba2 SSD, the grouped expert GEMM beside one dense
+//     cuBLAS GEMM of the same FLOPs, memory-bound kernels beside a device-to-device copy);
+//     jobs/bench/anchors.py times PyTorch / mamba_ssm on the same shapes and `hcp_post.py anchors`
+//     puts both into one ratio table.
+// Each op: warm-up, then `repeats` timed runs (device synchronised before and after each timer);
+// median, min and max, with an effective TFLOP/s or GB/s. Printed as a table and written to HDF5
+// (/timings/<op> [ranks, repeats] in ms, /bench/<op> = [flops, bytes, scratch high-water bytes]).
+// Every rank runs the same ops (no communication).
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
@@ -13,6 +20,11 @@
 #include "harness.hpp"
 #include "io/results.hpp"
 #include "kernels/kernels.hpp"
+#include "device.hpp"
+#ifdef HCP_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/runtime.hpp"
+#endif
 
 using namespace hcp;
 namespace k = hcp::kernels;
@@ -32,14 +44,122 @@ struct Op {
   std::function<void()> fn;
 };
 
-Tensor rnd(const Shape& s, DType dt, std::uint64_t seed, double lo = -1, double hi = 1) {
-  Tensor t = Tensor::empty(s, dt);
+Tensor rnd(const Shape& s, DType dt, std::uint64_t seed, double lo = -1, double hi = 1, Space sp = Space::Host) {
+  Tensor t = Tensor::empty(s, dt, Space::Host);
   fill_uniform(t, seed, lo, hi);
-  return t;
+  return sp == Space::Host ? t : t.to(sp);
+}
+
+using Maker = std::function<std::shared_ptr<Tensor>(const Shape&, std::uint64_t, double, double)>;
+
+// The shapes of BENCHMARKS.md (GPU only).
+void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt) {
+  const double es = static_cast<double>(dtype_size(dt));
+  auto attention = [&](std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t D, bool bwd) {
+    auto q = T_({B, L, H, D}, 1, -1, 1), kk = T_({B, L, H, D}, 2, -1, 1), v = T_({B, L, H, D}, 3, -1, 1),
+         o = T_({B, L, H, D}, 0, 0, 0), lse = T_({B * L, H}, 0, 0, 0);
+    auto p = std::make_shared<k::AttnParams>();
+    p->heads = H;
+    p->kv_heads = H;
+    p->head_dim = D;
+    p->segments = k::segments_from_layout(SeqLayout::bshd(B, L), SeqLayout::bshd(B, L));
+    const double f = 4.0 * B * H * L * L * D / 2;  // causal
+    const std::string shp = "B=" + std::to_string(B) + " H=" + std::to_string(H) + " L=" + std::to_string(L) +
+                            " D=" + std::to_string(D) + " causal";
+    const std::string tag = "_b" + std::to_string(B) + "h" + std::to_string(H) + "l" + std::to_string(L) + "d" + std::to_string(D);
+    ops.push_back({"attention_fwd" + tag, shp, f, 0, [=] { k::attention_fwd(*o, *lse, *q, *kk, *v, *p); }});
+    if (bwd) {
+      auto dq = T_({B, L, H, D}, 0, 0, 0), dk = T_({B, L, H, D}, 0, 0, 0), dv = T_({B, L, H, D}, 0, 0, 0);
+      ops.push_back({"attention_bwd" + tag, shp, 2.5 * f, 0, [=] { k::attention_bwd(*dq, *dk, *dv, *q, *kk, *v, *o, *lse, *o, *p); }});
+    }
+  };
+  attention(2, 16, 8192, 128, true);
+  attention(4, 32, 4096, 64, true);
+  attention(1, 16, 32768, 128, false);
+  {  // Mamba2 SSD, the BENCHMARKS.md shape
+    auto p = std::make_shared<k::SsdParams>();
+    p->batch = 2;
+    p->seqlen = 8192;
+    p->heads = 128;
+    p->head_dim = 64;
+    p->groups = 8;
+    p->d_state = 128;
+    p->chunk = 128;
+    const std::int64_t B = 2, L = 8192, H = 128, P = 64, G = 8, N = 128;
+    auto x = T_({B, L, H, P}, 10, -1, 1), dt_ = T_({B, L, H}, 11, -4, -1), A = T_({H}, 12, 0, 1), Bm = T_({B, L, G, N}, 13, -1, 1),
+         C = T_({B, L, G, N}, 14, -1, 1), D = T_({H}, 15, -1, 1), db = T_({H}, 16, -0.5, 0.5), y = T_({B, L, H, P}, 0, 0, 0);
+    auto dx = T_({B, L, H, P}, 0, 0, 0), ddt = T_({B, L, H}, 0, 0, 0), dA = T_({H}, 0, 0, 0), dB = T_({B, L, G, N}, 0, 0, 0),
+         dC = T_({B, L, G, N}, 0, 0, 0), dD = T_({H}, 0, 0, 0), ddb = T_({H}, 0, 0, 0);
+    auto in = std::make_shared<k::SsdInputs>(k::SsdInputs{x.get(), dt_.get(), A.get(), Bm.get(), C.get(), D.get(), db.get(), nullptr, nullptr});
+    auto g = std::make_shared<k::SsdGrads>(k::SsdGrads{dx.get(), ddt.get(), dA.get(), dB.get(), dC.get(), dD.get(), ddb.get(), nullptr});
+    const std::string shp = "b=2 L=8192 H=128 P=64 G=8 N=128 chunk=128";
+    const double bytes = es * (2.0 * B * L * H * P + 2.0 * B * L * G * N + B * L * H);
+    ops.push_back({"ssd_fwd", shp, 0, bytes, [=] { k::ssd_fwd(*y, nullptr, *in, *p); }});
+    ops.push_back({"ssd_bwd", shp, 0, 2 * bytes, [=] { k::ssd_bwd(*g, *in, *y, nullptr, *p); }});
+  }
+#ifdef HCP_HAVE_CUDA
+  {  // MoE expert GEMM: 128 experts, top-6, hidden 2688, FFN 1856, 16k tokens, uneven counts
+    const std::int64_t E = 128, T = 16384, K = 6, C = 2688, F = 1856, rows = T * K;
+    auto counts = std::make_shared<std::vector<std::int64_t>>();
+    std::int64_t wsum = 0;
+    for (std::int64_t e = 0; e < E; ++e) wsum += 1 + (e * 37) % 11;
+    std::int64_t used = 0;
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::int64_t c = e + 1 == E ? rows - used : rows * (1 + (e * 37) % 11) / wsum;
+      counts->push_back(c);
+      used += c;
+    }
+    auto x = T_({rows, C}, 50, -1, 1), W1 = T_({E, F, C}, 51, -0.05, 0.05), h = T_({rows, F}, 0, 0, 0);
+    auto desc = std::make_shared<std::vector<kernels::cuda_impl::GemmGroupDesc>>();
+    std::int64_t r0 = 0;
+    const std::size_t esz = dtype_size(dt);
+    for (std::int64_t e = 0; e < E; ++e) {
+      desc->push_back({static_cast<char*>(x->raw()) + static_cast<std::size_t>(r0 * C) * esz,
+                       static_cast<char*>(W1->raw()) + static_cast<std::size_t>(e * F * C) * esz,
+                       static_cast<char*>(h->raw()) + static_cast<std::size_t>(r0 * F) * esz, (*counts)[static_cast<std::size_t>(e)],
+                       F, C, C, C, F});
+      r0 += (*counts)[static_cast<std::size_t>(e)];
+    }
+    const double f = 2.0 * rows * C * F;
+    ops.push_back({"grouped_gemm", "E=128 rows=98304 (uneven) K=2688 N=1856", f, 0,
+                   [=] { kernels::cuda_impl::grouped_gemm(false, true, *desc, dt); }});
+    auto Wd = T_({F, C}, 52, -0.05, 0.05);
+    ops.push_back({"dense_gemm_same_flops", "M=98304 K=2688 N=1856 (cuBLAS)", f, 0, [=] { k::linear_fwd(*h, *x, *Wd, nullptr); }});
+    auto W2 = T_({E, C, F}, 53, -0.05, 0.05), yp = T_({rows, C}, 0, 0, 0);
+    ops.push_back({"expert_mlp_fwd", "E=128 rows=98304 C=2688 F=1856 sqrelu", 2 * f, 0,
+                   [=] { k::expert_mlp_fwd(*yp, *h, *x, *W1, *W2, *counts, k::Activation::SquaredReLU); }});
+  }
+#endif
+  {  // memory-bound kernels and the copy ceiling
+    const std::int64_t M = 16384, Cn = 4096;
+    auto x = T_({M, Cn}, 30, -1, 1), w = T_({Cn}, 31, 0.5, 1.5), y = T_({M, Cn}, 0, 0, 0), r = T_({M}, 0, 0, 0);
+    ops.push_back({"rmsnorm_fwd", "M=16384 C=4096", 0, es * 2 * M * Cn, [=] { k::rmsnorm_fwd(*y, *r, *x, *w, 1e-5); }});
+    const std::int64_t L = 8192, Cc = 10240;
+    auto xc = T_({2, L, Cc}, 20, -1, 1), wc = T_({Cc, 4}, 21, -1, 1), bc = T_({Cc}, 22, -1, 1), yc = T_({2, L, Cc}, 0, 0, 0);
+    ops.push_back({"conv1d_fwd", "B=2 L=8192 C=10240 W=4 silu", 0, es * 2 * 2 * L * Cc,
+                   [=] { k::conv1d_fwd(*yc, *xc, *wc, bc.get(), nullptr, true); }});
+    const std::int64_t Tn = 16384;
+    auto xr = T_({Tn, 32, 128}, 40, -1, 1), yr = T_({Tn, 32, 128}, 0, 0, 0);
+    auto pos = std::make_shared<std::vector<std::int64_t>>();
+    for (std::int64_t t = 0; t < Tn; ++t) pos->push_back(t);
+    ops.push_back({"rope_fwd", "T=16384 H=32 D=128", 0, es * 2 * Tn * 32 * 128, [=] { k::rope_fwd(*yr, *xr, *pos, 10000.0, 128); }});
+    auto big = T_({M, Cn * 4}, 60, -1, 1), dst = T_({M, Cn * 4}, 0, 0, 0);
+    ops.push_back({"device_copy", "256 Mi elements", 0, es * 2 * M * Cn * 4, [=] { dst->copy_from(*big); }});
+  }
 }
 
 void run(DriverContext& ctx) {
   const DType dt = dtype_from_string(ctx.deck.get_string("bench.dtype"));
+  const Space sp = ctx.deck.get_string("bench.device") == "cuda" ? Space::Cuda : Space::Host;
+  const bool anchors = ctx.deck.get_string("bench.suite") == "anchors";
+  HCP_CHECK(!anchors || sp == Space::Cuda, "bench.suite = \"anchors\" needs bench.device = \"cuda\" (the shapes are GPU-sized)");
+  HCP_CHECK(sp == Space::Cuda || dt != DType::BF16, "bench.dtype = \"bf16\" needs bench.device = \"cuda\" (the host kernels have no bf16)");
+  const auto sync = [sp] {
+#ifdef HCP_HAVE_CUDA
+    if (sp == Space::Cuda) return cuda::synchronize();
+#endif
+    Kokkos::fence();
+  };
   const std::int64_t sc = ctx.deck.get_int("bench.scale");
   const int warm = static_cast<int>(ctx.deck.get_int("bench.warmup")), reps = static_cast<int>(ctx.deck.get_int("bench.repeats"));
   const double es = static_cast<double>(dtype_size(dt));
@@ -47,9 +167,12 @@ void run(DriverContext& ctx) {
   // Keep tensors alive for the closures.
   std::vector<std::shared_ptr<Tensor>> keep;
   auto T_ = [&](const Shape& s, std::uint64_t seed, double lo = -1, double hi = 1) {
-    keep.push_back(std::make_shared<Tensor>(rnd(s, dt, seed, lo, hi)));
+    keep.push_back(std::make_shared<Tensor>(rnd(s, dt, seed, lo, hi, sp)));
     return keep.back();
   };
+  if (anchors) {
+    anchor_ops(ops, [&](const Shape& s, std::uint64_t seed, double lo, double hi) { return T_(s, seed, lo, hi); }, dt);
+  } else {
 
   {  // attention: one sequence, causal, GQA 8:2
     const std::int64_t L = 512 * sc, H = 8, Hkv = 2, D = 64;
@@ -161,36 +284,56 @@ void run(DriverContext& ctx) {
                    [=] { k::expert_mlp_bwd(*dxp, *dW1, *dW2, *xp, *W1, *W2, *h, *counts, k::Activation::SquaredReLU, *yp); }});
     ops.push_back({"moe_combine_fwd", shp, 0, es * 2 * T * K * C, [=] { k::moe_combine_fwd(*y, *yp, *src, *tw); }});
   }
+  }  // suite "small"
 
   std::unique_ptr<ResultsWriter> w;
   if (!ctx.out.empty()) w = std::make_unique<ResultsWriter>(ctx.out, *ctx.world);
   if (w) {
-    w->config({{"driver", "bench_kernels"}, {"mode", "host"}, {"deck", ctx.deck.text()}, {"command_line", ctx.cmdline},
-               {"git_revision", ctx.git_rev}, {"dtype", to_string(dt)}, {"backend", "host (Kokkos Serial)"}});
+    std::string backend = "host (Kokkos Serial)";
+#ifdef HCP_HAVE_CUDA
+    if (sp == Space::Cuda) backend = cuda::device_name();
+#endif
+    w->config({{"driver", "bench_kernels"}, {"mode", sp == Space::Cuda ? "cuda" : "host"}, {"suite", ctx.deck.get_string("bench.suite")},
+               {"deck", ctx.deck.text()}, {"command_line", ctx.cmdline}, {"git_revision", ctx.git_rev}, {"dtype", to_string(dt)},
+               {"backend", backend}});
     w->config_int("world_size", ctx.world->size());
   }
   if (ctx.root()) {
-    std::printf("# bench_kernels (host, Kokkos %s, one rank's figures; %d ranks ran) dtype=%s repeats=%d\n",
-                Kokkos::DefaultHostExecutionSpace::name(), ctx.world->size(), to_string(dt).c_str(), reps);
-    std::printf("# %-18s %-42s %10s %10s %10s %10s\n", "op", "shape", "median_ms", "min_ms", "max_ms", "GFLOP/s|GB/s");
+    std::printf("# bench_kernels (%s, suite %s, one rank's figures; %d ranks ran) dtype=%s repeats=%d\n",
+                sp == Space::Cuda ? "cuda" : Kokkos::DefaultHostExecutionSpace::name(), ctx.deck.get_string("bench.suite").c_str(),
+                ctx.world->size(), to_string(dt).c_str(), reps);
+    std::printf("# %-28s %-42s %10s %10s %10s %10s %10s\n", "op", "shape", "median_ms", "min_ms", "max_ms", "GFLOP/s|GB/s",
+                "scratch_MB");
   }
   for (auto& op : ops) {
+#ifdef HCP_HAVE_CUDA
+    if (sp == Space::Cuda) (void)cuda::scratch_high_water(true);
+#endif
     for (int i = 0; i < warm; ++i) op.fn();
     std::vector<double> ms;
     for (int i = 0; i < reps; ++i) {
-      Kokkos::fence();
+      sync();
       const double t0 = MPI_Wtime();
       op.fn();
-      Kokkos::fence();
+      sync();
       ms.push_back((MPI_Wtime() - t0) * 1e3);
     }
-    if (w) w->timings(op.name, ms);
+    double scratch = 0;
+#ifdef HCP_HAVE_CUDA
+    if (sp == Space::Cuda) scratch = static_cast<double>(cuda::scratch_high_water(true));
+#endif
+    if (w) {
+      w->timings(op.name, ms);
+      w->tensor("/bench/" + op.name, Tensor::from({op.flops, op.bytes, scratch}, {3}, DType::F64),
+                "[flops per call, bytes per call, kernel scratch high-water bytes]; " + op.shape, "1");
+    }
     if (ctx.root()) {
       const double med = drivers::median(ms);
       const double thr = op.flops > 0 ? op.flops / (med * 1e6) : op.bytes / (med * 1e6);
-      std::printf("  %-18s %-42s %10.3f %10.3f %10.3f %8.2f %s\n", op.name.c_str(), op.shape.c_str(), med,
+      std::printf("  %-28s %-42s %10.3f %10.3f %10.3f %8.2f %s %10.1f\n", op.name.c_str(), op.shape.c_str(), med,
                   *std::min_element(ms.begin(), ms.end()), *std::max_element(ms.begin(), ms.end()), thr,
-                  op.flops > 0 ? "GF" : "GB");
+                  op.flops > 0 ? "GF" : "GB", scratch / 1048576.0);
+      std::fflush(stdout);
     }
   }
   if (w) w->finish();
@@ -201,13 +344,26 @@ void run(DriverContext& ctx) {
 int main(int argc, char** argv) {
   DriverSpec spec;
   spec.name = "bench_kernels";
-  spec.description = "Time every host kernel on documented shapes (host mode)";
-  spec.schema.add_string("bench.dtype", "fp32", "precision", {"fp32", "fp64"})
+  spec.description = "Time every kernel on documented shapes (host kernels, or CUDA kernels incl. the BENCHMARKS.md anchor shapes)";
+  spec.schema.add_string("bench.dtype", "fp32", "precision (bf16: cuda only)", {"fp32", "fp64", "bf16"})
+      .add_string("bench.device", "host", "host (Kokkos kernels) or cuda", {"host", "cuda"})
+      .add_string("bench.suite", "small", "small (every kernel, small shapes) or anchors (BENCHMARKS.md shapes, cuda)",
+                  {"small", "anchors"})
       .add_int("bench.warmup", 1, "untimed calls per op", 0)
       .add_int("bench.repeats", 5, "timed calls per op", 1)
       .add_int("bench.scale", 1, "multiplies the token count of every shape", 1, 64);
   spec.builtin_deck = kDeck;
   spec.default_out = "bench_kernels.h5";
+  spec.validate = [](DriverContext& ctx) {
+    if (ctx.deck.get_string("bench.device") == "cuda") {
+#ifdef HCP_HAVE_CUDA
+      HCP_CHECK(cuda::device_count() > 0, "bench.device = \"cuda\": no usable GPU on this node (", cuda::unavailable_reason(), ")");
+      cuda::init(drivers::local_rank_and_size(nullptr));
+#else
+      HCP_FAIL("bench.device = \"cuda\" needs a build with CUDA (this build has none)");
+#endif
+    }
+  };
   spec.run = run;
   return run_driver(argc, argv, spec);
 }

@@ -14,11 +14,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON -DHCP_BUILD_BENCHMARKS=OFF ${HCP_CMAKE_ARGS:-} \
   > "$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
 grep -E "^-- hybridcp:" "$logs/configure.log" || true
-cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" --target test_cuda_kernels test_cuda_comm test_cuda_cp > "$logs/build.log" 2>&1 \
+cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" --target test_cuda_kernels test_cuda_comm test_cuda_cp train_hybrid > "$logs/build.log" 2>&1 \
   || { tail -40 "$logs/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 rc=0
 ctest --test-dir "$build" -R "test_cuda" --output-on-failure 2>&1 | tee "$logs/ctest.log" || rc=1
+# Training on GPU ranks (2 ranks share the GPU: host-staged MPI) against its cp=1 replica.
+mpirun -n 2 "$build/drivers/train_hybrid" --set run.device=cuda --set train.steps=12 --out "$logs/train_gpu.h5" \
+  > "$logs/train_gpu.txt" 2>&1 && tail -3 "$logs/train_gpu.txt" || { echo "train_hybrid on GPU ranks: FAILED"; tail -20 "$logs/train_gpu.txt"; rc=1; }
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/test_cuda_kernels" > "$logs/sanitizer_$tool.log" 2>&1 \

@@ -153,6 +153,25 @@ void init(int local_rank) {
 
 bool initialized() { return g_init; }
 std::string device_name() { return g_name; }
+void synchronize() { HCP_CUDA_CHECK(cudaDeviceSynchronize()); }
+std::size_t scratch_high_water(bool reset) {
+  cudaMemPool_t pool;
+  int dev = 0;
+  HCP_CUDA_CHECK(cudaGetDevice(&dev));
+  HCP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  std::uint64_t v = 0;
+  HCP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &v));
+  if (reset) {
+    std::uint64_t zero = 0;
+    HCP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  }
+  return static_cast<std::size_t>(v);
+}
+std::size_t used_memory() {
+  std::size_t free_b = 0, total_b = 0;
+  HCP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return total_b - free_b;
+}
 cublasHandle_t cublas() {
   HCP_CHECK(g_init, "CUDA kernels called before hcp::cuda::init()");
   return g_cublas;

@@ -1,6 +1,7 @@
 // CUDA runtime of hybridcp: device selection, the device-memory hooks of core (Tensor on
 // Space::Cuda), the cuBLAS handle. Built only when CUDA is found (HCP_HAVE_CUDA).
 #pragma once
+#include <cstddef>
 #include <string>
 
 namespace hcp::cuda {
@@ -14,5 +15,10 @@ std::string unavailable_reason();
 void init(int local_rank = 0);
 bool initialized();
 std::string device_name();
+void synchronize();
+// High-water mark of the stream-ordered scratch (kernel workspaces) since the last reset, in bytes.
+std::size_t scratch_high_water(bool reset);
+// Device memory in use (all processes), bytes.
+std::size_t used_memory();
 
 }  // namespace hcp::cuda
