@@ -11,6 +11,9 @@
   hcp_post.py plot-scaling --out S.png F.h5 ...   time per step against cp size, one line per strategy
   hcp_post.py plot-breakdown --out B.png F.h5     stacked per-phase time per strategy
   hcp_post.py loss --out L.png F.h5 [--min-drop X] training loss curve(s); exit 1 unless the loss fell by X
+  hcp_post.py anchors --anchors A.json F.h5   bench_kernels (suite anchors) against jobs/bench/anchors.py of
+      the same run: our time, anchor time, ratio (anchor time / ours: >= 1 means at least as fast),
+      TFLOP/s or GB/s, and the fraction of the copy ceiling for memory-bound kernels
 """
 import argparse
 import sys
@@ -227,6 +230,57 @@ def cmd_loss(a):
     return 0
 
 
+def cmd_anchors(a):
+    import json
+    anc = json.load(open(a.anchors))
+    f = h5py.File(a.file, "r")
+
+    def ours(op):
+        t = f.get("/timings/" + op)
+        return None if t is None else float(np.median(np.max(np.asarray(t), axis=0) if np.asarray(t).ndim == 2 else t))
+
+    def meta(op):
+        b = f.get("/bench/" + op)
+        return (0.0, 0.0, 0.0) if b is None else tuple(float(x) for x in np.asarray(b))
+
+    def anchor(key):
+        v = anc.get(key, {})
+        return v.get("median_ms")
+
+    rows = []
+    for op in sorted(k for k in f["/timings"].keys()):
+        fl, by, scratch = meta(op)
+        t = ours(op)
+        if op.startswith("attention_fwd"):
+            tag = op[len("attention_fwd"):]
+            for be in ("sdpa_flash", "sdpa_cudnn"):
+                rows.append((op, t, f"{be} fwd", anchor(f"attention_fwd{tag}/{be}"), fl / t / 1e9, "TFLOP/s"))
+                tb = ours("attention_bwd" + tag)
+                fb = anchor(f"attention_fwdbwd{tag}/{be}")
+                if tb is not None and fb is not None:
+                    rows.append(("attention_fwd+bwd" + tag, t + tb, f"{be} fwd+bwd", fb, 3.5 * fl / (t + tb) / 1e9, "TFLOP/s"))
+        elif op == "ssd_fwd":
+            rows.append((op, t, "mamba_ssm triton fwd", anchor("ssd_fwd/mamba_ssm_triton"), by / t / 1e6, "GB/s"))
+            tb = ours("ssd_bwd")
+            if tb is not None:
+                rows.append(("ssd_fwd+bwd", t + tb, "mamba_ssm triton fwd+bwd", anchor("ssd_fwdbwd/mamba_ssm_triton"), None, ""))
+        elif op == "grouped_gemm":
+            rows.append((op, t, "dense cuBLAS same FLOPs (ours)", ours("dense_gemm_same_flops"), fl / t / 1e9, "TFLOP/s"))
+            rows.append((op, t, "torch.matmul same FLOPs", anchor("dense_gemm_same_flops/torch_matmul"), fl / t / 1e9, "TFLOP/s"))
+        elif fl == 0 and by > 0 and op not in ("ssd_bwd", "device_copy"):
+            copy_t = ours("device_copy")
+            copy_bw = meta("device_copy")[1] / copy_t / 1e6 if copy_t else None
+            bw = by / t / 1e6
+            rows.append((op, t, "device copy ceiling", None, bw, f"GB/s ({bw / copy_bw:.0%} of copy {copy_bw:.0f})" if copy_bw else "GB/s"))
+    print(f"# device: {anc.get('_device', '?')}, torch {anc.get('_torch', '?')}; ratio = anchor time / our time")
+    print(f"{'op':34s} {'ours_ms':>10s} {'anchor':32s} {'anchor_ms':>10s} {'ratio':>8s}  throughput")
+    for op, t, name, at, thr, unit in rows:
+        r = f"{at / t:8.3f}" if (at and t) else f"{'-':>8s}"
+        print(f"{op:34s} {t:10.3f} {name:32s} {(f'{at:10.3f}' if at else f'{chr(45):>10s}')} {r}  "
+              + (f"{thr:.1f} {unit}" if thr is not None else ""))
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -260,6 +314,10 @@ def main(argv=None):
     pl.add_argument("--min-drop", type=float, default=0.0)
     pl.add_argument("file")
     pl.set_defaults(fn=cmd_loss)
+    pa = sub.add_parser("anchors")
+    pa.add_argument("--anchors", required=True)
+    pa.add_argument("file")
+    pa.set_defaults(fn=cmd_anchors)
     a = p.parse_args(argv)
     for path in [getattr(a, k) for k in ("a", "b", "file") if hasattr(a, k)] + list(getattr(a, "files", [])):
         try:
