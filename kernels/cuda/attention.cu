@@ -3,10 +3,11 @@
 // fp64 for fp64 inputs); backward from the saved O and LSE: dq with one warp per (query row,
 // head), dk/dv with one warp per (key row, kv head) visiting every segment that holds the key, so
 // every output has one owner (no atomics: bitwise repeatable). Segments and masks exactly as the
-// host kernels (kernels.hpp). Tensor-core tiling (wgmma/TMA) belongs to the performance work;
-// this is the correct GPU reference the CP strategies run on.
+// host kernels (kernels.hpp). This is the general path (fp32, fp64, any head_dim); bf16 with head_dim
+// 64 or 128 goes to the tensor-core flash kernels of attention_tc.cu.
 #include <cmath>
 
+#include "kernels/cuda/attention_tc.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/kernels.hpp"
@@ -276,6 +277,10 @@ void check_types(const Tensor& q, std::initializer_list<const Tensor*> same, std
     HCP_CHECK(t->dtype() == acc, what, ": lse must be ", to_string(acc), " for ", to_string(q.dtype()), " inputs");
   }
 }
+attn_tc::Dims tc_dims(const AttnParams& p, std::int64_t tq, std::int64_t tkv) {
+  return {&p.segments, static_cast<int>(p.heads), static_cast<int>(p.kv_heads), static_cast<int>(p.head_dim), tq, tkv,
+          static_cast<float>(scale_of(p)), p.mask == Mask::Causal};
+}
 unsigned warp_blocks(std::int64_t items) { return static_cast<unsigned>((items + kWarps - 1) / kWarps); }
 }  // namespace
 
@@ -283,6 +288,12 @@ void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, con
   check_types(q, {&o, &k, &v}, {&lse}, "attention_fwd");
   HCP_CHECK(p.head_dim <= kMaxD, "attention (CUDA): head_dim ", p.head_dim, " > ", kMaxD, " is not supported");
   const std::int64_t H = p.heads, Hkv = p.kv_heads, D = p.head_dim, tq = q.numel() / (H * D);
+  if (attn_tc::supported(q.dtype(), D, H, Hkv)) {
+    init_k<__nv_bfloat16, float><<<blocks_for(tq * H * D, 256), 256>>>(dptr<__nv_bfloat16>(o), dptr<float>(lse), tq * H, D);
+    attn_tc::fwd({dptr<__nv_bfloat16>(o), dptr<float>(lse), dptr<__nv_bfloat16>(q), dptr<__nv_bfloat16>(k),
+                  dptr<__nv_bfloat16>(v), tc_dims(p, tq, k.numel() / (Hkv * D))});
+    return;
+  }
   SegPlan plan(p);
   HCP_CUDA_DISPATCH(q, {
     using A = typename Acc<S>::type;
@@ -301,8 +312,14 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
   check_types(q, {&dq, &dk, &dv, &k, &v, &o, &dout}, {&lse}, "attention_bwd");
   HCP_CHECK(p.head_dim <= kMaxD, "attention (CUDA): head_dim ", p.head_dim, " > ", kMaxD, " is not supported");
   const std::int64_t H = p.heads, Hkv = p.kv_heads, D = p.head_dim, tq = q.numel() / (H * D), tkv = k.numel() / (Hkv * D);
+  HCP_CUDA_CHECK(cudaMemsetAsync(dq.raw(), 0, dq.nbytes(), 0));
+  if (attn_tc::supported(q.dtype(), D, H, Hkv)) {
+    using B = __nv_bfloat16;
+    attn_tc::bwd({dptr<B>(dq), dptr<B>(dk), dptr<B>(dv), dptr<B>(q), dptr<B>(k), dptr<B>(v), dptr<B>(o), dptr<float>(lse),
+                  dptr<B>(dout), tc_dims(p, tq, tkv)});
+    return;
+  }
   SegPlan plan(p);
-  HCP_CUDA_CHECK(cudaMemset(dq.raw(), 0, dq.nbytes()));
   HCP_CUDA_DISPATCH(q, {
     using A = typename Acc<S>::type;
     A* delta = nullptr;

@@ -32,6 +32,23 @@ template <class A> __device__ __forceinline__ A dsilu_(A x) {
   return s * (A(1) + x * (A(1) - s));
 }
 
+// 16-byte vector access: N = 16 / sizeof(S) elements (8 bf16, 4 fp32, 2 fp64) widened to A.
+template <class S> constexpr int kVec = 16 / static_cast<int>(sizeof(S));
+template <class S, class A> __device__ __forceinline__ void ld_vec(A (&v)[kVec<S>], const S* p) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const S* e = reinterpret_cast<const S*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kVec<S>; ++i) v[i] = ld(e + i);
+}
+template <class S, class A> __device__ __forceinline__ void st_vec(S* p, const A (&v)[kVec<S>]) {
+  uint4 raw;
+  S* e = reinterpret_cast<S*>(&raw);
+#pragma unroll
+  for (int i = 0; i < kVec<S>; ++i) st(e + i, v[i]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 template <class A> __device__ A block_sum(A v) {
   __shared__ A warp_sums[32];
@@ -52,21 +69,24 @@ inline void check_launch(const char* what) {
 }
 inline unsigned blocks_for(std::int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
-// Device copy of an index vector (nullptr for nullptr); freed with the returned holder.
-struct DeviceIndex {
-  std::int64_t* p = nullptr;
-  DeviceIndex() = default;
-  explicit DeviceIndex(const std::vector<std::int64_t>* v) {
+// Device copy of a host vector (nullptr for nullptr or empty), stream-ordered on the default stream:
+// kernels launched before the holder dies may use it; freeing it does not wait for them.
+template <class X> struct DeviceArray {
+  X* p = nullptr;
+  DeviceArray() = default;
+  explicit DeviceArray(const std::vector<X>* v) {
     if (!v || v->empty()) return;
-    HCP_CUDA_CHECK(cudaMalloc(&p, v->size() * sizeof(std::int64_t)));
-    HCP_CUDA_CHECK(cudaMemcpy(p, v->data(), v->size() * sizeof(std::int64_t), cudaMemcpyHostToDevice));
+    HCP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p), v->size() * sizeof(X), 0));
+    // From pageable memory, cudaMemcpyAsync has read the source when it returns.
+    HCP_CUDA_CHECK(cudaMemcpyAsync(p, v->data(), v->size() * sizeof(X), cudaMemcpyHostToDevice, 0));
   }
-  ~DeviceIndex() {
-    if (p) cudaFree(p);
+  ~DeviceArray() {
+    if (p) cudaFreeAsync(p, 0);
   }
-  DeviceIndex(const DeviceIndex&) = delete;
-  DeviceIndex& operator=(const DeviceIndex&) = delete;
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
 };
+using DeviceIndex = DeviceArray<std::int64_t>;
 
 inline void require_cuda(const Tensor& t, const char* what) {
   HCP_CHECK(t.defined() && t.space() == Space::Cuda, what, ": expected a CUDA tensor");

@@ -1,7 +1,9 @@
 // CUDA kernels: norms, causal conv1d, dense (cuBLAS), RoPE, embedding, cross-entropy, elementwise.
 // Every reduction has a fixed order (block reductions, one owner per output), so results are
 // bitwise repeatable run to run.
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
@@ -28,6 +30,54 @@ __global__ void rmsnorm_fwd_k(S* y, S* rstd, const S* x, const S* w, std::int64_
   const A r = A(1) / sqrt(ss / A(C) + A(eps));
   if (threadIdx.x == 0) st(rstd + m, r);
   for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) st(y + m * C + c, ld(xr + c) * r * ld(w + c));
+}
+// 16-byte vectors; each thread keeps its first kKeep vectors in registers between the two passes
+// (C up to kKeep·V·blockDim elements is read once), later ones are read again.
+constexpr int kKeep = 4;
+template <class S>
+__global__ void rmsnorm_fwd_vec_k(S* y, S* rstd, const S* x, const S* w, std::int64_t C, double eps) {
+  using A = typename Acc<S>::type;
+  constexpr int V = kVec<S>;
+  const std::int64_t nv = C / V;
+  const S* xr = x + blockIdx.x * C;
+  S* yr = y + blockIdx.x * C;
+  A keep[kKeep][V];
+  A ss = 0;
+#pragma unroll
+  for (int n = 0; n < kKeep; ++n) {
+    const std::int64_t i = threadIdx.x + static_cast<std::int64_t>(n) * blockDim.x;
+    if (i < nv) {
+      ld_vec<S>(keep[n], xr + i * V);
+#pragma unroll
+      for (int e = 0; e < V; ++e) ss += keep[n][e] * keep[n][e];
+    }
+  }
+  for (std::int64_t i = threadIdx.x + static_cast<std::int64_t>(kKeep) * blockDim.x; i < nv; i += blockDim.x) {
+    A v[V];
+    ld_vec<S>(v, xr + i * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) ss += v[e] * v[e];
+  }
+  ss = block_sum(ss);
+  const A r = A(1) / sqrt(ss / A(C) + A(eps));
+  if (threadIdx.x == 0) st(rstd + blockIdx.x, r);
+  auto out = [&](std::int64_t i, A (&v)[V]) {
+    A wv[V];
+    ld_vec<S>(wv, w + i * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = v[e] * r * wv[e];
+    st_vec<S>(yr + i * V, v);
+  };
+#pragma unroll
+  for (int n = 0; n < kKeep; ++n) {
+    const std::int64_t i = threadIdx.x + static_cast<std::int64_t>(n) * blockDim.x;
+    if (i < nv) out(i, keep[n]);
+  }
+  for (std::int64_t i = threadIdx.x + static_cast<std::int64_t>(kKeep) * blockDim.x; i < nv; i += blockDim.x) {
+    A v[V];
+    ld_vec<S>(v, xr + i * V);
+    out(i, v);
+  }
 }
 template <class S>
 __global__ void rmsnorm_bwd_dx_k(S* dx, const S* x, const S* w, const S* rstd, const S* dy, std::int64_t C) {
@@ -125,6 +175,62 @@ __global__ void conv_fwd_k(S* y, const S* x, const S* w, const S* bias, const st
   const auto u = conv_u(x, w, bias, seq, L, C, W, b, t, c);
   st(y + i, silu ? silu_(u) : u);
 }
+// Forward with 16-byte channel vectors: a thread owns V channels and a run of kRun time steps and
+// slides a register window over the W-1 previous inputs, so each input is read once (plus a W-1 halo
+// per run). Same summation order as conv_u: bitwise equal to the scalar kernel.
+constexpr int kRun = 32;
+template <class S, int W>
+__global__ void conv_fwd_vec_k(S* y, const S* x, const S* w, const S* bias, const std::int64_t* seq, std::int64_t B,
+                               std::int64_t L, std::int64_t C, bool silu) {
+  using A = typename Acc<S>::type;
+  constexpr int V = kVec<S>;
+  const std::int64_t nv = C / V, nruns = (L + kRun - 1) / kRun;
+  const std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= B * nruns * nv) return;
+  const std::int64_t c0 = (idx % nv) * V, run = (idx / nv) % nruns, b = idx / (nv * nruns);
+  const std::int64_t t0 = run * kRun, t1 = t0 + kRun < L ? t0 + kRun : L;
+  A wk[W][V], bv[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    bv[e] = bias ? ld(bias + c0 + e) : A(0);
+#pragma unroll
+    for (int k = 0; k < W; ++k) wk[k][e] = ld(w + (c0 + e) * W + k);
+  }
+  // win[k] holds x at t - (W-1) + k for the current t; sq[k] its sequence id (an impossible id before t = 0).
+  constexpr std::int64_t kNone = INT64_MIN;
+  A win[W][V];
+  std::int64_t sq[W];
+#pragma unroll
+  for (int k = 0; k < W - 1; ++k) {
+    const std::int64_t src = t0 - (W - 1) + k;
+    sq[k] = src < 0 ? kNone : (seq ? seq[b * L + src] : 0);
+    if (src >= 0) ld_vec<S>(win[k], x + (b * L + src) * C + c0);
+    else
+#pragma unroll
+      for (int e = 0; e < V; ++e) win[k][e] = 0;
+  }
+  for (std::int64_t t = t0; t < t1; ++t) {
+    ld_vec<S>(win[W - 1], x + (b * L + t) * C + c0);
+    sq[W - 1] = seq ? seq[b * L + t] : 0;
+    A u[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) u[e] = bv[e];
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      if (sq[k] == sq[W - 1])
+#pragma unroll
+        for (int e = 0; e < V; ++e) u[e] += wk[k][e] * win[k][e];
+#pragma unroll
+    for (int e = 0; e < V; ++e) u[e] = silu ? silu_(u[e]) : u[e];
+    st_vec<S>(y + (b * L + t) * C + c0, u);
+#pragma unroll
+    for (int k = 0; k < W - 1; ++k) {
+      sq[k] = sq[k + 1];
+#pragma unroll
+      for (int e = 0; e < V; ++e) win[k][e] = win[k + 1][e];
+    }
+  }
+}
 // du = dy * act'(u), kept in the accumulation type.
 template <class S, class A>
 __global__ void conv_du_k(A* du, const S* x, const S* w, const S* bias, const std::int64_t* seq, const S* dy,
@@ -219,6 +325,50 @@ __global__ void rope_k(S* y, const S* x, const std::int64_t* pos, std::int64_t T
   const A x1 = ld(xr + j), x2 = ld(xr + j + half);
   st(y + i, d < half ? x1 * c - x2 * s : x2 * c + x1 * s);
 }
+// RoPE with one block per token: the token's cos/sin table (angle in fp64 as the host computes it,
+// reduced to [-pi, pi] before a single-precision sincos for fp32/bf16) in shared memory, then 16-byte
+// vectors over the token's H·D values (needs D and rd/2 multiples of the vector width).
+template <class S>
+__global__ void rope_vec_k(S* y, const S* x, const std::int64_t* pos, const double* inv_freq, std::int64_t H,
+                           std::int64_t D, std::int64_t rd, double sign) {
+  using A = typename Acc<S>::type;
+  constexpr int V = kVec<S>;
+  extern __shared__ __align__(16) unsigned char rope_sm[];
+  const std::int64_t half = rd / 2, t = blockIdx.x;
+  A* cs = reinterpret_cast<A*>(rope_sm);
+  A* sn = cs + half;
+  for (std::int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+    const double ang = static_cast<double>(pos[t]) * inv_freq[j];
+    if constexpr (std::is_same_v<A, double>) {
+      cs[j] = cos(ang);
+      sn[j] = sign * sin(ang);
+    } else {
+      constexpr double kTwoPi = 6.283185307179586476925;
+      float sf, cf;
+      sincosf(static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi)), &sf, &cf);
+      cs[j] = cf;
+      sn[j] = static_cast<A>(sign) * sf;
+    }
+  }
+  __syncthreads();
+  const S* xt = x + t * H * D;
+  S* yt = y + t * H * D;
+  for (std::int64_t i = threadIdx.x; i < H * D / V; i += blockDim.x) {
+    const std::int64_t e0 = i * V, d = e0 % D;
+    A v[V];
+    ld_vec<S>(v, xt + e0);
+    if (d < rd) {
+      A p[V];
+      const bool first = d < half;
+      ld_vec<S>(p, first ? xt + e0 + half : xt + e0 - half);
+      const std::int64_t j0 = first ? d : d - half;
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        v[e] = first ? v[e] * cs[j0 + e] - p[e] * sn[j0 + e] : v[e] * cs[j0 + e] + p[e] * sn[j0 + e];
+    }
+    st_vec<S>(yt + e0, v);
+  }
+}
 template <class S>
 __global__ void embed_fwd_k(S* y, const S* table, const std::int64_t* ids, std::int64_t T, std::int64_t C) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
@@ -296,8 +446,18 @@ void check_all(std::initializer_list<const Tensor*> ts, DType dt, const char* wh
 void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
   check_all({&y, &rstd, &x, &w}, x.dtype(), "rmsnorm_fwd");
   const std::int64_t C = w.numel(), M = x.numel() / C;
-  HCP_CUDA_DISPATCH(x, rmsnorm_fwd_k<S><<<static_cast<unsigned>(M), kThreads>>>(dptr<S>(y), dptr<S>(rstd), dptr<S>(x),
-                                                                               dptr<S>(w), C, eps));
+  if (M == 0) return;
+  HCP_CUDA_DISPATCH(x, {
+    constexpr int V = kVec<S>;
+    if (C % V == 0 && aligned16(x.raw()) && aligned16(y.raw()) && aligned16(w.raw())) {
+      // about kKeep vectors per thread, whole warps, at most 1024 threads
+      const std::int64_t per = (C / V + kKeep - 1) / kKeep;
+      const int threads = static_cast<int>(std::min<std::int64_t>(1024, std::max<std::int64_t>(32, (per + 31) / 32 * 32)));
+      rmsnorm_fwd_vec_k<S><<<static_cast<unsigned>(M), threads>>>(dptr<S>(y), dptr<S>(rstd), dptr<S>(x), dptr<S>(w), C, eps);
+    } else {
+      rmsnorm_fwd_k<S><<<static_cast<unsigned>(M), kThreads>>>(dptr<S>(y), dptr<S>(rstd), dptr<S>(x), dptr<S>(w), C, eps);
+    }
+  });
   check_launch("rmsnorm_fwd");
 }
 
@@ -340,10 +500,23 @@ void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
   check_all({&y, &x, &w, bias}, x.dtype(), "conv1d_fwd");
   const std::int64_t B = x.size(0), L = x.size(1), C = x.size(2), W = w.size(1);
   DeviceIndex seq(seq_idx);
-  HCP_CUDA_DISPATCH(x, conv_fwd_k<S><<<blocks_for(B * L * C, kThreads), kThreads>>>(
-                           dptr<S>(y), dptr<S>(x), dptr<S>(w), bias ? dptr<S>(*bias) : nullptr, seq.p, B, L, C, W, silu));
+  HCP_CUDA_DISPATCH(x, {
+    constexpr int V = kVec<S>;
+    const S* bp = bias ? dptr<S>(*bias) : nullptr;
+    const bool vec = C % V == 0 && aligned16(x.raw()) && aligned16(y.raw());
+    const std::int64_t nthr = B * ((L + kRun - 1) / kRun) * (C / V);
+    if (vec && W == 4) {
+      conv_fwd_vec_k<S, 4><<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L,
+                                                                     C, silu);
+    } else if (vec && W == 2) {
+      conv_fwd_vec_k<S, 2><<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L,
+                                                                     C, silu);
+    } else {
+      conv_fwd_k<S><<<blocks_for(B * L * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L, C,
+                                                                   W, silu);
+    }
+  });
   check_launch("conv1d_fwd");
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());  // seq's buffer is freed on return
 }
 
 void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Tensor& w, const Tensor* bias,
@@ -354,7 +527,7 @@ void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Te
   HCP_CUDA_DISPATCH(x, {
     using A = typename Acc<S>::type;
     A* du = nullptr;
-    HCP_CUDA_CHECK(cudaMalloc(&du, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(A)));
+    HCP_CUDA_CHECK(cudaMallocAsync(&du, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(A), 0));
     const S* bp = bias ? dptr<S>(*bias) : nullptr;
     conv_du_k<S, A><<<blocks_for(n, kThreads), kThreads>>>(du, dptr<S>(x), dptr<S>(w), bp, seq.p, dptr<S>(dy), B, L, C,
                                                            W, silu);
@@ -362,8 +535,7 @@ void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Te
     conv_dw_k<S, A><<<static_cast<unsigned>(C), kThreads>>>(dptr<S>(dw), dbias ? dptr<S>(*dbias) : nullptr, du,
                                                              dptr<S>(x), seq.p, B, L, C, W);
     check_launch("conv1d_bwd");
-    HCP_CUDA_CHECK(cudaDeviceSynchronize());
-    cudaFree(du);
+    HCP_CUDA_CHECK(cudaFreeAsync(du, 0));
   });
 }
 
@@ -400,11 +572,24 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
                 double sign) {
   check_all({&y, &x}, x.dtype(), "rope");
   const std::int64_t T = x.size(0), H = x.size(1), D = x.size(2);
+  if (T == 0) return;
   DeviceIndex pos(&positions);
-  HCP_CUDA_DISPATCH(x, rope_k<S><<<blocks_for(T * H * D, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), pos.p, T, H, D,
-                                                                                rd, theta, sign));
+  HCP_CUDA_DISPATCH(x, {
+    using A = typename Acc<S>::type;
+    constexpr int V = kVec<S>;
+    if (D % V == 0 && (rd / 2) % V == 0 && aligned16(x.raw()) && aligned16(y.raw())) {
+      std::vector<double> inv(static_cast<std::size_t>(rd / 2));  // the host kernel's frequencies, bit for bit
+      for (std::size_t j = 0; j < inv.size(); ++j)
+        inv[j] = std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(rd));
+      DeviceArray<double> freq(&inv);
+      const int threads = static_cast<int>(std::min<std::int64_t>(256, std::max<std::int64_t>(32, H * D / V)));
+      rope_vec_k<S><<<static_cast<unsigned>(T), threads, static_cast<std::size_t>(rd) * sizeof(A)>>>(
+          dptr<S>(y), dptr<S>(x), pos.p, freq.p, H, D, rd, sign);
+    } else {
+      rope_k<S><<<blocks_for(T * H * D, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), pos.p, T, H, D, rd, theta, sign);
+    }
+  });
   check_launch("rope");
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void embedding_fwd(Tensor& y, const Tensor& table, const std::vector<std::int64_t>& ids) {
@@ -414,7 +599,6 @@ void embedding_fwd(Tensor& y, const Tensor& table, const std::vector<std::int64_
   DeviceIndex id(&ids);
   HCP_CUDA_DISPATCH(table, embed_fwd_k<S><<<blocks_for(T * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(table), id.p, T, C));
   check_launch("embedding_fwd");
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void embedding_bwd(Tensor& dtable, const std::vector<std::int64_t>& ids, const Tensor& dy) {
@@ -429,7 +613,6 @@ void embedding_bwd(Tensor& dtable, const std::vector<std::int64_t>& ids, const T
   HCP_CUDA_DISPATCH(dy, embed_bwd_k<S><<<blocks_for(V * C, kThreads), kThreads>>>(dptr<S>(dtable), dptr<S>(dy), st_.p,
                                                                                    ord.p, V, C));
   check_launch("embedding_bwd");
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 double cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& labels, std::int64_t ignore,
@@ -467,7 +650,6 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<
   HCP_CUDA_DISPATCH(logits, ce_k<S><<<static_cast<unsigned>(T), kThreads>>>(nullptr, dptr<S>(dlogits), dptr<S>(logits),
                                                                            lab.p, V, ignore, scale));
   check_launch("cross_entropy_bwd");
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void add(Tensor& y, const Tensor& a, const Tensor& b) {

@@ -129,14 +129,21 @@ TEST(CudaKernels, RopeEmbeddingCrossEntropyElementwise) {
       ids.push_back((t * 7) % V);
       labels.push_back(t % 5 == 0 ? -100 : (t * 11) % V);
     }
-    Tensor x = rnd({T, H, D}, 16, d), y = Tensor::zeros({T, H, D}, d), Y = Tensor::zeros({T, H, D}, d, Space::Cuda);
-    rope_fwd(y, x, pos, 10000.0, 12);
-    Tensor X = dev(x);
-    rope_fwd(Y, X, pos, 10000.0, 12);
-    expect_match(Y, y, d, "rope fwd");
-    rope_bwd(y, x, pos, 10000.0, 12);
-    rope_bwd(Y, X, pos, 10000.0, 12);
-    expect_match(Y, y, d, "rope bwd");
+    // (head_dim, rotary_dim): scalar path (rd/2 not a vector multiple), vector path with a pass-through
+    // tail, full rotation; positions up to ~1e5 test the fp64 angle.
+    for (auto [Dr, rd] : {std::pair<std::int64_t, std::int64_t>{D, 12}, {64, 32}, {128, 128}}) {
+      std::vector<std::int64_t> far;
+      for (std::int64_t t = 0; t < T; ++t) far.push_back(Dr == D ? pos[static_cast<std::size_t>(t)] : 99000 + 37 * t);
+      Tensor x = rnd({T, H, Dr}, 16, d), y = Tensor::zeros({T, H, Dr}, d), Y = Tensor::zeros({T, H, Dr}, d, Space::Cuda);
+      rope_fwd(y, x, far, 10000.0, rd);
+      Tensor X = dev(x);
+      rope_fwd(Y, X, far, 10000.0, rd);
+      const std::string tag = " D" + std::to_string(Dr) + " rd" + std::to_string(rd);
+      expect_match(Y, y, d, "rope fwd" + tag);
+      rope_bwd(y, x, far, 10000.0, rd);
+      rope_bwd(Y, X, far, 10000.0, rd);
+      expect_match(Y, y, d, "rope bwd" + tag);
+    }
 
     Tensor table = rnd({V, C}, 17, d), e = Tensor::zeros({T, C}, d), E = Tensor::zeros({T, C}, d, Space::Cuda);
     embedding_fwd(e, table, ids);
@@ -178,6 +185,29 @@ TEST(CudaKernels, BitwiseRepeatable) {
     runs.push_back(DW.to(Space::Host).to_vector());
   }
   EXPECT_EQ(runs[0], runs[1]);
+  // The tensor-core attention backward (dK/dV summed over heads and segments without atomics).
+  AttnParams p;
+  p.heads = 4;
+  p.kv_heads = 2;
+  p.head_dim = 64;
+  p.segments = {{0, 150, 0, 150, 0, 0}, {150, 90, 0, 150, 60, 0}};
+  Tensor q = dev(rnd({240, 4, 64}, 25, DType::BF16)), k = dev(rnd({150, 2, 64}, 26, DType::BF16)),
+         v = dev(rnd({150, 2, 64}, 27, DType::BF16)), dout = dev(rnd({240, 4, 64}, 28, DType::BF16));
+  std::vector<std::vector<double>> grads;
+  for (int i = 0; i < 2; ++i) {
+    Tensor o = Tensor::zeros(q.shape(), DType::BF16, Space::Cuda), lse = Tensor::zeros({240, 4}, DType::F32, Space::Cuda);
+    Tensor dq = Tensor::zeros(q.shape(), DType::BF16, Space::Cuda), dk = Tensor::zeros(k.shape(), DType::BF16, Space::Cuda),
+           dv = Tensor::zeros(v.shape(), DType::BF16, Space::Cuda);
+    attention_fwd(o, lse, q, k, v, p);
+    attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, p);
+    std::vector<double> all = o.to(Space::Host).to_vector();
+    for (const Tensor* t : {&dq, &dk, &dv}) {
+      const auto x = t->to(Space::Host).to_vector();
+      all.insert(all.end(), x.begin(), x.end());
+    }
+    grads.push_back(all);
+  }
+  EXPECT_EQ(grads[0], grads[1]);
 }
 
 TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
@@ -196,6 +226,12 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
   cases.push_back({4, 1, 128, Mask::Causal, {{0, 40, 0, 160, 40, 0}, {40, 40, 0, 160, 120, 0}, {80, 5, 0, 160, 0, 10}}, 85, 160});
   // Full (non-causal) attention, D 16, MHA.
   cases.push_back({2, 2, 16, Mask::None, {{0, 33, 0, 70, 0, 0}}, 33, 70});
+  // Several 64-row tiles (bf16 D 64/128 take the tensor-core path): packed causal GQA with ragged
+  // tails; non-causal with kv longer than q; two query blocks at offsets sharing one key block whose
+  // tiles straddle both segments' visible ranges (p2p/all-gather CP style).
+  cases.push_back({4, 2, 128, Mask::Causal, {{0, 200, 0, 200, 0, 0}, {200, 130, 200, 130, 0, 0}}, 330, 330});
+  cases.push_back({2, 1, 64, Mask::None, {{0, 150, 0, 260, 0, 0}}, 150, 260});
+  cases.push_back({4, 4, 64, Mask::Causal, {{0, 96, 0, 300, 250, 40}, {96, 100, 0, 300, 200, 0}}, 196, 300});
   for (DType d : kTypes)
     for (const auto& c : cases) {
       AttnParams p;

@@ -1,0 +1,561 @@
+// Tensor-core flash attention for bf16, head_dim 64 or 128 (FlashAttention-2 structure on mma.sync):
+//
+// forward   one block per (query tile of 16·NW rows, head); each warp owns 16 query rows. K/V tiles of
+//           64 keys stream through shared memory, double-buffered with cp.async; S = Q·K^T and O += P·V
+//           on the tensor cores (P stays in registers), online softmax in the exp2 domain, fp32 LSE.
+// backward  deterministic, no atomics: (1) delta = rowsum(dO∘O), a warp per row; (2) dQ: one block
+//           per (query tile, head) recomputing P from the saved LSE and streaming K/V like the
+//           forward; (3) dK/dV: one block per (tile of 16·NW keys on the kv token axis, kv head),
+//           visiting every (segment, head of the group, query tile) that can see its keys in a fixed
+//           order, with Q/dO/LSE/delta double-buffered. Every output element has one owner and one
+//           summation order: bitwise repeatable.
+// Segments are the host kernels' (q/kv ranges with position offsets; causal: kv_pos0 + j <= q_pos0 + i),
+// so varlen THD batches and every CP strategy's blocks run on this path unchanged. Rows without a
+// visible key get o = 0, lse = -inf (the caller pre-fills rows no segment covers).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/attention_tc.hpp"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+
+namespace hcp::kernels::cuda_impl::attn_tc {
+using namespace hcp::cuda;
+using namespace hcp::cuda::tc;
+
+namespace {
+using bf16 = __nv_bfloat16;
+constexpr int kBN = 64;  // keys per K/V tile (forward, dQ); queries per Q tile (dK/dV)
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ std::int64_t lmin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ std::int64_t lmax(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
+
+struct SegD {
+  std::int64_t q_start, q_len, kv_start, kv_len, q_pos0, kv_pos0;
+};
+struct QTile {
+  std::int64_t seg, i0;
+};
+
+// Keys [0, n) of segment g that any of the query rows [i0, i0 + rows) may see.
+__device__ __forceinline__ std::int64_t kv_end(const SegD& g, std::int64_t i0, int rows, bool causal) {
+  if (!causal) return g.kv_len;
+  std::int64_t n = g.q_pos0 + i0 + rows - g.kv_pos0;
+  return n < 0 ? 0 : (n > g.kv_len ? g.kv_len : n);
+}
+
+// Quad (the four lanes sharing a fragment row) reductions.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// acc[NT8][4] += rows [r0, r0+16) of X (tile [.][D]) times Y^T, Y a [NT8·8][D] tile stored [n][k].
+template <int D, int NT8>
+__device__ __forceinline__ void mm_abt(float (&acc)[NT8][4], const bf16* X, int r0, const bf16* Y) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    unsigned a[4];
+    load_a<D>(a, X, r0, kk * 16);
+#pragma unroll
+    for (int np = 0; np < NT8 / 2; ++np) {
+      unsigned b[4];
+      load_b_nk<D>(b, Y, np * 16, kk * 16);
+      mma(acc[2 * np], a, b[0], b[1]);
+      mma(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+// acc[D/8][4] += P (16 x 8·NT8, C fragments in registers) times Y, Y a [8·NT8][D] tile stored [k][n].
+template <int D, int NT8>
+__device__ __forceinline__ void mm_pb(float (&acc)[D / 8][4], const float (&p)[NT8][4], const bf16* Y) {
+#pragma unroll
+  for (int kk = 0; kk < NT8 / 2; ++kk) {
+    unsigned a[4];
+    c_to_a(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      unsigned b[4];
+      load_b_kn<D>(b, Y, kk * 16, dp * 16);
+      mma(acc[2 * dp], a, b[0], b[1]);
+      mma(acc[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+}
+template <int N> __device__ __forceinline__ void zero(float (&x)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) x[i][0] = x[i][1] = x[i][2] = x[i][3] = 0.f;
+}
+// Store rows (16 per warp, fragment layout) scaled by f[half] to out[(row0 + r)·ld + c]; rows >= valid skipped.
+template <int D>
+__device__ __forceinline__ void store_rows(bf16* out, std::int64_t ld, int valid, int r0, const float (&acc)[D / 8][4],
+                                           float f0, float f1) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) {
+    const int c = nt * 8 + 2 * t;
+    if (r0 + g < valid)
+      *reinterpret_cast<__nv_bfloat162*>(out + (r0 + g) * ld + c) = __floats2bfloat162_rn(acc[nt][0] * f0, acc[nt][1] * f0);
+    if (r0 + g + 8 < valid)
+      *reinterpret_cast<__nv_bfloat162*>(out + (r0 + g + 8) * ld + c) =
+          __floats2bfloat162_rn(acc[nt][2] * f1, acc[nt][3] * f1);
+  }
+}
+
+// ---- forward --------------------------------------------------------------------------------------
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                                 const SegD* segs, const QTile* tiles, int H, int Hkv, float sl2,
+                                                 bool causal) {
+  constexpr int BM = 16 * NW, NT = 32 * NW, NT8 = kBN / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+  bf16* Ks = Qs + BM * D;  // [2][kBN][D]
+  bf16* Vs = Ks + 2 * kBN * D;
+  const QTile tl = tiles[blockIdx.x / H];
+  const int h = blockIdx.x % H, hk = h / (H / Hkv);
+  const SegD g = segs[tl.seg];
+  const std::int64_t i0 = tl.i0;
+  const int qvalid = static_cast<int>(lmin(BM, g.q_len - i0));
+  const std::int64_t nkv = kv_end(g, i0, BM, causal);
+  const int ntiles = static_cast<int>((nkv + kBN - 1) / kBN);
+  const std::int64_t qld = static_cast<std::int64_t>(H) * D, kld = static_cast<std::int64_t>(Hkv) * D;
+  const bf16* kbase = k + (g.kv_start * Hkv + hk) * D;
+  const bf16* vbase = v + (g.kv_start * Hkv + hk) * D;
+  auto load_kv = [&](int t, int buf) {
+    const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
+    const int valid = static_cast<int>(lmin(kBN, g.kv_len - j0));
+    load_tile_async<D, NT>(Ks + buf * kBN * D, kbase + j0 * kld, kld, kBN, valid);
+    load_tile_async<D, NT>(Vs + buf * kBN * D, vbase + j0 * kld, kld, kBN, valid);
+  };
+  load_tile_async<D, NT>(Qs, q + ((g.q_start + i0) * H + h) * D, qld, BM, qvalid);
+  if (ntiles > 0) load_kv(0, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+  const int r0 = warp * 16;
+  float acc[D / 8][4];
+  zero(acc);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // Absolute position of this thread's two rows (for the causal test).
+  const std::int64_t qp[2] = {g.q_pos0 + i0 + r0 + gr, g.q_pos0 + i0 + r0 + gr + 8};
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < ntiles) {
+      load_kv(t + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* Kt = Ks + buf * kBN * D;
+    const bf16* Vt = Vs + buf * kBN * D;
+    float s[NT8][4];
+    zero(s);
+    mm_abt<D, NT8>(s, Qs, r0, Kt);
+    const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
+    const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e] * sl2;
+        if (edge) {
+          const std::int64_t j = j0 + nt * 8 + 2 * tg + (e & 1);
+          if (j >= g.kv_len || (causal && g.kv_pos0 + j > qp[e >> 1])) x = -INFINITY;
+        }
+        s[nt][e] = x;
+      }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = m[hf];
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
+      mx = quad_max(mx);
+      const float base = mx == -INFINITY ? 0.f : mx;  // nothing visible yet: keep exp2 finite
+      const float corr = exp2f(m[hf] - base);
+      m[hf] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt) {
+        s[nt][2 * hf] = exp2f(s[nt][2 * hf] - base);
+        s[nt][2 * hf + 1] = exp2f(s[nt][2 * hf + 1] - base);
+        sum += s[nt][2 * hf] + s[nt][2 * hf + 1];
+      }
+      l[hf] = l[hf] * corr + sum;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        acc[dt][2 * hf] *= corr;
+        acc[dt][2 * hf + 1] *= corr;
+      }
+    }
+    mm_pb<D, NT8>(acc, s, Vt);
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
+  }
+  float inv[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    l[hf] = quad_sum(l[hf]);
+    inv[hf] = l[hf] > 0.f ? 1.f / l[hf] : 0.f;
+  }
+  store_rows<D>(o + ((g.q_start + i0) * H + h) * D, qld, qvalid, r0, acc, inv[0], inv[1]);
+  if (tg == 0)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = r0 + gr + 8 * hf;
+      if (r < qvalid)
+        lse[(g.q_start + i0 + r) * H + h] = l[hf] > 0.f ? (m[hf] + log2f(l[hf])) / kLog2e : -INFINITY;
+    }
+}
+
+// ---- backward ---------------------------------------------------------------------------------------
+__global__ void delta_k(float* delta, const bf16* dout, const bf16* o, std::int64_t rows, int D) {
+  const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  float s = 0.f;
+  for (int d = 2 * lane; d < D; d += 64) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(dout + r * D + d));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(o + r * D + d));
+    s += a.x * b.x + a.y * b.y;
+  }
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) delta[r] = s;
+}
+// lse in the exp2 domain; a row with lse = -inf (sees nothing) maps to +inf so that P = exp2(s - L) = 0.
+__device__ __forceinline__ float lse2(float L) { return L == -INFINITY ? INFINITY : L * kLog2e; }
+
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const float* lse,
+                                                const float* delta, const bf16* dout, const SegD* segs,
+                                                const QTile* tiles, int H, int Hkv, float sl2, float scale,
+                                                bool causal) {
+  constexpr int BM = 16 * NW, NT = 32 * NW, NT8 = kBN / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+  bf16* dOs = Qs + BM * D;
+  bf16* Ks = dOs + BM * D;  // [2][kBN][D]
+  bf16* Vs = Ks + 2 * kBN * D;
+  const QTile tl = tiles[blockIdx.x / H];
+  const int h = blockIdx.x % H, hk = h / (H / Hkv);
+  const SegD g = segs[tl.seg];
+  const std::int64_t i0 = tl.i0;
+  const int qvalid = static_cast<int>(lmin(BM, g.q_len - i0));
+  const std::int64_t nkv = kv_end(g, i0, BM, causal);
+  const int ntiles = static_cast<int>((nkv + kBN - 1) / kBN);
+  const std::int64_t qld = static_cast<std::int64_t>(H) * D, kld = static_cast<std::int64_t>(Hkv) * D;
+  const bf16* kbase = k + (g.kv_start * Hkv + hk) * D;
+  const bf16* vbase = v + (g.kv_start * Hkv + hk) * D;
+  auto load_kv = [&](int t, int buf) {
+    const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
+    const int valid = static_cast<int>(lmin(kBN, g.kv_len - j0));
+    load_tile_async<D, NT>(Ks + buf * kBN * D, kbase + j0 * kld, kld, kBN, valid);
+    load_tile_async<D, NT>(Vs + buf * kBN * D, vbase + j0 * kld, kld, kBN, valid);
+  };
+  const std::int64_t qoff = ((g.q_start + i0) * H + h) * D;
+  load_tile_async<D, NT>(Qs, q + qoff, qld, BM, qvalid);
+  load_tile_async<D, NT>(dOs, dout + qoff, qld, BM, qvalid);
+  if (ntiles > 0) load_kv(0, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+  const int r0 = warp * 16;
+  float L[2], Dl[2];
+  std::int64_t qp[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = r0 + gr + 8 * hf;
+    const std::int64_t row = (g.q_start + i0 + r) * H + h;
+    L[hf] = r < qvalid ? lse2(lse[row]) : INFINITY;
+    Dl[hf] = r < qvalid ? delta[row] : 0.f;
+    qp[hf] = g.q_pos0 + i0 + r;
+  }
+  float acc[D / 8][4];
+  zero(acc);
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < ntiles) {
+      load_kv(t + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* Kt = Ks + buf * kBN * D;
+    const bf16* Vt = Vs + buf * kBN * D;
+    float s[NT8][4], dp[NT8][4];
+    zero(s);
+    zero(dp);
+    mm_abt<D, NT8>(s, Qs, r0, Kt);
+    mm_abt<D, NT8>(dp, dOs, r0, Vt);
+    const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
+    const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e >> 1;
+        float p = exp2f(s[nt][e] * sl2 - L[hf]);
+        if (edge) {
+          const std::int64_t j = j0 + nt * 8 + 2 * tg + (e & 1);
+          if (j >= g.kv_len || (causal && g.kv_pos0 + j > qp[hf])) p = 0.f;
+        }
+        s[nt][e] = p * (dp[nt][e] - Dl[hf]);  // dS (unscaled)
+      }
+    mm_pb<D, NT8>(acc, s, Kt);
+    __syncthreads();
+  }
+  store_rows<D>(dq + qoff, qld, qvalid, r0, acc, scale, scale);
+}
+
+// Work list of one kv tile: the segments that hold any of its keys (CSR over tiles).
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
+                                                 const float* lse, const float* delta, const bf16* dout,
+                                                 const SegD* segs, const std::int64_t* tile_off,
+                                                 const std::int64_t* tile_segs, std::int64_t tkv, int H, int Hkv,
+                                                 float sl2, float scale, bool causal) {
+  constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* Ks = reinterpret_cast<bf16*>(smem_raw);
+  bf16* Vs = Ks + BNk * D;
+  bf16* Qs = Vs + BNk * D;    // [2][BQ][D]
+  bf16* dOs = Qs + 2 * BQ * D;  // [2][BQ][D]
+  float* Ls = reinterpret_cast<float*>(dOs + 2 * BQ * D);  // [2][BQ]
+  float* Ds = Ls + 2 * BQ;                                 // [2][BQ]
+  const std::int64_t tile = blockIdx.x / Hkv;
+  const int hk = blockIdx.x % Hkv, grp = H / Hkv;
+  const std::int64_t c0 = tile * BNk;
+  const int kvalid = static_cast<int>(lmin(BNk, tkv - c0));
+  const std::int64_t kld = static_cast<std::int64_t>(Hkv) * D, qld = static_cast<std::int64_t>(H) * D;
+  load_tile_async<D, NT>(Ks, k + (c0 * Hkv + hk) * D, kld, BNk, kvalid);
+  load_tile_async<D, NT>(Vs, v + (c0 * Hkv + hk) * D, kld, BNk, kvalid);
+
+  // Jobs: (segment s of this tile's list, head h of the group, query tile starting at i).
+  struct Job {
+    std::int64_t s, i;
+    int h;
+  };
+  const std::int64_t s_lo = tile_off[tile], s_hi = tile_off[tile + 1];
+  auto first_row = [&](const SegD& g) -> std::int64_t {  // first query row that can see a key of the tile
+    if (!causal) return 0;
+    const std::int64_t jl = lmax(c0 - g.kv_start, 0);
+    const std::int64_t i = jl + g.kv_pos0 - g.q_pos0;
+    return i < 0 ? 0 : i;
+  };
+  // Advance to the next job at or after (s, h, i) that has rows; false when none is left.
+  auto settle = [&](Job& jb) -> bool {
+    while (jb.s < s_hi) {
+      const SegD g = segs[tile_segs[jb.s]];
+      if (jb.i < g.q_len) return true;
+      if (++jb.h < grp) {
+        jb.i = first_row(g);
+        continue;
+      }
+      ++jb.s;
+      jb.h = 0;
+      if (jb.s < s_hi) jb.i = first_row(segs[tile_segs[jb.s]]);
+    }
+    return false;
+  };
+  auto load_job = [&](const Job& jb, int buf) {
+    const SegD g = segs[tile_segs[jb.s]];
+    const int h = hk * grp + jb.h;
+    const int valid = static_cast<int>(lmin(BQ, g.q_len - jb.i));
+    const std::int64_t row0 = g.q_start + jb.i;
+    load_tile_async<D, NT>(Qs + buf * BQ * D, q + (row0 * H + h) * D, qld, BQ, valid);
+    load_tile_async<D, NT>(dOs + buf * BQ * D, dout + (row0 * H + h) * D, qld, BQ, valid);
+    for (int r = threadIdx.x; r < BQ; r += NT) {
+      const bool ok = r < valid;
+      cp_async4(Ls + buf * BQ + r, ok ? lse + (row0 + r) * H + h : lse, ok);
+      cp_async4(Ds + buf * BQ + r, ok ? delta + (row0 + r) * H + h : delta, ok);
+    }
+  };
+  Job cur{s_lo, 0, 0};
+  if (s_lo < s_hi) cur.i = first_row(segs[tile_segs[s_lo]]);
+  bool have = settle(cur);
+  if (have) load_job(cur, 0);
+  cp_async_commit();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+  const int r0 = warp * 16;
+  float adk[D / 8][4], adv[D / 8][4];
+  zero(adk);
+  zero(adv);
+  int buf = 0;
+  while (have) {
+    Job nxt{cur.s, cur.i + BQ, cur.h};
+    const bool more = settle(nxt);
+    if (more) {
+      load_job(nxt, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const SegD g = segs[tile_segs[cur.s]];
+    const bf16* Qt = Qs + buf * BQ * D;
+    const bf16* dOt = dOs + buf * BQ * D;
+    const float* Lt = Ls + buf * BQ;
+    const float* Dt = Ds + buf * BQ;
+    float st[NT8][4], dpt[NT8][4];
+    zero(st);
+    zero(dpt);
+    mm_abt<D, NT8>(st, Ks, r0, Qt);   // S^T: keys x queries
+    mm_abt<D, NT8>(dpt, Vs, r0, dOt);  // dP^T
+    // Key j (segment-local) of this thread's two rows; query i of each column.
+    std::int64_t jl[2];
+    bool kin[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const std::int64_t cg = c0 + r0 + gr + 8 * hf;
+      jl[hf] = cg - g.kv_start;
+      kin[hf] = jl[hf] >= 0 && jl[hf] < g.kv_len;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e >> 1, c = nt * 8 + 2 * tg + (e & 1);
+        const std::int64_t i = cur.i + c;
+        const bool ok = kin[hf] && i < g.q_len && (!causal || g.kv_pos0 + jl[hf] <= g.q_pos0 + i);
+        const float p = ok ? exp2f(st[nt][e] * sl2 - lse2(Lt[c])) : 0.f;
+        st[nt][e] = p;
+        dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
+      }
+    mm_pb<D, NT8>(adv, st, dOt);
+    mm_pb<D, NT8>(adk, dpt, Qt);
+    __syncthreads();
+    cur = nxt;
+    have = more;
+    buf ^= 1;
+  }
+  store_rows<D>(dk + (c0 * Hkv + hk) * D, kld, kvalid, r0, adk, scale, scale);
+  store_rows<D>(dv + (c0 * Hkv + hk) * D, kld, kvalid, r0, adv, 1.f, 1.f);
+}
+
+// ---- host side ----------------------------------------------------------------------------------------
+constexpr int kNW = 4;  // warps per block: 64 query rows (forward, dQ) or 64 keys (dK/dV) per block
+
+// One device buffer for the small plan arrays, stream-ordered (freed after the launches that use it).
+struct Plan {
+  void* mem = nullptr;
+  SegD* segs = nullptr;
+  QTile* qtiles = nullptr;
+  std::int64_t nqtiles = 0;
+  std::int64_t* tile_off = nullptr;
+  std::int64_t* tile_segs = nullptr;
+  std::int64_t nktiles = 0;
+  Plan(const std::vector<AttnSegment>& in, int bm, std::int64_t tkv, bool with_kv) {
+    std::vector<SegD> s;
+    std::vector<QTile> qt;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const auto& a = in[i];
+      s.push_back({a.q_start, a.q_len, a.kv_start, a.kv_len, a.q_pos0, a.kv_pos0});
+      for (std::int64_t i0 = 0; i0 < a.q_len; i0 += bm) qt.push_back({static_cast<std::int64_t>(i), i0});
+    }
+    // Heaviest query tiles (latest rows: most causal keys) first, for a better tail.
+    std::stable_sort(qt.begin(), qt.end(), [&](const QTile& x, const QTile& y) {
+      return s[x.seg].q_pos0 + x.i0 - s[x.seg].kv_pos0 > s[y.seg].q_pos0 + y.i0 - s[y.seg].kv_pos0;
+    });
+    std::vector<std::int64_t> off{0}, lst;
+    if (with_kv) {
+      nktiles = (tkv + bm - 1) / bm;
+      for (std::int64_t t = 0; t < nktiles; ++t) {
+        for (std::size_t i = 0; i < in.size(); ++i)
+          if (in[i].q_len > 0 && in[i].kv_start < (t + 1) * bm && in[i].kv_start + in[i].kv_len > t * bm)
+            lst.push_back(static_cast<std::int64_t>(i));
+        off.push_back(static_cast<std::int64_t>(lst.size()));
+      }
+    }
+    nqtiles = static_cast<std::int64_t>(qt.size());
+    const std::size_t b_seg = s.size() * sizeof(SegD), b_qt = qt.size() * sizeof(QTile),
+                      b_off = off.size() * sizeof(std::int64_t), b_lst = lst.size() * sizeof(std::int64_t);
+    std::vector<unsigned char> host(b_seg + b_qt + b_off + b_lst + 8);
+    std::memcpy(host.data(), s.data(), b_seg);
+    std::memcpy(host.data() + b_seg, qt.data(), b_qt);
+    std::memcpy(host.data() + b_seg + b_qt, off.data(), b_off);
+    if (b_lst) std::memcpy(host.data() + b_seg + b_qt + b_off, lst.data(), b_lst);
+    HCP_CUDA_CHECK(cudaMallocAsync(&mem, host.size(), 0));
+    HCP_CUDA_CHECK(cudaMemcpyAsync(mem, host.data(), host.size(), cudaMemcpyHostToDevice, 0));
+    auto* base = static_cast<unsigned char*>(mem);
+    segs = reinterpret_cast<SegD*>(base);
+    qtiles = reinterpret_cast<QTile*>(base + b_seg);
+    tile_off = reinterpret_cast<std::int64_t*>(base + b_seg + b_qt);
+    tile_segs = reinterpret_cast<std::int64_t*>(base + b_seg + b_qt + b_off);
+    // From pageable memory the copy has read `host` when cudaMemcpyAsync returns.
+  }
+  ~Plan() { cudaFreeAsync(mem, 0); }
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+};
+
+template <class K> void set_smem(K kernel, std::size_t bytes) {
+  HCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <int D> void fwd_d(const Fwd& a) {
+  constexpr int BM = 16 * kNW;
+  const Dims& d = a.dims;
+  Plan plan(*d.segments, BM, d.tkv, false);
+  if (plan.nqtiles == 0) return;
+  const std::size_t smem = static_cast<std::size_t>(BM + 4 * kBN) * D * sizeof(bf16);
+  auto* kern = fwd_k<D, kNW>;
+  set_smem(kern, smem);
+  kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 32 * kNW, smem>>>(a.o, a.lse, a.q, a.k, a.v, plan.segs, plan.qtiles,
+                                                                      d.H, d.Hkv, d.scale * kLog2e, d.causal);
+  check_launch("attention_fwd (tensor cores)");
+}
+template <int D> void bwd_d(const Bwd& a) {
+  constexpr int BM = 16 * kNW;
+  const Dims& d = a.dims;
+  Plan plan(*d.segments, BM, d.tkv, true);
+  float* delta = nullptr;
+  const std::int64_t rows = d.tq * d.H;
+  HCP_CUDA_CHECK(cudaMallocAsync(&delta, static_cast<std::size_t>(std::max<std::int64_t>(rows, 1)) * sizeof(float), 0));
+  if (rows > 0) delta_k<<<blocks_for(rows * 32, 256), 256>>>(delta, a.dout, a.o, rows, D);
+  const float sl2 = d.scale * kLog2e;
+  if (plan.nqtiles > 0) {
+    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16);
+    auto* kern = dq_k<D, kNW>;
+    set_smem(kern, smem);
+    kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 32 * kNW, smem>>>(a.dq, a.q, a.k, a.v, a.lse, delta, a.dout,
+                                                                        plan.segs, plan.qtiles, d.H, d.Hkv, sl2,
+                                                                        d.scale, d.causal);
+  }
+  if (plan.nktiles > 0) {
+    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float);
+    auto* kern = dkv_k<D, kNW>;
+    set_smem(kern, smem);
+    kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
+        a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
+        sl2, d.scale, d.causal);
+  }
+  check_launch("attention_bwd (tensor cores)");
+  HCP_CUDA_CHECK(cudaFreeAsync(delta, 0));
+}
+}  // namespace
+
+bool supported(DType dtype, std::int64_t head_dim, std::int64_t heads, std::int64_t kv_heads) {
+  return dtype == DType::BF16 && (head_dim == 64 || head_dim == 128) && kv_heads > 0 && heads % kv_heads == 0;
+}
+void fwd(const Fwd& a) {
+  if (a.dims.D == 64) fwd_d<64>(a);
+  else fwd_d<128>(a);
+}
+void bwd(const Bwd& a) {
+  if (a.dims.D == 64) bwd_d<64>(a);
+  else bwd_d<128>(a);
+}
+
+}  // namespace hcp::kernels::cuda_impl::attn_tc
