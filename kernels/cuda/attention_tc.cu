@@ -56,37 +56,52 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// acc[NT8][4] += rows [r0, r0+16) of X (tile [.][D]) times Y^T, Y a [NT8·8][D] tile stored [n][k].
-template <int D, int NT8>
-__device__ __forceinline__ void mm_abt(float (&acc)[NT8][4], const bf16* X, int r0, const bf16* Y) {
+// acc[m][NT8][4] += rows [r0 + 16m, +16) of X (tile [.][D]) times Y^T, Y a [NT8·8][D] tile stored
+// [n][k], for MT row tiles m sharing each B fragment (fewer shared-memory reads per MMA).
+template <int D, int NT8, int MT>
+__device__ __forceinline__ void mm_abt(float (&acc)[MT][NT8][4], const bf16* X, int r0, const bf16* Y) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    unsigned a[4];
-    load_a<D>(a, X, r0, kk * 16);
+    unsigned a[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) load_a<D>(a[m], X, r0 + 16 * m, kk * 16);
 #pragma unroll
     for (int np = 0; np < NT8 / 2; ++np) {
       unsigned b[4];
       load_b_nk<D>(b, Y, np * 16, kk * 16);
-      mma(acc[2 * np], a, b[0], b[1]);
-      mma(acc[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        mma(acc[m][2 * np], a[m], b[0], b[1]);
+        mma(acc[m][2 * np + 1], a[m], b[2], b[3]);
+      }
     }
   }
 }
-// acc[D/8][4] += P (16 x 8·NT8, C fragments in registers) times Y, Y a [8·NT8][D] tile stored [k][n].
-template <int D, int NT8>
-__device__ __forceinline__ void mm_pb(float (&acc)[D / 8][4], const float (&p)[NT8][4], const bf16* Y) {
+// acc[m][D/8][4] += P_m (16 x 8·NT8, C fragments in registers) times Y, Y a [8·NT8][D] tile stored [k][n].
+template <int D, int NT8, int MT>
+__device__ __forceinline__ void mm_pb(float (&acc)[MT][D / 8][4], const float (&p)[MT][NT8][4], const bf16* Y) {
 #pragma unroll
   for (int kk = 0; kk < NT8 / 2; ++kk) {
-    unsigned a[4];
-    c_to_a(a, p[2 * kk], p[2 * kk + 1]);
+    unsigned a[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) c_to_a(a[m], p[m][2 * kk], p[m][2 * kk + 1]);
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       unsigned b[4];
       load_b_kn<D>(b, Y, kk * 16, dp * 16);
-      mma(acc[2 * dp], a, b[0], b[1]);
-      mma(acc[2 * dp + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        mma(acc[m][2 * dp], a[m], b[0], b[1]);
+        mma(acc[m][2 * dp + 1], a[m], b[2], b[3]);
+      }
     }
   }
+}
+// One row tile (MT = 1) as used by the backward kernels.
+template <int N> using Frag1 = float[1][N][4];
+template <int N> __device__ __forceinline__ Frag1<N>& one(float (&x)[N][4]) { return reinterpret_cast<Frag1<N>&>(x); }
+template <int N> __device__ __forceinline__ const Frag1<N>& one(const float (&x)[N][4]) {
+  return reinterpret_cast<const Frag1<N>&>(x);
 }
 template <int N> __device__ __forceinline__ void zero(float (&x)[N][4]) {
 #pragma unroll
@@ -109,11 +124,12 @@ __device__ __forceinline__ void store_rows(bf16* out, std::int64_t ld, int valid
 }
 
 // ---- forward --------------------------------------------------------------------------------------
-template <int D, int NW>
+// Each warp owns MT row tiles of 16 query rows; BM = 16·MT·NW rows per block.
+template <int D, int NW, int MT>
 __global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                                  const SegD* segs, const QTile* tiles, int H, int Hkv, float sl2,
                                                  bool causal) {
-  constexpr int BM = 16 * NW, NT = 32 * NW, NT8 = kBN / 8;
+  constexpr int BM = 16 * MT * NW, NT = 32 * NW, NT8 = kBN / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
   bf16* Ks = Qs + BM * D;  // [2][kBN][D]
@@ -139,12 +155,15 @@ __global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
-  const int r0 = warp * 16;
-  float acc[D / 8][4];
-  zero(acc);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  // Absolute position of this thread's two rows (for the causal test).
-  const std::int64_t qp[2] = {g.q_pos0 + i0 + r0 + gr, g.q_pos0 + i0 + r0 + gr + 8};
+  const int r0 = warp * 16 * MT;
+  float acc[MT][D / 8][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) zero(acc[m]);
+  // Per row tile m and half hf (fragment rows gr and gr + 8): running max (exp2 domain), partial sum.
+  float mx[MT][2], l[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) mx[m][0] = mx[m][1] = -INFINITY, l[m][0] = l[m][1] = 0.f;
+  const std::int64_t qp0 = g.q_pos0 + i0 + r0 + gr;  // position of row (m, hf): qp0 + 16m + 8hf
 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
@@ -158,62 +177,73 @@ __global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16
     __syncthreads();
     const bf16* Kt = Ks + buf * kBN * D;
     const bf16* Vt = Vs + buf * kBN * D;
-    float s[NT8][4];
-    zero(s);
-    mm_abt<D, NT8>(s, Qs, r0, Kt);
+    float s[MT][NT8][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) zero(s[m]);
+    mm_abt<D, NT8, MT>(s, Qs, r0, Kt);
     const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
     const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
+    // In tile-local 32-bit terms: key c is kept iff c < kv_rem and (!causal or c <= diag + 16m + 8hf).
+    const int kv_rem = static_cast<int>(lmin(kBN, g.kv_len - j0));
+    const int diag = causal ? static_cast<int>(lmax(lmin(qp0 - g.kv_pos0 - j0, 1 << 20), -(1 << 20))) : (1 << 20);
 #pragma unroll
-    for (int nt = 0; nt < NT8; ++nt)
+    for (int m = 0; m < MT; ++m) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * sl2;
-        if (edge) {
-          const std::int64_t j = j0 + nt * 8 + 2 * tg + (e & 1);
-          if (j >= g.kv_len || (causal && g.kv_pos0 + j > qp[e >> 1])) x = -INFINITY;
+      for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[m][nt][e] * sl2;
+          if (edge) {
+            const int c = nt * 8 + 2 * tg + (e & 1);
+            if (c >= kv_rem || c > diag + 16 * m + 8 * (e >> 1)) x = -INFINITY;
+          }
+          s[m][nt][e] = x;
         }
-        s[nt][e] = x;
-      }
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float mx = m[hf];
+      for (int hf = 0; hf < 2; ++hf) {
+        float mt = mx[m][hf];
 #pragma unroll
-      for (int nt = 0; nt < NT8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
-      mx = quad_max(mx);
-      const float base = mx == -INFINITY ? 0.f : mx;  // nothing visible yet: keep exp2 finite
-      const float corr = exp2f(m[hf] - base);
-      m[hf] = mx;
-      float sum = 0.f;
+        for (int nt = 0; nt < NT8; ++nt) mt = fmaxf(mt, fmaxf(s[m][nt][2 * hf], s[m][nt][2 * hf + 1]));
+        mt = quad_max(mt);
+        const float base = mt == -INFINITY ? 0.f : mt;  // nothing visible yet: keep exp2 finite
+        const float corr = exp2f(mx[m][hf] - base);
+        mx[m][hf] = mt;
+        float sum = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < NT8; ++nt) {
-        s[nt][2 * hf] = exp2f(s[nt][2 * hf] - base);
-        s[nt][2 * hf + 1] = exp2f(s[nt][2 * hf + 1] - base);
-        sum += s[nt][2 * hf] + s[nt][2 * hf + 1];
-      }
-      l[hf] = l[hf] * corr + sum;
+        for (int nt = 0; nt < NT8; ++nt) {
+          s[m][nt][2 * hf] = exp2f(s[m][nt][2 * hf] - base);
+          s[m][nt][2 * hf + 1] = exp2f(s[m][nt][2 * hf + 1] - base);
+          sum += s[m][nt][2 * hf] + s[m][nt][2 * hf + 1];
+        }
+        l[m][hf] = l[m][hf] * corr + sum;
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        acc[dt][2 * hf] *= corr;
-        acc[dt][2 * hf + 1] *= corr;
+        for (int dt = 0; dt < D / 8; ++dt) {
+          acc[m][dt][2 * hf] *= corr;
+          acc[m][dt][2 * hf + 1] *= corr;
+        }
       }
     }
-    mm_pb<D, NT8>(acc, s, Vt);
+    mm_pb<D, NT8, MT>(acc, s, Vt);
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
-  float inv[2];
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    l[hf] = quad_sum(l[hf]);
-    inv[hf] = l[hf] > 0.f ? 1.f / l[hf] : 0.f;
-  }
-  store_rows<D>(o + ((g.q_start + i0) * H + h) * D, qld, qvalid, r0, acc, inv[0], inv[1]);
-  if (tg == 0)
+  for (int m = 0; m < MT; ++m) {
+    float inv[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int r = r0 + gr + 8 * hf;
-      if (r < qvalid)
-        lse[(g.q_start + i0 + r) * H + h] = l[hf] > 0.f ? (m[hf] + log2f(l[hf])) / kLog2e : -INFINITY;
+      l[m][hf] = quad_sum(l[m][hf]);
+      inv[hf] = l[m][hf] > 0.f ? 1.f / l[m][hf] : 0.f;
     }
+    const int rm = r0 + 16 * m;
+    store_rows<D>(o + ((g.q_start + i0) * H + h) * D, qld, qvalid, rm, acc[m], inv[0], inv[1]);
+    if (tg == 0)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = rm + gr + 8 * hf;
+        if (r < qvalid)
+          lse[(g.q_start + i0 + r) * H + h] = l[m][hf] > 0.f ? (mx[m][hf] + log2f(l[m][hf])) / kLog2e : -INFINITY;
+      }
+  }
 }
 
 // ---- backward ---------------------------------------------------------------------------------------
@@ -295,8 +325,8 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
     float s[NT8][4], dp[NT8][4];
     zero(s);
     zero(dp);
-    mm_abt<D, NT8>(s, Qs, r0, Kt);
-    mm_abt<D, NT8>(dp, dOs, r0, Vt);
+    mm_abt<D, NT8, 1>(one(s), Qs, r0, Kt);
+    mm_abt<D, NT8, 1>(one(dp), dOs, r0, Vt);
     const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
     const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
 #pragma unroll
@@ -311,7 +341,7 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
         }
         s[nt][e] = p * (dp[nt][e] - Dl[hf]);  // dS (unscaled)
       }
-    mm_pb<D, NT8>(acc, s, Kt);
+    mm_pb<D, NT8, 1>(one(acc), one(s), Kt);
     __syncthreads();
   }
   store_rows<D>(dq + qoff, qld, qvalid, r0, acc, scale, scale);
@@ -411,8 +441,8 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
     float st[NT8][4], dpt[NT8][4];
     zero(st);
     zero(dpt);
-    mm_abt<D, NT8>(st, Ks, r0, Qt);   // S^T: keys x queries
-    mm_abt<D, NT8>(dpt, Vs, r0, dOt);  // dP^T
+    mm_abt<D, NT8, 1>(one(st), Ks, r0, Qt);   // S^T: keys x queries
+    mm_abt<D, NT8, 1>(one(dpt), Vs, r0, dOt);  // dP^T
     // Key j (segment-local) of this thread's two rows; query i of each column.
     std::int64_t jl[2];
     bool kin[2];
@@ -433,8 +463,8 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
         st[nt][e] = p;
         dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
       }
-    mm_pb<D, NT8>(adv, st, dOt);
-    mm_pb<D, NT8>(adk, dpt, Qt);
+    mm_pb<D, NT8, 1>(one(adv), one(st), dOt);
+    mm_pb<D, NT8, 1>(one(adk), one(dpt), Qt);
     __syncthreads();
     cur = nxt;
     have = more;
@@ -445,7 +475,8 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
 }
 
 // ---- host side ----------------------------------------------------------------------------------------
-constexpr int kNW = 4;  // warps per block: 64 query rows (forward, dQ) or 64 keys (dK/dV) per block
+constexpr int kNW = 4;     // warps per block: 64 query rows (dQ) or 64 keys (dK/dV) per block
+constexpr int kFwdMT = 2;  // forward: 32 query rows per warp, 128 per block
 
 // One device buffer for the small plan arrays, stream-ordered (freed after the launches that use it).
 struct Plan {
@@ -505,12 +536,12 @@ template <class K> void set_smem(K kernel, std::size_t bytes) {
 }
 
 template <int D> void fwd_d(const Fwd& a) {
-  constexpr int BM = 16 * kNW;
+  constexpr int BM = 16 * kFwdMT * kNW;
   const Dims& d = a.dims;
   Plan plan(*d.segments, BM, d.tkv, false);
   if (plan.nqtiles == 0) return;
   const std::size_t smem = static_cast<std::size_t>(BM + 4 * kBN) * D * sizeof(bf16);
-  auto* kern = fwd_k<D, kNW>;
+  auto* kern = fwd_k<D, kNW, kFwdMT>;
   set_smem(kern, smem);
   kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 32 * kNW, smem>>>(a.o, a.lse, a.q, a.k, a.v, plan.segs, plan.qtiles,
                                                                       d.H, d.Hkv, d.scale * kLog2e, d.causal);

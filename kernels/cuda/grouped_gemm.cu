@@ -1,13 +1,19 @@
 // Grouped GEMM: one launch computes C_g = op(A_g) op(B_g) for every group g (the experts of a MoE
 // layer). The block grid is (tile list, N tiles); the tile list names each block's group and M
 // offset, so groups of any size (also empty ones) share one launch without padding. bf16 runs on the
-// tensor cores (WMMA 16x16x16, fp32 accumulation); fp32/fp64 on FMA with 4x4 register tiles. Every
+// tensor cores: when every operand's contiguous extent and leading dimension are multiples of 8
+// elements (the MoE shapes), a 128x128x64 block tile of 4 warps (64x64 each, mma.sync m16n8k16 from
+// ldmatrix, XOR-swizzled shared memory) fed by a 3-stage cp.async pipeline; otherwise WMMA 16x16x16
+// tiles loaded element-wise. fp32/fp64 run on FMA with 4x4 register tiles. Every
 // output element has one owner and a fixed K order: bitwise repeatable, no atomics. A group with K = 0
 // writes zeros (an expert that received no tokens gets a zero weight gradient).
 #include <mma.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/mma.cuh"
 
 namespace hcp::kernels::cuda_impl {
 using namespace hcp::cuda;
@@ -130,14 +136,108 @@ template <bool TA, bool TB> __global__ void gemm_wmma_k(const Group<__nv_bfloat1
   }
 }
 
+// Pipelined tensor-core path (bf16, 16-byte aligned operands).
+constexpr int TBM = 128, TBN = 128, TBK = 64, kStages = 3, kTcThreads = 128;
+constexpr std::size_t kTcSmem = static_cast<std::size_t>(kStages) * (TBM + TBN) * TBK * sizeof(__nv_bfloat16);
+template <bool TA, bool TB>
+__global__ void __launch_bounds__(kTcThreads) gemm_tc_k(const Group<__nv_bfloat16>* groups, const Tile* tiles) {
+  using namespace hcp::cuda::tc;
+  using bf16 = __nv_bfloat16;
+  extern __shared__ __align__(128) unsigned char gemm_sm[];
+  bf16* As = reinterpret_cast<bf16*>(gemm_sm);  // [kStages][TBM x TBK] ([m][k], or [k][m] when TA)
+  bf16* Bs = As + kStages * TBM * TBK;          // [kStages][TBK x TBN] ([k][n], or [n][k] when TB)
+  const Tile tl = tiles[blockIdx.x];
+  const Group<__nv_bfloat16> g = groups[tl.group];
+  const std::int64_t m0 = tl.m0, n0 = static_cast<std::int64_t>(blockIdx.y) * TBN;
+  if (n0 >= g.N) return;
+  const int nk = static_cast<int>((g.K + TBK - 1) / TBK);
+  auto load = [&](int kt, int stage) {
+    const std::int64_t k0 = static_cast<std::int64_t>(kt) * TBK;
+    bf16* a = As + stage * TBM * TBK;
+    bf16* b = Bs + stage * TBK * TBN;
+    if (TA) load_tile_async<TBM, kTcThreads>(a, g.A + k0 * g.lda + m0, g.lda, TBK, g.K - k0, g.M - m0);
+    else load_tile_async<TBK, kTcThreads>(a, g.A + m0 * g.lda + k0, g.lda, TBM, g.M - m0, g.K - k0);
+    if (TB) load_tile_async<TBK, kTcThreads>(b, g.B + n0 * g.ldb + k0, g.ldb, TBN, g.N - n0, g.K - k0);
+    else load_tile_async<TBN, kTcThreads>(b, g.B + k0 * g.ldb + n0, g.ldb, TBK, g.K - k0, g.N - n0);
+  };
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nk) load(st, st);
+    cp_async_commit();
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = (warp >> 1) * 64, wn = (warp & 1) * 64;
+  float acc[4][8][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage kt landed for everyone; stage kt-1 is no longer read
+    if (kt + kStages - 1 < nk) load(kt + kStages - 1, (kt + kStages - 1) % kStages);
+    cp_async_commit();
+    const bf16* a = As + (kt % kStages) * TBM * TBK;
+    const bf16* b = Bs + (kt % kStages) * TBK * TBN;
+#pragma unroll
+    for (int kk = 0; kk < TBK; kk += 16) {
+      unsigned fa[4][4], fb[4][4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (TA) load_a_km<TBM>(fa[i], a, kk, wm + 16 * i);
+        else load_a<TBK>(fa[i], a, wm + 16 * i, kk);
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (TB) load_b_nk<TBK>(fb[j], b, wn + 16 * j, kk);
+        else load_b_kn<TBN>(fb[j], b, kk, wn + 16 * j);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          mma(acc[i][2 * j], fa[i], fb[j][0], fb[j][1]);
+          mma(acc[i][2 * j + 1], fa[i], fb[j][2], fb[j][3]);
+        }
+    }
+  }
+  cp_async_wait<0>();
+  const int gr = lane >> 2, tg = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const std::int64_t m = m0 + wm + 16 * i + gr + 8 * hf;
+      if (m >= g.M) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const std::int64_t n = n0 + wn + 8 * j + 2 * tg;  // N % 8 == 0: n < N implies n + 1 < N
+        if (n < g.N)
+          *reinterpret_cast<__nv_bfloat162*>(g.C + m * g.ldc + n) =
+              __floats2bfloat162_rn(acc[i][j][2 * hf], acc[i][j][2 * hf + 1]);
+      }
+    }
+}
+// The pipelined path needs 16-byte rows: contiguous extents, leading dimensions and bases aligned to 8 elements.
+bool tc_ok(bool ta, bool tb, const std::vector<GemmGroupDesc>& desc) {
+  for (const GemmGroupDesc& d : desc) {
+    const bool ext = (ta ? d.M : d.K) % 8 == 0 && (tb ? d.K : d.N) % 8 == 0 && d.N % 8 == 0;
+    const bool lds = d.lda % 8 == 0 && d.ldb % 8 == 0 && d.ldc % 8 == 0;
+    if (d.M > 0 && !(ext && lds && aligned16(d.A) && aligned16(d.B) && aligned16(d.C))) return false;
+  }
+  return true;
+}
+
 template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc>& desc, std::int64_t N) {
+  constexpr bool kBf16 = std::is_same_v<S, __nv_bfloat16>;
+  const bool tc = kBf16 && tc_ok(TA, TB, desc);
+  const int bm = tc ? TBM : BM, bn = tc ? TBN : BN;
   std::vector<Group<S>> groups;
   std::vector<Tile> tiles;
   for (const GemmGroupDesc& d : desc) {
     HCP_CHECK(d.N == N, "grouped_gemm: every group must have the same N (", N, "), got ", d.N);
     const int gi = static_cast<int>(groups.size());
     groups.push_back({static_cast<const S*>(d.A), static_cast<const S*>(d.B), static_cast<S*>(d.C), d.M, d.N, d.K, d.lda, d.ldb, d.ldc});
-    for (std::int64_t m0 = 0; m0 < d.M; m0 += BM) tiles.push_back({gi, static_cast<int>(m0)});
+    for (std::int64_t m0 = 0; m0 < d.M; m0 += bm) tiles.push_back({gi, static_cast<int>(m0)});
   }
   if (tiles.empty() || N == 0) return;
   Group<S>* dg = nullptr;
@@ -146,9 +246,18 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
   HCP_CUDA_CHECK(cudaMallocAsync(&dt, tiles.size() * sizeof(Tile), 0));
   HCP_CUDA_CHECK(cudaMemcpyAsync(dg, groups.data(), groups.size() * sizeof(Group<S>), cudaMemcpyHostToDevice, 0));
   HCP_CUDA_CHECK(cudaMemcpyAsync(dt, tiles.data(), tiles.size() * sizeof(Tile), cudaMemcpyHostToDevice, 0));
-  const dim3 grid(static_cast<unsigned>(tiles.size()), static_cast<unsigned>((N + BN - 1) / BN));
-  if constexpr (std::is_same_v<S, __nv_bfloat16>) gemm_wmma_k<TA, TB><<<grid, kThreads>>>(dg, dt);
-  else gemm_fma_k<S, typename Acc<S>::type, TA, TB><<<grid, kThreads>>>(dg, dt);
+  const dim3 grid(static_cast<unsigned>(tiles.size()), static_cast<unsigned>((N + bn - 1) / bn));
+  if constexpr (kBf16) {
+    if (tc) {
+      HCP_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_k<TA, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(kTcSmem)));
+      gemm_tc_k<TA, TB><<<grid, kTcThreads, kTcSmem>>>(dg, dt);
+    } else {
+      gemm_wmma_k<TA, TB><<<grid, kThreads>>>(dg, dt);
+    }
+  } else {
+    gemm_fma_k<S, typename Acc<S>::type, TA, TB><<<grid, kThreads>>>(dg, dt);
+  }
   check_launch("grouped_gemm");
   // The host vectors above are pageable: cudaMemcpyAsync has copied them before returning.
   HCP_CUDA_CHECK(cudaFreeAsync(dg, 0));

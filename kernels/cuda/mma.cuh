@@ -69,6 +69,11 @@ template <int W> __device__ __forceinline__ void load_a(unsigned (&a)[4], const 
   const int l = threadIdx.x & 31;
   ldsm_x4(a, at<W>(tile, r0 + (l & 15), c0 + ((l >> 4) << 3)));
 }
+// The same A fragment from a tile stored [k][m] (A^T row-major), through ldmatrix.trans.
+template <int W> __device__ __forceinline__ void load_a_km(unsigned (&a)[4], const bf16* tile, int k0, int m0) {
+  const int l = threadIdx.x & 31;
+  ldsm_x4_t(a, at<W>(tile, k0 + (l & 7) + ((l >> 4) << 3), m0 + (((l >> 3) & 1) << 3)));
+}
 // B fragments of two n8 tiles (n0, n0+8) x k16 (k0) from a tile stored [n][k] (B^T row-major, e.g. K
 // for Q·K^T): b[0..1] for n-tile n0, b[2..3] for n0+8.
 template <int W> __device__ __forceinline__ void load_b_nk(unsigned (&b)[4], const bf16* tile, int n0, int k0) {
@@ -88,14 +93,17 @@ __device__ __forceinline__ void c_to_a(unsigned (&a)[4], const float (&c0)[4], c
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
-// Copy rows [0, rows) x W of a global matrix (row r at src + r·ld elements, rows >= valid zero-filled)
-// into a swizzled tile, NT threads cooperating; 16-byte cp.async each.
+// Copy rows [0, rows) x W of a global matrix (row r at src + r·ld elements) into a swizzled tile, NT
+// threads cooperating, 16-byte cp.async each; rows >= valid and columns >= valid_cols (a multiple of 8)
+// are zero-filled.
 template <int W, int NT>
-__device__ __forceinline__ void load_tile_async(bf16* tile, const bf16* src, std::int64_t ld, int rows, int valid) {
+__device__ __forceinline__ void load_tile_async(bf16* tile, const bf16* src, std::int64_t ld, int rows, std::int64_t valid,
+                                                std::int64_t valid_cols = W) {
   constexpr int kChunks = W / 8;
+#pragma unroll 4
   for (int c = threadIdx.x; c < rows * kChunks; c += NT) {
     const int r = c / kChunks, ch = c % kChunks;
-    const bool ok = r < valid;
+    const bool ok = r < valid && ch * 8 < valid_cols;
     cp_async16(at<W>(tile, r, ch * 8), ok ? src + r * ld + ch * 8 : src, ok);
   }
 }

@@ -178,9 +178,10 @@ __global__ void conv_fwd_k(S* y, const S* x, const S* w, const S* bias, const st
 // Forward with 16-byte channel vectors: a thread owns V channels and a run of kRun time steps and
 // slides a register window over the W-1 previous inputs, so each input is read once (plus a W-1 halo
 // per run). Same summation order as conv_u: bitwise equal to the scalar kernel.
-constexpr int kRun = 32;
+constexpr int kRun = 32, kUnroll = 4;  // time steps per thread; loads issued kUnroll steps ahead
 template <class S, int W>
-__global__ void conv_fwd_vec_k(S* y, const S* x, const S* w, const S* bias, const std::int64_t* seq, std::int64_t B,
+__global__ void conv_fwd_vec_k(S* __restrict__ y, const S* __restrict__ x, const S* __restrict__ w,
+                               const S* __restrict__ bias, const std::int64_t* __restrict__ seq, std::int64_t B,
                                std::int64_t L, std::int64_t C, bool silu) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
@@ -189,6 +190,9 @@ __global__ void conv_fwd_vec_k(S* y, const S* x, const S* w, const S* bias, cons
   if (idx >= B * nruns * nv) return;
   const std::int64_t c0 = (idx % nv) * V, run = (idx / nv) % nruns, b = idx / (nv * nruns);
   const std::int64_t t0 = run * kRun, t1 = t0 + kRun < L ? t0 + kRun : L;
+  const S* xb = x + b * L * C + c0;
+  S* yb = y + b * L * C + c0;
+  const std::int64_t* sb = seq ? seq + b * L : nullptr;
   A wk[W][V], bv[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) {
@@ -203,31 +207,44 @@ __global__ void conv_fwd_vec_k(S* y, const S* x, const S* w, const S* bias, cons
 #pragma unroll
   for (int k = 0; k < W - 1; ++k) {
     const std::int64_t src = t0 - (W - 1) + k;
-    sq[k] = src < 0 ? kNone : (seq ? seq[b * L + src] : 0);
-    if (src >= 0) ld_vec<S>(win[k], x + (b * L + src) * C + c0);
+    sq[k] = src < 0 ? kNone : (sb ? sb[src] : 0);
+    if (src >= 0) ld_vec<S>(win[k], xb + src * C);
     else
 #pragma unroll
       for (int e = 0; e < V; ++e) win[k][e] = 0;
   }
-  for (std::int64_t t = t0; t < t1; ++t) {
-    ld_vec<S>(win[W - 1], x + (b * L + t) * C + c0);
-    sq[W - 1] = seq ? seq[b * L + t] : 0;
-    A u[V];
+  for (std::int64_t tb = t0; tb < t1; tb += kUnroll) {
+    A xin[kUnroll][V];
+    std::int64_t sin_[kUnroll];
 #pragma unroll
-    for (int e = 0; e < V; ++e) u[e] = bv[e];
+    for (int u = 0; u < kUnroll; ++u)
+      if (tb + u < t1) {
+        ld_vec<S>(xin[u], xb + (tb + u) * C);
+        sin_[u] = sb ? sb[tb + u] : 0;
+      }
 #pragma unroll
-    for (int k = 0; k < W; ++k)
-      if (sq[k] == sq[W - 1])
+    for (int u = 0; u < kUnroll; ++u) {
+      if (tb + u >= t1) break;
 #pragma unroll
-        for (int e = 0; e < V; ++e) u[e] += wk[k][e] * win[k][e];
+      for (int e = 0; e < V; ++e) win[W - 1][e] = xin[u][e];
+      sq[W - 1] = sin_[u];
+      A o[V];
 #pragma unroll
-    for (int e = 0; e < V; ++e) u[e] = silu ? silu_(u[e]) : u[e];
-    st_vec<S>(y + (b * L + t) * C + c0, u);
+      for (int e = 0; e < V; ++e) o[e] = bv[e];
 #pragma unroll
-    for (int k = 0; k < W - 1; ++k) {
-      sq[k] = sq[k + 1];
+      for (int k = 0; k < W; ++k)
+        if (sq[k] == sq[W - 1])
 #pragma unroll
-      for (int e = 0; e < V; ++e) win[k][e] = win[k + 1][e];
+          for (int e = 0; e < V; ++e) o[e] += wk[k][e] * win[k][e];
+#pragma unroll
+      for (int e = 0; e < V; ++e) o[e] = silu ? silu_(o[e]) : o[e];
+      st_vec<S>(yb + (tb + u) * C, o);
+#pragma unroll
+      for (int k = 0; k < W - 1; ++k) {
+        sq[k] = sq[k + 1];
+#pragma unroll
+        for (int e = 0; e < V; ++e) win[k][e] = win[k + 1][e];
+      }
     }
   }
 }
@@ -325,16 +342,40 @@ __global__ void rope_k(S* y, const S* x, const std::int64_t* pos, std::int64_t T
   const A x1 = ld(xr + j), x2 = ld(xr + j + half);
   st(y + i, d < half ? x1 * c - x2 * s : x2 * c + x1 * s);
 }
-// RoPE with one block per token: the token's cos/sin table (angle in fp64 as the host computes it,
-// reduced to [-pi, pi] before a single-precision sincos for fp32/bf16) in shared memory, then 16-byte
-// vectors over the token's H·D values (needs D and rd/2 multiples of the vector width).
+// RoPE with one block per token. Work items are the token's first-half vectors (rotated together with
+// their partner at +rd/2) and its pass-through vectors; each thread issues the loads of its first
+// kRopeItems items, then the block builds the token's cos/sin table (angle in fp64 as the host computes
+// it, reduced to [-pi, pi] before a single-precision sincos for fp32/bf16) in shared memory, then
+// rotates and stores. Needs D and rd/2 multiples of the 16-byte vector width.
+constexpr int kRopeItems = 2;
 template <class S>
-__global__ void rope_vec_k(S* y, const S* x, const std::int64_t* pos, const double* inv_freq, std::int64_t H,
-                           std::int64_t D, std::int64_t rd, double sign) {
+__global__ void rope_vec_k(S* __restrict__ y, const S* __restrict__ x, const std::int64_t* __restrict__ pos,
+                           const double* __restrict__ inv_freq, std::int64_t H, std::int64_t D, std::int64_t rd,
+                           double sign) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
   extern __shared__ __align__(16) unsigned char rope_sm[];
   const std::int64_t half = rd / 2, t = blockIdx.x;
+  const std::int64_t nrot = half / V, per_head = nrot + (D - rd) / V, items = H * per_head;
+  const S* xt = x + t * H * D;
+  S* yt = y + t * H * D;
+  // Item -> offset of its (first) vector in the token; rotated items also read/write offset + half.
+  auto offset = [&](std::int64_t it, bool& rot) {
+    const std::int64_t h = it / per_head, k = it % per_head;
+    rot = k < nrot;
+    return h * D + (rot ? k * V : rd + (k - nrot) * V);
+  };
+  A a[kRopeItems][V], b[kRopeItems][V];
+#pragma unroll
+  for (int n = 0; n < kRopeItems; ++n) {
+    const std::int64_t it = threadIdx.x + static_cast<std::int64_t>(n) * blockDim.x;
+    if (it < items) {
+      bool rot;
+      const std::int64_t o = offset(it, rot);
+      ld_vec<S>(a[n], xt + o);
+      if (rot) ld_vec<S>(b[n], xt + o + half);
+    }
+  }
   A* cs = reinterpret_cast<A*>(rope_sm);
   A* sn = cs + half;
   for (std::int64_t j = threadIdx.x; j < half; j += blockDim.x) {
@@ -351,22 +392,35 @@ __global__ void rope_vec_k(S* y, const S* x, const std::int64_t* pos, const doub
     }
   }
   __syncthreads();
-  const S* xt = x + t * H * D;
-  S* yt = y + t * H * D;
-  for (std::int64_t i = threadIdx.x; i < H * D / V; i += blockDim.x) {
-    const std::int64_t e0 = i * V, d = e0 % D;
-    A v[V];
-    ld_vec<S>(v, xt + e0);
-    if (d < rd) {
-      A p[V];
-      const bool first = d < half;
-      ld_vec<S>(p, first ? xt + e0 + half : xt + e0 - half);
-      const std::int64_t j0 = first ? d : d - half;
+  auto emit = [&](std::int64_t o, bool rot, A (&v1)[V], A (&v2)[V]) {
+    if (rot) {
+      const std::int64_t j0 = o % D;
 #pragma unroll
-      for (int e = 0; e < V; ++e)
-        v[e] = first ? v[e] * cs[j0 + e] - p[e] * sn[j0 + e] : v[e] * cs[j0 + e] + p[e] * sn[j0 + e];
+      for (int e = 0; e < V; ++e) {
+        const A c = cs[j0 + e], s_ = sn[j0 + e], x1 = v1[e], x2 = v2[e];
+        v1[e] = x1 * c - x2 * s_;
+        v2[e] = x2 * c + x1 * s_;
+      }
+      st_vec<S>(yt + o + half, v2);
     }
-    st_vec<S>(yt + e0, v);
+    st_vec<S>(yt + o, v1);
+  };
+#pragma unroll
+  for (int n = 0; n < kRopeItems; ++n) {
+    const std::int64_t it = threadIdx.x + static_cast<std::int64_t>(n) * blockDim.x;
+    if (it < items) {
+      bool rot;
+      const std::int64_t o = offset(it, rot);
+      emit(o, rot, a[n], b[n]);
+    }
+  }
+  for (std::int64_t it = threadIdx.x + static_cast<std::int64_t>(kRopeItems) * blockDim.x; it < items; it += blockDim.x) {
+    bool rot;
+    const std::int64_t o = offset(it, rot);
+    A v1[V], v2[V];
+    ld_vec<S>(v1, xt + o);
+    if (rot) ld_vec<S>(v2, xt + o + half);
+    emit(o, rot, v1, v2);
   }
 }
 template <class S>
@@ -582,7 +636,8 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
       for (std::size_t j = 0; j < inv.size(); ++j)
         inv[j] = std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(rd));
       DeviceArray<double> freq(&inv);
-      const int threads = static_cast<int>(std::min<std::int64_t>(256, std::max<std::int64_t>(32, H * D / V)));
+      const std::int64_t items = H * (rd / 2 + D - rd) / V, per = (items + kRopeItems - 1) / kRopeItems;
+      const int threads = static_cast<int>(std::min<std::int64_t>(256, std::max<std::int64_t>(32, (per + 31) / 32 * 32)));
       rope_vec_k<S><<<static_cast<unsigned>(T), threads, static_cast<std::size_t>(rd) * sizeof(A)>>>(
           dptr<S>(y), dptr<S>(x), pos.p, freq.p, H, D, rd, sign);
     } else {

@@ -154,6 +154,21 @@ void init(int local_rank) {
 bool initialized() { return g_init; }
 std::string device_name() { return g_name; }
 void synchronize() { HCP_CUDA_CHECK(cudaDeviceSynchronize()); }
+double time_ms(void (*fn)(void*), void* arg) {
+  cudaEvent_t a, b;
+  HCP_CUDA_CHECK(cudaEventCreate(&a));
+  HCP_CUDA_CHECK(cudaEventCreate(&b));
+  HCP_CUDA_CHECK(cudaEventRecord(a, 0));
+  fn(arg);
+  HCP_CUDA_CHECK(cudaEventRecord(b, 0));
+  HCP_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  HCP_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return static_cast<double>(ms);
+}
+
 std::size_t scratch_high_water(bool reset) {
   cudaMemPool_t pool;
   int dev = 0;

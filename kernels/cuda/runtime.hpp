@@ -18,6 +18,12 @@ std::string device_name();
 void synchronize();
 // High-water mark of the stream-ordered scratch (kernel workspaces) since the last reset, in bytes.
 std::size_t scratch_high_water(bool reset);
+// Milliseconds between CUDA events recorded on the default stream before and after fn() (host
+// launch gaps inside fn count; the final synchronisation does not).
+double time_ms(void (*fn)(void*), void* arg);
+template <class F> double time_ms(F& f) {
+  return time_ms([](void* a) { (*static_cast<F*>(a))(); }, &f);
+}
 // Device memory in use (all processes), bytes.
 std::size_t used_memory();
 
