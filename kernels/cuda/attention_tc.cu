@@ -192,27 +192,26 @@ __global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16
       for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float x = s[m][nt][e] * sl2;
           if (edge) {
             const int c = nt * 8 + 2 * tg + (e & 1);
-            if (c >= kv_rem || c > diag + 16 * m + 8 * (e >> 1)) x = -INFINITY;
+            if (c >= kv_rem || c > diag + 16 * m + 8 * (e >> 1)) s[m][nt][e] = -INFINITY;
           }
-          s[m][nt][e] = x;
         }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        float mt = mx[m][hf];
+        // Max of the raw scores, then the exp2 domain (sl2 > 0): p = exp2(s·sl2 - max) as one FFMA.
+        float raw = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < NT8; ++nt) mt = fmaxf(mt, fmaxf(s[m][nt][2 * hf], s[m][nt][2 * hf + 1]));
-        mt = quad_max(mt);
+        for (int nt = 0; nt < NT8; ++nt) raw = fmaxf(raw, fmaxf(s[m][nt][2 * hf], s[m][nt][2 * hf + 1]));
+        const float mt = fmaxf(mx[m][hf], quad_max(raw) * sl2);
         const float base = mt == -INFINITY ? 0.f : mt;  // nothing visible yet: keep exp2 finite
         const float corr = exp2f(mx[m][hf] - base);
         mx[m][hf] = mt;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT8; ++nt) {
-          s[m][nt][2 * hf] = exp2f(s[m][nt][2 * hf] - base);
-          s[m][nt][2 * hf + 1] = exp2f(s[m][nt][2 * hf + 1] - base);
+          s[m][nt][2 * hf] = exp2f(fmaf(s[m][nt][2 * hf], sl2, -base));
+          s[m][nt][2 * hf + 1] = exp2f(fmaf(s[m][nt][2 * hf + 1], sl2, -base));
           sum += s[m][nt][2 * hf] + s[m][nt][2 * hf + 1];
         }
         l[m][hf] = l[m][hf] * corr + sum;

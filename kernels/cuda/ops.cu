@@ -175,78 +175,46 @@ __global__ void conv_fwd_k(S* y, const S* x, const S* w, const S* bias, const st
   const auto u = conv_u(x, w, bias, seq, L, C, W, b, t, c);
   st(y + i, silu ? silu_(u) : u);
 }
-// Forward with 16-byte channel vectors: a thread owns V channels and a run of kRun time steps and
-// slides a register window over the W-1 previous inputs, so each input is read once (plus a W-1 halo
-// per run). Same summation order as conv_u: bitwise equal to the scalar kernel.
-constexpr int kRun = 32, kUnroll = 4;  // time steps per thread; loads issued kUnroll steps ahead
+// Forward with 16-byte channel vectors: one thread per (b, t, V channels) reads its W input vectors
+// (neighbouring time steps share them through L1/L2, so DRAM sees each input about once) and the
+// V x W weights as 16-byte vectors. Same summation order as conv_u: bitwise equal to the scalar kernel.
 template <class S, int W>
 __global__ void conv_fwd_vec_k(S* __restrict__ y, const S* __restrict__ x, const S* __restrict__ w,
                                const S* __restrict__ bias, const std::int64_t* __restrict__ seq, std::int64_t B,
                                std::int64_t L, std::int64_t C, bool silu) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
-  const std::int64_t nv = C / V, nruns = (L + kRun - 1) / kRun;
+  const std::int64_t nv = C / V;
   const std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (idx >= B * nruns * nv) return;
-  const std::int64_t c0 = (idx % nv) * V, run = (idx / nv) % nruns, b = idx / (nv * nruns);
-  const std::int64_t t0 = run * kRun, t1 = t0 + kRun < L ? t0 + kRun : L;
-  const S* xb = x + b * L * C + c0;
-  S* yb = y + b * L * C + c0;
-  const std::int64_t* sb = seq ? seq + b * L : nullptr;
-  A wk[W][V], bv[V];
+  if (idx >= B * L * nv) return;
+  const std::int64_t c0 = (idx % nv) * V, bt = idx / nv, t = bt % L, row0 = bt - t;  // row0 = b·L
+  A wk[V * W];  // weights of channels c0..c0+V-1, W taps each: V·W contiguous values
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    A part[V];
+    ld_vec<S>(part, w + c0 * W + i * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) wk[i * V + e] = part[e];
+  }
+  const std::int64_t sq = seq ? seq[bt] : 0;
+  A xin[W][V];
+  bool ok[W];
+#pragma unroll
+  for (int k = 0; k < W; ++k) {
+    const std::int64_t src = t - (W - 1) + k;
+    ok[k] = src >= 0 && (!seq || seq[row0 + src] == sq);
+    if (ok[k]) ld_vec<S>(xin[k], x + (row0 + src) * C + c0);
+  }
+  A u[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) {
-    bv[e] = bias ? ld(bias + c0 + e) : A(0);
+    u[e] = bias ? ld(bias + c0 + e) : A(0);
 #pragma unroll
-    for (int k = 0; k < W; ++k) wk[k][e] = ld(w + (c0 + e) * W + k);
+    for (int k = 0; k < W; ++k)
+      if (ok[k]) u[e] += wk[e * W + k] * xin[k][e];
+    if (silu) u[e] = silu_(u[e]);
   }
-  // win[k] holds x at t - (W-1) + k for the current t; sq[k] its sequence id (an impossible id before t = 0).
-  constexpr std::int64_t kNone = INT64_MIN;
-  A win[W][V];
-  std::int64_t sq[W];
-#pragma unroll
-  for (int k = 0; k < W - 1; ++k) {
-    const std::int64_t src = t0 - (W - 1) + k;
-    sq[k] = src < 0 ? kNone : (sb ? sb[src] : 0);
-    if (src >= 0) ld_vec<S>(win[k], xb + src * C);
-    else
-#pragma unroll
-      for (int e = 0; e < V; ++e) win[k][e] = 0;
-  }
-  for (std::int64_t tb = t0; tb < t1; tb += kUnroll) {
-    A xin[kUnroll][V];
-    std::int64_t sin_[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (tb + u < t1) {
-        ld_vec<S>(xin[u], xb + (tb + u) * C);
-        sin_[u] = sb ? sb[tb + u] : 0;
-      }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (tb + u >= t1) break;
-#pragma unroll
-      for (int e = 0; e < V; ++e) win[W - 1][e] = xin[u][e];
-      sq[W - 1] = sin_[u];
-      A o[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) o[e] = bv[e];
-#pragma unroll
-      for (int k = 0; k < W; ++k)
-        if (sq[k] == sq[W - 1])
-#pragma unroll
-          for (int e = 0; e < V; ++e) o[e] += wk[k][e] * win[k][e];
-#pragma unroll
-      for (int e = 0; e < V; ++e) o[e] = silu ? silu_(o[e]) : o[e];
-      st_vec<S>(yb + (tb + u) * C, o);
-#pragma unroll
-      for (int k = 0; k < W - 1; ++k) {
-        sq[k] = sq[k + 1];
-#pragma unroll
-        for (int e = 0; e < V; ++e) win[k][e] = win[k + 1][e];
-      }
-    }
-  }
+  st_vec<S>(y + bt * C + c0, u);
 }
 // du = dy * act'(u), kept in the accumulation type.
 template <class S, class A>
@@ -342,86 +310,55 @@ __global__ void rope_k(S* y, const S* x, const std::int64_t* pos, std::int64_t T
   const A x1 = ld(xr + j), x2 = ld(xr + j + half);
   st(y + i, d < half ? x1 * c - x2 * s : x2 * c + x1 * s);
 }
-// RoPE with one block per token. Work items are the token's first-half vectors (rotated together with
-// their partner at +rd/2) and its pass-through vectors; each thread issues the loads of its first
-// kRopeItems items, then the block builds the token's cos/sin table (angle in fp64 as the host computes
-// it, reduced to [-pi, pi] before a single-precision sincos for fp32/bf16) in shared memory, then
-// rotates and stores. Needs D and rd/2 multiples of the 16-byte vector width.
-constexpr int kRopeItems = 2;
+// RoPE, vector path: (1) the cos/sin table [T][rd/2] (angle in fp64 as the host computes it, reduced
+// to [-pi, pi] before a single-precision sincos for fp32/bf16; fp64 keeps fp64), (2) one thread per
+// work item -- a first-half vector rotated together with its partner at +rd/2, or a pass-through
+// vector -- with 16-byte loads and stores. Needs D and rd/2 multiples of the vector width.
+template <class A>
+__global__ void rope_table_k(A* __restrict__ cs, A* __restrict__ sn, const std::int64_t* __restrict__ pos,
+                             const double* __restrict__ inv_freq, std::int64_t T, std::int64_t half, double sign) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * half) return;
+  const double ang = static_cast<double>(pos[i / half]) * inv_freq[i % half];
+  if constexpr (std::is_same_v<A, double>) {
+    cs[i] = cos(ang);
+    sn[i] = sign * sin(ang);
+  } else {
+    constexpr double kTwoPi = 6.283185307179586476925;
+    float sf, cf;
+    sincosf(static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi)), &sf, &cf);
+    cs[i] = cf;
+    sn[i] = static_cast<A>(sign) * sf;
+  }
+}
 template <class S>
-__global__ void rope_vec_k(S* __restrict__ y, const S* __restrict__ x, const std::int64_t* __restrict__ pos,
-                           const double* __restrict__ inv_freq, std::int64_t H, std::int64_t D, std::int64_t rd,
-                           double sign) {
+__global__ void rope_vec_k(S* __restrict__ y, const S* __restrict__ x, const typename Acc<S>::type* __restrict__ cs,
+                           const typename Acc<S>::type* __restrict__ sn, std::int64_t T, std::int64_t H, std::int64_t D,
+                           std::int64_t rd) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
-  extern __shared__ __align__(16) unsigned char rope_sm[];
-  const std::int64_t half = rd / 2, t = blockIdx.x;
-  const std::int64_t nrot = half / V, per_head = nrot + (D - rd) / V, items = H * per_head;
-  const S* xt = x + t * H * D;
-  S* yt = y + t * H * D;
-  // Item -> offset of its (first) vector in the token; rotated items also read/write offset + half.
-  auto offset = [&](std::int64_t it, bool& rot) {
-    const std::int64_t h = it / per_head, k = it % per_head;
-    rot = k < nrot;
-    return h * D + (rot ? k * V : rd + (k - nrot) * V);
-  };
-  A a[kRopeItems][V], b[kRopeItems][V];
+  const std::int64_t half = rd / 2, nrot = half / V, per_head = nrot + (D - rd) / V, per_tok = H * per_head;
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * per_tok) return;
+  const std::int64_t t = i / per_tok, r = i % per_tok, h = r / per_head, k = r % per_head;
+  const bool rot = k < nrot;
+  const std::int64_t o = (t * H + h) * D + (rot ? k * V : rd + (k - nrot) * V);
+  A v1[V];
+  ld_vec<S>(v1, x + o);
+  if (rot) {
+    A v2[V];
+    ld_vec<S>(v2, x + o + half);
+    const A* c = cs + t * half + k * V;
+    const A* s_ = sn + t * half + k * V;
 #pragma unroll
-  for (int n = 0; n < kRopeItems; ++n) {
-    const std::int64_t it = threadIdx.x + static_cast<std::int64_t>(n) * blockDim.x;
-    if (it < items) {
-      bool rot;
-      const std::int64_t o = offset(it, rot);
-      ld_vec<S>(a[n], xt + o);
-      if (rot) ld_vec<S>(b[n], xt + o + half);
+    for (int e = 0; e < V; ++e) {
+      const A x1 = v1[e], x2 = v2[e];
+      v1[e] = x1 * c[e] - x2 * s_[e];
+      v2[e] = x2 * c[e] + x1 * s_[e];
     }
+    st_vec<S>(y + o + half, v2);
   }
-  A* cs = reinterpret_cast<A*>(rope_sm);
-  A* sn = cs + half;
-  for (std::int64_t j = threadIdx.x; j < half; j += blockDim.x) {
-    const double ang = static_cast<double>(pos[t]) * inv_freq[j];
-    if constexpr (std::is_same_v<A, double>) {
-      cs[j] = cos(ang);
-      sn[j] = sign * sin(ang);
-    } else {
-      constexpr double kTwoPi = 6.283185307179586476925;
-      float sf, cf;
-      sincosf(static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi)), &sf, &cf);
-      cs[j] = cf;
-      sn[j] = static_cast<A>(sign) * sf;
-    }
-  }
-  __syncthreads();
-  auto emit = [&](std::int64_t o, bool rot, A (&v1)[V], A (&v2)[V]) {
-    if (rot) {
-      const std::int64_t j0 = o % D;
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const A c = cs[j0 + e], s_ = sn[j0 + e], x1 = v1[e], x2 = v2[e];
-        v1[e] = x1 * c - x2 * s_;
-        v2[e] = x2 * c + x1 * s_;
-      }
-      st_vec<S>(yt + o + half, v2);
-    }
-    st_vec<S>(yt + o, v1);
-  };
-#pragma unroll
-  for (int n = 0; n < kRopeItems; ++n) {
-    const std::int64_t it = threadIdx.x + static_cast<std::int64_t>(n) * blockDim.x;
-    if (it < items) {
-      bool rot;
-      const std::int64_t o = offset(it, rot);
-      emit(o, rot, a[n], b[n]);
-    }
-  }
-  for (std::int64_t it = threadIdx.x + static_cast<std::int64_t>(kRopeItems) * blockDim.x; it < items; it += blockDim.x) {
-    bool rot;
-    const std::int64_t o = offset(it, rot);
-    A v1[V], v2[V];
-    ld_vec<S>(v1, xt + o);
-    if (rot) ld_vec<S>(v2, xt + o + half);
-    emit(o, rot, v1, v2);
-  }
+  st_vec<S>(y + o, v1);
 }
 template <class S>
 __global__ void embed_fwd_k(S* y, const S* table, const std::int64_t* ids, std::int64_t T, std::int64_t C) {
@@ -557,8 +494,8 @@ void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
   HCP_CUDA_DISPATCH(x, {
     constexpr int V = kVec<S>;
     const S* bp = bias ? dptr<S>(*bias) : nullptr;
-    const bool vec = C % V == 0 && aligned16(x.raw()) && aligned16(y.raw());
-    const std::int64_t nthr = B * ((L + kRun - 1) / kRun) * (C / V);
+    const bool vec = C % V == 0 && aligned16(x.raw()) && aligned16(y.raw()) && aligned16(w.raw());
+    const std::int64_t nthr = B * L * (C / V);
     if (vec && W == 4) {
       conv_fwd_vec_k<S, 4><<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L,
                                                                      C, silu);
@@ -632,14 +569,17 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
     using A = typename Acc<S>::type;
     constexpr int V = kVec<S>;
     if (D % V == 0 && (rd / 2) % V == 0 && aligned16(x.raw()) && aligned16(y.raw())) {
-      std::vector<double> inv(static_cast<std::size_t>(rd / 2));  // the host kernel's frequencies, bit for bit
+      const std::int64_t half = rd / 2;
+      std::vector<double> inv(static_cast<std::size_t>(half));  // the host kernel's frequencies, bit for bit
       for (std::size_t j = 0; j < inv.size(); ++j)
         inv[j] = std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(rd));
       DeviceArray<double> freq(&inv);
-      const std::int64_t items = H * (rd / 2 + D - rd) / V, per = (items + kRopeItems - 1) / kRopeItems;
-      const int threads = static_cast<int>(std::min<std::int64_t>(256, std::max<std::int64_t>(32, (per + 31) / 32 * 32)));
-      rope_vec_k<S><<<static_cast<unsigned>(T), threads, static_cast<std::size_t>(rd) * sizeof(A)>>>(
-          dptr<S>(y), dptr<S>(x), pos.p, freq.p, H, D, rd, sign);
+      A* tab = nullptr;  // cos then sin, [T][half] each
+      HCP_CUDA_CHECK(cudaMallocAsync(&tab, static_cast<std::size_t>(2 * T * half) * sizeof(A), 0));
+      rope_table_k<A><<<blocks_for(T * half, kThreads), kThreads>>>(tab, tab + T * half, pos.p, freq.p, T, half, sign);
+      const std::int64_t items = T * H * (half + D - rd) / V;
+      rope_vec_k<S><<<blocks_for(items, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), tab, tab + T * half, T, H, D, rd);
+      HCP_CUDA_CHECK(cudaFreeAsync(tab, 0));
     } else {
       rope_k<S><<<blocks_for(T * H * D, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), pos.p, T, H, D, rd, theta, sign);
     }
