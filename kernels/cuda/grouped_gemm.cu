@@ -140,15 +140,17 @@ template <bool TA, bool TB> __global__ void gemm_wmma_k(const Group<__nv_bfloat1
 constexpr int TBM = 128, TBN = 128, TBK = 64, kStages = 3, kTcThreads = 128;
 constexpr std::size_t kTcSmem = static_cast<std::size_t>(kStages) * (TBM + TBN) * TBK * sizeof(__nv_bfloat16);
 template <bool TA, bool TB>
-__global__ void __launch_bounds__(kTcThreads) gemm_tc_k(const Group<__nv_bfloat16>* groups, const Tile* tiles) {
+// Raster: the N tiles of one M tile are consecutive blocks, so the A rows stay in L2 while every N
+// tile reads them and a group's B (an expert's weights) stays in L2 across its M tiles.
+__global__ void __launch_bounds__(kTcThreads) gemm_tc_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn) {
   using namespace hcp::cuda::tc;
   using bf16 = __nv_bfloat16;
   extern __shared__ __align__(128) unsigned char gemm_sm[];
   bf16* As = reinterpret_cast<bf16*>(gemm_sm);  // [kStages][TBM x TBK] ([m][k], or [k][m] when TA)
   bf16* Bs = As + kStages * TBM * TBK;          // [kStages][TBK x TBN] ([k][n], or [n][k] when TB)
-  const Tile tl = tiles[blockIdx.x];
+  const Tile tl = tiles[blockIdx.x / ntn];
   const Group<__nv_bfloat16> g = groups[tl.group];
-  const std::int64_t m0 = tl.m0, n0 = static_cast<std::int64_t>(blockIdx.y) * TBN;
+  const std::int64_t m0 = tl.m0, n0 = static_cast<std::int64_t>(blockIdx.x % ntn) * TBN;
   if (n0 >= g.N) return;
   const int nk = static_cast<int>((g.K + TBK - 1) / TBK);
   auto load = [&](int kt, int stage) {
@@ -251,7 +253,9 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
     if (tc) {
       HCP_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_k<TA, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(kTcSmem)));
-      gemm_tc_k<TA, TB><<<grid, kTcThreads, kTcSmem>>>(dg, dt);
+      const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
+      HCP_CHECK(blocks < (1ll << 31), "grouped_gemm: ", blocks, " blocks exceed one launch");
+      gemm_tc_k<TA, TB><<<static_cast<unsigned>(blocks), kTcThreads, kTcSmem>>>(dg, dt, static_cast<int>(grid.y));
     } else {
       gemm_wmma_k<TA, TB><<<grid, kThreads>>>(dg, dt);
     }

@@ -177,17 +177,18 @@ __global__ void conv_fwd_k(S* y, const S* x, const S* w, const S* bias, const st
 }
 // Forward with 16-byte channel vectors: one thread per (b, t, V channels) reads its W input vectors
 // (neighbouring time steps share them through L1/L2, so DRAM sees each input about once) and the
-// V x W weights as 16-byte vectors. Same summation order as conv_u: bitwise equal to the scalar kernel.
-template <class S, int W>
+// V x W weights as 16-byte vectors. Same summation order as conv_u; SiLU through fast_silu.
+// I: the index type (32-bit when B·L·C fits: the index arithmetic is a large share of this kernel).
+template <class S, int W, class I>
 __global__ void conv_fwd_vec_k(S* __restrict__ y, const S* __restrict__ x, const S* __restrict__ w,
-                               const S* __restrict__ bias, const std::int64_t* __restrict__ seq, std::int64_t B,
-                               std::int64_t L, std::int64_t C, bool silu) {
+                               const S* __restrict__ bias, const std::int64_t* __restrict__ seq, I B, I L, I C,
+                               bool silu) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
-  const std::int64_t nv = C / V;
-  const std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const I nv = C / V;
+  const I idx = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
   if (idx >= B * L * nv) return;
-  const std::int64_t c0 = (idx % nv) * V, bt = idx / nv, t = bt % L, row0 = bt - t;  // row0 = b·L
+  const I c0 = (idx % nv) * V, bt = idx / nv, t = bt % L, row0 = bt - t;  // row0 = b·L
   A wk[V * W];  // weights of channels c0..c0+V-1, W taps each: V·W contiguous values
 #pragma unroll
   for (int i = 0; i < W; ++i) {
@@ -201,7 +202,7 @@ __global__ void conv_fwd_vec_k(S* __restrict__ y, const S* __restrict__ x, const
   bool ok[W];
 #pragma unroll
   for (int k = 0; k < W; ++k) {
-    const std::int64_t src = t - (W - 1) + k;
+    const I src = t - (W - 1) + k;
     ok[k] = src >= 0 && (!seq || seq[row0 + src] == sq);
     if (ok[k]) ld_vec<S>(xin[k], x + (row0 + src) * C + c0);
   }
@@ -212,7 +213,7 @@ __global__ void conv_fwd_vec_k(S* __restrict__ y, const S* __restrict__ x, const
 #pragma unroll
     for (int k = 0; k < W; ++k)
       if (ok[k]) u[e] += wk[e * W + k] * xin[k][e];
-    if (silu) u[e] = silu_(u[e]);
+    if (silu) u[e] = fast_silu(u[e]);
   }
   st_vec<S>(y + bt * C + c0, u);
 }
@@ -331,18 +332,17 @@ __global__ void rope_table_k(A* __restrict__ cs, A* __restrict__ sn, const std::
     sn[i] = static_cast<A>(sign) * sf;
   }
 }
-template <class S>
+template <class S, class I>
 __global__ void rope_vec_k(S* __restrict__ y, const S* __restrict__ x, const typename Acc<S>::type* __restrict__ cs,
-                           const typename Acc<S>::type* __restrict__ sn, std::int64_t T, std::int64_t H, std::int64_t D,
-                           std::int64_t rd) {
+                           const typename Acc<S>::type* __restrict__ sn, I T, I H, I D, I rd) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
-  const std::int64_t half = rd / 2, nrot = half / V, per_head = nrot + (D - rd) / V, per_tok = H * per_head;
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const I half = rd / 2, nrot = half / V, per_head = nrot + (D - rd) / V, per_tok = H * per_head;
+  const I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
   if (i >= T * per_tok) return;
-  const std::int64_t t = i / per_tok, r = i % per_tok, h = r / per_head, k = r % per_head;
+  const I t = i / per_tok, r = i % per_tok, h = r / per_head, k = r % per_head;
   const bool rot = k < nrot;
-  const std::int64_t o = (t * H + h) * D + (rot ? k * V : rd + (k - nrot) * V);
+  const I o = (t * H + h) * D + (rot ? k * V : rd + (k - nrot) * V);
   A v1[V];
   ld_vec<S>(v1, x + o);
   if (rot) {
@@ -496,12 +496,18 @@ void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
     const S* bp = bias ? dptr<S>(*bias) : nullptr;
     const bool vec = C % V == 0 && aligned16(x.raw()) && aligned16(y.raw()) && aligned16(w.raw());
     const std::int64_t nthr = B * L * (C / V);
+    const bool small = B * L * C < (std::int64_t{1} << 31);
+    auto go = [&](auto w_tag, auto i_tag) {
+      using I = decltype(i_tag);
+      conv_fwd_vec_k<S, decltype(w_tag)::value, I><<<blocks_for(nthr, kThreads), kThreads>>>(
+          dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, static_cast<I>(B), static_cast<I>(L), static_cast<I>(C), silu);
+    };
     if (vec && W == 4) {
-      conv_fwd_vec_k<S, 4><<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L,
-                                                                     C, silu);
+      if (small) go(std::integral_constant<int, 4>{}, int{});
+      else go(std::integral_constant<int, 4>{}, std::int64_t{});
     } else if (vec && W == 2) {
-      conv_fwd_vec_k<S, 2><<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L,
-                                                                     C, silu);
+      if (small) go(std::integral_constant<int, 2>{}, int{});
+      else go(std::integral_constant<int, 2>{}, std::int64_t{});
     } else {
       conv_fwd_k<S><<<blocks_for(B * L * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L, C,
                                                                    W, silu);
@@ -578,7 +584,13 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
       HCP_CUDA_CHECK(cudaMallocAsync(&tab, static_cast<std::size_t>(2 * T * half) * sizeof(A), 0));
       rope_table_k<A><<<blocks_for(T * half, kThreads), kThreads>>>(tab, tab + T * half, pos.p, freq.p, T, half, sign);
       const std::int64_t items = T * H * (half + D - rd) / V;
-      rope_vec_k<S><<<blocks_for(items, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), tab, tab + T * half, T, H, D, rd);
+      if (T * H * D < (std::int64_t{1} << 31))
+        rope_vec_k<S, int><<<blocks_for(items, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), tab, tab + T * half,
+                                                                      static_cast<int>(T), static_cast<int>(H),
+                                                                      static_cast<int>(D), static_cast<int>(rd));
+      else
+        rope_vec_k<S, std::int64_t><<<blocks_for(items, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), tab, tab + T * half,
+                                                                               T, H, D, rd);
       HCP_CUDA_CHECK(cudaFreeAsync(tab, 0));
     } else {
       rope_k<S><<<blocks_for(T * H * D, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), pos.p, T, H, D, rd, theta, sign);
