@@ -26,9 +26,6 @@ __device__ __forceinline__ void st(double* p, double v) { *p = v; }
 __device__ __forceinline__ void st(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
 
 template <class A> __device__ __forceinline__ A sigmoid_(A x) { return A(1) / (A(1) + exp(-x)); }
-// SiLU for the streaming kernels: fp32 through the SFU (__expf, reciprocal; a few ulp), fp64 exact.
-__device__ __forceinline__ float fast_silu(float x) { return x * __frcp_rn(1.f + __expf(-x)); }
-__device__ __forceinline__ double fast_silu(double x) { return x / (1.0 + exp(-x)); }
 template <class A> __device__ __forceinline__ A silu_(A x) { return x * sigmoid_(x); }
 template <class A> __device__ __forceinline__ A dsilu_(A x) {
   const A s = sigmoid_(x);

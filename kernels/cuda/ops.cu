@@ -175,47 +175,61 @@ __global__ void conv_fwd_k(S* y, const S* x, const S* w, const S* bias, const st
   const auto u = conv_u(x, w, bias, seq, L, C, W, b, t, c);
   st(y + i, silu ? silu_(u) : u);
 }
-// Forward with 16-byte channel vectors: one thread per (b, t, V channels) reads its W input vectors
-// (neighbouring time steps share them through L1/L2, so DRAM sees each input about once) and the
-// V x W weights as 16-byte vectors. Same summation order as conv_u; SiLU through fast_silu.
-// I: the index type (32-bit when B·L·C fits: the index arithmetic is a large share of this kernel).
-template <class S, int W, class I>
-__global__ void conv_fwd_vec_k(S* __restrict__ y, const S* __restrict__ x, const S* __restrict__ w,
-                               const S* __restrict__ bias, const std::int64_t* __restrict__ seq, I B, I L, I C,
-                               bool silu) {
+// Forward with 16-byte channel vectors: a thread owns V channels and a run of kRun time steps and
+// slides a register window over the W-1 previous inputs, so each input is read once (plus a W-1 halo
+// per run). Same summation order as conv_u: bitwise equal to the scalar kernel.
+constexpr int kRun = 32;
+template <class S, int W>
+__global__ void conv_fwd_vec_k(S* y, const S* x, const S* w, const S* bias, const std::int64_t* seq, std::int64_t B,
+                               std::int64_t L, std::int64_t C, bool silu) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
-  const I nv = C / V;
-  const I idx = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-  if (idx >= B * L * nv) return;
-  const I c0 = (idx % nv) * V, bt = idx / nv, t = bt % L, row0 = bt - t;  // row0 = b·L
-  A wk[V * W];  // weights of channels c0..c0+V-1, W taps each: V·W contiguous values
-#pragma unroll
-  for (int i = 0; i < W; ++i) {
-    A part[V];
-    ld_vec<S>(part, w + c0 * W + i * V);
-#pragma unroll
-    for (int e = 0; e < V; ++e) wk[i * V + e] = part[e];
-  }
-  const std::int64_t sq = seq ? seq[bt] : 0;
-  A xin[W][V];
-  bool ok[W];
-#pragma unroll
-  for (int k = 0; k < W; ++k) {
-    const I src = t - (W - 1) + k;
-    ok[k] = src >= 0 && (!seq || seq[row0 + src] == sq);
-    if (ok[k]) ld_vec<S>(xin[k], x + (row0 + src) * C + c0);
-  }
-  A u[V];
+  const std::int64_t nv = C / V, nruns = (L + kRun - 1) / kRun;
+  const std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= B * nruns * nv) return;
+  const std::int64_t c0 = (idx % nv) * V, run = (idx / nv) % nruns, b = idx / (nv * nruns);
+  const std::int64_t t0 = run * kRun, t1 = t0 + kRun < L ? t0 + kRun : L;
+  A wk[W][V], bv[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) {
-    u[e] = bias ? ld(bias + c0 + e) : A(0);
+    bv[e] = bias ? ld(bias + c0 + e) : A(0);
+#pragma unroll
+    for (int k = 0; k < W; ++k) wk[k][e] = ld(w + (c0 + e) * W + k);
+  }
+  // win[k] holds x at t - (W-1) + k for the current t; sq[k] its sequence id (an impossible id before t = 0).
+  constexpr std::int64_t kNone = INT64_MIN;
+  A win[W][V];
+  std::int64_t sq[W];
+#pragma unroll
+  for (int k = 0; k < W - 1; ++k) {
+    const std::int64_t src = t0 - (W - 1) + k;
+    sq[k] = src < 0 ? kNone : (seq ? seq[b * L + src] : 0);
+    if (src >= 0) ld_vec<S>(win[k], x + (b * L + src) * C + c0);
+    else
+#pragma unroll
+      for (int e = 0; e < V; ++e) win[k][e] = 0;
+  }
+  for (std::int64_t t = t0; t < t1; ++t) {
+    ld_vec<S>(win[W - 1], x + (b * L + t) * C + c0);
+    sq[W - 1] = seq ? seq[b * L + t] : 0;
+    A u[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) u[e] = bv[e];
 #pragma unroll
     for (int k = 0; k < W; ++k)
-      if (ok[k]) u[e] += wk[e * W + k] * xin[k][e];
-    if (silu) u[e] = fast_silu(u[e]);
+      if (sq[k] == sq[W - 1])
+#pragma unroll
+        for (int e = 0; e < V; ++e) u[e] += wk[k][e] * win[k][e];
+#pragma unroll
+    for (int e = 0; e < V; ++e) u[e] = silu ? silu_(u[e]) : u[e];
+    st_vec<S>(y + (b * L + t) * C + c0, u);
+#pragma unroll
+    for (int k = 0; k < W - 1; ++k) {
+      sq[k] = sq[k + 1];
+#pragma unroll
+      for (int e = 0; e < V; ++e) win[k][e] = win[k + 1][e];
+    }
   }
-  st_vec<S>(y + bt * C + c0, u);
 }
 // du = dy * act'(u), kept in the accumulation type.
 template <class S, class A>
@@ -494,20 +508,14 @@ void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
   HCP_CUDA_DISPATCH(x, {
     constexpr int V = kVec<S>;
     const S* bp = bias ? dptr<S>(*bias) : nullptr;
-    const bool vec = C % V == 0 && aligned16(x.raw()) && aligned16(y.raw()) && aligned16(w.raw());
-    const std::int64_t nthr = B * L * (C / V);
-    const bool small = B * L * C < (std::int64_t{1} << 31);
-    auto go = [&](auto w_tag, auto i_tag) {
-      using I = decltype(i_tag);
-      conv_fwd_vec_k<S, decltype(w_tag)::value, I><<<blocks_for(nthr, kThreads), kThreads>>>(
-          dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, static_cast<I>(B), static_cast<I>(L), static_cast<I>(C), silu);
-    };
+    const bool vec = C % V == 0 && aligned16(x.raw()) && aligned16(y.raw());
+    const std::int64_t nthr = B * ((L + kRun - 1) / kRun) * (C / V);
     if (vec && W == 4) {
-      if (small) go(std::integral_constant<int, 4>{}, int{});
-      else go(std::integral_constant<int, 4>{}, std::int64_t{});
+      conv_fwd_vec_k<S, 4><<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L,
+                                                                     C, silu);
     } else if (vec && W == 2) {
-      if (small) go(std::integral_constant<int, 2>{}, int{});
-      else go(std::integral_constant<int, 2>{}, std::int64_t{});
+      conv_fwd_vec_k<S, 2><<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L,
+                                                                     C, silu);
     } else {
       conv_fwd_k<S><<<blocks_for(B * L * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L, C,
                                                                    W, silu);
