@@ -288,6 +288,7 @@ void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, con
   check_types(q, {&o, &k, &v}, {&lse}, "attention_fwd");
   HCP_CHECK(p.head_dim <= kMaxD, "attention (CUDA): head_dim ", p.head_dim, " > ", kMaxD, " is not supported");
   const std::int64_t H = p.heads, Hkv = p.kv_heads, D = p.head_dim, tq = q.numel() / (H * D);
+  if (tq == 0) return;
   if (attn_tc::supported(q.dtype(), D, H, Hkv)) {
     init_k<__nv_bfloat16, float><<<blocks_for(tq * H * D, 256), 256>>>(dptr<__nv_bfloat16>(o), dptr<float>(lse), tq * H, D);
     attn_tc::fwd({dptr<__nv_bfloat16>(o), dptr<float>(lse), dptr<__nv_bfloat16>(q), dptr<__nv_bfloat16>(k),
@@ -324,7 +325,7 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
     using A = typename Acc<S>::type;
     A* delta = nullptr;
     HCP_CUDA_CHECK(cudaMalloc(&delta, static_cast<std::size_t>(std::max<std::int64_t>(tq * H, 1)) * sizeof(A)));
-    delta_k<S, A><<<blocks_for(tq * H, 256), 256>>>(delta, dptr<S>(dout), dptr<S>(o), tq * H, D);
+    if (tq > 0) delta_k<S, A><<<blocks_for(tq * H, 256), 256>>>(delta, dptr<S>(dout), dptr<S>(o), tq * H, D);
     const A sc = A(scale_of(p));
     const bool causal = p.mask == Mask::Causal;
     if (plan.nrows > 0)

@@ -1,5 +1,5 @@
 // Grouped GEMM: one launch computes C_g = op(A_g) op(B_g) for every group g (the experts of a MoE
-// layer). The block grid is (tile list, N tiles); the tile list names each block's group and M
+// layer). The blocks cover (tile list) x (N tiles); the tile list names each block's group and M
 // offset, so groups of any size (also empty ones) share one launch without padding. bf16 runs on the
 // tensor cores: when every operand's contiguous extent and leading dimension are multiples of 8
 // elements (the MoE shapes), a 128x128x64 block tile of 4 warps (64x64 each, mma.sync m16n8k16 from
@@ -139,9 +139,9 @@ template <bool TA, bool TB> __global__ void gemm_wmma_k(const Group<__nv_bfloat1
 // Pipelined tensor-core path (bf16, 16-byte aligned operands).
 constexpr int TBM = 128, TBN = 128, TBK = 64, kStages = 3, kTcThreads = 128;
 constexpr std::size_t kTcSmem = static_cast<std::size_t>(kStages) * (TBM + TBN) * TBK * sizeof(__nv_bfloat16);
+// Raster: a 1-D grid whose consecutive blocks are the N tiles of one M tile, so the A rows stay in L2
+// while every N tile reads them and a group's B (an expert's weights) stays in L2 across its M tiles.
 template <bool TA, bool TB>
-// Raster: the N tiles of one M tile are consecutive blocks, so the A rows stay in L2 while every N
-// tile reads them and a group's B (an expert's weights) stays in L2 across its M tiles.
 __global__ void __launch_bounds__(kTcThreads) gemm_tc_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn) {
   using namespace hcp::cuda::tc;
   using bf16 = __nv_bfloat16;
