@@ -13,6 +13,7 @@
 #include "cp/layout.hpp"
 #include "device.hpp"
 #include "harness.hpp"
+#include "overlap.hpp"
 #include "io/results.hpp"
 
 using namespace hcp;
@@ -168,8 +169,9 @@ void run(DriverContext& ctx) {
                 static_cast<long long>(s.global.nseq()), static_cast<long long>(H), static_cast<long long>(Hkv),
                 static_cast<long long>(D), s.base.causal ? 1 : 0, to_string(s.dt).c_str(), drivers::device_desc(ctx.deck, cpc).c_str());
     if (check) std::printf("# cp=1 reference fwd+bwd on rank 0: %.2f ms\n", ref_ms);
-    std::printf("# %-9s %10s %10s %10s %10s %12s %12s %10s %10s %10s %10s %5s\n", "strategy", "fwd_ms", "bwd_ms",
-                "compute_ms", "comm_ms", "bytes/rank", "model_bytes", "err_o", "err_dq", "err_dk", "err_dv", "pass");
+    std::printf("# %-9s %10s %10s %10s %10s %8s %12s %12s %10s %10s %10s %10s %5s\n", "strategy", "fwd_ms", "bwd_ms",
+                "compute_ms", "comm_ms", "overlap", "bytes/rank", "model_bytes", "err_o", "err_dq", "err_dk", "err_dv",
+                "pass");
   }
   bool all_pass = true;
   for (auto st : s.strategies) {
@@ -180,10 +182,11 @@ void run(DriverContext& ctx) {
            vl = cp::dcs_partition(v, s.global, s.cp, r).to(space), dol = cp::dcs_partition(dout, s.global, s.cp, r).to(space);
     Tensor o = Tensor::zeros(ql.shape(), s.dt, space), dq = Tensor::zeros(ql.shape(), s.dt, space),
            dk = Tensor::zeros(kl.shape(), s.dt, space), dv = Tensor::zeros(vl.shape(), s.dt, space);
-    std::vector<double> fwd_ms, bwd_ms, comp_ms, comm_ms;
+    std::vector<double> fwd_ms, bwd_ms, comp_ms, comm_ms, ring_ms;
     for (int it = 0; it < warmup + reps; ++it) {
       if (it == warmup) cpc.reset_counters();
       cpc.barrier();
+      const double rw0 = drivers::ring_wait_seconds(cpc);
       double t0 = MPI_Wtime();
       attn.forward(o, ql, kl, vl);
       double t1 = MPI_Wtime();
@@ -194,6 +197,7 @@ void run(DriverContext& ctx) {
         bwd_ms.push_back((t2 - t1) * 1e3);
         comp_ms.push_back((attn.fwd_times().compute + attn.bwd_times().compute) * 1e3);
         comm_ms.push_back((attn.fwd_times().comm_wait + attn.bwd_times().comm_wait) * 1e3);
+        ring_ms.push_back((drivers::ring_wait_seconds(cpc) - rw0) * 1e3);
       }
     }
     std::int64_t bytes = 0;
@@ -202,6 +206,7 @@ void run(DriverContext& ctx) {
     bytes /= reps;
     const std::string name = cp::to_string(st);
     if (w) w->comm(cpc, name + "/");  // counters of the timed iterations only
+    const drivers::Overlap ov = drivers::measure_overlap(cpc, ring_ms, reps, space);
     Tensor go = host(cp::dcs_gather(cpc, o, s.global)), gdq = host(cp::dcs_gather(cpc, dq, s.global)),
            gdk = host(cp::dcs_gather(cpc, dk, s.global)), gdv = host(cp::dcs_gather(cpc, dv, s.global));
     double err[4] = {0, 0, 0, 0};
@@ -231,6 +236,10 @@ void run(DriverContext& ctx) {
       w->timings(name + "/backward", bwd_ms);
       w->timings(name + "/compute", comp_ms);
       w->timings(name + "/comm_wait", comm_ms);
+      if (ov.ring) {
+        w->timings(name + "/ring_exposed", ov.exposed_ms);
+        w->timings(name + "/ring_isolated", ov.isolated_ms);
+      }
       if (check) {
         const char* nm[4] = {"out", "dq", "dk", "dv"};
         for (int i = 0; i < 4; ++i) w->summary(name + "/" + nm[i], err[i] , err[i], tol, err[i] <= tol);
@@ -242,8 +251,8 @@ void run(DriverContext& ctx) {
     const double cm = cpc.all_reduce_scalar(drivers::median(comp_ms), ReduceOp::Max);
     const double cw = cpc.all_reduce_scalar(drivers::median(comm_ms), ReduceOp::Max);
     if (ctx.root())
-      std::printf("  %-9s %10.3f %10.3f %10.3f %10.3f %12lld %12lld %10.2e %10.2e %10.2e %10.2e %5s\n", name.c_str(), f, b,
-                  cm, cw, static_cast<long long>(bytes),
+      std::printf("  %-9s %10.3f %10.3f %10.3f %10.3f %8s %12lld %12lld %10.2e %10.2e %10.2e %10.2e %5s\n", name.c_str(), f,
+                  b, cm, cw, ov.ring ? drivers::fmt_fraction(ov.fraction).c_str() : "-", static_cast<long long>(bytes),
                   static_cast<long long>(attn.model_fwd_bytes(s.dt) + attn.model_bwd_bytes(s.dt)), err[0], err[1], err[2],
                   err[3], check ? (pass ? "yes" : "NO") : "-");
   }

@@ -11,6 +11,7 @@
 #include "common.hpp"
 #include "comm/process_grid.hpp"
 #include "harness.hpp"
+#include "overlap.hpp"
 #include "device.hpp"
 #include "hybrid_common.hpp"
 #include "io/results.hpp"
@@ -114,7 +115,7 @@ void run(DriverContext& ctx) {
   }
   struct Row {
     std::string name;
-    double loss = 0, worst = 0, step_ms = 0, comm_mb = 0;
+    double loss = 0, worst = 0, step_ms = 0, comm_mb = 0, overlap = -1;  // overlap < 0: no ring exchanges
     std::map<std::string, double> phases;
   };
   std::vector<Row> rows;
@@ -125,17 +126,19 @@ void run(DriverContext& ctx) {
     model::HybridModel m(cpc, c, batch.layout);
     model::ParamMap grads;
     model::StepResult res;
-    std::vector<double> step_ms;
+    std::vector<double> step_ms, ring_ms;
     std::map<std::string, std::vector<double>> phase_ms;
     for (int it = 0; it < warm + reps; ++it) {
       if (it == warm) cpc.reset_counters();
       m.reset_phases();
       cpc.barrier();
+      const double rw0 = drivers::ring_wait_seconds(cpc);
       const double t0 = MPI_Wtime();
       res = m.step(p, tok, lab, grads);
       const double t1 = MPI_Wtime();
       if (it >= warm) {
         step_ms.push_back((t1 - t0) * 1e3);
+        ring_ms.push_back((drivers::ring_wait_seconds(cpc) - rw0) * 1e3);
         for (auto& [ph, ms] : m.phase_ms()) phase_ms[ph].push_back(ms);
       }
     }
@@ -172,6 +175,14 @@ void run(DriverContext& ctx) {
       for (auto& [ph, v] : phase_ms) w->timings(name + "/" + ph, v);
       for (auto& [n, e] : errs) w->summary(name + "/" + n, e, e, tol, e <= tol);
     }
+    const drivers::Overlap ov = drivers::measure_overlap(cpc, ring_ms, reps, space);  // after w->comm
+    if (ov.ring) {
+      row.overlap = ov.fraction;
+      if (w) {
+        w->timings(name + "/ring_exposed", ov.exposed_ms);
+        w->timings(name + "/ring_isolated", ov.isolated_ms);
+      }
+    }
     rows.push_back(row);
   }
   if (w) {
@@ -195,10 +206,11 @@ void run(DriverContext& ctx) {
                 static_cast<long long>(c0.vocab), d.get_string("parallel.mamba_cp").c_str(), to_string(dt).c_str(),
                 drivers::device_desc(d, cpc).c_str());
     if (check) std::printf("# cp=1 reference on rank 0: loss %.12f, step %.2f ms\n", ref.loss, ref_ms);
-    std::printf("# %-10s %16s %10s %12s %12s  %s\n", "attention", "loss", "step_ms", "comm_MB/rank", "max_rel_err",
-                "phases (ms, median, slowest rank)");
+    std::printf("# %-10s %16s %10s %12s %8s %12s  %s\n", "attention", "loss", "step_ms", "comm_MB/rank", "overlap",
+                "max_rel_err", "phases (ms, median, slowest rank)");
     for (auto& rw : rows) {
-      std::printf("  %-10s %16.12f %10.2f %12.3f %12.1e ", rw.name.c_str(), rw.loss, rw.step_ms, rw.comm_mb, rw.worst);
+      std::printf("  %-10s %16.12f %10.2f %12.3f %8s %12.1e ", rw.name.c_str(), rw.loss, rw.step_ms, rw.comm_mb,
+                  rw.overlap < 0 ? "-" : drivers::fmt_fraction(rw.overlap).c_str(), rw.worst);
       for (auto& [ph, ms] : rw.phases) std::printf(" %s=%.1f", ph.c_str(), ms);
       std::printf("\n");
     }

@@ -131,14 +131,26 @@ def _step_ms(phases):
     return sum(v for k, v in phases.items() if "/" not in k)
 
 
+def _overlap(phases):
+    """Fraction of the ring communication hidden behind compute: 1 - exposed / isolated (see
+    drivers/overlap.hpp), from the slowest rank's medians; None when the strategy has no ring."""
+    e, i = phases.get("ring_exposed"), phases.get("ring_isolated")
+    if e is None or not i:
+        return None
+    return min(1.0, max(0.0, 1.0 - e / i))
+
+
 def cmd_table(a):
-    print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'step_ms':>10}  phases (ms)")
+    print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'step_ms':>10} {'overlap':>8}  phases (ms)")
     for path in a.files:
         with h5py.File(path, "r") as f:
             cfg = _config(f)
             for strat, ph in sorted(_timings(f).items()):
                 detail = " ".join(f"{k}={v:.2f}" for k, v in sorted(ph.items()) if k not in ("step", "forward", "backward"))
-                print(f"  {path.split('/')[-1]:<40} {int(cfg.get('cp_size', 0)):>3} {strat:<16} {_step_ms(ph):10.2f}  {detail}")
+                ov = _overlap(ph)
+                ovs = "-" if ov is None else f"{ov:.2f}"
+                print(f"  {path.split('/')[-1]:<40} {int(cfg.get('cp_size', 0)):>3} {strat:<16} {_step_ms(ph):10.2f} "
+                      f"{ovs:>8}  {detail}")
     return 0
 
 
