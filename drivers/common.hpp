@@ -45,12 +45,18 @@ inline std::vector<std::int64_t> parse_lengths(const std::string& s, const std::
 // The deck keys every CP driver reads through global_layout / cp_size_of and its run loop:
 // [data] format, seq_lens, batch, seqlen, dtype, seed; [parallel] cp_size; [run] warmup, repeats,
 // check. Defaults of the sizes are the driver's own.
-inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_default, std::int64_t seqlen_default) {
+inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_default, std::int64_t seqlen_default,
+                               bool with_bf16 = false) {
+  std::vector<std::string> dtypes = {"fp32", "fp64"};
+  if (with_bf16) dtypes.push_back("bf16");
   s.add_string("data.format", "thd", "token layout", {"bshd", "thd"})
       .add_string("data.seq_lens", seq_lens_default, "THD sequence lengths, comma-separated (padded to 2*cp)")
       .add_int("data.batch", 2, "BSHD batch size", 1)
       .add_int("data.seqlen", seqlen_default, "BSHD sequence length (multiple of 2*cp)", 1)
-      .add_string("data.dtype", "fp64", "precision of the run", {"fp32", "fp64"})
+      .add_string("data.dtype", "fp64",
+                  with_bf16 ? "precision of the run (bf16: bf16 storage, fp32 compute, LSE and reductions)"
+                            : "precision of the run",
+                  dtypes)
       .add_int("data.seed", 1, "seed of inputs and parameters", 0)
       .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
       .add_int("run.warmup", 1, "untimed iterations", 0)

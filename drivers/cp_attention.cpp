@@ -53,7 +53,7 @@ DeckSchema schema() {
       .add_int("attention.head_dim", 32, "head dimension", 1, 1024)
       .add_bool("attention.causal", true, "causal mask (false: full attention)")
       .add_string("parallel.strategy", "all", "attention CP strategy", {"p2p", "allgather", "a2a", "all"});
-  drivers::add_cp_driver_keys(s, "200, 56, 500", 512);
+  drivers::add_cp_driver_keys(s, "200, 56, 500", 512, /*with_bf16=*/true);
   drivers::add_device_key(s);
   return s;
 }
@@ -161,7 +161,9 @@ void run(DriverContext& ctx) {
       w->tensor("/gradients/reference/dv", rdv, "[T,Hkv,D] global order", "1");
     }
   }
-  const double tol = s.dt == DType::F64 ? 1e-10 : 1e-5;
+  // bf16: outputs and gradients are rounded to bf16 at different points than the cp=1 run (per ring
+  // step merges, partial dK/dV sums), a few bf16 ulps of the largest magnitude.
+  const double tol = s.dt == DType::F64 ? 1e-10 : s.dt == DType::F32 ? 1e-5 : 2e-2;
   if (ctx.root()) {
     std::printf("# cp_attention: ranks=%d cp=%d format=%s tokens=%lld (%lld sequences) heads=%lld kv_heads=%lld "
                 "head_dim=%lld causal=%d dtype=%s backend=%s\n",

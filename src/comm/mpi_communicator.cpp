@@ -50,9 +50,24 @@ MPI_Datatype mpi_type(DType dt) {
   return MPI_BYTE;
 }
 
+// bf16 reductions: MPI has no bf16 type, so bf16 travels as 16-bit words and these user ops combine
+// two operands by widening to fp32 and rounding the result back (one rounding per combine, as NCCL's
+// bf16 reductions do). Open MPI applies them in a fixed order for a given size: repeatable.
+template <bool kSum> void bf16_combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16*>(in);
+  auto* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    b[i] = bf16(kSum ? x + y : (x > y ? x : y));
+  }
+}
 MPI_Op mpi_op(DType dt, ReduceOp op) {
-  HCP_CHECK(dt != DType::BF16, "MPI reductions on bf16 are not supported; reduce in fp32");
-  return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+  if (dt != DType::BF16) return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX;
+  static MPI_Op bf16_sum = MPI_OP_NULL, bf16_max = MPI_OP_NULL;  // created once, live until MPI_Finalize
+  MPI_Op& o = op == ReduceOp::Sum ? bf16_sum : bf16_max;
+  if (o == MPI_OP_NULL)
+    HCP_MPI_CHECK(MPI_Op_create(op == ReduceOp::Sum ? &bf16_combine<true> : &bf16_combine<false>, 1, &o));
+  return o;
 }
 
 int icount(std::int64_t n) {
