@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# CP scaling study on one node with several GPUs (one MPI rank per GPU, NCCL): the GPU tests first
+# (CUDA kernels, NCCL / staged communicators, CP on GPU ranks at np 1, 2, 4), then strong and weak
+# scaling through jobs/slurm/cp_scaling.sbatch under mpirun for
+#   cp_attention  every strategy, bf16, head_dim 128 (the tensor-core kernels), cp=1 check off
+#   cp_mamba      hidden_parallel and state_passing (fp32)
+#   cp_hybrid     every attention strategy (fp32, the nano-like deck)
+# with CP sizes 1, 2, 4, 8 up to the GPUs present. Per run one HDF5 file; per study timings.txt (step
+# time, ring overlap, per-phase/per-layer times), summary.txt and a scaling plot, in $HCP_LOG_DIR.
+# Usage: scripts/gpu_scaling.sh            (HCP_BUILD_DIR default build-gpu, HCP_CMAKE_ARGS, HCP_JOBS,
+#        HCP_LOG_DIR default $build/gpu-scaling; HCP_TOKENS_ATTN/HCP_TOKENS_MAMBA/HCP_TOKENS_HYBRID strong
+#        totals, weak per-rank tokens = strong / 8)
+#        HCP_DEVICE=host scripts/gpu_scaling.sh   the same study on CPU ranks (small sizes; no GPU tests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+build="${HCP_BUILD_DIR:-build-gpu}"
+out="${HCP_LOG_DIR:-$build/gpu-scaling}"
+device="${HCP_DEVICE:-cuda}"
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+if [ "$device" = cuda ]; then
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  [ "${ngpu:-0}" -ge 1 ] || { echo "gpu_scaling: no GPU (nvidia-smi -L lists none); HCP_DEVICE=host runs on CPU ranks"; exit 1; }
+  ranks=$ngpu
+  # shellcheck disable=SC2086
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON -DHCP_BUILD_BENCHMARKS=OFF ${HCP_CMAKE_ARGS:-} \
+    > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+  cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+  ctest --test-dir "$build" -R test_cuda --output-on-failure 2>&1 | tee "$out/ctest_gpu.log"
+  extra_dev="--set run.device=cuda"
+  t_attn="${HCP_TOKENS_ATTN:-131072}" t_mamba="${HCP_TOKENS_MAMBA:-32768}" t_hyb="${HCP_TOKENS_HYBRID:-16384}"
+else
+  ranks="${HCP_RANKS:-4}"
+  [ -x "$build/drivers/cp_attention" ] || { echo "gpu_scaling: $build/drivers not built"; exit 1; }
+  extra_dev=""
+  t_attn="${HCP_TOKENS_ATTN:-512}" t_mamba="${HCP_TOKENS_MAMBA:-256}" t_hyb="${HCP_TOKENS_HYBRID:-256}"
+fi
+sizes=""
+for c in 1 2 4 8; do [ "$c" -le "$ranks" ] && sizes="$sizes $c"; done
+echo "# gpu_scaling: device=$device ranks=$ranks cp sizes:$sizes out=$out"
+study() {  # driver mode tokens extra...
+  local driver="$1" mode="$2" tokens="$3"; shift 3
+  HCP_ROOT="$root" HCP_BUILD_DIR="$build" HCP_LAUNCH=mpirun SLURM_NTASKS="$ranks" HCP_DRIVER="$driver" HCP_MODE="$mode" \
+    HCP_CP_SIZES="$sizes" HCP_TOKENS="$tokens" HCP_OUTDIR="$out/${driver}_$mode" \
+    HCP_EXTRA="$extra_dev --set run.check=false --set run.warmup=1 --set run.repeats=3 $*" \
+    bash jobs/slurm/cp_scaling.sbatch > "$out/${driver}_$mode.log" 2>&1 \
+    && tail -1 "$out/${driver}_$mode.log" || { tail -20 "$out/${driver}_$mode.log"; echo "FAIL: $driver $mode"; return 1; }
+}
+rc=0
+attn_args="--set data.dtype=$([ "$device" = cuda ] && echo bf16 || echo fp32) --set attention.head_dim=$([ "$device" = cuda ] && echo 128 || echo 16)"
+for mode in strong weak; do
+  div=1; [ "$mode" = weak ] && div=8
+  study cp_attention "$mode" $((t_attn / div)) $attn_args || rc=1
+  study cp_mamba "$mode" $((t_mamba / div)) --set data.dtype=fp32 || rc=1
+  study cp_hybrid "$mode" $((t_hyb / div)) --deck "$root/inputs/hybrid_nano_like.toml" --set data.dtype=fp32 || rc=1
+done
+echo "RESULT gpu_scaling $([ $rc = 0 ] && echo DONE || echo FAIL) out=$out"
+exit $rc
