@@ -27,7 +27,8 @@ if [ "$device" = cuda ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON -DHCP_BUILD_BENCHMARKS=OFF ${HCP_CMAKE_ARGS:-} \
     > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-  ctest --test-dir "$build" -R test_cuda --output-on-failure 2>&1 | tee "$out/ctest_gpu.log"
+  ctest --test-dir "$build" -R test_cuda --output-on-failure > "$out/ctest_gpu.log" 2>&1 && tail -3 "$out/ctest_gpu.log" \
+    || { tail -30 "$out/ctest_gpu.log"; echo "FAIL: GPU tests"; gpu_tests_failed=1; }
   extra_dev="--set run.device=cuda"
   t_attn="${HCP_TOKENS_ATTN:-131072}" t_mamba="${HCP_TOKENS_MAMBA:-32768}" t_hyb="${HCP_TOKENS_HYBRID:-16384}"
 else
@@ -47,7 +48,7 @@ study() {  # driver mode tokens extra...
     bash jobs/slurm/cp_scaling.sbatch > "$out/${driver}_$mode.log" 2>&1 \
     && tail -1 "$out/${driver}_$mode.log" || { tail -20 "$out/${driver}_$mode.log"; echo "FAIL: $driver $mode"; return 1; }
 }
-rc=0
+rc=${gpu_tests_failed:-0}
 attn_args="--set data.dtype=$([ "$device" = cuda ] && echo bf16 || echo fp32) --set attention.head_dim=$([ "$device" = cuda ] && echo 128 || echo 16)"
 for mode in strong weak; do
   div=1; [ "$mode" = weak ] && div=8
