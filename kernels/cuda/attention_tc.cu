@@ -498,13 +498,20 @@ struct Plan {
     std::stable_sort(qt.begin(), qt.end(), [&](const QTile& x, const QTile& y) {
       return s[x.seg].q_pos0 + x.i0 - s[x.seg].kv_pos0 > s[y.seg].q_pos0 + y.i0 - s[y.seg].kv_pos0;
     });
+    // Per kv tile, the segments (in segment order) that hold any of its keys and have queries:
+    // O(segments + tiles covered), also for packed batches of many sequences.
     std::vector<std::int64_t> off{0}, lst;
     if (with_kv) {
       nktiles = (tkv + bm - 1) / bm;
-      for (std::int64_t t = 0; t < nktiles; ++t) {
-        for (std::size_t i = 0; i < in.size(); ++i)
-          if (in[i].q_len > 0 && in[i].kv_start < (t + 1) * bm && in[i].kv_start + in[i].kv_len > t * bm)
-            lst.push_back(static_cast<std::int64_t>(i));
+      std::vector<std::vector<std::int64_t>> per(static_cast<std::size_t>(nktiles));
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        const auto& a = in[i];
+        if (a.q_len <= 0 || a.kv_len <= 0) continue;  // no (query, key) pair: contributes nothing
+        for (std::int64_t t = a.kv_start / bm; t <= (a.kv_start + a.kv_len - 1) / bm && t < nktiles; ++t)
+          per[static_cast<std::size_t>(t)].push_back(static_cast<std::int64_t>(i));
+      }
+      for (const auto& v : per) {
+        lst.insert(lst.end(), v.begin(), v.end());
         off.push_back(static_cast<std::int64_t>(lst.size()));
       }
     }
