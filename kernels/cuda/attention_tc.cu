@@ -123,6 +123,57 @@ __device__ __forceinline__ void store_rows(bf16* out, std::int64_t ld, int valid
   }
 }
 
+// The query tile of a (query tile, head) block of the forward and dQ kernels, and the K/V tiles of its
+// segment streamed through a double buffer in shared memory (cp.async, one tile ahead).
+template <int D, int NT> struct QTileStream {
+  SegD g;
+  std::int64_t i0, qld, kld;
+  int h, qvalid, ntiles;
+  const bf16 *kbase, *vbase;
+  bf16 *Ks, *Vs;  // [2][kBN][D] each
+  __device__ QTileStream(const SegD* segs, const QTile* tiles, int H, int Hkv, int bm, bool causal, const bf16* k,
+                         const bf16* v, bf16* ks, bf16* vs)
+      : Ks(ks), Vs(vs) {
+    const QTile tl = tiles[blockIdx.x / H];
+    h = blockIdx.x % H;
+    const int hk = h / (H / Hkv);
+    g = segs[tl.seg];
+    i0 = tl.i0;
+    qvalid = static_cast<int>(lmin(bm, g.q_len - i0));
+    ntiles = static_cast<int>((kv_end(g, i0, bm, causal) + kBN - 1) / kBN);
+    qld = static_cast<std::int64_t>(H) * D;
+    kld = static_cast<std::int64_t>(Hkv) * D;
+    kbase = k + (g.kv_start * Hkv + hk) * D;
+    vbase = v + (g.kv_start * Hkv + hk) * D;
+  }
+  // Offset of the tile's first row (this head) in q / o / dout.
+  __device__ std::int64_t q_offset() const { return (g.q_start + i0) * qld + static_cast<std::int64_t>(h) * D; }
+  __device__ void load_kv(int t, int buf) const {
+    const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
+    const int valid = static_cast<int>(lmin(kBN, g.kv_len - j0));
+    load_tile_async<D, NT>(Ks + buf * kBN * D, kbase + j0 * kld, kld, kBN, valid);
+    load_tile_async<D, NT>(Vs + buf * kBN * D, vbase + j0 * kld, kld, kBN, valid);
+  }
+  // Starts tile 0 (call after the block's own loads, before the first commit).
+  __device__ void start() const {
+    if (ntiles > 0) load_kv(0, 0);
+  }
+  // Waits until K/V tile t is in shared memory for every thread, having issued tile t+1 into the
+  // other buffer; returns t's buffer. The caller syncs again before the buffer is refilled.
+  __device__ int acquire(int t) const {
+    const int buf = t & 1;
+    if (t + 1 < ntiles) {
+      load_kv(t + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    return buf;
+  }
+};
+
 // ---- forward --------------------------------------------------------------------------------------
 // Each warp owns MT row tiles of 16 query rows; BM = 16·MT·NW rows per block.
 template <int D, int NW, int MT>
@@ -132,26 +183,13 @@ __global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16
   constexpr int BM = 16 * MT * NW, NT = 32 * NW, NT8 = kBN / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
-  bf16* Ks = Qs + BM * D;  // [2][kBN][D]
-  bf16* Vs = Ks + 2 * kBN * D;
-  const QTile tl = tiles[blockIdx.x / H];
-  const int h = blockIdx.x % H, hk = h / (H / Hkv);
-  const SegD g = segs[tl.seg];
-  const std::int64_t i0 = tl.i0;
-  const int qvalid = static_cast<int>(lmin(BM, g.q_len - i0));
-  const std::int64_t nkv = kv_end(g, i0, BM, causal);
-  const int ntiles = static_cast<int>((nkv + kBN - 1) / kBN);
-  const std::int64_t qld = static_cast<std::int64_t>(H) * D, kld = static_cast<std::int64_t>(Hkv) * D;
-  const bf16* kbase = k + (g.kv_start * Hkv + hk) * D;
-  const bf16* vbase = v + (g.kv_start * Hkv + hk) * D;
-  auto load_kv = [&](int t, int buf) {
-    const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
-    const int valid = static_cast<int>(lmin(kBN, g.kv_len - j0));
-    load_tile_async<D, NT>(Ks + buf * kBN * D, kbase + j0 * kld, kld, kBN, valid);
-    load_tile_async<D, NT>(Vs + buf * kBN * D, vbase + j0 * kld, kld, kBN, valid);
-  };
-  load_tile_async<D, NT>(Qs, q + ((g.q_start + i0) * H + h) * D, qld, BM, qvalid);
-  if (ntiles > 0) load_kv(0, 0);
+  bf16* Ks = Qs + BM * D;
+  const QTileStream<D, NT> qt(segs, tiles, H, Hkv, BM, causal, k, v, Ks, Ks + 2 * kBN * D);
+  const SegD& g = qt.g;
+  const std::int64_t i0 = qt.i0, qld = qt.qld;
+  const int h = qt.h, qvalid = qt.qvalid;
+  load_tile_async<D, NT>(Qs, q + qt.q_offset(), qld, BM, qvalid);
+  qt.start();
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
@@ -165,18 +203,10 @@ __global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16
   for (int m = 0; m < MT; ++m) mx[m][0] = mx[m][1] = -INFINITY, l[m][0] = l[m][1] = 0.f;
   const std::int64_t qp0 = g.q_pos0 + i0 + r0 + gr;  // position of row (m, hf): qp0 + 16m + 8hf
 
-  for (int t = 0; t < ntiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < ntiles) {
-      load_kv(t + 1, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const bf16* Kt = Ks + buf * kBN * D;
-    const bf16* Vt = Vs + buf * kBN * D;
+  for (int t = 0; t < qt.ntiles; ++t) {
+    const int buf = qt.acquire(t);
+    const bf16* Kt = qt.Ks + buf * kBN * D;
+    const bf16* Vt = qt.Vs + buf * kBN * D;
     float s[MT][NT8][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m) zero(s[m]);
@@ -234,7 +264,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16
       inv[hf] = l[m][hf] > 0.f ? 1.f / l[m][hf] : 0.f;
     }
     const int rm = r0 + 16 * m;
-    store_rows<D>(o + ((g.q_start + i0) * H + h) * D, qld, qvalid, rm, acc[m], inv[0], inv[1]);
+    store_rows<D>(o + qt.q_offset(), qld, qvalid, rm, acc[m], inv[0], inv[1]);
     if (tg == 0)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -271,28 +301,14 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
   bf16* dOs = Qs + BM * D;
-  bf16* Ks = dOs + BM * D;  // [2][kBN][D]
-  bf16* Vs = Ks + 2 * kBN * D;
-  const QTile tl = tiles[blockIdx.x / H];
-  const int h = blockIdx.x % H, hk = h / (H / Hkv);
-  const SegD g = segs[tl.seg];
-  const std::int64_t i0 = tl.i0;
-  const int qvalid = static_cast<int>(lmin(BM, g.q_len - i0));
-  const std::int64_t nkv = kv_end(g, i0, BM, causal);
-  const int ntiles = static_cast<int>((nkv + kBN - 1) / kBN);
-  const std::int64_t qld = static_cast<std::int64_t>(H) * D, kld = static_cast<std::int64_t>(Hkv) * D;
-  const bf16* kbase = k + (g.kv_start * Hkv + hk) * D;
-  const bf16* vbase = v + (g.kv_start * Hkv + hk) * D;
-  auto load_kv = [&](int t, int buf) {
-    const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
-    const int valid = static_cast<int>(lmin(kBN, g.kv_len - j0));
-    load_tile_async<D, NT>(Ks + buf * kBN * D, kbase + j0 * kld, kld, kBN, valid);
-    load_tile_async<D, NT>(Vs + buf * kBN * D, vbase + j0 * kld, kld, kBN, valid);
-  };
-  const std::int64_t qoff = ((g.q_start + i0) * H + h) * D;
+  bf16* Ks = dOs + BM * D;
+  const QTileStream<D, NT> qt(segs, tiles, H, Hkv, BM, causal, k, v, Ks, Ks + 2 * kBN * D);
+  const SegD& g = qt.g;
+  const std::int64_t i0 = qt.i0, qld = qt.qld, qoff = qt.q_offset();
+  const int h = qt.h, qvalid = qt.qvalid;
   load_tile_async<D, NT>(Qs, q + qoff, qld, BM, qvalid);
   load_tile_async<D, NT>(dOs, dout + qoff, qld, BM, qvalid);
-  if (ntiles > 0) load_kv(0, 0);
+  qt.start();
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
@@ -309,18 +325,10 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
   }
   float acc[D / 8][4];
   zero(acc);
-  for (int t = 0; t < ntiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < ntiles) {
-      load_kv(t + 1, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const bf16* Kt = Ks + buf * kBN * D;
-    const bf16* Vt = Vs + buf * kBN * D;
+  for (int t = 0; t < qt.ntiles; ++t) {
+    const int buf = qt.acquire(t);
+    const bf16* Kt = qt.Ks + buf * kBN * D;
+    const bf16* Vt = qt.Vs + buf * kBN * D;
     float s[NT8][4], dp[NT8][4];
     zero(s);
     zero(dp);
