@@ -185,20 +185,6 @@ __global__ void aux_k(double* part, S* dscores, const S* scores, const double* f
     }
 }
 
-struct Idx {
-  std::int64_t* p = nullptr;
-  explicit Idx(const std::vector<std::int64_t>& v) {
-    if (v.empty()) return;
-    HCP_CUDA_CHECK(cudaMalloc(&p, v.size() * sizeof(std::int64_t)));
-    HCP_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(std::int64_t), cudaMemcpyHostToDevice));
-  }
-  ~Idx() {
-    cudaDeviceSynchronize();
-    cudaFree(p);
-  }
-  Idx(const Idx&) = delete;
-  Idx& operator=(const Idx&) = delete;
-};
 std::vector<std::int64_t> inverse(const std::vector<std::int64_t>& src) {
   std::vector<std::int64_t> inv(src.size());
   for (std::size_t r = 0; r < src.size(); ++r) inv[static_cast<std::size_t>(src[r])] = static_cast<std::int64_t>(r);
@@ -239,7 +225,7 @@ void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::in
   same_dtype({&scores, &dlogits, &dtopk_w, dscores}, "router_bwd");
   const std::int64_t E = p.experts, K = p.topk, Tn = scores.numel() / E;
   if (Tn == 0) return;
-  Idx idx(topk_idx);
+  DeviceIndex idx(&topk_idx);
   HCP_CUDA_DISPATCH(scores, {
     using A = typename Acc<S>::type;
     router_bwd_k<S, A><<<blocks_for(Tn, 128), 128>>>(dptr<S>(dlogits), dptr<S>(scores), idx.p, dptr<S>(dtopk_w),
@@ -253,7 +239,7 @@ void moe_permute_rows(Tensor& xp, const Tensor& x, const std::vector<std::int64_
   same_dtype({&x, &xp}, "moe_permute");
   const std::int64_t TK = static_cast<std::int64_t>(src.size()), C = x.size(1);
   if (TK == 0) return;
-  Idx map(src);
+  DeviceIndex map(&src);
   HCP_CUDA_DISPATCH(x, gather_rows_k<S><<<blocks_for(TK * C, kThreads), kThreads>>>(dptr<S>(xp), dptr<S>(x), map.p, TK, C, topk));
   check_launch("moe_permute");
 }
@@ -262,7 +248,8 @@ void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64
   same_dtype({&dxp, &dx}, "moe_permute_bwd");
   const std::int64_t TK = static_cast<std::int64_t>(src.size()), Tn = TK / topk, C = dxp.numel() / std::max<std::int64_t>(TK, 1);
   if (TK == 0) return;
-  Idx inv(inverse(src));
+  const std::vector<std::int64_t> src_inv = inverse(src);
+  DeviceIndex inv(&src_inv);
   HCP_CUDA_DISPATCH(dxp, {
     using A = typename Acc<S>::type;
     combine_k<S, A><<<blocks_for(Tn * C, kThreads), kThreads>>>(dptr<S>(dx), dptr<S>(dxp), inv.p, nullptr, Tn, topk, C);
@@ -274,7 +261,8 @@ void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t
   same_dtype({&yp, &y, &topk_w}, "moe_combine_fwd");
   const std::int64_t TK = static_cast<std::int64_t>(src.size()), C = yp.numel() / TK,
                      K = topk_w.dim() == 2 ? topk_w.size(1) : 1, Tn = TK / K;
-  Idx inv(inverse(src));
+  const std::vector<std::int64_t> src_inv = inverse(src);
+  DeviceIndex inv(&src_inv);
   HCP_CUDA_DISPATCH(yp, {
     using A = typename Acc<S>::type;
     combine_k<S, A><<<blocks_for(Tn * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(yp), inv.p, dptr<S>(topk_w), Tn, K, C);
@@ -287,7 +275,7 @@ void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tenso
   same_dtype({&yp, &dyp, &dtopk_w, &dy, &topk_w}, "moe_combine_bwd");
   const std::int64_t TK = static_cast<std::int64_t>(src.size()), C = yp.numel() / TK,
                      K = topk_w.dim() == 2 ? topk_w.size(1) : 1;
-  Idx s(src);
+  DeviceIndex s(&src);
   HCP_CUDA_DISPATCH(yp, {
     using A = typename Acc<S>::type;
     combine_bwd_k<S, A><<<blocks_for(TK * 32, kThreads), kThreads>>>(dptr<S>(dyp), dptr<S>(dtopk_w), dptr<S>(dy),
@@ -297,34 +285,25 @@ void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tenso
 }
 
 namespace {
-// Share of assignments per expert (host, from the host index vector), on the device.
-struct Shares {
-  double* f = nullptr;
-  Shares(const std::vector<std::int64_t>& idx, std::int64_t E) {
-    std::vector<double> h(static_cast<std::size_t>(E), 0.0);
-    for (auto e : idx) h[static_cast<std::size_t>(e)] += 1.0;
-    for (auto& v : h) v /= static_cast<double>(idx.size());
-    HCP_CUDA_CHECK(cudaMalloc(&f, h.size() * sizeof(double)));
-    HCP_CUDA_CHECK(cudaMemcpy(f, h.data(), h.size() * sizeof(double), cudaMemcpyHostToDevice));
-  }
-  ~Shares() {
-    cudaDeviceSynchronize();
-    cudaFree(f);
-  }
-  Shares(const Shares&) = delete;
-  Shares& operator=(const Shares&) = delete;
-};
+// Share of assignments per expert (host, from the host index vector).
+std::vector<double> expert_shares(const std::vector<std::int64_t>& idx, std::int64_t E) {
+  std::vector<double> h(static_cast<std::size_t>(E), 0.0);
+  for (auto e : idx) h[static_cast<std::size_t>(e)] += 1.0;
+  for (auto& v : h) v /= static_cast<double>(idx.size());
+  return h;
+}
 }  // namespace
 
 double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const RouterParams& p) {
   same_dtype({&scores}, "moe_aux_loss_fwd");
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
-  Shares sh(topk_idx, E);
+  const std::vector<double> shares = expert_shares(topk_idx, E);
+  DeviceArray<double> sh(&shares);
   double* part = nullptr;
   HCP_CUDA_CHECK(cudaMalloc(&part, static_cast<std::size_t>(Tn) * sizeof(double)));
   HCP_CUDA_DISPATCH(scores, {
     using A = typename Acc<S>::type;
-    aux_k<S, A><<<blocks_for(Tn, 128), 128>>>(part, static_cast<S*>(nullptr), dptr<S>(scores), sh.f, Tn, E, 0.0);
+    aux_k<S, A><<<blocks_for(Tn, 128), 128>>>(part, static_cast<S*>(nullptr), dptr<S>(scores), sh.p, Tn, E, 0.0);
   });
   check_launch("moe_aux_loss_fwd");
   std::vector<double> h(static_cast<std::size_t>(Tn));
@@ -339,10 +318,11 @@ void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<s
                       const RouterParams& p, double dloss) {
   same_dtype({&scores, &dscores}, "moe_aux_loss_bwd");
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
-  Shares sh(topk_idx, E);
+  const std::vector<double> shares = expert_shares(topk_idx, E);
+  DeviceArray<double> sh(&shares);
   HCP_CUDA_DISPATCH(scores, {
     using A = typename Acc<S>::type;
-    aux_k<S, A><<<blocks_for(Tn, 128), 128>>>(nullptr, dptr<S>(dscores), dptr<S>(scores), sh.f, Tn, E,
+    aux_k<S, A><<<blocks_for(Tn, 128), 128>>>(nullptr, dptr<S>(dscores), dptr<S>(scores), sh.p, Tn, E,
                                               dloss * static_cast<double>(E) / static_cast<double>(Tn));
   });
   check_launch("moe_aux_loss_bwd");
