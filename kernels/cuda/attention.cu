@@ -225,42 +225,28 @@ __global__ void merge_k(S* o, A* lse, const S* ob, const A* lseb, std::int64_t r
   lse[r] = l;
 }
 
-// Segments and the flattened (segment, row) list on the device.
-struct SegPlan {
-  Seg* segs = nullptr;
-  std::int64_t* row_seg = nullptr;
-  std::int64_t* row_i = nullptr;
-  std::int64_t nseg = 0, nrows = 0;
-  explicit SegPlan(const AttnParams& p) {
-    std::vector<Seg> s;
-    std::vector<std::int64_t> rs, ri;
+// Segments and the flattened (segment, row) list, built on the host, on the device (stream-ordered).
+struct HostPlan {
+  std::vector<Seg> segs;
+  std::vector<std::int64_t> row_seg, row_i;
+  explicit HostPlan(const AttnParams& p) {
     for (std::size_t gi = 0; gi < p.segments.size(); ++gi) {
       const auto& g = p.segments[gi];
-      s.push_back({g.q_start, g.q_len, g.kv_start, g.kv_len, g.q_pos0, g.kv_pos0});
+      segs.push_back({g.q_start, g.q_len, g.kv_start, g.kv_len, g.q_pos0, g.kv_pos0});
       for (std::int64_t i = 0; i < g.q_len; ++i) {
-        rs.push_back(static_cast<std::int64_t>(gi));
-        ri.push_back(i);
+        row_seg.push_back(static_cast<std::int64_t>(gi));
+        row_i.push_back(i);
       }
     }
-    nseg = static_cast<std::int64_t>(s.size());
-    nrows = static_cast<std::int64_t>(rs.size());
-    upload(&segs, s);
-    upload(&row_seg, rs);
-    upload(&row_i, ri);
   }
-  template <class X> static void upload(X** d, const std::vector<X>& h) {
-    if (h.empty()) return;
-    HCP_CUDA_CHECK(cudaMalloc(d, h.size() * sizeof(X)));
-    HCP_CUDA_CHECK(cudaMemcpy(*d, h.data(), h.size() * sizeof(X), cudaMemcpyHostToDevice));
-  }
-  ~SegPlan() {
-    cudaDeviceSynchronize();  // kernels using the plan are done before it is freed
-    cudaFree(segs);
-    cudaFree(row_seg);
-    cudaFree(row_i);
-  }
-  SegPlan(const SegPlan&) = delete;
-  SegPlan& operator=(const SegPlan&) = delete;
+};
+struct SegPlan : HostPlan {
+  DeviceArray<Seg> d_segs;
+  DeviceIndex d_row_seg, d_row_i;
+  std::int64_t nseg = 0, nrows = 0;
+  explicit SegPlan(const AttnParams& p)
+      : HostPlan(p), d_segs(&segs), d_row_seg(&row_seg), d_row_i(&row_i),
+        nseg(static_cast<std::int64_t>(segs.size())), nrows(static_cast<std::int64_t>(row_seg.size())) {}
 };
 
 double scale_of(const AttnParams& p) { return p.scale != 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim)); }
@@ -301,7 +287,7 @@ void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, con
     init_k<S, A><<<blocks_for(tq * H * D, 256), 256>>>(dptr<S>(o), dptr<A>(lse), tq * H, D);
     if (plan.nrows > 0)
       fwd_k<S, A><<<warp_blocks(plan.nrows * H), 32 * kWarps>>>(dptr<S>(o), dptr<A>(lse), dptr<S>(q), dptr<S>(k),
-                                                               dptr<S>(v), plan.segs, plan.row_seg, plan.row_i,
+                                                               dptr<S>(v), plan.d_segs.p, plan.d_row_seg.p, plan.d_row_i.p,
                                                                plan.nrows, H, Hkv, D, A(scale_of(p)),
                                                                p.mask == Mask::Causal);
   });
@@ -330,11 +316,11 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
     const bool causal = p.mask == Mask::Causal;
     if (plan.nrows > 0)
       dq_k<S, A><<<warp_blocks(plan.nrows * H), 32 * kWarps>>>(dptr<S>(dq), dptr<S>(q), dptr<S>(k), dptr<S>(v),
-                                                              dptr<A>(lse), delta, dptr<S>(dout), plan.segs, plan.row_seg,
-                                                              plan.row_i, plan.nrows, H, Hkv, D, sc, causal);
+                                                              dptr<A>(lse), delta, dptr<S>(dout), plan.d_segs.p,
+                                                              plan.d_row_seg.p, plan.d_row_i.p, plan.nrows, H, Hkv, D, sc, causal);
     if (tkv > 0)
       dkv_k<S, A><<<warp_blocks(tkv * Hkv), 32 * kWarps>>>(dptr<S>(dk), dptr<S>(dv), dptr<S>(q), dptr<S>(k), dptr<S>(v),
-                                                          dptr<A>(lse), delta, dptr<S>(dout), plan.segs, plan.nseg, tkv, H,
+                                                          dptr<A>(lse), delta, dptr<S>(dout), plan.d_segs.p, plan.nseg, tkv, H,
                                                           Hkv, D, sc, causal);
     check_launch("attention_bwd");
     HCP_CUDA_CHECK(cudaDeviceSynchronize());
