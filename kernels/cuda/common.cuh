@@ -68,6 +68,11 @@ inline void check_launch(const char* what) {
   if (e != cudaSuccess) HCP_FAIL(what, ": kernel launch failed: ", cudaGetErrorString(e));
 }
 inline unsigned blocks_for(std::int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+// Opt a kernel in to more than the default 48 KiB of dynamic shared memory when it needs it.
+template <class K> void allow_smem(K kernel, std::size_t bytes) {
+  if (bytes > 48 * 1024)
+    HCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
 
 // Device copy of a host vector (nullptr for nullptr or empty), stream-ordered on the default stream:
 // kernels launched before the holder dies may use it; freeing it does not wait for them.

@@ -6,10 +6,12 @@
 // tests/unit/test_ssd_chunked.cpp. Also the state-passing kernels (run decay, initial-state term and
 // its backward). Per-head parameter gradients are reduced in a fixed order: bitwise repeatable.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/ssd_chunked.hpp"
+#include "kernels/cuda/ssd_tc.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::kernels::cuda_impl {
@@ -155,10 +157,6 @@ void check_inputs(const SsdInputs& in, std::initializer_list<const Tensor*> outs
       HCP_CHECK(t->dtype() == dt, what, ": outputs must have x's dtype (", to_string(dt), ")");
     }
 }
-template <class K> void allow_smem(K kernel, std::size_t bytes) {
-  if (bytes > 48 * 1024)
-    HCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
 // Per-head partials [rows, H] (device) -> out[h] (+)= sum over rows, in order.
 template <class A> void reduce_heads(Tensor* out, const A* part, std::int64_t rows, std::int64_t heads, bool accumulate) {
   if (!out) return;
@@ -199,6 +197,13 @@ struct CudaExec {
     if (n <= 0) return;
     each_k<F><<<blocks_for(n, 256), 256>>>(f, n);
     check_launch("ssd (chunked)");
+  }
+  // bf16 C·B^T, chunk states and chunk scan on the tensor cores where kernels/cuda/ssd_tc.cu covers the sizes.
+  template <class S, class A> bool replace(ssdc::Phase ph, const ssdc::Ctx<S, A>& k, S* y) {
+    if constexpr (std::is_same_v<S, __nv_bfloat16> && std::is_same_v<A, float>)
+      return ssd_tc::run(ph, k, y);
+    else
+      return false;
   }
 };
 ssdc::Dims chunk_dims(const SsdParams& p, bool init) {

@@ -402,17 +402,25 @@ template <class S, class A> struct ChunkReduce {
 // ---- orchestration ---------------------------------------------------------------------------
 // Exec: `template <class T> T* alloc(i64 n)` (owned by the exec) and `template <class F> void run(i64 n,
 // const F& f)` (f(i) for every i in [0, n), in any order: every element function writes only its own
-// outputs).
+// outputs). An exec may also offer `bool replace(Phase, const Ctx&, S* y)`, running a phase its own way
+// (same outputs in Work / y) and returning false where it does not cover the shape or type.
+enum class Phase { CB, States, Scan };
+template <class Exec, class S, class A> bool replaced(Exec& ex, Phase ph, const Ctx<S, A>& k, S* y) {
+  if constexpr (requires { ex.replace(ph, k, y); })
+    return ex.replace(ph, k, y);
+  else
+    return false;
+}
 template <class A, class S, class Exec> Ctx<S, A> forward(Exec& ex, const In<S>& in, const Dims& d, S* y, S* fin) {
   Ctx<S, A> k{in, d, {}};
   const i64 BHL = d.B * d.H * d.L;
   k.w = {ex.template alloc<A>(BHL), ex.template alloc<A>(BHL), ex.template alloc<A>(BHL),
          ex.template alloc<A>(d.B * d.nch * d.G * d.Q * d.Q), ex.template alloc<A>(d.B * d.nch * d.H * d.PN())};
   ex.run(d.B * d.H * d.nch, DtCumsum<S, A>{k});
-  ex.run(d.B * d.nch * d.G * d.Q * d.Q, ChunkCB<S, A>{k});
-  ex.run(d.B * d.nch * d.H * d.PN(), ChunkState<S, A>{k});
+  if (!replaced(ex, Phase::CB, k, y)) ex.run(d.B * d.nch * d.G * d.Q * d.Q, ChunkCB<S, A>{k});
+  if (!replaced(ex, Phase::States, k, y)) ex.run(d.B * d.nch * d.H * d.PN(), ChunkState<S, A>{k});
   ex.run(d.B * d.H * d.PN(), StatePass<S, A>{k, fin});
-  if (y) ex.run(d.B * d.L * d.H * d.P, ChunkScan<S, A>{k, y});
+  if (y && !replaced(ex, Phase::Scan, k, y)) ex.run(d.B * d.L * d.H * d.P, ChunkScan<S, A>{k, y});
   return k;
 }
 template <class A> struct Partials {
