@@ -198,10 +198,16 @@ struct CudaExec {
     each_k<F><<<blocks_for(n, 256), 256>>>(f, n);
     check_launch("ssd (chunked)");
   }
-  // bf16 C·B^T, chunk states and chunk scan on the tensor cores where kernels/cuda/ssd_tc.cu covers the sizes.
+  // bf16 chunk products on the tensor cores where kernels/cuda/ssd_tc.cu covers the sizes.
   template <class S, class A> bool replace(ssdc::Phase ph, const ssdc::Ctx<S, A>& k, S* y) {
     if constexpr (std::is_same_v<S, __nv_bfloat16> && std::is_same_v<A, float>)
       return ssd_tc::run(ph, k, y);
+    else
+      return false;
+  }
+  template <class S, class A> bool replace(ssdc::BwdPhase ph, const ssdc::BwdCtx<S, A>& q, S* dx, S* dB, S* dC) {
+    if constexpr (std::is_same_v<S, __nv_bfloat16> && std::is_same_v<A, float>)
+      return ssd_tc::run(ph, q, dx, dB, dC);
     else
       return false;
   }

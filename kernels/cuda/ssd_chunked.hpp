@@ -423,6 +423,16 @@ template <class A, class S, class Exec> Ctx<S, A> forward(Exec& ex, const In<S>&
   if (y && !replaced(ex, Phase::Scan, k, y)) ex.run(d.B * d.L * d.H * d.P, ChunkScan<S, A>{k, y});
   return k;
 }
+// Backward phases an exec may replace (`bool replace(BwdPhase, const BwdCtx&, S* dx, S* dB, S* dC)`):
+// DStateLocal (q.dstates before the reverse state passing) and Terms (everything between the reverse
+// state passing and ChunkReduce: q.dyx, dx, dB, dC and the per-token q.dcs, q.t3, q.ddt_dir, q.dyx_d).
+enum class BwdPhase { DStateLocal, Terms };
+template <class Exec, class S, class A> bool replaced(Exec& ex, BwdPhase ph, const BwdCtx<S, A>& q, S* dx, S* dB, S* dC) {
+  if constexpr (requires { ex.replace(ph, q, dx, dB, dC); })
+    return ex.replace(ph, q, dx, dB, dC);
+  else
+    return false;
+}
 template <class A> struct Partials {
   A *dA_log, *dD, *ddt_bias;  // [B,nch,H]
 };
@@ -439,13 +449,15 @@ Partials<A> backward(Exec& ex, const In<S>& in, const Dims& d, const S* dy, cons
                  ex.template alloc<A>(BHL),
                  ex.template alloc<A>(BHL),
                  ex.template alloc<A>(BHL)};
-  ex.run(BCH * d.PN(), DStateLocal<S, A>{q});
+  if (!replaced(ex, BwdPhase::DStateLocal, q, dx, dB, dC)) ex.run(BCH * d.PN(), DStateLocal<S, A>{q});
   ex.run(d.B * d.H * d.PN(), DStatePass<S, A>{q, dfin, dinit});
-  ex.run(BCH * d.Q * d.Q, DyX<S, A>{q});
-  ex.run(d.B * d.L * d.H * d.P, Dx<S, A>{q, dx});
-  ex.run(d.B * d.L * d.G * d.N, DB<S, A>{q, dB});
-  ex.run(d.B * d.L * d.G * d.N, DC<S, A>{q, dC});
-  ex.run(BHL, TokenTerms<S, A>{q});
+  if (!replaced(ex, BwdPhase::Terms, q, dx, dB, dC)) {
+    ex.run(BCH * d.Q * d.Q, DyX<S, A>{q});
+    ex.run(d.B * d.L * d.H * d.P, Dx<S, A>{q, dx});
+    ex.run(d.B * d.L * d.G * d.N, DB<S, A>{q, dB});
+    ex.run(d.B * d.L * d.G * d.N, DC<S, A>{q, dC});
+    ex.run(BHL, TokenTerms<S, A>{q});
+  }
   Partials<A> part{ex.template alloc<A>(BCH), ex.template alloc<A>(BCH), ex.template alloc<A>(BCH)};
   ex.run(BCH, ChunkReduce<S, A>{q, ddt, part.dA_log, part.dD, part.ddt_bias});
   return part;

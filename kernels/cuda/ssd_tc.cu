@@ -1,17 +1,23 @@
 // Mamba2 SSD chunk products on the tensor cores: bf16 operands in shared memory (XOR-swizzled tiles,
-// cp.async), mma.sync m16n8k16 with fp32 accumulators, for head_dim P = 64, chunk Q = 128 and d_state
-// N = 64 or 128 (the Mamba2 / Nemotron-H sizes). Three phases of the chunked SSD
-// (kernels/cuda/ssd_chunked.hpp) with the same inputs, Work layout and semantics (seq_idx resets,
-// initial states, a ragged last chunk):
-//   CB      CB[b,c,g] = C_c · B_c^T, lower triangle (zero above)            block per (chunk, group, row)
-//   states  S[b,c,h]  = (w ∘ x_c)^T · B_c, w_s = e^{cs_E − cs_s} dt_s [seq_s = seq_E]
-//                                                                           block per (head, chunk, row)
-//   scan    y_t = [seq_t = prev] e^{cs_t} C_t · S_in + Σ_{s ≤ t, seq_s = seq_t} e^{cs_t − cs_s} dt_s CB_ts x_s
-//                 + D x_t                                                   block per (head, chunk, row)
-// seq_idx is nondecreasing along a row (packed sequences), so "same sequence" is an equality test.
-// The operands of each product are rounded to bf16 (w∘x, the decayed and masked CB, S_in), as the
-// mamba_ssm Triton kernels do; accumulation is fp32. Blocks of one chunk's heads are adjacent in the
-// grid, so the group's B/C tiles and CB are re-read from L2.
+// cp.async) or built in registers, mma.sync m16n8k16 with fp32 accumulators, for head_dim P = 64,
+// chunk Q = 128 and d_state N = 64 or 128 (the Mamba2 / Nemotron-H sizes). They replace the phases of
+// the chunked SSD (kernels/cuda/ssd_chunked.hpp) that are matrix products, with the same inputs, Work
+// layout and semantics (seq_idx resets, initial states, a ragged last chunk). Per chunk c of row b,
+// with "later ~ earlier" meaning later >= earlier in the same sequence and dec = e^{cs_later − cs_earlier}:
+//   gram    CB[g]    = C · B^T;  dyx[h] = dy · x^T          (lower triangle)   block per (unit, chunk, row)
+//   states  S[h]     = (w ∘ x)^T B,  w_s = e^{cs_E − cs_s} dt_s [seq_s = seq_E]
+//           dS_loc[h] = (w ∘ dy)^T C, w_t = e^{cs_t} [seq_t = prev]                  block per (head, chunk, row)
+//   scan    ŷ_t = [seq_t = prev] e^{cs_t} C_t·S_in + Σ_{s~t} dec CB_ts dt_s x_s;  y = ŷ + D x
+//   dx      dx̂_s = [seq_s = seq_E] e^{cs_E − cs_s} B_s·dS + Σ_{t~s} dec CB_ts dy_t;  dx = dt_s dx̂ + D dy
+//   dB, dC  the same two kinds of product with dyx in place of CB, summed over the heads of the group
+//                                                                              block per (group, chunk, row)
+// The per-token terms of d cs and d dt come out of the scan and dx blocks as row dot products:
+//   d cs_t = dy_t·ŷ_t − dt_t (x_t·dx̂_t),   d dt_t (direct) = x_t·dx̂_t,   t3_t = dt_t (x_t·dx̂_t, state part),
+// which equal the element phase TokenTerms term by term. seq_idx is nondecreasing along a row (packed
+// sequences), so "same sequence" is an equality test. The operands of each product are rounded to bf16
+// (w∘x, the decayed masked CB and dyx, S_in, dS), as the mamba_ssm Triton kernels do; accumulation and
+// the row dot products are fp32, each output element with one owner: bitwise repeatable. Blocks of one
+// chunk's heads are adjacent in the grid, so a group's B/C tiles and CB are re-read from L2.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -26,42 +32,123 @@ using bf16 = __nv_bfloat16;
 namespace {
 using i64 = std::int64_t;
 using Ctx = ssdc::Ctx<bf16, float>;
+using Bwd = ssdc::BwdCtx<bf16, float>;
 constexpr int kQ = 128;  // chunk
 constexpr int kP = 64;   // head_dim
+constexpr int kMT = kQ / 16;
 
 __device__ __forceinline__ i64 seq_of(const Ctx& k, i64 b, i64 t) { return k.in.seq ? k.in.seq[b * k.d.L + t] : 0; }
 __device__ __forceinline__ int chunk_rows(const Ctx& k, i64 t0) { return static_cast<int>(min(i64(kQ), k.d.L - t0)); }
+// Sequence of the token before chunk c (token 0 for chunk 0): the one a chunk-start state belongs to.
+__device__ __forceinline__ i64 prev_seq(const Ctx& k, i64 b, i64 c) { return seq_of(k, b, c == 0 ? 0 : c * kQ - 1); }
 
-// C·B^T: 8 warps, warp w owns rows [16w, 16w + 16) and computes columns up to its diagonal block.
-template <int N> __global__ void __launch_bounds__(256) cb_k(Ctx k) {
+// One head's per-token data of a chunk: cs, dt, seq (rows >= valid: 0, 0, -1).
+struct Tok {
+  float cs[kQ], dt[kQ];
+  i64 sq[kQ];
+};
+template <int NT> __device__ __forceinline__ void load_tok(Tok& tk, const Ctx& k, i64 b, i64 h, i64 t0, int valid) {
+  const i64 tok = k.tok(b, h, t0);
+  for (int s = threadIdx.x; s < kQ; s += NT) {
+    tk.cs[s] = s < valid ? k.w.cs[tok + s] : 0.f;
+    tk.dt[s] = s < valid ? k.w.dtv[tok + s] : 0.f;
+    tk.sq[s] = s < valid ? seq_of(k, b, t0 + s) : -1;
+  }
+}
+// fp32 [kP][N] matrix (row stride N) -> bf16 swizzled tile.
+template <int N, int NT> __device__ __forceinline__ void tile_from_f32(bf16* tile, const float* src) {
+  for (int i = threadIdx.x; i < kP * N / 8; i += NT) {
+    const int r = i / (N / 8), ch = i % (N / 8);
+    const float4 u = *reinterpret_cast<const float4*>(src + r * N + ch * 8);
+    const float4 v = *reinterpret_cast<const float4*>(src + r * N + ch * 8 + 4);
+    *reinterpret_cast<uint4*>(at<N>(tile, r, ch * 8)) =
+        make_uint4(pack_bf16(u.x, u.y), pack_bf16(u.z, u.w), pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+  }
+}
+// A fragment (rows r0 + grp, +8; columns q0 + 2 tig, +1, +8, +9) of the masked decayed matrix whose
+// entry (r, q) pairs a later token with an earlier one: rows later (kUpper false: q <= r) or rows earlier
+// (kUpper true: q >= r); value src[later][earlier] · e^{cs_later − cs_earlier} (· dt_earlier if kDt),
+// zero unless later >= earlier in the same sequence.
+template <bool kUpper, bool kDt>
+__device__ __forceinline__ void decayed_a(unsigned (&a)[4], const float* src, const Tok& tk, int r0, int q0) {
+  const int lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int qq = 0; qq < 2; ++qq)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = r0 + grp + 8 * hf;
+      float v[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int q = q0 + 2 * tig + 8 * qq + e, later = kUpper ? q : r, earlier = kUpper ? r : q;
+        v[e] = later >= earlier && tk.sq[q] == tk.sq[r]
+                   ? src[later * kQ + earlier] * __expf(tk.cs[later] - tk.cs[earlier]) * (kDt ? tk.dt[earlier] : 1.f)
+                   : 0.f;
+      }
+      a[hf + 2 * qq] = pack_bf16(v[0], v[1]);
+    }
+}
+// Rows grp and grp + 8 of an A fragment times f0 and f1.
+__device__ __forceinline__ unsigned scale2(unsigned u, float f) {
+  const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+  return pack_bf16(v.x * f, v.y * f);
+}
+__device__ __forceinline__ void scale_rows(unsigned (&a)[4], float f0, float f1) {
+  a[0] = scale2(a[0], f0), a[2] = scale2(a[2], f0), a[1] = scale2(a[1], f1), a[3] = scale2(a[3], f1);
+}
+// Sum over the quad (the four lanes holding one fragment row).
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+// Σ_p tile[i][p] · acc over the n8 tiles a thread holds of row i (half hf of the fragment).
+template <int NT8>
+__device__ __forceinline__ float row_dot(const float (&acc)[NT8][4], int hf, const bf16* tile, int i) {
+  const int tig = threadIdx.x & 3;
+  float s = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < NT8; ++nt) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at<kP>(tile, i, nt * 8 + 2 * tig)));
+    s += v.x * acc[nt][2 * hf] + v.y * acc[nt][2 * hf + 1];
+  }
+  return s;
+}
+
+// ---- gram: out[unit] = A_c · B_c^T (lower triangle, zero above); 8 warps, warp w owns rows [16w, +16).
+struct Gram {
+  const bf16 *a, *b;
+  i64 ld;     // elements between tokens
+  int units;  // groups (C·B^T) or heads (dy·x^T), K elements each
+  float* out; // [B, nch, units, Q, Q]
+};
+template <int K> __global__ void __launch_bounds__(256) gram_k(Gram gm, i64 L, i64 nch) {
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* Ct = reinterpret_cast<bf16*>(smem);
-  bf16* Bt = Ct + kQ * N;
-  const ssdc::Dims& d = k.d;
-  const i64 c = blockIdx.x, g = blockIdx.y, b = blockIdx.z, t0 = c * kQ;
-  const i64 off = ((b * d.L + t0) * d.G + g) * N;
-  const int valid = chunk_rows(k, t0);
-  load_tile_async<N, 256>(Ct, k.in.Cm + off, d.G * N, kQ, valid);
-  load_tile_async<N, 256>(Bt, k.in.Bm + off, d.G * N, kQ, valid);
+  bf16* At = reinterpret_cast<bf16*>(smem);
+  bf16* Bt = At + kQ * K;
+  const i64 u = blockIdx.x, c = blockIdx.y, b = blockIdx.z, t0 = c * kQ;
+  const i64 off = (b * L + t0) * gm.ld + u * K;
+  const int valid = static_cast<int>(min(i64(kQ), L - t0));
+  load_tile_async<K, 256>(At, gm.a + off, gm.ld, kQ, valid);
+  load_tile_async<K, 256>(Bt, gm.b + off, gm.ld, kQ, valid);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3, r0 = 16 * w;
   float acc[kQ / 8][4] = {};
 #pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
+  for (int kk = 0; kk < K / 16; ++kk) {
     unsigned a[4];
-    load_a<N>(a, Ct, r0, kk * 16);
+    load_a<K>(a, At, r0, kk * 16);
 #pragma unroll
     for (int np = 0; np < kQ / 16; ++np)
       if (np <= w) {
         unsigned bb[4];
-        load_b_nk<N>(bb, Bt, np * 16, kk * 16);
+        load_b_nk<K>(bb, Bt, np * 16, kk * 16);
         mma(acc[2 * np], a, bb[0], bb[1]);
         mma(acc[2 * np + 1], a, bb[2], bb[3]);
       }
   }
-  float* out = k.w.CB + ((b * d.nch + c) * d.G + g) * kQ * kQ;
+  float* out = gm.out + ((b * nch + c) * gm.units + u) * kQ * kQ;
 #pragma unroll
   for (int nt = 0; nt < kQ / 8; ++nt)
 #pragma unroll
@@ -72,8 +159,9 @@ template <int N> __global__ void __launch_bounds__(256) cb_k(Ctx k) {
     }
 }
 
-// Chunk states: 8 warps, warp w owns p rows [16 (w % 4), +16) and the n half w / 4.
-template <int N> __global__ void __launch_bounds__(256) states_k(Ctx k) {
+// ---- states: out[h] = (w ∘ X)^T Y over the chunk; 8 warps, warp w owns p rows [16 (w % 4), +16) and
+// the n half w / 4. kGrad false: X = x, Y = B (chunk end states); true: X = dy, Y = C (local dS).
+template <int N, bool kGrad> __global__ void __launch_bounds__(256) states_k(Ctx k, const bf16* X, float* out) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Xt = reinterpret_cast<bf16*>(smem);
   bf16* Yt = Xt + kQ * kP;
@@ -81,30 +169,28 @@ template <int N> __global__ void __launch_bounds__(256) states_k(Ctx k) {
   const ssdc::Dims& d = k.d;
   const i64 h = blockIdx.x, c = blockIdx.y, b = blockIdx.z, g = h / d.hpg(), t0 = c * kQ;
   const int valid = chunk_rows(k, t0);
-  load_tile_async<kP, 256>(Xt, k.in.x + ((b * d.L + t0) * d.H + h) * kP, d.H * kP, kQ, valid);
-  load_tile_async<N, 256>(Yt, k.in.Bm + ((b * d.L + t0) * d.G + g) * N, d.G * N, kQ, valid);
+  load_tile_async<kP, 256>(Xt, X + ((b * d.L + t0) * d.H + h) * kP, d.H * kP, kQ, valid);
+  load_tile_async<N, 256>(Yt, (kGrad ? k.in.Cm : k.in.Bm) + ((b * d.L + t0) * d.G + g) * N, d.G * N, kQ, valid);
   cp_async_commit();
   if (threadIdx.x < kQ) {
     const int s = threadIdx.x;
     const i64 tok = k.tok(b, h, t0);
     float wgt = 0.f;
-    if (s < valid && seq_of(k, b, t0 + s) == seq_of(k, b, t0 + valid - 1))
+    if (kGrad) {
+      if (s < valid && seq_of(k, b, t0 + s) == prev_seq(k, b, c)) wgt = __expf(k.w.cs[tok + s]);
+    } else if (s < valid && seq_of(k, b, t0 + s) == seq_of(k, b, t0 + valid - 1)) {
       wgt = __expf(k.w.cs[tok + valid - 1] - k.w.cs[tok + s]) * k.w.dtv[tok + s];
+    }
     wv[s] = wgt;
   }
   cp_async_wait<0>();
   __syncthreads();
-  for (int i = threadIdx.x; i < kQ * kP / 8; i += 256) {  // x rows scaled by their weight, in place
+  for (int i = threadIdx.x; i < kQ * kP / 8; i += 256) {  // X rows scaled by their weight, in place
     const int r = i / (kP / 8), ch = i % (kP / 8);
     uint4* q = reinterpret_cast<uint4*>(at<kP>(Xt, r, ch * 8));
     uint4 v = *q;
-    __nv_bfloat162* e = reinterpret_cast<__nv_bfloat162*>(&v);
     const float f = wv[r];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 u = __bfloat1622float2(e[j]);
-      e[j] = __floats2bfloat162_rn(u.x * f, u.y * f);
-    }
+    v.x = scale2(v.x, f), v.y = scale2(v.y, f), v.z = scale2(v.z, f), v.w = scale2(v.w, f);
     *q = v;
   }
   __syncthreads();
@@ -124,63 +210,54 @@ template <int N> __global__ void __launch_bounds__(256) states_k(Ctx k) {
       mma(acc[2 * np + 1], a, bb[2], bb[3]);
     }
   }
-  float* out = k.w.states + k.st(b, c, h);
+  float* o = out + k.st(b, c, h);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
-      *reinterpret_cast<float2*>(out + (p0 + grp + 8 * hf) * N + n0 + nt * 8 + 2 * tig) =
+      *reinterpret_cast<float2*>(o + (p0 + grp + 8 * hf) * N + n0 + nt * 8 + 2 * tig) =
           make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
 }
 
-// Chunk scan: 4 warps, warp w owns the 16-row tiles w and 7 − w (equal causal work per warp).
-template <int N> struct ScanSmem {
-  static constexpr std::size_t kBytes = sizeof(bf16) * (kQ * kP + kQ * N + kP * N) + kQ * (2 * sizeof(float) + sizeof(i64));
-};
-template <int N> __global__ void __launch_bounds__(128) scan_k(Ctx k, bf16* y) {
+// ---- apply: per (head, chunk, row), 4 warps, warp w owns the 16-row tiles w and 7 − w (equal causal
+// work). Scan: y. Dot: d cs_t = dy_t·ŷ_t. Dx: dx and the per-token terms.
+enum class Mode { Scan, Dot, Dx };
+template <int N> constexpr std::size_t apply_smem() {
+  return sizeof(bf16) * (2 * kQ * kP + kQ * N + kP * N) + sizeof(Tok);
+}
+template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, bf16* out) {
+  constexpr bool kDx = M == Mode::Dx;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* Xt = reinterpret_cast<bf16*>(smem);
-  bf16* Ct = Xt + kQ * kP;
-  bf16* St = Ct + kQ * N;
-  float* csv = reinterpret_cast<float*>(St + kP * N);
-  float* dtv = csv + kQ;
-  i64* sq = reinterpret_cast<i64*>(dtv + kQ);
+  bf16* Vt = reinterpret_cast<bf16*>(smem);  // the streamed operand: x (scan, dot) or dy (dx)
+  bf16* Wt = Vt + kQ * kP;                   // the dot partner: dy (dot) or x (dx)
+  bf16* Rt = Wt + kQ * kP;                   // the state term's rows: C (scan, dot) or B (dx)
+  bf16* St = Rt + kQ * N;                    // S_in (scan, dot) or dS (dx), [P][N]
+  Tok& tk = *reinterpret_cast<Tok*>(St + kP * N);
+  const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
   const i64 h = blockIdx.x, c = blockIdx.y, b = blockIdx.z, g = h / d.hpg(), t0 = c * kQ;
   const int valid = chunk_rows(k, t0);
-  const bool start = k.has_start(c);
-  load_tile_async<kP, 128>(Xt, k.in.x + ((b * d.L + t0) * d.H + h) * kP, d.H * kP, kQ, valid);
-  if (start) load_tile_async<N, 128>(Ct, k.in.Cm + ((b * d.L + t0) * d.G + g) * N, d.G * N, kQ, valid);
+  const bool state = kDx || k.has_start(c);
+  const i64 xo = ((b * d.L + t0) * d.H + h) * kP, ro = ((b * d.L + t0) * d.G + g) * N;
+  load_tile_async<kP, 128>(Vt, (kDx ? q.dy : k.in.x) + xo, d.H * kP, kQ, valid);
+  if (M != Mode::Scan) load_tile_async<kP, 128>(Wt, (kDx ? k.in.x : q.dy) + xo, d.H * kP, kQ, valid);
+  if (state) load_tile_async<N, 128>(Rt, (kDx ? k.in.Bm : k.in.Cm) + ro, d.G * N, kQ, valid);
   cp_async_commit();
-  if (start) {  // S_in (fp32, [P][N]) -> bf16 tile
-    const float* S0 = k.w.states + k.st(b, c, h);
-    for (int i = threadIdx.x; i < kP * N / 8; i += 128) {
-      const int r = i / (N / 8), ch = i % (N / 8);
-      const float4 u = *reinterpret_cast<const float4*>(S0 + r * N + ch * 8);
-      const float4 v = *reinterpret_cast<const float4*>(S0 + r * N + ch * 8 + 4);
-      *reinterpret_cast<uint4*>(at<N>(St, r, ch * 8)) =
-          make_uint4(pack_bf16(u.x, u.y), pack_bf16(u.z, u.w), pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
-    }
-  }
-  {
-    const int s = threadIdx.x;  // 128 threads = kQ rows
-    const i64 tok = k.tok(b, h, t0);
-    csv[s] = s < valid ? k.w.cs[tok + s] : 0.f;
-    dtv[s] = s < valid ? k.w.dtv[tok + s] : 0.f;
-    sq[s] = s < valid ? seq_of(k, b, t0 + s) : -1;
-  }
-  const i64 prev = seq_of(k, b, c == 0 ? 0 : t0 - 1);
+  if (state) tile_from_f32<N, 128>(St, (kDx ? q.dstates : k.w.states) + k.st(b, c, h));
+  load_tok<128>(tk, k, b, h, t0, valid);
+  const i64 prev = prev_seq(k, b, c);
   cp_async_wait<0>();
   __syncthreads();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
-  const int mt[2] = {w, 7 - w};
+  const int mt[2] = {w, kMT - 1 - w};
   float acc[2][kP / 8][4] = {};
-  if (start) {  // chunk-start state term, rows scaled by e^{cs_t} where the row continues that sequence
+  float st_dot[2][2] = {};  // dx: x_t · (state part of dx̂_t)
+  if (state) {
 #pragma unroll
     for (int kk = 0; kk < N / 16; ++kk) {
       unsigned a[2][4];
 #pragma unroll
-      for (int m = 0; m < 2; ++m) load_a<N>(a[m], Ct, 16 * mt[m], kk * 16);
+      for (int m = 0; m < 2; ++m) load_a<N>(a[m], Rt, 16 * mt[m], kk * 16);
 #pragma unroll
       for (int np = 0; np < kP / 16; ++np) {
         unsigned bb[4];
@@ -192,100 +269,246 @@ template <int N> __global__ void __launch_bounds__(128) scan_k(Ctx k, bf16* y) {
         }
       }
     }
+    const int E = valid - 1;
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = 16 * mt[m] + grp + 8 * hf;
-        const float f = sq[i] == prev ? __expf(csv[i]) : 0.f;
+        const float f = kDx ? (tk.sq[i] == tk.sq[E] ? __expf(tk.cs[E] - tk.cs[i]) : 0.f)
+                            : (tk.sq[i] == prev ? __expf(tk.cs[i]) : 0.f);
 #pragma unroll
         for (int nt = 0; nt < kP / 8; ++nt) acc[m][nt][2 * hf] *= f, acc[m][nt][2 * hf + 1] *= f;
+        if (kDx) st_dot[m][hf] = quad_sum(row_dot(acc[m], hf, Wt, i));
       }
   }
-  // Intra-chunk term: the A fragment (decayed, masked CB) is built in registers from CB in global memory.
-  const float* cb = k.w.CB + ((b * d.nch + c) * d.G + g) * kQ * kQ;
+  const float* src = k.w.CB + ((b * d.nch + c) * d.G + g) * kQ * kQ;
 #pragma unroll
-  for (int m = 0; m < 2; ++m) {
-    int ri[2];
-    float ci[2];
-    i64 si[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) ri[hf] = 16 * mt[m] + grp + 8 * hf, ci[hf] = csv[ri[hf]], si[hf] = sq[ri[hf]];
-    for (int kb = 0; kb <= mt[m]; ++kb) {
+  for (int m = 0; m < 2; ++m)
+    for (int kb = kDx ? mt[m] : 0; kb <= (kDx ? kMT - 1 : mt[m]); ++kb) {
       unsigned a[4];
-#pragma unroll
-      for (int q = 0; q < 2; ++q)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int i = ri[hf], j = kb * 16 + 2 * tig + 8 * q;
-          const float2 v = *reinterpret_cast<const float2*>(cb + i * kQ + j);
-          const float e0 = j <= i && sq[j] == si[hf] ? v.x * __expf(ci[hf] - csv[j]) * dtv[j] : 0.f;
-          const float e1 = j + 1 <= i && sq[j + 1] == si[hf] ? v.y * __expf(ci[hf] - csv[j + 1]) * dtv[j + 1] : 0.f;
-          a[hf + 2 * q] = pack_bf16(e0, e1);
-        }
+      decayed_a<kDx, !kDx>(a, src, tk, 16 * mt[m], 16 * kb);
 #pragma unroll
       for (int np = 0; np < kP / 16; ++np) {
         unsigned bb[4];
-        load_b_kn<kP>(bb, Xt, kb * 16, np * 16);
+        load_b_kn<kP>(bb, Vt, kb * 16, np * 16);
         mma(acc[m][2 * np], a, bb[0], bb[1]);
         mma(acc[m][2 * np + 1], a, bb[2], bb[3]);
       }
     }
-  }
   const float Dh = k.in.D ? __bfloat162float(k.in.D[h]) : 0.f;
+  const i64 tok = k.tok(b, h, t0);
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = 16 * mt[m] + grp + 8 * hf;
+      if (M == Mode::Dot) {
+        const float r = quad_sum(row_dot(acc[m], hf, Wt, i));
+        if (tig == 0 && i < valid) q.dcs[tok + i] = r;
+        continue;
+      }
+      if (kDx) {
+        const float tot = quad_sum(row_dot(acc[m], hf, Wt, i));
+        float dyx = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kP / 8; ++nt) {
+          const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at<kP>(Vt, i, nt * 8 + 2 * tig)));
+          const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at<kP>(Wt, i, nt * 8 + 2 * tig)));
+          dyx += u.x * v.x + u.y * v.y;
+        }
+        dyx = quad_sum(dyx);
+        if (tig == 0 && i < valid) {
+          const float dt = tk.dt[i];
+          q.ddt_dir[tok + i] = tot;
+          q.t3[tok + i] = dt * st_dot[m][hf];
+          q.dyx_d[tok + i] = dyx;
+          q.dcs[tok + i] -= dt * tot;
+        }
+      }
+      if (i >= valid) continue;
+      const float f = kDx ? tk.dt[i] : 1.f;
+      bf16* o = out + xo + static_cast<i64>(i) * d.H * kP;
+#pragma unroll
+      for (int nt = 0; nt < kP / 8; ++nt) {
+        const int p = nt * 8 + 2 * tig;
+        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at<kP>(Vt, i, p)));
+        *reinterpret_cast<unsigned*>(o + p) = pack_bf16(f * acc[m][nt][2 * hf] + Dh * v.x, f * acc[m][nt][2 * hf + 1] + Dh * v.y);
+      }
+    }
+}
+
+// ---- dB / dC: per (group, chunk, row), the heads of the group in order; 8 warps, warp w owns the
+// 16-row tiles w % 4 and 7 − w % 4 and the n half w / 4.
+//   dC_t = Σ_h [seq_t = prev] e^{cs_t} dy_t·S_in + Σ_{s~t} dec dt_s dyx_ts B_s
+//   dB_s = Σ_h dt_s ([seq_s = seq_E] e^{cs_E − cs_s} x_s·dS + Σ_{t~s} dec dyx_ts C_t)
+template <int N> constexpr std::size_t dbc_smem() { return sizeof(bf16) * (kQ * N + kQ * kP + kP * N) + sizeof(Tok); }
+template <int N, bool kDB> __global__ void __launch_bounds__(256) dbc_k(Bwd q, bf16* out) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* Kt = reinterpret_cast<bf16*>(smem);  // C (dB) or B (dC), [Q][N]
+  bf16* Vh = Kt + kQ * N;                    // x_h (dB) or dy_h (dC), [Q][P]
+  bf16* Sh = Vh + kQ * kP;                   // dS_h (dB) or S_in,h (dC), [P][N]
+  Tok& tk = *reinterpret_cast<Tok*>(Sh + kP * N);
+  const Ctx& k = q.k;
+  const ssdc::Dims& d = k.d;
+  const i64 g = blockIdx.x, c = blockIdx.y, b = blockIdx.z, t0 = c * kQ;
+  const int valid = chunk_rows(k, t0);
+  const bool state = kDB || k.has_start(c);
+  const i64 ro = ((b * d.L + t0) * d.G + g) * N;
+  load_tile_async<N, 256>(Kt, (kDB ? k.in.Cm : k.in.Bm) + ro, d.G * N, kQ, valid);
+  const i64 prev = prev_seq(k, b, c);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
+  const int mt[2] = {w & 3, kMT - 1 - (w & 3)}, n0 = (w >> 2) * (N / 2);
+  constexpr int NT = N / 16;  // n8 tiles per warp
+  float acc[2][NT][4] = {};
+  for (i64 h = g * d.hpg(); h < (g + 1) * d.hpg(); ++h) {
+    __syncthreads();  // the previous head's tiles are no longer read
+    const i64 xo = ((b * d.L + t0) * d.H + h) * kP;
+    load_tile_async<kP, 256>(Vh, (kDB ? k.in.x : q.dy) + xo, d.H * kP, kQ, valid);
+    cp_async_commit();
+    if (state) tile_from_f32<N, 256>(Sh, (kDB ? q.dstates : k.w.states) + k.st(b, c, h));
+    load_tok<256>(tk, k, b, h, t0, valid);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (state) {
+      const int E = valid - 1;
+      float f[2][2];
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = 16 * mt[m] + grp + 8 * hf;
+          f[m][hf] = kDB ? (tk.sq[i] == tk.sq[E] ? tk.dt[i] * __expf(tk.cs[E] - tk.cs[i]) : 0.f)
+                         : (tk.sq[i] == prev ? __expf(tk.cs[i]) : 0.f);
+        }
+#pragma unroll
+      for (int kk = 0; kk < kP / 16; ++kk) {
+        unsigned a[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          load_a<kP>(a[m], Vh, 16 * mt[m], kk * 16);
+          scale_rows(a[m], f[m][0], f[m][1]);
+        }
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          unsigned bb[4];
+          load_b_kn<N>(bb, Sh, kk * 16, n0 + np * 16);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            mma(acc[m][2 * np], a[m], bb[0], bb[1]);
+            mma(acc[m][2 * np + 1], a[m], bb[2], bb[3]);
+          }
+        }
+      }
+    }
+    const float* src = q.dyx + q.yx(b, c, h, 0, 0);
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+      for (int kb = kDB ? mt[m] : 0; kb <= (kDB ? kMT - 1 : mt[m]); ++kb) {
+        unsigned a[4];
+        decayed_a<kDB, true>(a, src, tk, 16 * mt[m], 16 * kb);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          unsigned bb[4];
+          load_b_kn<N>(bb, Kt, kb * 16, n0 + np * 16);
+          mma(acc[m][2 * np], a, bb[0], bb[1]);
+          mma(acc[m][2 * np + 1], a, bb[2], bb[3]);
+        }
+      }
+  }
 #pragma unroll
   for (int m = 0; m < 2; ++m)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int i = 16 * mt[m] + grp + 8 * hf;
       if (i >= valid) continue;
-      bf16* out = y + ((b * d.L + t0 + i) * d.H + h) * kP;
+      bf16* o = out + ro + static_cast<i64>(i) * d.G * N + n0;
 #pragma unroll
-      for (int nt = 0; nt < kP / 8; ++nt) {
-        const int p = nt * 8 + 2 * tig;
-        const float2 xv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at<kP>(Xt, i, p)));
-        *reinterpret_cast<unsigned*>(out + p) = pack_bf16(acc[m][nt][2 * hf] + Dh * xv.x, acc[m][nt][2 * hf + 1] + Dh * xv.y);
-      }
+      for (int nt = 0; nt < NT; ++nt)
+        *reinterpret_cast<unsigned*>(o + nt * 8 + 2 * tig) = pack_bf16(acc[m][nt][2 * hf], acc[m][nt][2 * hf + 1]);
     }
 }
 
-template <int N> void launch(ssdc::Phase ph, const Ctx& k, bf16* y) {
+template <int K> void gram(const Gram& gm, const ssdc::Dims& d) {
+  const std::size_t sm = sizeof(bf16) * 2 * kQ * K;
+  allow_smem(gram_k<K>, sm);
+  gram_k<K><<<dim3(static_cast<unsigned>(gm.units), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B)), 256, sm>>>(
+      gm, d.L, d.nch);
+}
+dim3 per_head(const ssdc::Dims& d) {
+  return dim3(static_cast<unsigned>(d.H), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B));
+}
+template <int N, bool kGrad> void states(const Ctx& k, const bf16* X, float* out) {
+  const std::size_t sm = sizeof(bf16) * (kQ * kP + kQ * N) + sizeof(float) * kQ;
+  allow_smem(states_k<N, kGrad>, sm);
+  states_k<N, kGrad><<<per_head(k.d), 256, sm>>>(k, X, out);
+}
+template <int N, Mode M> void apply(const Bwd& q, bf16* out) {
+  allow_smem(apply_k<N, M>, apply_smem<N>());
+  apply_k<N, M><<<per_head(q.k.d), 128, apply_smem<N>()>>>(q, out);
+}
+template <int N, bool kDB> void dbc(const Bwd& q, bf16* out) {
+  const ssdc::Dims& d = q.k.d;
+  allow_smem(dbc_k<N, kDB>, dbc_smem<N>());
+  dbc_k<N, kDB><<<dim3(static_cast<unsigned>(d.G), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B)), 256,
+                  dbc_smem<N>()>>>(q, out);
+}
+
+template <int N> void forward(ssdc::Phase ph, const Ctx& k, bf16* y) {
   const ssdc::Dims& d = k.d;
-  const auto B = static_cast<unsigned>(d.B), C = static_cast<unsigned>(d.nch);
   switch (ph) {
-    case ssdc::Phase::CB: {
-      const std::size_t sm = sizeof(bf16) * 2 * kQ * N;
-      allow_smem(cb_k<N>, sm);
-      cb_k<N><<<dim3(C, static_cast<unsigned>(d.G), B), 256, sm>>>(k);
+    case ssdc::Phase::CB:
+      gram<N>({k.in.Cm, k.in.Bm, d.G * N, static_cast<int>(d.G), k.w.CB}, d);
       break;
-    }
-    case ssdc::Phase::States: {
-      const std::size_t sm = sizeof(bf16) * (kQ * kP + kQ * N) + sizeof(float) * kQ;
-      allow_smem(states_k<N>, sm);
-      states_k<N><<<dim3(static_cast<unsigned>(d.H), C, B), 256, sm>>>(k);
+    case ssdc::Phase::States:
+      states<N, false>(k, k.in.x, k.w.states);
       break;
-    }
-    case ssdc::Phase::Scan: {
-      allow_smem(scan_k<N>, ScanSmem<N>::kBytes);
-      scan_k<N><<<dim3(static_cast<unsigned>(d.H), C, B), 128, ScanSmem<N>::kBytes>>>(k, y);
+    case ssdc::Phase::Scan:
+      apply<N, Mode::Scan>(Bwd{k, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}, y);
       break;
-    }
   }
-  check_launch("ssd (tensor cores)");
+  check_launch("ssd forward (tensor cores)");
+}
+template <int N> void backward(ssdc::BwdPhase ph, const Bwd& q, bf16* dx, bf16* dB, bf16* dC) {
+  const Ctx& k = q.k;
+  const ssdc::Dims& d = k.d;
+  if (ph == ssdc::BwdPhase::DStateLocal) {
+    states<N, true>(k, q.dy, q.dstates);
+  } else {
+    gram<kP>({q.dy, k.in.x, d.H * kP, static_cast<int>(d.H), q.dyx}, d);
+    apply<N, Mode::Dot>(q, nullptr);
+    apply<N, Mode::Dx>(q, dx);
+    dbc<N, true>(q, dB);
+    dbc<N, false>(q, dC);
+  }
+  check_launch("ssd backward (tensor cores)");
+}
+bool usable(const ssdc::Dims& d, std::initializer_list<const void*> ptrs) {
+  if (!covers(d)) return false;
+  for (const void* p : ptrs)
+    if (p && !aligned16(p)) return false;
+  return true;
 }
 }  // namespace
 
-bool covers(const ssdc::Dims& d) { return d.P == kP && d.Q == kQ && (d.N == 64 || d.N == 128) && d.nch < 65536 && d.B < 65536; }
+bool covers(const ssdc::Dims& d) {
+  return d.P == kP && d.Q == kQ && (d.N == 64 || d.N == 128) && d.nch < 65536 && d.B < 65536 && d.H < (i64(1) << 31);
+}
 
 bool run(ssdc::Phase ph, const Ctx& k, bf16* y) {
-  if (!covers(k.d)) return false;
-  for (const void* p : {static_cast<const void*>(k.in.x), static_cast<const void*>(k.in.Bm), static_cast<const void*>(k.in.Cm),
-                        static_cast<const void*>(y)})
-    if (p && !aligned16(p)) return false;
+  if (!usable(k.d, {k.in.x, k.in.Bm, k.in.Cm, y})) return false;
   if (k.d.N == 64)
-    launch<64>(ph, k, y);
+    forward<64>(ph, k, y);
   else
-    launch<128>(ph, k, y);
+    forward<128>(ph, k, y);
+  return true;
+}
+bool run(ssdc::BwdPhase ph, const Bwd& q, bf16* dx, bf16* dB, bf16* dC) {
+  if (!usable(q.k.d, {q.k.in.x, q.k.in.Bm, q.k.in.Cm, q.dy, dx, dB, dC})) return false;
+  if (q.k.d.N == 64)
+    backward<64>(ph, q, dx, dB, dC);
+  else
+    backward<128>(ph, q, dx, dB, dC);
   return true;
 }
 }  // namespace hcp::kernels::cuda_impl::ssd_tc

@@ -1,5 +1,5 @@
 // Mamba2 SSD chunk products on the tensor cores (kernels/cuda/ssd_tc.cu): bf16 replacements for the
-// C·B^T, chunk-state and chunk-scan phases of the chunked SSD (kernels/cuda/ssd_chunked.hpp).
+// phases of the chunked SSD (kernels/cuda/ssd_chunked.hpp) that are matrix products.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -8,7 +8,10 @@
 namespace hcp::kernels::cuda_impl::ssd_tc {
 // True when the tensor-core kernels cover these sizes (head_dim 64, chunk 128, d_state 64 or 128).
 bool covers(const ssdc::Dims& d);
-// Runs phase `ph` into k.w (CB, states) or y (scan); false (nothing run) where covers() is false or an
-// operand is not 16-byte aligned.
+// Forward phase `ph` into k.w (CB, states) or y (scan). Backward phase `ph` into q's buffers (and dx,
+// dB, dC for Terms). Both return false (nothing run) where covers() is false or an operand is not
+// 16-byte aligned.
 bool run(ssdc::Phase ph, const ssdc::Ctx<__nv_bfloat16, float>& k, __nv_bfloat16* y);
+bool run(ssdc::BwdPhase ph, const ssdc::BwdCtx<__nv_bfloat16, float>& q, __nv_bfloat16* dx, __nv_bfloat16* dB,
+         __nv_bfloat16* dC);
 }  // namespace hcp::kernels::cuda_impl::ssd_tc
