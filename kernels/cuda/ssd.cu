@@ -198,16 +198,10 @@ struct CudaExec {
     each_k<F><<<blocks_for(n, 256), 256>>>(f, n);
     check_launch("ssd (chunked)");
   }
-  // bf16 chunk products on the tensor cores where kernels/cuda/ssd_tc.cu covers the sizes.
-  template <class S, class A> bool replace(ssdc::Phase ph, const ssdc::Ctx<S, A>& k, S* y) {
+  // bf16 phases on the tensor cores (and vectorised state passing) where kernels/cuda/ssd_tc.cu covers the sizes.
+  template <class S, class A> bool replace(ssdc::Phase ph, const ssdc::BwdCtx<S, A>& q, const ssdc::Io<S, A>& io) {
     if constexpr (std::is_same_v<S, __nv_bfloat16> && std::is_same_v<A, float>)
-      return ssd_tc::run(ph, k, y);
-    else
-      return false;
-  }
-  template <class S, class A> bool replace(ssdc::BwdPhase ph, const ssdc::BwdCtx<S, A>& q, S* dx, S* dB, S* dC) {
-    if constexpr (std::is_same_v<S, __nv_bfloat16> && std::is_same_v<A, float>)
-      return ssd_tc::run(ph, q, dx, dB, dC);
+      return ssd_tc::run(ph, q, io);
     else
       return false;
   }

@@ -402,12 +402,28 @@ template <class S, class A> struct ChunkReduce {
 // ---- orchestration ---------------------------------------------------------------------------
 // Exec: `template <class T> T* alloc(i64 n)` (owned by the exec) and `template <class F> void run(i64 n,
 // const F& f)` (f(i) for every i in [0, n), in any order: every element function writes only its own
-// outputs). An exec may also offer `bool replace(Phase, const Ctx&, S* y)`, running a phase its own way
-// (same outputs in Work / y) and returning false where it does not cover the shape or type.
-enum class Phase { CB, States, Scan };
-template <class Exec, class S, class A> bool replaced(Exec& ex, Phase ph, const Ctx<S, A>& k, S* y) {
-  if constexpr (requires { ex.replace(ph, k, y); })
-    return ex.replace(ph, k, y);
+// outputs). An exec may also offer `bool replace(Phase, const BwdCtx&, const Io&)`, running a phase its
+// own way with the same outputs and returning false where it does not cover the shape or type. The
+// forward phases see a BwdCtx whose backward buffers are null.
+enum class Phase {
+  CB,           // k.w.CB
+  States,       // k.w.states (chunk-local)
+  Pass,         // k.w.states -> chunk-start states, io.fin
+  Scan,         // io.y
+  DStateLocal,  // q.dstates (chunk-local)
+  DPass,        // q.dstates -> end-state gradients, io.dinit (from io.dfin)
+  Terms,        // q.dyx, io.dx, io.dB, io.dC and the per-token q.dcs, q.t3, q.ddt_dir, q.dyx_d
+  Reduce        // io.ddt and the partials
+};
+template <class S, class A> struct Io {
+  S *y, *fin;
+  const S* dfin;
+  S *dinit, *dx, *ddt, *dB, *dC;
+  A *part_dA_log, *part_dD, *part_ddtb;  // [B,nch,H]
+};
+template <class Exec, class S, class A> bool replaced(Exec& ex, Phase ph, const BwdCtx<S, A>& q, const Io<S, A>& io) {
+  if constexpr (requires { ex.replace(ph, q, io); })
+    return ex.replace(ph, q, io);
   else
     return false;
 }
@@ -416,22 +432,14 @@ template <class A, class S, class Exec> Ctx<S, A> forward(Exec& ex, const In<S>&
   const i64 BHL = d.B * d.H * d.L;
   k.w = {ex.template alloc<A>(BHL), ex.template alloc<A>(BHL), ex.template alloc<A>(BHL),
          ex.template alloc<A>(d.B * d.nch * d.G * d.Q * d.Q), ex.template alloc<A>(d.B * d.nch * d.H * d.PN())};
+  const BwdCtx<S, A> q{k, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  const Io<S, A> io{y, fin, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   ex.run(d.B * d.H * d.nch, DtCumsum<S, A>{k});
-  if (!replaced(ex, Phase::CB, k, y)) ex.run(d.B * d.nch * d.G * d.Q * d.Q, ChunkCB<S, A>{k});
-  if (!replaced(ex, Phase::States, k, y)) ex.run(d.B * d.nch * d.H * d.PN(), ChunkState<S, A>{k});
-  ex.run(d.B * d.H * d.PN(), StatePass<S, A>{k, fin});
-  if (y && !replaced(ex, Phase::Scan, k, y)) ex.run(d.B * d.L * d.H * d.P, ChunkScan<S, A>{k, y});
+  if (!replaced(ex, Phase::CB, q, io)) ex.run(d.B * d.nch * d.G * d.Q * d.Q, ChunkCB<S, A>{k});
+  if (!replaced(ex, Phase::States, q, io)) ex.run(d.B * d.nch * d.H * d.PN(), ChunkState<S, A>{k});
+  if (!replaced(ex, Phase::Pass, q, io)) ex.run(d.B * d.H * d.PN(), StatePass<S, A>{k, fin});
+  if (y && !replaced(ex, Phase::Scan, q, io)) ex.run(d.B * d.L * d.H * d.P, ChunkScan<S, A>{k, y});
   return k;
-}
-// Backward phases an exec may replace (`bool replace(BwdPhase, const BwdCtx&, S* dx, S* dB, S* dC)`):
-// DStateLocal (q.dstates before the reverse state passing) and Terms (everything between the reverse
-// state passing and ChunkReduce: q.dyx, dx, dB, dC and the per-token q.dcs, q.t3, q.ddt_dir, q.dyx_d).
-enum class BwdPhase { DStateLocal, Terms };
-template <class Exec, class S, class A> bool replaced(Exec& ex, BwdPhase ph, const BwdCtx<S, A>& q, S* dx, S* dB, S* dC) {
-  if constexpr (requires { ex.replace(ph, q, dx, dB, dC); })
-    return ex.replace(ph, q, dx, dB, dC);
-  else
-    return false;
 }
 template <class A> struct Partials {
   A *dA_log, *dD, *ddt_bias;  // [B,nch,H]
@@ -449,17 +457,18 @@ Partials<A> backward(Exec& ex, const In<S>& in, const Dims& d, const S* dy, cons
                  ex.template alloc<A>(BHL),
                  ex.template alloc<A>(BHL),
                  ex.template alloc<A>(BHL)};
-  if (!replaced(ex, BwdPhase::DStateLocal, q, dx, dB, dC)) ex.run(BCH * d.PN(), DStateLocal<S, A>{q});
-  ex.run(d.B * d.H * d.PN(), DStatePass<S, A>{q, dfin, dinit});
-  if (!replaced(ex, BwdPhase::Terms, q, dx, dB, dC)) {
+  Partials<A> part{ex.template alloc<A>(BCH), ex.template alloc<A>(BCH), ex.template alloc<A>(BCH)};
+  const Io<S, A> io{nullptr, nullptr, dfin, dinit, dx, ddt, dB, dC, part.dA_log, part.dD, part.ddt_bias};
+  if (!replaced(ex, Phase::DStateLocal, q, io)) ex.run(BCH * d.PN(), DStateLocal<S, A>{q});
+  if (!replaced(ex, Phase::DPass, q, io)) ex.run(d.B * d.H * d.PN(), DStatePass<S, A>{q, dfin, dinit});
+  if (!replaced(ex, Phase::Terms, q, io)) {
     ex.run(BCH * d.Q * d.Q, DyX<S, A>{q});
     ex.run(d.B * d.L * d.H * d.P, Dx<S, A>{q, dx});
     ex.run(d.B * d.L * d.G * d.N, DB<S, A>{q, dB});
     ex.run(d.B * d.L * d.G * d.N, DC<S, A>{q, dC});
     ex.run(BHL, TokenTerms<S, A>{q});
   }
-  Partials<A> part{ex.template alloc<A>(BCH), ex.template alloc<A>(BCH), ex.template alloc<A>(BCH)};
-  ex.run(BCH, ChunkReduce<S, A>{q, ddt, part.dA_log, part.dD, part.ddt_bias});
+  if (!replaced(ex, Phase::Reduce, q, io)) ex.run(BCH, ChunkReduce<S, A>{q, ddt, part.dA_log, part.dD, part.ddt_bias});
   return part;
 }
 

@@ -220,8 +220,9 @@ template <int N, bool kGrad> __global__ void __launch_bounds__(256) states_k(Ctx
 }
 
 // ---- apply: per (head, chunk, row), 4 warps, warp w owns the 16-row tiles w and 7 − w (equal causal
-// work). Scan: y. Dot: d cs_t = dy_t·ŷ_t. Dx: dx and the per-token terms.
-enum class Mode { Scan, Dot, Dx };
+// work). Scan: y. StateDot: q.dcs = dy_t · (state part of ŷ_t). Dx: dx; q.ddt_dir = ev_t = x_t · (state
+// part of dx̂_t), q.t3 = dt_t ev_t, q.dyx_d = dy_t · x_t.
+enum class Mode { Scan, StateDot, Dx };
 template <int N> constexpr std::size_t apply_smem() {
   return sizeof(bf16) * (2 * kQ * kP + kQ * N + kP * N) + sizeof(Tok);
 }
@@ -285,7 +286,7 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, b
   const float* src = k.w.CB + ((b * d.nch + c) * d.G + g) * kQ * kQ;
 #pragma unroll
   for (int m = 0; m < 2; ++m)
-    for (int kb = kDx ? mt[m] : 0; kb <= (kDx ? kMT - 1 : mt[m]); ++kb) {
+    for (int kb = kDx ? mt[m] : 0; M != Mode::StateDot && kb <= (kDx ? kMT - 1 : mt[m]); ++kb) {
       unsigned a[4];
       decayed_a<kDx, !kDx>(a, src, tk, 16 * mt[m], 16 * kb);
 #pragma unroll
@@ -303,13 +304,12 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, b
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int i = 16 * mt[m] + grp + 8 * hf;
-      if (M == Mode::Dot) {
+      if (M == Mode::StateDot) {
         const float r = quad_sum(row_dot(acc[m], hf, Wt, i));
         if (tig == 0 && i < valid) q.dcs[tok + i] = r;
         continue;
       }
       if (kDx) {
-        const float tot = quad_sum(row_dot(acc[m], hf, Wt, i));
         float dyx = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kP / 8; ++nt) {
@@ -319,11 +319,9 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, b
         }
         dyx = quad_sum(dyx);
         if (tig == 0 && i < valid) {
-          const float dt = tk.dt[i];
-          q.ddt_dir[tok + i] = tot;
-          q.t3[tok + i] = dt * st_dot[m][hf];
+          q.ddt_dir[tok + i] = st_dot[m][hf];
+          q.t3[tok + i] = tk.dt[i] * st_dot[m][hf];
           q.dyx_d[tok + i] = dyx;
-          q.dcs[tok + i] -= dt * tot;
         }
       }
       if (i >= valid) continue;
@@ -429,6 +427,118 @@ template <int N, bool kDB> __global__ void __launch_bounds__(256) dbc_k(Bwd q, b
     }
 }
 
+// ---- pair sums: per (head, chunk, row), the intra-chunk terms of d cs and d dt from the fp32 CB and
+// dyx, as row sums (the token as the later one) and column sums (as the earlier one) of the same
+// products, so that they cancel in the chunk's reverse cumulative sum as exactly as in the element
+// phase; then q.dcs += rows − dt·cols − t3 and q.ddt_dir += cols.
+__global__ void __launch_bounds__(128) pairs_k(Bwd q) {
+  __shared__ Tok tk;
+  __shared__ float rows[kQ];
+  const Ctx& k = q.k;
+  const ssdc::Dims& d = k.d;
+  const i64 h = blockIdx.x, c = blockIdx.y, b = blockIdx.z, g = h / d.hpg(), t0 = c * kQ;
+  const int valid = chunk_rows(k, t0);
+  load_tok<128>(tk, k, b, h, t0, valid);
+  __syncthreads();
+  const float* cb = k.w.CB + ((b * d.nch + c) * d.G + g) * kQ * kQ;
+  const float* yx = q.dyx + q.yx(b, c, h, 0, 0);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int t = w; t < valid; t += 4) {
+    float s = 0.f;
+    for (int j = lane; j <= t; j += 32)
+      if (tk.sq[j] == tk.sq[t]) s += __expf(tk.cs[t] - tk.cs[j]) * tk.dt[j] * cb[t * kQ + j] * yx[t * kQ + j];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) rows[t] = s;
+  }
+  const int j = threadIdx.x;
+  float col = 0.f;
+  for (int u = j; u < valid; ++u)
+    if (tk.sq[u] == tk.sq[j]) col += __expf(tk.cs[u] - tk.cs[j]) * cb[u * kQ + j] * yx[u * kQ + j];
+  __syncthreads();
+  if (j < valid) {
+    const i64 tok = k.tok(b, h, t0) + j;
+    q.dcs[tok] += rows[j] - tk.dt[j] * col - q.t3[tok];
+    q.ddt_dir[tok] += col;
+  }
+}
+
+// ---- state passing over the chunks, 4 states per thread (16-byte accesses, the next chunk's load in
+// flight): forward, st = local states -> chunk-start states, `bound` the initial states, `out` the final
+// ones; kRev, st = local state gradients -> end-state gradients, `bound` d final, `out` d initial.
+template <bool kRev> __global__ void __launch_bounds__(256) pass_k(Ctx k, float* st, const bf16* bound, bf16* out) {
+  const ssdc::Dims& d = k.d;
+  const i64 nv = d.PN() / 4, i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= d.B * d.H * nv) return;
+  const i64 v = i % nv, bh = i / nv, h = bh % d.H, b = bh / d.H;
+  float4 run = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (bound) {
+    const uint2 u = *reinterpret_cast<const uint2*>(bound + bh * d.PN() + 4 * v);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+    run = make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  const i64 step = kRev ? -1 : 1;
+  i64 c = kRev ? d.nch - 1 : 0;
+  auto ptr = [&](i64 cc) { return reinterpret_cast<float4*>(st + k.st(b, cc, h)) + v; };
+  float4 loc = *ptr(c);
+  for (i64 n = 0; n < d.nch; ++n, c += step) {
+    const float4 nxt = n + 1 < d.nch ? *ptr(c + step) : loc;
+    *ptr(c) = run;
+    const i64 E = d.E(c);
+    const float f = seq_of(k, b, E) == prev_seq(k, b, c) ? __expf(k.w.cs[k.tok(b, h, E)]) : 0.f;
+    run = make_float4(f * run.x + loc.x, f * run.y + loc.y, f * run.z + loc.z, f * run.w + loc.w);
+    loc = nxt;
+  }
+  if (out) *reinterpret_cast<uint2*>(out + bh * d.PN() + 4 * v) = make_uint2(pack_bf16(run.x, run.y), pack_bf16(run.z, run.w));
+}
+
+// ---- chunk reduction: per (head, chunk, row), what lands on cs_E (Σ t3 and e^{cs_E} S_in·dS), the
+// reverse cumulative sum of d cs -> d dt, and the chunk's partials of dA_log, D and dt_bias.
+__global__ void __launch_bounds__(256) reduce_k(Bwd q, bf16* ddt, float* part_dA, float* part_dD, float* part_ddtb) {
+  __shared__ float sm[5][kQ];  // per token: d cs, d dt (direct), t3, dy·x, dt
+  const Ctx& k = q.k;
+  const ssdc::Dims& d = k.d;
+  const i64 h = blockIdx.x, c = blockIdx.y, b = blockIdx.z, t0 = c * kQ;
+  const int valid = chunk_rows(k, t0), E = valid - 1;
+  const i64 tok = k.tok(b, h, t0);
+  float dot = 0.f;
+  if (k.has_start(c) && seq_of(k, b, t0 + E) == prev_seq(k, b, c)) {
+    const float4* S0 = reinterpret_cast<const float4*>(k.w.states + k.st(b, c, h));
+    const float4* dS = reinterpret_cast<const float4*>(q.dstates + k.st(b, c, h));
+    for (i64 e = threadIdx.x; e < d.PN() / 4; e += 256) {
+      const float4 x = S0[e], y = dS[e];
+      dot += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+    }
+  }
+  dot = block_sum(dot);
+  for (int t = threadIdx.x; t < valid; t += 256) {
+    sm[0][t] = q.dcs[tok + t];
+    sm[1][t] = q.ddt_dir[tok + t];
+    sm[2][t] = q.t3[tok + t];
+    sm[3][t] = q.dyx_d[tok + t];
+    sm[4][t] = k.w.dtv[tok + t];
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float end = 0.f;
+  for (int t = 0; t < valid; ++t) end += sm[2][t];
+  end += __expf(k.w.cs[tok + E]) * dot;
+  const float Ah = k.Ah(h);
+  float rev = 0.f, dA = 0.f, dD = 0.f, dtb = 0.f;
+  for (int t = E; t >= 0; --t) {
+    rev += sm[0][t] + (t == E ? end : 0.f);
+    const float gr = (sm[1][t] + Ah * rev) * k.w.ddtv[tok + t];
+    ddt[(b * d.L + t0 + t) * d.H + h] = __float2bfloat16(gr);
+    dA += sm[4][t] * rev;
+    dD += sm[3][t];
+    dtb += gr;
+  }
+  const i64 i = (b * d.nch + c) * d.H + h;
+  part_dA[i] = dA * Ah;
+  part_dD[i] = dD;
+  part_ddtb[i] = dtb;
+}
+
 template <int K> void gram(const Gram& gm, const ssdc::Dims& d) {
   const std::size_t sm = sizeof(bf16) * 2 * kQ * K;
   allow_smem(gram_k<K>, sm);
@@ -454,8 +564,10 @@ template <int N, bool kDB> void dbc(const Bwd& q, bf16* out) {
                   dbc_smem<N>()>>>(q, out);
 }
 
-template <int N> void forward(ssdc::Phase ph, const Ctx& k, bf16* y) {
+template <int N> void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io) {
+  const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
+  const unsigned pass_blocks = blocks_for(d.B * d.H * d.PN() / 4, 256);
   switch (ph) {
     case ssdc::Phase::CB:
       gram<N>({k.in.Cm, k.in.Bm, d.G * N, static_cast<int>(d.G), k.w.CB}, d);
@@ -463,25 +575,31 @@ template <int N> void forward(ssdc::Phase ph, const Ctx& k, bf16* y) {
     case ssdc::Phase::States:
       states<N, false>(k, k.in.x, k.w.states);
       break;
+    case ssdc::Phase::Pass:
+      pass_k<false><<<pass_blocks, 256>>>(k, k.w.states, d.has_init ? k.in.init : nullptr, io.fin);
+      break;
     case ssdc::Phase::Scan:
-      apply<N, Mode::Scan>(Bwd{k, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}, y);
+      apply<N, Mode::Scan>(q, io.y);
+      break;
+    case ssdc::Phase::DStateLocal:
+      states<N, true>(k, q.dy, q.dstates);
+      break;
+    case ssdc::Phase::DPass:
+      pass_k<true><<<pass_blocks, 256>>>(k, q.dstates, io.dfin, io.dinit);
+      break;
+    case ssdc::Phase::Terms:
+      gram<kP>({q.dy, k.in.x, d.H * kP, static_cast<int>(d.H), q.dyx}, d);
+      apply<N, Mode::StateDot>(q, nullptr);
+      apply<N, Mode::Dx>(q, io.dx);
+      pairs_k<<<per_head(d), 128>>>(q);
+      dbc<N, true>(q, io.dB);
+      dbc<N, false>(q, io.dC);
+      break;
+    case ssdc::Phase::Reduce:
+      reduce_k<<<per_head(d), 256>>>(q, io.ddt, io.part_dA_log, io.part_dD, io.part_ddtb);
       break;
   }
-  check_launch("ssd forward (tensor cores)");
-}
-template <int N> void backward(ssdc::BwdPhase ph, const Bwd& q, bf16* dx, bf16* dB, bf16* dC) {
-  const Ctx& k = q.k;
-  const ssdc::Dims& d = k.d;
-  if (ph == ssdc::BwdPhase::DStateLocal) {
-    states<N, true>(k, q.dy, q.dstates);
-  } else {
-    gram<kP>({q.dy, k.in.x, d.H * kP, static_cast<int>(d.H), q.dyx}, d);
-    apply<N, Mode::Dot>(q, nullptr);
-    apply<N, Mode::Dx>(q, dx);
-    dbc<N, true>(q, dB);
-    dbc<N, false>(q, dC);
-  }
-  check_launch("ssd backward (tensor cores)");
+  check_launch("ssd (tensor cores)");
 }
 bool usable(const ssdc::Dims& d, std::initializer_list<const void*> ptrs) {
   if (!covers(d)) return false;
@@ -495,20 +613,14 @@ bool covers(const ssdc::Dims& d) {
   return d.P == kP && d.Q == kQ && (d.N == 64 || d.N == 128) && d.nch < 65536 && d.B < 65536 && d.H < (i64(1) << 31);
 }
 
-bool run(ssdc::Phase ph, const Ctx& k, bf16* y) {
-  if (!usable(k.d, {k.in.x, k.in.Bm, k.in.Cm, y})) return false;
+bool run(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io) {
+  const Ctx& k = q.k;
+  if (!usable(k.d, {k.in.x, k.in.Bm, k.in.Cm, k.in.init, q.dy, io.y, io.fin, io.dfin, io.dinit, io.dx, io.dB, io.dC}))
+    return false;
   if (k.d.N == 64)
-    forward<64>(ph, k, y);
+    run_phase<64>(ph, q, io);
   else
-    forward<128>(ph, k, y);
-  return true;
-}
-bool run(ssdc::BwdPhase ph, const Bwd& q, bf16* dx, bf16* dB, bf16* dC) {
-  if (!usable(q.k.d, {q.k.in.x, q.k.in.Bm, q.k.in.Cm, q.dy, dx, dB, dC})) return false;
-  if (q.k.d.N == 64)
-    backward<64>(ph, q, dx, dB, dC);
-  else
-    backward<128>(ph, q, dx, dB, dC);
+    run_phase<128>(ph, q, io);
   return true;
 }
 }  // namespace hcp::kernels::cuda_impl::ssd_tc

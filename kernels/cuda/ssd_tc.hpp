@@ -8,10 +8,7 @@
 namespace hcp::kernels::cuda_impl::ssd_tc {
 // True when the tensor-core kernels cover these sizes (head_dim 64, chunk 128, d_state 64 or 128).
 bool covers(const ssdc::Dims& d);
-// Forward phase `ph` into k.w (CB, states) or y (scan). Backward phase `ph` into q's buffers (and dx,
-// dB, dC for Terms). Both return false (nothing run) where covers() is false or an operand is not
-// 16-byte aligned.
-bool run(ssdc::Phase ph, const ssdc::Ctx<__nv_bfloat16, float>& k, __nv_bfloat16* y);
-bool run(ssdc::BwdPhase ph, const ssdc::BwdCtx<__nv_bfloat16, float>& q, __nv_bfloat16* dx, __nv_bfloat16* dB,
-         __nv_bfloat16* dC);
+// Runs phase `ph` (forward phases see null backward buffers); false (nothing run) where covers() is
+// false or an operand is not 16-byte aligned.
+bool run(ssdc::Phase ph, const ssdc::BwdCtx<__nv_bfloat16, float>& q, const ssdc::Io<__nv_bfloat16, float>& io);
 }  // namespace hcp::kernels::cuda_impl::ssd_tc
