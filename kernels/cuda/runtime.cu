@@ -133,6 +133,14 @@ void init(int local_rank) {
   cudaDeviceProp prop{};
   HCP_CUDA_CHECK(cudaGetDeviceProperties(&prop, g_device));
   g_name = "cuda:" + std::to_string(g_device) + " " + prop.name;
+  // Scratch from cudaMallocAsync stays cached in the default pool across synchronisations (the pool
+  // would otherwise hand it back to the driver at every synchronise and map it again on the next call).
+  {
+    cudaMemPool_t pool;
+    HCP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, g_device));
+    std::uint64_t keep = UINT64_MAX;
+    HCP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
   HCP_CUBLAS_CHECK(cublasCreate(&g_cublas));
   // fp32 GEMMs in true fp32 (no TF32), so CUDA results can be held to host tolerances.
   HCP_CUBLAS_CHECK(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH));

@@ -233,7 +233,6 @@ void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdPara
     CudaExec ex;
     ssdc::forward<A>(ex, chunk_in<S>(in, seq.p), d, dptr<S>(y), final_states ? dptr<S>(*final_states) : nullptr);
   });
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal, const SsdParams& p) {

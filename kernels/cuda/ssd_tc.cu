@@ -223,15 +223,16 @@ template <int N, bool kGrad> __global__ void __launch_bounds__(256) states_k(Ctx
 // work). Scan: y. StateDot: q.dcs = dy_t · (state part of ŷ_t). Dx: dx; q.ddt_dir = ev_t = x_t · (state
 // part of dx̂_t), q.t3 = dt_t ev_t, q.dyx_d = dy_t · x_t.
 enum class Mode { Scan, StateDot, Dx };
-template <int N> constexpr std::size_t apply_smem() {
-  return sizeof(bf16) * (2 * kQ * kP + kQ * N + kP * N) + sizeof(Tok);
+// The scan has no dot partner tile: less shared memory, three blocks per SM.
+template <int N, Mode M> constexpr std::size_t apply_smem() {
+  return sizeof(bf16) * ((M == Mode::Scan ? 1 : 2) * kQ * kP + kQ * N + kP * N) + sizeof(Tok);
 }
 template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, bf16* out) {
   constexpr bool kDx = M == Mode::Dx;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Vt = reinterpret_cast<bf16*>(smem);  // the streamed operand: x (scan, dot) or dy (dx)
-  bf16* Wt = Vt + kQ * kP;                   // the dot partner: dy (dot) or x (dx)
-  bf16* Rt = Wt + kQ * kP;                   // the state term's rows: C (scan, dot) or B (dx)
+  bf16* Wt = Vt + kQ * kP;                   // the dot partner: dy (dot) or x (dx); none in the scan
+  bf16* Rt = Wt + (M == Mode::Scan ? 0 : kQ * kP);  // the state term's rows: C (scan, dot) or B (dx)
   bf16* St = Rt + kQ * N;                    // S_in (scan, dot) or dS (dx), [P][N]
   Tok& tk = *reinterpret_cast<Tok*>(St + kP * N);
   const Ctx& k = q.k;
@@ -341,7 +342,7 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, b
 //   dC_t = Σ_h [seq_t = prev] e^{cs_t} dy_t·S_in + Σ_{s~t} dec dt_s dyx_ts B_s
 //   dB_s = Σ_h dt_s ([seq_s = seq_E] e^{cs_E − cs_s} x_s·dS + Σ_{t~s} dec dyx_ts C_t)
 template <int N> constexpr std::size_t dbc_smem() { return sizeof(bf16) * (kQ * N + kQ * kP + kP * N) + sizeof(Tok); }
-template <int N, bool kDB> __global__ void __launch_bounds__(256) dbc_k(Bwd q, bf16* out) {
+template <int N, bool kDB> __global__ void __launch_bounds__(256, 2) dbc_k(Bwd q, bf16* out) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Kt = reinterpret_cast<bf16*>(smem);  // C (dB) or B (dC), [Q][N]
   bf16* Vh = Kt + kQ * N;                    // x_h (dB) or dy_h (dC), [Q][P]
@@ -554,8 +555,8 @@ template <int N, bool kGrad> void states(const Ctx& k, const bf16* X, float* out
   states_k<N, kGrad><<<per_head(k.d), 256, sm>>>(k, X, out);
 }
 template <int N, Mode M> void apply(const Bwd& q, bf16* out) {
-  allow_smem(apply_k<N, M>, apply_smem<N>());
-  apply_k<N, M><<<per_head(q.k.d), 128, apply_smem<N>()>>>(q, out);
+  allow_smem(apply_k<N, M>, apply_smem<N, M>());
+  apply_k<N, M><<<per_head(q.k.d), 128, apply_smem<N, M>()>>>(q, out);
 }
 template <int N, bool kDB> void dbc(const Bwd& q, bf16* out) {
   const ssdc::Dims& d = q.k.d;
