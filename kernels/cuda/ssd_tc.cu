@@ -68,25 +68,55 @@ template <int N, int NT> __device__ __forceinline__ void tile_from_f32(bf16* til
 // A fragment (rows r0 + grp, +8; columns q0 + 2 tig, +1, +8, +9) of the masked decayed matrix whose
 // entry (r, q) pairs a later token with an earlier one: rows later (kUpper false: q <= r) or rows earlier
 // (kUpper true: q >= r); value src[later][earlier] · e^{cs_later − cs_earlier} (· dt_earlier if kDt),
-// zero unless later >= earlier in the same sequence.
-template <bool kUpper, bool kDt>
-__device__ __forceinline__ void decayed_a(unsigned (&a)[4], const float* src, const Tok& tk, int r0, int q0) {
+// zero unless later >= earlier in the same sequence. load_raw fetches the eight src values (every index
+// lies inside the tile), decayed_a masks, decays and packs them.
+template <bool kUpper> __device__ __forceinline__ void load_raw(float (&raw)[8], const float* src, int r0, int q0) {
   const int lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
 #pragma unroll
-  for (int qq = 0; qq < 2; ++qq)
+  for (int x = 0; x < 8; ++x) {
+    const int r = r0 + grp + 8 * ((x >> 1) & 1), q = q0 + 2 * tig + 8 * (x >> 2) + (x & 1);
+    raw[x] = kUpper ? src[q * kQ + r] : src[r * kQ + q];
+  }
+}
+template <bool kUpper, bool kDt>
+__device__ __forceinline__ void decayed_a(unsigned (&a)[4], const float (&raw)[8], const Tok& tk, int r0, int q0) {
+  const int lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
+  float v[8];
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int r = r0 + grp + 8 * hf;
-      float v[2];
+  for (int x = 0; x < 8; ++x) {
+    const int r = r0 + grp + 8 * ((x >> 1) & 1), q = q0 + 2 * tig + 8 * (x >> 2) + (x & 1);
+    const int later = kUpper ? q : r, earlier = kUpper ? r : q;
+    v[x] = later >= earlier && tk.sq[q] == tk.sq[r]
+               ? raw[x] * __expf(tk.cs[later] - tk.cs[earlier]) * (kDt ? tk.dt[earlier] : 1.f)
+               : 0.f;
+  }
+  // x = 4 qq + 2 hf + e  ->  a[hf + 2 qq] holds the pair e = 0, 1
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int q = q0 + 2 * tig + 8 * qq + e, later = kUpper ? q : r, earlier = kUpper ? r : q;
-        v[e] = later >= earlier && tk.sq[q] == tk.sq[r]
-                   ? src[later * kQ + earlier] * __expf(tk.cs[later] - tk.cs[earlier]) * (kDt ? tk.dt[earlier] : 1.f)
-                   : 0.f;
-      }
-      a[hf + 2 * qq] = pack_bf16(v[0], v[1]);
+  for (int j = 0; j < 4; ++j) a[j] = pack_bf16(v[2 * ((j & 1) + 2 * (j >> 1))], v[2 * ((j & 1) + 2 * (j >> 1)) + 1]);
+}
+// acc += Σ_{kb0 <= kb <= kb1} (decayed A fragment at rows r0, columns 16 kb) · Y[16 kb .., n0 ..), Y a
+// [k][n] tile of width W; the next block's src values are loaded while this block's products run.
+template <bool kUpper, bool kDt, int W, int NT8>
+__device__ __forceinline__ void decayed_mm(float (&acc)[NT8][4], const float* src, const Tok& tk, int r0, int kb0, int kb1,
+                                           const bf16* Y, int n0) {
+  float raw[8];
+  if (kb0 <= kb1) load_raw<kUpper>(raw, src, r0, 16 * kb0);
+  for (int kb = kb0; kb <= kb1; ++kb) {
+    float nxt[8];
+    if (kb < kb1) load_raw<kUpper>(nxt, src, r0, 16 * (kb + 1));
+    unsigned a[4];
+    decayed_a<kUpper, kDt>(a, raw, tk, r0, 16 * kb);
+#pragma unroll
+    for (int np = 0; np < NT8 / 2; ++np) {
+      unsigned bb[4];
+      load_b_kn<W>(bb, Y, kb * 16, n0 + np * 16);
+      mma(acc[2 * np], a, bb[0], bb[1]);
+      mma(acc[2 * np + 1], a, bb[2], bb[3]);
     }
+    if (kb < kb1)
+#pragma unroll
+      for (int x = 0; x < 8; ++x) raw[x] = nxt[x];
+  }
 }
 // Rows grp and grp + 8 of an A fragment times f0 and f1.
 __device__ __forceinline__ unsigned scale2(unsigned u, float f) {
@@ -241,7 +271,7 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, b
   const int valid = chunk_rows(k, t0);
   const bool state = kDx || k.has_start(c);
   const i64 xo = ((b * d.L + t0) * d.H + h) * kP, ro = ((b * d.L + t0) * d.G + g) * N;
-  load_tile_async<kP, 128>(Vt, (kDx ? q.dy : k.in.x) + xo, d.H * kP, kQ, valid);
+  if (M != Mode::StateDot) load_tile_async<kP, 128>(Vt, (kDx ? q.dy : k.in.x) + xo, d.H * kP, kQ, valid);
   if (M != Mode::Scan) load_tile_async<kP, 128>(Wt, (kDx ? k.in.x : q.dy) + xo, d.H * kP, kQ, valid);
   if (state) load_tile_async<N, 128>(Rt, (kDx ? k.in.Bm : k.in.Cm) + ro, d.G * N, kQ, valid);
   cp_async_commit();
@@ -285,19 +315,10 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, b
       }
   }
   const float* src = k.w.CB + ((b * d.nch + c) * d.G + g) * kQ * kQ;
+  if (M != Mode::StateDot)
 #pragma unroll
-  for (int m = 0; m < 2; ++m)
-    for (int kb = kDx ? mt[m] : 0; M != Mode::StateDot && kb <= (kDx ? kMT - 1 : mt[m]); ++kb) {
-      unsigned a[4];
-      decayed_a<kDx, !kDx>(a, src, tk, 16 * mt[m], 16 * kb);
-#pragma unroll
-      for (int np = 0; np < kP / 16; ++np) {
-        unsigned bb[4];
-        load_b_kn<kP>(bb, Vt, kb * 16, np * 16);
-        mma(acc[m][2 * np], a, bb[0], bb[1]);
-        mma(acc[m][2 * np + 1], a, bb[2], bb[3]);
-      }
-    }
+    for (int m = 0; m < 2; ++m)
+      decayed_mm<kDx, !kDx, kP>(acc[m], src, tk, 16 * mt[m], kDx ? mt[m] : 0, kDx ? kMT - 1 : mt[m], Vt, 0);
   const float Dh = k.in.D ? __bfloat162float(k.in.D[h]) : 0.f;
   const i64 tok = k.tok(b, h, t0);
 #pragma unroll
@@ -403,17 +424,7 @@ template <int N, bool kDB> __global__ void __launch_bounds__(256, 2) dbc_k(Bwd q
     const float* src = q.dyx + q.yx(b, c, h, 0, 0);
 #pragma unroll
     for (int m = 0; m < 2; ++m)
-      for (int kb = kDB ? mt[m] : 0; kb <= (kDB ? kMT - 1 : mt[m]); ++kb) {
-        unsigned a[4];
-        decayed_a<kDB, true>(a, src, tk, 16 * mt[m], 16 * kb);
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          unsigned bb[4];
-          load_b_kn<N>(bb, Kt, kb * 16, n0 + np * 16);
-          mma(acc[m][2 * np], a, bb[0], bb[1]);
-          mma(acc[m][2 * np + 1], a, bb[2], bb[3]);
-        }
-      }
+      decayed_mm<kDB, true, N>(acc[m], src, tk, 16 * mt[m], kDB ? mt[m] : 0, kDB ? kMT - 1 : mt[m], Kt, n0);
   }
 #pragma unroll
   for (int m = 0; m < 2; ++m)
