@@ -99,15 +99,24 @@ def main():
     ap.add_argument("--mamba-path", default="")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--only", default="attention,dense,ssd",
+                    help="comma-separated anchor families to time: attention, dense (GEMM and copy), ssd")
     a = ap.parse_args()
+    only = {f.strip() for f in a.only.split(",") if f.strip()}
+    unknown = only - {"attention", "dense", "ssd"}
+    if unknown:
+        print(f"anchors.py: --only: unknown family {sorted(unknown)} (allowed: attention, dense, ssd)", file=sys.stderr)
+        return 2
     import torch
     if not torch.cuda.is_available():
         print("anchors.py: no CUDA device", file=sys.stderr)
         return 2
     res = {"_device": torch.cuda.get_device_name(), "_torch": torch.__version__}
-    attention(res, a.warmup, a.repeats)
-    dense_and_copy(res, a.warmup, a.repeats)
-    if a.mamba_path:
+    if "attention" in only:
+        attention(res, a.warmup, a.repeats)
+    if "dense" in only:
+        dense_and_copy(res, a.warmup, a.repeats)
+    if "ssd" in only and a.mamba_path:
         try:
             mamba(res, a.mamba_path, a.warmup, a.repeats)
         except Exception as e:

@@ -93,6 +93,18 @@ __device__ __forceinline__ void c_to_a(unsigned (&a)[4], const float (&c0)[4], c
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+// acc[0 .. NT8) += a (16 x 16) times the k16 x 8·NT8 block at (k0, n0) of a tile stored [k][n].
+template <int W, int NT8>
+__device__ __forceinline__ void mma_kn(float (&acc)[NT8][4], const unsigned (&a)[4], const bf16* tile, int k0, int n0) {
+#pragma unroll
+  for (int np = 0; np < NT8 / 2; ++np) {
+    unsigned b[4];
+    load_b_kn<W>(b, tile, k0, n0 + np * 16);
+    mma(acc[2 * np], a, b[0], b[1]);
+    mma(acc[2 * np + 1], a, b[2], b[3]);
+  }
+}
+
 // Copy rows [0, rows) x W of a global matrix (row r at src + r·ld elements) into a swizzled tile, NT
 // threads cooperating, 16-byte cp.async each; rows >= valid and columns >= valid_cols (a multiple of 8)
 // are zero-filled.

@@ -106,13 +106,7 @@ __device__ __forceinline__ void decayed_mm(float (&acc)[NT8][4], const float* sr
     if (kb < kb1) load_raw<kUpper>(nxt, src, r0, 16 * (kb + 1));
     unsigned a[4];
     decayed_a<kUpper, kDt>(a, raw, tk, r0, 16 * kb);
-#pragma unroll
-    for (int np = 0; np < NT8 / 2; ++np) {
-      unsigned bb[4];
-      load_b_kn<W>(bb, Y, kb * 16, n0 + np * 16);
-      mma(acc[2 * np], a, bb[0], bb[1]);
-      mma(acc[2 * np + 1], a, bb[2], bb[3]);
-    }
+    mma_kn<W>(acc, a, Y, kb * 16, n0);
     if (kb < kb1)
 #pragma unroll
       for (int x = 0; x < 8; ++x) raw[x] = nxt[x];
@@ -232,13 +226,7 @@ template <int N, bool kGrad> __global__ void __launch_bounds__(256) states_k(Ctx
   for (int kk = 0; kk < kQ / 16; ++kk) {
     unsigned a[4];
     load_a_km<kP>(a, Xt, kk * 16, p0);
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      unsigned bb[4];
-      load_b_kn<N>(bb, Yt, kk * 16, n0 + np * 16);
-      mma(acc[2 * np], a, bb[0], bb[1]);
-      mma(acc[2 * np + 1], a, bb[2], bb[3]);
-    }
+    mma_kn<N>(acc, a, Yt, kk * 16, n0);
   }
   float* o = out + k.st(b, c, h);
 #pragma unroll

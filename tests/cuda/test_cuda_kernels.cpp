@@ -11,6 +11,7 @@
 #include "kernels/cuda/runtime.hpp"
 #include "kernels/kernels.hpp"
 #include "unit/fd.hpp"
+#include "unit/ssd_case.hpp"
 
 using namespace hcp;
 using namespace hcp::kernels;
@@ -279,72 +280,43 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
 namespace {
 // One SSD case on the host and the GPU: y, final state and every gradient; with `packed`, a seq_idx
 // with resets at `cuts` (token indices where a new sequence starts) and initial/final states.
-void check_ssd(const SsdParams& p, DType d, bool packed, const std::vector<std::int64_t>& cuts, const std::string& tag) {
-  const std::int64_t B = p.batch, L = p.seqlen, H = p.heads, P = p.head_dim, G = p.groups, N = p.d_state;
-  Tensor x = rnd({B, L, H, P}, 40, d), dt = rnd({B, L, H}, 41, d, -2.0, 0.5), A_log = rnd({H}, 42, d, -0.5, 0.8),
-         Bm = rnd({B, L, G, N}, 43, d), Cm = rnd({B, L, G, N}, 44, d), Dv = rnd({H}, 45, d), db = rnd({H}, 46, d, -0.5, 0.5),
-         init = rnd({B, H, P, N}, 47, d), dy = rnd({B, L, H, P}, 48, d), dfin = rnd({B, H, P, N}, 49, d);
-  std::vector<std::int64_t> seq;
-  for (std::int64_t t = 0; t < B * L; ++t)
-    seq.push_back(static_cast<std::int64_t>(std::upper_bound(cuts.begin(), cuts.end(), t) - cuts.begin()));
-  auto inputs = [&](const Tensor& X, const Tensor& DT, const Tensor& AL, const Tensor& BB, const Tensor& CC, const Tensor& DD,
-                    const Tensor& DB, const Tensor& IN) {
-    SsdInputs in;
-    in.x = &X;
-    in.dt = &DT;
-    in.A_log = &AL;
-    in.Bm = &BB;
-    in.Cm = &CC;
-    in.D = &DD;
-    in.dt_bias = &DB;
-    in.init_states = packed ? &IN : nullptr;
-    in.seq_idx = packed ? &seq : nullptr;
-    return in;
-  };
-  struct G8 {
-    Tensor dx, ddt, dA, dB, dC, dD, ddb, dinit;
-  };
-  auto grads = [&](Space sp) {
-    return G8{Tensor::zeros(x.shape(), d, sp),  Tensor::zeros(dt.shape(), d, sp), Tensor::zeros({H}, d, sp),
-              Tensor::zeros(Bm.shape(), d, sp), Tensor::zeros(Cm.shape(), d, sp), Tensor::zeros({H}, d, sp),
-              Tensor::zeros({H}, d, sp),        Tensor::zeros(init.shape(), d, sp)};
-  };
+void check_ssd(const test::SsdCase& hc, bool packed, const std::string& tag) {
+  const DType d = hc.x.dtype();
+  const SsdParams& p = hc.p;
+  const std::int64_t B = p.batch, H = p.heads;
+  const test::SsdCase dc = hc.on(Space::Cuda);
+  Tensor dy = rnd(hc.x.shape(), 48, d), dfin = rnd(hc.init.shape(), 49, d);
+  Tensor DY = dev(dy), DF = dev(dfin);
   // host
-  SsdInputs hin = inputs(x, dt, A_log, Bm, Cm, Dv, db, init);
-  Tensor y = Tensor::zeros(x.shape(), d), fin = Tensor::zeros(init.shape(), d);
-  ssd_fwd(y, &fin, hin, p);
-  G8 hg = grads(Space::Host);
-  SsdGrads hs{&hg.dx, &hg.ddt, &hg.dA, &hg.dB, &hg.dC, &hg.dD, &hg.ddb, packed ? &hg.dinit : nullptr};
-  ssd_bwd(hs, hin, dy, packed ? &dfin : nullptr, p);
+  Tensor y = hc.y(), fin = hc.states();
+  ssd_fwd(y, &fin, hc.inputs(), p);
+  test::SsdCase::Grads hg = hc.zero_grads();
+  ssd_bwd(hg.ptrs(packed), hc.inputs(), dy, packed ? &dfin : nullptr, p);
   // device
-  Tensor X = dev(x), DT = dev(dt), AL = dev(A_log), BB = dev(Bm), CC = dev(Cm), DD = dev(Dv), DB = dev(db), IN = dev(init),
-         DY = dev(dy), DF = dev(dfin);
-  SsdInputs din = inputs(X, DT, AL, BB, CC, DD, DB, IN);
-  Tensor Y = Tensor::zeros(x.shape(), d, Space::Cuda), FIN = Tensor::zeros(init.shape(), d, Space::Cuda);
-  ssd_fwd(Y, &FIN, din, p);
-  G8 dg = grads(Space::Cuda);
-  SsdGrads ds{&dg.dx, &dg.ddt, &dg.dA, &dg.dB, &dg.dC, &dg.dD, &dg.ddb, packed ? &dg.dinit : nullptr};
-  ssd_bwd(ds, din, DY, packed ? &DF : nullptr, p);
+  Tensor Y = dc.y(), FIN = dc.states();
+  ssd_fwd(Y, &FIN, dc.inputs(), p);
+  test::SsdCase::Grads dg = dc.zero_grads();
+  ssd_bwd(dg.ptrs(packed), dc.inputs(), DY, packed ? &DF : nullptr, p);
   expect_match(Y, y, d, "ssd y" + tag);
   expect_match(FIN, fin, d, "ssd final state" + tag);
   expect_match(dg.dx, hg.dx, d, "ssd dx" + tag);
   expect_match(dg.ddt, hg.ddt, d, "ssd ddt" + tag);
-  expect_match(dg.dA, hg.dA, d, "ssd dA_log" + tag);
+  expect_match(dg.dA_log, hg.dA_log, d, "ssd dA_log" + tag);
   expect_match(dg.dB, hg.dB, d, "ssd dB" + tag);
   expect_match(dg.dC, hg.dC, d, "ssd dC" + tag);
   expect_match(dg.dD, hg.dD, d, "ssd dD" + tag);
-  expect_match(dg.ddb, hg.ddb, d, "ssd ddt_bias" + tag);
+  expect_match(dg.ddt_bias, hg.ddt_bias, d, "ssd ddt_bias" + tag);
   if (packed) expect_match(dg.dinit, hg.dinit, d, "ssd dinit" + tag);
   // Same inputs again: bitwise the same outputs.
-  Tensor Y2 = Tensor::zeros(x.shape(), d, Space::Cuda), FIN2 = Tensor::zeros(init.shape(), d, Space::Cuda);
-  ssd_fwd(Y2, &FIN2, din, p);
+  Tensor Y2 = dc.y(), FIN2 = dc.states();
+  ssd_fwd(Y2, &FIN2, dc.inputs(), p);
   EXPECT_EQ(compare(Y2.to(Space::Host), Y.to(Space::Host)).max_abs, 0.0) << "ssd y repeat" << tag;
   EXPECT_EQ(compare(FIN2.to(Space::Host), FIN.to(Space::Host)).max_abs, 0.0) << "ssd final state repeat" << tag;
   // State passing: decay, the initial-state term and its backward (accumulating).
   if (!packed) {
-    SsdInputs hi = inputs(x, dt, A_log, Bm, Cm, Dv, db, init), di = inputs(X, DT, AL, BB, CC, DD, DB, IN);
-    hi.init_states = &init;
-    di.init_states = &IN;
+    SsdInputs hi = hc.inputs(), di = dc.inputs();
+    hi.init_states = &hc.init;
+    di.init_states = &dc.init;
     Tensor a = Tensor::zeros({B, H}, d), Aa = Tensor::zeros({B, H}, d, Space::Cuda);
     ssd_run_decay(a, hi, p);
     ssd_run_decay(Aa, di, p);
@@ -353,28 +325,25 @@ void check_ssd(const SsdParams& p, DType d, bool packed, const std::vector<std::
     ssd_init_state_fwd(Y, di, p);
     expect_match(Y, y, d, "ssd initial-state term" + tag);
     Tensor dd = rnd({B, H}, 50, d);
-    SsdStateGrads hsg{&hg.dC, &hg.ddt, &hg.dA, &hg.ddb, &hg.dinit}, dsg{&dg.dC, &dg.ddt, &dg.dA, &dg.ddb, &dg.dinit};
+    SsdStateGrads hsg{&hg.dC, &hg.ddt, &hg.dA_log, &hg.ddt_bias, &hg.dinit}, dsg{&dg.dC, &dg.ddt, &dg.dA_log, &dg.ddt_bias, &dg.dinit};
     ssd_init_state_bwd(hsg, hi, &dy, &dd, p);
     Tensor DDc = dev(dd);
     ssd_init_state_bwd(dsg, di, &DY, &DDc, p);
     expect_match(dg.dC, hg.dC, d, "state-term dC" + tag);
     expect_match(dg.ddt, hg.ddt, d, "state-term ddt" + tag);
-    expect_match(dg.dA, hg.dA, d, "state-term dA_log" + tag);
-    expect_match(dg.ddb, hg.ddb, d, "state-term ddt_bias" + tag);
+    expect_match(dg.dA_log, hg.dA_log, d, "state-term dA_log" + tag);
+    expect_match(dg.ddt_bias, hg.ddt_bias, d, "state-term ddt_bias" + tag);
     expect_match(dg.dinit, hg.dinit, d, "state-term dS0" + tag);
   }
 }
-SsdParams ssd_params(std::int64_t B, std::int64_t L, std::int64_t H, std::int64_t P, std::int64_t G, std::int64_t N,
-                     std::int64_t Q) {
-  SsdParams p;
-  p.batch = B;
-  p.seqlen = L;
-  p.heads = H;
-  p.head_dim = P;
-  p.groups = G;
-  p.d_state = N;
-  p.chunk = Q;
-  return p;
+// seq_idx of a packed row: a new sequence starts at each of `cuts`.
+test::SsdCase ssd_case(std::int64_t B, std::int64_t L, std::int64_t H, std::int64_t P, std::int64_t G, std::int64_t N,
+                       std::int64_t Q, DType d, const std::vector<std::int64_t>& cuts = {}) {
+  test::SsdCase c(B, L, H, P, G, N, Q, 40, d);
+  c.use_seq = c.use_init = !cuts.empty();
+  for (std::int64_t t = 0; t < B * L && !cuts.empty(); ++t)
+    c.seq.push_back(static_cast<std::int64_t>(std::upper_bound(cuts.begin(), cuts.end(), t) - cuts.begin()));
+  return c;
 }
 }  // namespace
 
@@ -383,9 +352,9 @@ TEST(CudaKernels, SsdForwardBackwardResetsStates) {
   for (DType d : kTypes) {
     // BSHD batch 2, chunk 8; a packed row with seq_idx resets and initial/final states; P*N beyond
     // 48 KiB of shared memory (fp64), groups of 4 heads.
-    check_ssd(ssd_params(2, 37, 4, 8, 2, 16, 8), d, false, {}, " variant 0");
-    check_ssd(ssd_params(1, 37, 4, 8, 2, 16, 16), d, true, {9, 10, 30}, " variant 1");
-    check_ssd(ssd_params(2, 40, 8, 64, 2, 128, 16), d, false, {}, " variant 2");
+    check_ssd(ssd_case(2, 37, 4, 8, 2, 16, 8, d), false, " variant 0");
+    check_ssd(ssd_case(1, 37, 4, 8, 2, 16, 16, d, {9, 10, 30}), true, " variant 1");
+    check_ssd(ssd_case(2, 40, 8, 64, 2, 128, 16, d), false, " variant 2");
   }
 }
 
@@ -394,8 +363,8 @@ TEST(CudaKernels, SsdForwardBackwardResetsStates) {
 // packed row whose resets fall inside a chunk, on a chunk boundary and one token after one.
 TEST(CudaKernels, SsdTensorCorePhasesMatchHost) {
   REQUIRE_GPU();
-  check_ssd(ssd_params(2, 300, 16, 64, 2, 128, 128), DType::BF16, false, {}, " tc BSHD");
-  check_ssd(ssd_params(1, 420, 8, 64, 1, 64, 128), DType::BF16, true, {50, 128, 129, 300}, " tc packed");
+  check_ssd(ssd_case(2, 300, 16, 64, 2, 128, 128, DType::BF16), false, " tc BSHD");
+  check_ssd(ssd_case(1, 420, 8, 64, 1, 64, 128, DType::BF16, {50, 128, 129, 300}), true, " tc packed");
 }
 
 TEST(CudaKernels, MoeRouterPermuteCombineExperts) {

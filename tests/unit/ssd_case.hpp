@@ -1,4 +1,5 @@
-// The SSD test case shared by the host tests: random inputs, optional seq_idx and initial states.
+// The SSD test case shared by the host and GPU tests: random inputs (fp64 unless asked), optional
+// seq_idx and initial states; on() copies it to another memory space.
 #pragma once
 #include "kernels/kernels.hpp"
 #include "unit/fd.hpp"
@@ -15,7 +16,7 @@ struct SsdCase {
   bool use_seq = false, use_init = false;
 
   SsdCase(std::int64_t b, std::int64_t L, std::int64_t H, std::int64_t P, std::int64_t G, std::int64_t N, std::int64_t chunk,
-       std::uint64_t seed) {
+       std::uint64_t seed, DType d = DType::F64) {
     p.batch = b;
     p.seqlen = L;
     p.heads = H;
@@ -23,14 +24,14 @@ struct SsdCase {
     p.groups = G;
     p.d_state = N;
     p.chunk = chunk;
-    x = test::rand({b, L, H, P}, seed);
-    dt = test::rand({b, L, H}, seed + 1, -2.0, 0.5);
-    A_log = test::rand({H}, seed + 2, -0.5, 0.8);
-    B = test::rand({b, L, G, N}, seed + 3);
-    C = test::rand({b, L, G, N}, seed + 4);
-    D = test::rand({H}, seed + 5);
-    dt_bias = test::rand({H}, seed + 6, -0.5, 0.5);
-    init = test::rand({b, H, P, N}, seed + 7);
+    x = test::rand({b, L, H, P}, seed, -1, 1, d);
+    dt = test::rand({b, L, H}, seed + 1, -2.0, 0.5, d);
+    A_log = test::rand({H}, seed + 2, -0.5, 0.8, d);
+    B = test::rand({b, L, G, N}, seed + 3, -1, 1, d);
+    C = test::rand({b, L, G, N}, seed + 4, -1, 1, d);
+    D = test::rand({H}, seed + 5, -1, 1, d);
+    dt_bias = test::rand({H}, seed + 6, -0.5, 0.5, d);
+    init = test::rand({b, H, P, N}, seed + 7, -1, 1, d);
   }
   SsdInputs inputs() const {
     SsdInputs in;
@@ -45,7 +46,13 @@ struct SsdCase {
     in.seq_idx = use_seq ? &seq : nullptr;
     return in;
   }
-  Tensor y() const { return Tensor::zeros(x.shape(), DType::F64); }
+  SsdCase on(Space sp) const {
+    SsdCase c = *this;
+    for (Tensor* t : {&c.x, &c.dt, &c.A_log, &c.B, &c.C, &c.D, &c.dt_bias, &c.init}) *t = t->to(sp);
+    return c;
+  }
+  Tensor zeros(const Shape& s) const { return Tensor::zeros(s, x.dtype(), x.space()); }
+  Tensor y() const { return zeros(x.shape()); }
   // Zeroed gradient buffers of every input and parameter, and the SsdGrads pointing at them.
   struct Grads {
     Tensor dx, ddt, dA_log, dB, dC, dD, ddt_bias, dinit;
@@ -54,9 +61,9 @@ struct SsdCase {
     }
   };
   Grads zero_grads() const {
-    auto z = [](const Tensor& t) { return Tensor::zeros(t.shape(), DType::F64); };
+    auto z = [this](const Tensor& t) { return zeros(t.shape()); };
     return {z(x), z(dt), z(A_log), z(B), z(C), z(D), z(dt_bias), z(init)};
   }
-  Tensor states() const { return Tensor::zeros({p.batch, p.heads, p.head_dim, p.d_state}, DType::F64); }
+  Tensor states() const { return zeros({p.batch, p.heads, p.head_dim, p.d_state}); }
 };
 }  // namespace hcp::test
