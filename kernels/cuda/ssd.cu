@@ -3,8 +3,10 @@
 // C.B, chunk states, state passing, chunk scan; the backward adds local state gradients, reverse state
 // passing, dy.x, dx, dB, dC, per-token dt terms and a per-chunk reduction); seq_idx resets, initial and
 // final states, D, dt_bias, softplus and clamp. The same element functions run on the host in
-// tests/unit/test_ssd_chunked.cpp. Also the state-passing kernels (run decay, initial-state term and
-// its backward). Per-head parameter gradients are reduced in a fixed order: bitwise repeatable.
+// tests/unit/test_ssd_chunked.cpp. For bf16 at the Mamba2 sizes (head_dim 64, chunk 128, d_state 64 or
+// 128) the exec hands every phase but the dt cumsum to the tensor-core kernels of kernels/cuda/ssd_tc.cu.
+// Also the state-passing kernels (run decay, initial-state term and its backward). Per-head parameter
+// gradients are reduced in a fixed order: bitwise repeatable.
 #include <cmath>
 #include <type_traits>
 
