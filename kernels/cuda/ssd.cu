@@ -159,18 +159,21 @@ void check_inputs(const SsdInputs& in, std::initializer_list<const Tensor*> outs
       HCP_CHECK(t->dtype() == dt, what, ": outputs must have x's dtype (", to_string(dt), ")");
     }
 }
-// Per-head partials [rows, H] (device) -> out[h] (+)= sum over rows, in order.
+// Per-head partials [rows, H] (device) -> out[h] (+)= sum over rows, in order, in fp64: one thread per
+// head, on the device (no synchronisation).
+template <class S, class A> __global__ void reduce_heads_k(S* out, const A* part, std::int64_t rows, std::int64_t heads, bool accumulate) {
+  const std::int64_t h = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (h >= heads) return;
+  double acc = accumulate ? static_cast<double>(ld(out + h)) : 0.0;
+  for (std::int64_t r = 0; r < rows; ++r) acc += static_cast<double>(part[r * heads + h]);
+  st(out + h, static_cast<A>(acc));
+}
 template <class A> void reduce_heads(Tensor* out, const A* part, std::int64_t rows, std::int64_t heads, bool accumulate) {
   if (!out) return;
-  std::vector<A> h(static_cast<std::size_t>(rows * heads));
-  HCP_CUDA_CHECK(cudaMemcpy(h.data(), part, h.size() * sizeof(A), cudaMemcpyDeviceToHost));
-  Tensor hostv = out->to(Space::Host);
-  for (std::int64_t k = 0; k < heads; ++k) {
-    double acc = accumulate ? hostv.get(k) : 0.0;
-    for (std::int64_t r = 0; r < rows; ++r) acc += static_cast<double>(h[static_cast<std::size_t>(r * heads + k)]);
-    hostv.set(k, acc);
-  }
-  out->copy_from(hostv);
+  HCP_CUDA_DISPATCH(*out, {
+    reduce_heads_k<S, A><<<blocks_for(heads, 128), 128>>>(dptr<S>(*out), part, rows, heads, accumulate);
+  });
+  check_launch("ssd per-head reduction");
 }
 template <class A> void reduce_heads(Tensor* out, const A* part, const SsdParams& p, bool accumulate) {
   reduce_heads(out, part, p.batch, p.heads, accumulate);
@@ -249,7 +252,6 @@ void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Ten
     const ssdc::Partials<A> part = ssdc::backward<A>(ex, chunk_in<S>(in, seq.p), d, dptr<S>(dy), dfinal ? dptr<S>(*dfinal) : nullptr,
                                                      dptr<S>(*g.dx), dptr<S>(*g.ddt), dptr<S>(*g.dB), dptr<S>(*g.dC),
                                                      g.dinit_states ? dptr<S>(*g.dinit_states) : nullptr);
-    HCP_CUDA_CHECK(cudaDeviceSynchronize());
     reduce_heads(g.dA_log, part.dA_log, d.B * d.nch, d.H, false);
     if (in.D) reduce_heads(g.dD, part.dD, d.B * d.nch, d.H, false);
     if (in.dt_bias) reduce_heads(g.ddt_bias, part.ddt_bias, d.B * d.nch, d.H, false);
