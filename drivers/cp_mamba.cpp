@@ -58,7 +58,7 @@ DeckSchema schema() {
       .add_int("mamba.d_state", 16, "state size N", 1)
       .add_int("mamba.conv", 4, "conv1d width", 1, 16)
       .add_int("mamba.chunk", 32, "SSD chunk size", 1);
-  drivers::add_cp_driver_keys(s, "100, 37, 250", 256);
+  drivers::add_cp_driver_keys(s, "100, 37, 250", 256, /*with_bf16=*/true);
   drivers::add_device_key(s);
   s.add_string("parallel.mamba_cp", "both", "Mamba CP strategy", {"hidden_parallel", "state_passing", "both"});
   return s;
@@ -114,7 +114,8 @@ std::int64_t model_bytes(model::MambaCp st, const Setup& s, int rank) {
   }
   const auto np = static_cast<std::int64_t>(cp::local_pieces(s.global, s.cp, rank).size());
   const std::int64_t PN = s.cfg.head_dim * s.cfg.d_state;
-  return (s.cp - 1) * np * s.cfg.heads * (2 * PN + 1) * es;
+  const auto ss = static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(s.dt)));
+  return (s.cp - 1) * np * s.cfg.heads * (2 * PN + 1) * ss;
 }
 
 struct StrategyRun {
@@ -145,7 +146,10 @@ void run(DriverContext& ctx) {
   fill_uniform(dy, seed * 7 + 2);
   const bool check = ctx.deck.get_bool("run.check");
   const int warm = static_cast<int>(ctx.deck.get_int("run.warmup")), reps = static_cast<int>(ctx.deck.get_int("run.repeats"));
-  const double tol = s.dt == DType::F64 ? 1e-10 : 1e-5;
+  // bf16: outputs and gradients are rounded at different points than in the cp=1 run (per-piece
+  // parameter-gradient sums, the all-to-all layout's group sums, chunk-start states), a few bf16 ulps
+  // of the largest magnitude.
+  const double tol = s.dt == DType::F64 ? 1e-10 : s.dt == DType::F32 ? 1e-5 : 2e-2;
 
   // cp=1 reference on rank 0 (the state-passing layer: it runs any heads / n_groups).
   Tensor ry, rdh;

@@ -3,7 +3,7 @@
 # (CUDA kernels, NCCL / staged communicators, CP on GPU ranks at np 1, 2, 4), then strong and weak
 # scaling through jobs/slurm/cp_scaling.sbatch under mpirun for
 #   cp_attention  every strategy, bf16, head_dim 128 (the tensor-core kernels), cp=1 check off
-#   cp_mamba      hidden_parallel and state_passing (fp32)
+#   cp_mamba      hidden_parallel and state_passing (bf16 at Mamba2 sizes on GPUs, fp32 on CPU ranks)
 #   cp_hybrid     every attention strategy (fp32, the nano-like deck)
 # with CP sizes 1, 2, 4, 8 up to the GPUs present. Per run one HDF5 file; per study timings.txt (step
 # time, ring overlap, per-phase/per-layer times), summary.txt and a scaling plot, in $HCP_LOG_DIR.
@@ -50,10 +50,14 @@ study() {  # driver mode tokens extra...
 }
 rc=${gpu_tests_failed:-0}
 attn_args="--set data.dtype=$([ "$device" = cuda ] && echo bf16 || echo fp32) --set attention.head_dim=$([ "$device" = cuda ] && echo 128 || echo 16)"
+# On GPUs the Mamba layer at Mamba2 / Nemotron-H sizes in bf16 (the tensor-core SSD): head_dim 64,
+# d_state 128, chunk 128, 32 heads in 8 groups.
+mamba_args="--set data.dtype=fp32"
+[ "$device" = cuda ] && mamba_args="--set data.dtype=bf16 --set mamba.hidden=1024 --set mamba.heads=32 --set mamba.head_dim=64 --set mamba.n_groups=8 --set mamba.d_state=128 --set mamba.chunk=128"
 for mode in strong weak; do
   div=1; [ "$mode" = weak ] && div=8
   study cp_attention "$mode" $((t_attn / div)) $attn_args || rc=1
-  study cp_mamba "$mode" $((t_mamba / div)) --set data.dtype=fp32 || rc=1
+  study cp_mamba "$mode" $((t_mamba / div)) $mamba_args || rc=1
   study cp_hybrid "$mode" $((t_hyb / div)) --deck "$root/inputs/hybrid_nano_like.toml" --set data.dtype=fp32 || rc=1
 done
 echo "RESULT gpu_scaling $([ $rc = 0 ] && echo DONE || echo FAIL) out=$out"

@@ -71,6 +71,10 @@ class ConvHalo {
 // counted chunk by chunk (the cost model the measured bytes are checked against).
 std::int64_t model_halo_rows(const SeqLayout& global, int cp, Partition part, std::int64_t halo);
 
+// Precision of the state scan for a layer of dtype `layer`: fp32 for bf16 (states are widened for the
+// exchange and the scan, and rounded once after), else the layer's own.
+inline DType state_scan_dtype(DType layer) { return layer == DType::BF16 ? DType::F32 : layer; }
+
 class StateScan {
  public:
   StateScan() = default;

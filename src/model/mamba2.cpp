@@ -354,7 +354,10 @@ void Mamba2SP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
     }
   });
   // 3. exchange (S_k, a_k); exclusive scan along each sequence gives every piece's initial state.
-  timed("fwd/state_exchange", [&] { S_in_ = scan_.forward(comm_, S, a); });
+  // bf16 states are widened for the exchange and the scan, and rounded once after (as the chunk-start
+  // states inside a single-rank bf16 SSD are).
+  const DType sdt = cp::state_scan_dtype(dt);
+  timed("fwd/state_exchange", [&] { S_in_ = scan_.forward(comm_, S.to(sdt), a.to(sdt)).to(dt); });
   // 4. correct the outputs by the initial-state term.
   timed("fwd/state_correction", [&] {
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
@@ -394,7 +397,11 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   });
   // 3'. reverse scan: gradient of every piece's final state and decay.
   Tensor dS, da;
-  timed("bwd/state_exchange", [&] { scan_.backward(comm_, dS, da, dSin); });
+  timed("bwd/state_exchange", [&] {
+    scan_.backward(comm_, dS, da, dSin.to(cp::state_scan_dtype(dt)));
+    dS = dS.to(dt);
+    da = da.to(dt);
+  });
   // 2'. each piece's zero-state backward with its final-state gradient, plus the decay's gradient.
   timed("bwd/ssd", [&] {
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
