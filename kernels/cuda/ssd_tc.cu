@@ -11,13 +11,17 @@
 //   dx      dx̂_s = [seq_s = seq_E] e^{cs_E − cs_s} B_s·dS + Σ_{t~s} dec CB_ts dy_t;  dx = dt_s dx̂ + D dy
 //   dB, dC  the same two kinds of product with dyx in place of CB, summed over the heads of the group
 //                                                                              block per (group, chunk, row)
-// The per-token terms of d cs and d dt come out of the scan and dx blocks as row dot products:
-//   d cs_t = dy_t·ŷ_t − dt_t (x_t·dx̂_t),   d dt_t (direct) = x_t·dx̂_t,   t3_t = dt_t (x_t·dx̂_t, state part),
-// which equal the element phase TokenTerms term by term. seq_idx is nondecreasing along a row (packed
-// sequences), so "same sequence" is an equality test. The operands of each product are rounded to bf16
-// (w∘x, the decayed masked CB and dyx, S_in, dS), as the mamba_ssm Triton kernels do; accumulation and
-// the row dot products are fp32, each output element with one owner: bitwise repeatable. Blocks of one
-// chunk's heads are adjacent in the grid, so a group's B/C tiles and CB are re-read from L2.
+// The per-token terms of d cs and d dt (the element phase TokenTerms, term by term): the chunk-start
+// state terms as row dot products in the scan and dx blocks (dy_t · state part of ŷ_t; x_t · state part
+// of dx̂_t), the intra-chunk pair terms as fp32 row and column sums of the same products
+// dec CB_ts dyx_ts (pairs_k), so that they cancel in the chunk's reverse cumulative sum as exactly as in
+// the element phase (bf16-rounded GEMM results would leave a residual that grows along the chunk).
+// Also the state passing over chunks (16-byte vectors) and the chunk reduction (a block per head and
+// chunk). seq_idx is nondecreasing along a row (packed sequences), so "same sequence" is an equality
+// test. The operands of each product are rounded to bf16 (w∘x, the decayed masked CB and dyx, S_in, dS),
+// as the mamba_ssm Triton kernels do; accumulation and the dot products are fp32, each output element
+// with one owner and one summation order: bitwise repeatable. Blocks of one chunk's heads are adjacent
+// in the grid, so a group's B/C tiles and CB are re-read from L2.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
