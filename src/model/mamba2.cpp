@@ -35,6 +35,8 @@ ParamMap zeros_like(const ParamMap& p) {
 }
 
 namespace {
+// `t` in dtype `d` (itself when it already is).
+Tensor as(const Tensor& t, DType d) { return t.dtype() == d ? t : t.to(d); }
 // Columns [c0, c0+n) of a [T, C] tensor, contiguous copy.
 Tensor cols(const Tensor& x, std::int64_t c0, std::int64_t n) { return x.slice(1, c0, n).clone(); }
 // Rows [r0, r0+n) of a parameter (first axis), contiguous copy.
@@ -357,7 +359,7 @@ void Mamba2SP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   // bf16 states are widened for the exchange and the scan, and rounded once after (as the chunk-start
   // states inside a single-rank bf16 SSD are).
   const DType sdt = cp::state_scan_dtype(dt);
-  timed("fwd/state_exchange", [&] { S_in_ = scan_.forward(comm_, S.to(sdt), a.to(sdt)).to(dt); });
+  timed("fwd/state_exchange", [&] { S_in_ = as(scan_.forward(comm_, as(S, sdt), as(a, sdt)), dt); });
   // 4. correct the outputs by the initial-state term.
   timed("fwd/state_correction", [&] {
     for (std::size_t i = 0; i < pieces_.size(); ++i) {
@@ -398,9 +400,9 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   // 3'. reverse scan: gradient of every piece's final state and decay.
   Tensor dS, da;
   timed("bwd/state_exchange", [&] {
-    scan_.backward(comm_, dS, da, dSin.to(cp::state_scan_dtype(dt)));
-    dS = dS.to(dt);
-    da = da.to(dt);
+    scan_.backward(comm_, dS, da, as(dSin, cp::state_scan_dtype(dt)));
+    dS = as(dS, dt);
+    da = as(da, dt);
   });
   // 2'. each piece's zero-state backward with its final-state gradient, plus the decay's gradient.
   timed("bwd/ssd", [&] {
