@@ -220,13 +220,6 @@ template <class S> ssdc::In<S> chunk_in(const SsdInputs& in, const std::int64_t*
   return {dptr<S>(*in.x), dptr<S>(*in.dt), dptr<S>(*in.A_log), dptr<S>(*in.Bm), dptr<S>(*in.Cm), opt(in.D),
           opt(in.dt_bias), opt(in.init_states), seq};
 }
-template <class A> struct DevBuf {
-  A* p = nullptr;
-  explicit DevBuf(std::int64_t n) { HCP_CUDA_CHECK(cudaMalloc(&p, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(A))); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
 }  // namespace
 
 void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p) {
@@ -284,16 +277,16 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
   const Dims d = dims_of(p);
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
-    DevBuf<A> scratch(d.B * d.G * d.L), dA(d.B * d.H), ddtb(d.B * d.H);
+    CudaExec ex;
+    A *scratch = ex.alloc<A>(d.B * d.G * d.L), *dA = ex.alloc<A>(d.B * d.H), *ddtb = ex.alloc<A>(d.B * d.H);
     const std::size_t sm = static_cast<std::size_t>(d.P * d.N) * sizeof(A);
     allow_smem(init_bwd_k<S, A>, sm);
     init_bwd_k<S, A><<<static_cast<unsigned>(d.B * d.G), kThreads, sm>>>(
-        dy ? dptr<S>(*g.dC) : nullptr, dptr<S>(*g.ddt), dy ? dptr<S>(*g.dinit_states) : nullptr, dA.p, ddtb.p,
-        dy ? dptr<S>(*dy) : nullptr, ddecay ? dptr<S>(*ddecay) : nullptr, ptrs_of<S>(in, nullptr), d, scratch.p);
+        dy ? dptr<S>(*g.dC) : nullptr, dptr<S>(*g.ddt), dy ? dptr<S>(*g.dinit_states) : nullptr, dA, ddtb,
+        dy ? dptr<S>(*dy) : nullptr, ddecay ? dptr<S>(*ddecay) : nullptr, ptrs_of<S>(in, nullptr), d, scratch);
     check_launch("ssd_init_state_bwd");
-    HCP_CUDA_CHECK(cudaDeviceSynchronize());
-    reduce_heads(g.dA_log, dA.p, p, true);
-    if (in.dt_bias) reduce_heads(g.ddt_bias, ddtb.p, p, true);
+    reduce_heads(g.dA_log, dA, p, true);
+    if (in.dt_bias) reduce_heads(g.ddt_bias, ddtb, p, true);
   });
 }
 

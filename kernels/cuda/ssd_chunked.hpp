@@ -134,6 +134,22 @@ template <class S, class A> struct ChunkState {
     k.w.states[e] = acc;
   }
 };
+// The state recurrence over the chunks of row b, head h, element pn of buf ([B,nch,H,PN]), from `run`:
+// each chunk's value is replaced by the running value on entry and run = [the chunk continues the
+// sequence of the token before it] e^{cs_E} run + value; chunks in order, or reversed (the gradient
+// pass). Returns the last running value.
+template <class S, class A> HCP_HD A pass_chunks(const Ctx<S, A>& k, A* buf, i64 b, i64 h, i64 pn, A run, bool reverse) {
+  const Dims& d = k.d;
+  for (i64 n = 0; n < d.nch; ++n) {
+    const i64 c = reverse ? d.nch - 1 - n : n;
+    A* s = buf + k.st(b, c, h) + pn;
+    const A loc = *s;
+    *s = run;
+    const i64 E = d.E(c);
+    run = (k.seq(b, E) == k.prev_seq(b, c) ? exp(k.w.cs[k.tok(b, h, E)]) * run : A(0)) + loc;
+  }
+  return run;
+}
 // (b, h, p, n): sequential over chunks; states become chunk-start states; fin = state after token L-1.
 template <class S, class A> struct StatePass {
   Ctx<S, A> k;
@@ -141,14 +157,8 @@ template <class S, class A> struct StatePass {
   HCP_HD void operator()(i64 e) const {
     const Dims& d = k.d;
     const i64 pn = e % d.PN(), h = (e / d.PN()) % d.H, b = e / (d.PN() * d.H);
-    A run = d.has_init ? A(val(k.in.init[(b * d.H + h) * d.PN() + pn])) : A(0);
-    for (i64 c = 0; c < d.nch; ++c) {
-      A* s = k.w.states + k.st(b, c, h) + pn;
-      const A loc = *s;
-      *s = run;
-      const i64 E = d.E(c);
-      run = (k.seq(b, E) == k.prev_seq(b, c) ? exp(k.w.cs[k.tok(b, h, E)]) * run : A(0)) + loc;
-    }
+    const A run0 = d.has_init ? A(val(k.in.init[(b * d.H + h) * d.PN() + pn])) : A(0);
+    const A run = pass_chunks(k, k.w.states, b, h, pn, run0, false);
     if (fin) put(fin + (b * d.H + h) * d.PN() + pn, run);
   }
 };
@@ -215,14 +225,8 @@ template <class S, class A> struct DStatePass {
     const Ctx<S, A>& k = q.k;
     const Dims& d = k.d;
     const i64 pn = e % d.PN(), h = (e / d.PN()) % d.H, b = e / (d.PN() * d.H);
-    A run = dfin ? A(val(dfin[(b * d.H + h) * d.PN() + pn])) : A(0);
-    for (i64 c = d.nch - 1; c >= 0; --c) {
-      A* s = q.dstates + k.st(b, c, h) + pn;
-      const A loc = *s;
-      *s = run;
-      const i64 E = d.E(c);
-      run = (k.seq(b, E) == k.prev_seq(b, c) ? exp(k.w.cs[k.tok(b, h, E)]) * run : A(0)) + loc;
-    }
+    const A run0 = dfin ? A(val(dfin[(b * d.H + h) * d.PN() + pn])) : A(0);
+    const A run = pass_chunks(k, q.dstates, b, h, pn, run0, true);
     if (dinit) put(dinit + (b * d.H + h) * d.PN() + pn, run);
   }
 };
