@@ -46,16 +46,6 @@ __device__ __forceinline__ std::int64_t kv_end(const SegD& g, std::int64_t i0, i
   return n < 0 ? 0 : (n > g.kv_len ? g.kv_len : n);
 }
 
-// Quad (the four lanes sharing a fragment row) reductions.
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
 // acc[m][NT8][4] += rows [r0 + 16m, +16) of X (tile [.][D]) times Y^T, Y a [NT8·8][D] tile stored
 // [n][k], for MT row tiles m sharing each B fragment (fewer shared-memory reads per MMA).
 template <int D, int NT8, int MT>

@@ -93,6 +93,16 @@ __device__ __forceinline__ void c_to_a(unsigned (&a)[4], const float (&c0)[4], c
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+// Quad (the four lanes sharing a fragment row) reductions.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // acc[0 .. NT8) += a (16 x 16) times the k16 x 8·NT8 block at (k0, n0) of a tile stored [k][n].
 template <int W, int NT8>
 __device__ __forceinline__ void mma_kn(float (&acc)[NT8][4], const unsigned (&a)[4], const bf16* tile, int k0, int n0) {

@@ -41,10 +41,7 @@ constexpr int kQ = 128;  // chunk
 constexpr int kP = 64;   // head_dim
 constexpr int kMT = kQ / 16;
 
-__device__ __forceinline__ i64 seq_of(const Ctx& k, i64 b, i64 t) { return k.in.seq ? k.in.seq[b * k.d.L + t] : 0; }
 __device__ __forceinline__ int chunk_rows(const Ctx& k, i64 t0) { return static_cast<int>(min(i64(kQ), k.d.L - t0)); }
-// Sequence of the token before chunk c (token 0 for chunk 0): the one a chunk-start state belongs to.
-__device__ __forceinline__ i64 prev_seq(const Ctx& k, i64 b, i64 c) { return seq_of(k, b, c == 0 ? 0 : c * kQ - 1); }
 
 // One head's per-token data of a chunk: cs, dt, seq (rows >= valid: 0, 0, -1).
 struct Tok {
@@ -56,7 +53,7 @@ template <int NT> __device__ __forceinline__ void load_tok(Tok& tk, const Ctx& k
   for (int s = threadIdx.x; s < kQ; s += NT) {
     tk.cs[s] = s < valid ? k.w.cs[tok + s] : 0.f;
     tk.dt[s] = s < valid ? k.w.dtv[tok + s] : 0.f;
-    tk.sq[s] = s < valid ? seq_of(k, b, t0 + s) : -1;
+    tk.sq[s] = s < valid ? k.seq(b, t0 + s) : -1;
   }
 }
 // fp32 [kP][N] matrix (row stride N) -> bf16 swizzled tile.
@@ -123,11 +120,6 @@ __device__ __forceinline__ unsigned scale2(unsigned u, float f) {
 }
 __device__ __forceinline__ void scale_rows(unsigned (&a)[4], float f0, float f1) {
   a[0] = scale2(a[0], f0), a[2] = scale2(a[2], f0), a[1] = scale2(a[1], f1), a[3] = scale2(a[3], f1);
-}
-// Sum over the quad (the four lanes holding one fragment row).
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 // Σ_p tile[i][p] · acc over the n8 tiles a thread holds of row i (half hf of the fragment).
 template <int NT8>
@@ -205,8 +197,8 @@ template <int N, bool kGrad> __global__ void __launch_bounds__(256) states_k(Ctx
     const i64 tok = k.tok(b, h, t0);
     float wgt = 0.f;
     if (kGrad) {
-      if (s < valid && seq_of(k, b, t0 + s) == prev_seq(k, b, c)) wgt = __expf(k.w.cs[tok + s]);
-    } else if (s < valid && seq_of(k, b, t0 + s) == seq_of(k, b, t0 + valid - 1)) {
+      if (s < valid && k.seq(b, t0 + s) == k.prev_seq(b, c)) wgt = __expf(k.w.cs[tok + s]);
+    } else if (s < valid && k.seq(b, t0 + s) == k.seq(b, t0 + valid - 1)) {
       wgt = __expf(k.w.cs[tok + valid - 1] - k.w.cs[tok + s]) * k.w.dtv[tok + s];
     }
     wv[s] = wgt;
@@ -269,7 +261,7 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, b
   cp_async_commit();
   if (state) tile_from_f32<N, 128>(St, (kDx ? q.dstates : k.w.states) + k.st(b, c, h));
   load_tok<128>(tk, k, b, h, t0, valid);
-  const i64 prev = prev_seq(k, b, c);
+  const i64 prev = k.prev_seq(b, c);
   cp_async_wait<0>();
   __syncthreads();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
@@ -368,7 +360,7 @@ template <int N, bool kDB> __global__ void __launch_bounds__(256, 2) dbc_k(Bwd q
   const bool state = kDB || k.has_start(c);
   const i64 ro = ((b * d.L + t0) * d.G + g) * N;
   load_tile_async<N, 256>(Kt, (kDB ? k.in.Cm : k.in.Bm) + ro, d.G * N, kQ, valid);
-  const i64 prev = prev_seq(k, b, c);
+  const i64 prev = k.prev_seq(b, c);
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
   const int mt[2] = {w & 3, kMT - 1 - (w & 3)}, n0 = (w >> 2) * (N / 2);
   constexpr int NT = N / 16;  // n8 tiles per warp
@@ -489,7 +481,7 @@ template <bool kRev> __global__ void __launch_bounds__(256) pass_k(Ctx k, float*
     const float4 nxt = n + 1 < d.nch ? *ptr(c + step) : loc;
     *ptr(c) = run;
     const i64 E = d.E(c);
-    const float f = seq_of(k, b, E) == prev_seq(k, b, c) ? __expf(k.w.cs[k.tok(b, h, E)]) : 0.f;
+    const float f = k.seq(b, E) == k.prev_seq(b, c) ? __expf(k.w.cs[k.tok(b, h, E)]) : 0.f;
     run = make_float4(f * run.x + loc.x, f * run.y + loc.y, f * run.z + loc.z, f * run.w + loc.w);
     loc = nxt;
   }
@@ -506,7 +498,7 @@ __global__ void __launch_bounds__(256) reduce_k(Bwd q, bf16* ddt, float* part_dA
   const int valid = chunk_rows(k, t0), E = valid - 1;
   const i64 tok = k.tok(b, h, t0);
   float dot = 0.f;
-  if (k.has_start(c) && seq_of(k, b, t0 + E) == prev_seq(k, b, c)) {
+  if (k.has_start(c) && k.seq(b, t0 + E) == k.prev_seq(b, c)) {
     const float4* S0 = reinterpret_cast<const float4*>(k.w.states + k.st(b, c, h));
     const float4* dS = reinterpret_cast<const float4*>(q.dstates + k.st(b, c, h));
     for (i64 e = threadIdx.x; e < d.PN() / 4; e += 256) {
