@@ -34,17 +34,7 @@ struct SsdCase {
     init = test::rand({b, H, P, N}, seed + 7, -1, 1, d);
   }
   SsdInputs inputs() const {
-    SsdInputs in;
-    in.x = &x;
-    in.dt = &dt;
-    in.A_log = &A_log;
-    in.Bm = &B;
-    in.Cm = &C;
-    in.D = &D;
-    in.dt_bias = &dt_bias;
-    in.init_states = use_init ? &init : nullptr;
-    in.seq_idx = use_seq ? &seq : nullptr;
-    return in;
+    return {&x, &dt, &A_log, &B, &C, &D, &dt_bias, use_init ? &init : nullptr, use_seq ? &seq : nullptr};
   }
   SsdCase on(Space sp) const {
     SsdCase c = *this;

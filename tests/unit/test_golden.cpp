@@ -122,14 +122,7 @@ TEST(Golden, Mamba2Ssd) {
   p.groups = B.size(2);
   p.d_state = B.size(3);
   p.chunk = 4;  // 11 tokens: two full chunks and a ragged one
-  SsdInputs in;
-  in.x = &x;
-  in.dt = &dt;
-  in.A_log = &A_log;
-  in.Bm = &B;
-  in.Cm = &C;
-  in.D = &D;
-  in.dt_bias = &dtb;
+  const SsdInputs in{&x, &dt, &A_log, &B, &C, &D, &dtb};
   Tensor y = zeros_like(x);
   ssd_fwd(y, nullptr, in, p);
   test::expect_close(y, g.read("/ssd/y"), kAtol, kRtol, "ssd y");
