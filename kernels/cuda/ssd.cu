@@ -205,9 +205,10 @@ struct CudaExec {
   }
   // bf16 phases on the tensor cores (and vectorised state passing) where kernels/cuda/ssd_tc.cu covers the sizes.
   template <class S, class A> bool replace(ssdc::Phase ph, const ssdc::BwdCtx<S, A>& q, const ssdc::Io<S, A>& io) {
-    if constexpr (std::is_same_v<S, __nv_bfloat16> && std::is_same_v<A, float>)
-      return ssd_tc::run(ph, q, io);
-    else
+    if constexpr (std::is_same_v<S, __nv_bfloat16> && std::is_same_v<A, float>) {
+      const std::size_t n = ssd_tc::scratch_bytes(ph, q.k.d);
+      return ssd_tc::run(ph, q, io, n ? alloc<unsigned char>(static_cast<std::int64_t>(n)) : nullptr);
+    } else
       return false;
   }
 };

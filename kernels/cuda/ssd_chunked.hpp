@@ -73,6 +73,15 @@ template <class S, class A> struct Ctx {
   HCP_HD i64 seq(i64 b, i64 t) const { return in.seq ? in.seq[b * d.L + t] : 0; }
   HCP_HD i64 prev_seq(i64 b, i64 c) const { return seq(b, c == 0 ? 0 : d.c0(c) - 1); }
   HCP_HD A Ah(i64 h) const { return -exp(A(val(in.A_log[h]))); }
+  // Token t's effective dt for head h (softplus of dt + dt_bias if asked, clamped to [dt_min, dt_max])
+  // and its derivative with respect to the raw dt.
+  HCP_HD void eff_dt(i64 b, i64 t, i64 h, A& v, A& dv) const {
+    const A u = A(val(in.dt[(b * d.L + t) * d.H + h])) + (in.dt_bias ? A(val(in.dt_bias[h])) : A(0));
+    v = d.softplus ? (u > A(20) ? u : A(log1p(exp(u)))) : u;
+    dv = d.softplus ? A(1) / (A(1) + exp(-u)) : A(1);
+    if (v < A(d.dt_min)) v = A(d.dt_min), dv = 0;
+    if (v > A(d.dt_max)) v = A(d.dt_max), dv = 0;
+  }
   HCP_HD i64 tok(i64 b, i64 h, i64 t) const { return (b * d.H + h) * d.L + t; }  // [B,H,L]
   HCP_HD A xv(i64 b, i64 t, i64 h, i64 p) const { return val(in.x[((b * d.L + t) * d.H + h) * d.P + p]); }
   HCP_HD A Bv(i64 b, i64 t, i64 g, i64 n) const { return val(in.Bm[((b * d.L + t) * d.G + g) * d.N + n]); }
@@ -90,14 +99,11 @@ template <class S, class A> struct DtCumsum {
   HCP_HD void operator()(i64 i) const {
     const Dims& d = k.d;
     const i64 c = i % d.nch, h = (i / d.nch) % d.H, b = i / (d.nch * d.H);
-    const A Ah = k.Ah(h), bias = k.in.dt_bias ? A(val(k.in.dt_bias[h])) : A(0);
+    const A Ah = k.Ah(h);
     A run = 0;
     for (i64 t = d.c0(c); t <= d.E(c); ++t) {
-      const A u = A(val(k.in.dt[(b * d.L + t) * d.H + h])) + bias;
-      A v = d.softplus ? (u > A(20) ? u : A(log1p(exp(u)))) : u;
-      A dv = d.softplus ? A(1) / (A(1) + exp(-u)) : A(1);
-      if (v < A(d.dt_min)) v = A(d.dt_min), dv = 0;
-      if (v > A(d.dt_max)) v = A(d.dt_max), dv = 0;
+      A v, dv;
+      k.eff_dt(b, t, h, v, dv);
       run += v * Ah;
       k.w.dtv[k.tok(b, h, t)] = v;
       k.w.ddtv[k.tok(b, h, t)] = dv;
@@ -191,7 +197,7 @@ template <class S, class A> struct BwdCtx {
   Ctx<S, A> k;
   const S* dy;
   A* dstates;  // [B,nch,H,P,N] local, then the gradient w.r.t. each chunk's END state
-  A* dyx;      // [B,nch,H,Q,Q] dy_i . x_j for j <= i
+  A* dyx;      // [B,nch,H,Q,Q] dy_i . x_j for j <= i (element path of Phase::Terms only)
   A* dcs;      // [B,H,L] d cs_t excluding the terms that land on the chunk end
   A* t3;       // [B,H,L] the end-state term of token s (lands on cs_E with +, on cs_s with -)
   A* ddt_dir;  // [B,H,L] d dt_eff, direct terms
@@ -410,13 +416,15 @@ template <class S, class A> struct ChunkReduce {
 // own way with the same outputs and returning false where it does not cover the shape or type. The
 // forward phases see a BwdCtx whose backward buffers are null.
 enum class Phase {
+  DtCumsum,     // k.w.dtv, k.w.ddtv, k.w.cs
   CB,           // k.w.CB
   States,       // k.w.states (chunk-local)
   Pass,         // k.w.states -> chunk-start states, io.fin
   Scan,         // io.y
   DStateLocal,  // q.dstates (chunk-local)
   DPass,        // q.dstates -> end-state gradients, io.dinit (from io.dfin)
-  Terms,        // q.dyx, io.dx, io.dB, io.dC and the per-token q.dcs, q.t3, q.ddt_dir, q.dyx_d
+  Terms,        // io.dx, io.dB, io.dC and the per-token q.dcs, q.t3, q.ddt_dir, q.dyx_d (q.dyx is null: an
+                // exec replacing this phase keeps its own intermediates; the element path allocates it)
   Reduce        // io.ddt and the partials
 };
 template <class S, class A> struct Io {
@@ -438,7 +446,7 @@ template <class A, class S, class Exec> Ctx<S, A> forward(Exec& ex, const In<S>&
          ex.template alloc<A>(d.B * d.nch * d.G * d.Q * d.Q), ex.template alloc<A>(d.B * d.nch * d.H * d.PN())};
   const BwdCtx<S, A> q{k, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   const Io<S, A> io{y, fin, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
-  ex.run(d.B * d.H * d.nch, DtCumsum<S, A>{k});
+  if (!replaced(ex, Phase::DtCumsum, q, io)) ex.run(d.B * d.H * d.nch, DtCumsum<S, A>{k});
   if (!replaced(ex, Phase::CB, q, io)) ex.run(d.B * d.nch * d.G * d.Q * d.Q, ChunkCB<S, A>{k});
   if (!replaced(ex, Phase::States, q, io)) ex.run(d.B * d.nch * d.H * d.PN(), ChunkState<S, A>{k});
   if (!replaced(ex, Phase::Pass, q, io)) ex.run(d.B * d.H * d.PN(), StatePass<S, A>{k, fin});
@@ -456,7 +464,7 @@ Partials<A> backward(Exec& ex, const In<S>& in, const Dims& d, const S* dy, cons
   BwdCtx<S, A> q{k,
                  dy,
                  ex.template alloc<A>(BCH * d.PN()),
-                 ex.template alloc<A>(BCH * d.Q * d.Q),
+                 nullptr,
                  ex.template alloc<A>(BHL),
                  ex.template alloc<A>(BHL),
                  ex.template alloc<A>(BHL),
@@ -466,6 +474,7 @@ Partials<A> backward(Exec& ex, const In<S>& in, const Dims& d, const S* dy, cons
   if (!replaced(ex, Phase::DStateLocal, q, io)) ex.run(BCH * d.PN(), DStateLocal<S, A>{q});
   if (!replaced(ex, Phase::DPass, q, io)) ex.run(d.B * d.H * d.PN(), DStatePass<S, A>{q, dfin, dinit});
   if (!replaced(ex, Phase::Terms, q, io)) {
+    q.dyx = ex.template alloc<A>(BCH * d.Q * d.Q);
     ex.run(BCH * d.Q * d.Q, DyX<S, A>{q});
     ex.run(d.B * d.L * d.H * d.P, Dx<S, A>{q, dx});
     ex.run(d.B * d.L * d.G * d.N, DB<S, A>{q, dB});

@@ -4,21 +4,23 @@
 // the chunked SSD (kernels/cuda/ssd_chunked.hpp) that are matrix products, with the same inputs, Work
 // layout and semantics (seq_idx resets, initial states, a ragged last chunk). Per chunk c of row b,
 // with "later ~ earlier" meaning later >= earlier in the same sequence and dec = e^{cs_later − cs_earlier}:
-//   gram    CB[g]    = C · B^T;  dyx[h] = dy · x^T          (lower triangle)   block per (unit, chunk, row)
+//   gram    CB[g]    = C · B^T  (lower triangle)                                  block per (group, chunk, row)
 //   states  S[h]     = (w ∘ x)^T B,  w_s = e^{cs_E − cs_s} dt_s [seq_s = seq_E]
 //           dS_loc[h] = (w ∘ dy)^T C, w_t = e^{cs_t} [seq_t = prev]                  block per (head, chunk, row)
 //   scan    ŷ_t = [seq_t = prev] e^{cs_t} C_t·S_in + Σ_{s~t} dec CB_ts dt_s x_s;  y = ŷ + D x
 //   dx      dx̂_s = [seq_s = seq_E] e^{cs_E − cs_s} B_s·dS + Σ_{t~s} dec CB_ts dy_t;  dx = dt_s dx̂ + D dy
-//   dB, dC  the same two kinds of product with dyx in place of CB, summed over the heads of the group
-//                                                                              block per (group, chunk, row)
+//   pairs   dyx[h] = dy · x^T in registers, head by head; M[g] = Σ_h dec dt_s dyx_ts  block per (group, chunk, row)
+//   dB, dC  dC = M B + Σ_h (state term), dB = M^T C + Σ_h (state term)             block per (group, chunk, row)
 // The per-token terms of d cs and d dt (the element phase TokenTerms, term by term): the chunk-start
 // state terms as row dot products in the scan and dx blocks (dy_t · state part of ŷ_t; x_t · state part
 // of dx̂_t), the intra-chunk pair terms as fp32 row and column sums of the same products
 // dec CB_ts dyx_ts (pairs_k), so that they cancel in the chunk's reverse cumulative sum as exactly as in
 // the element phase (bf16-rounded GEMM results would leave a residual that grows along the chunk).
-// Also the state passing over chunks (16-byte vectors) and the chunk reduction (a block per head and
-// chunk). seq_idx is nondecreasing along a row (packed sequences), so "same sequence" is an equality
-// test. The operands of each product are rounded to bf16 (w∘x, the decayed masked CB and dyx, S_in, dS),
+// Summing dyx over the group's heads before the products with B and C (as mamba_ssm does) makes the
+// intra-chunk part of dB/dC one Q×Q×N product per group instead of one per head.
+// Also the dt cumulative sum (a warp per head and chunk), the state passing over chunks (16-byte
+// vectors) and the chunk reduction (a block per head and chunk). seq_idx is nondecreasing along a row
+// (packed sequences), so "same sequence" is an equality test. The operands of each product are rounded to bf16 (w∘x, the decayed masked CB, M, S_in, dS),
 // as the mamba_ssm Triton kernels do; accumulation and the dot products are fp32, each output element
 // with one owner and one summation order: bitwise repeatable. Blocks of one chunk's heads are adjacent
 // in the grid, so a group's B/C tiles and CB are re-read from L2.
@@ -342,56 +344,215 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, b
     }
 }
 
-// ---- dB / dC: per (group, chunk, row), the heads of the group in order; 8 warps, warp w owns the
-// 16-row tiles w % 4 and 7 − w % 4 and the n half w / 4.
-//   dC_t = Σ_h [seq_t = prev] e^{cs_t} dy_t·S_in + Σ_{s~t} dec dt_s dyx_ts B_s
-//   dB_s = Σ_h dt_s ([seq_s = seq_E] e^{cs_E − cs_s} x_s·dS + Σ_{t~s} dec dyx_ts C_t)
-template <int N> constexpr std::size_t dbc_smem() { return sizeof(bf16) * (kQ * N + kQ * kP + kP * N) + sizeof(Tok); }
-template <int N, bool kDB> __global__ void __launch_bounds__(256, 2) dbc_k(Bwd q, bf16* out) {
+// ---- pair terms and the intra-chunk matrix of dB / dC: per (group, chunk, row), the heads of the
+// group in order, the next head's dy / x tiles in flight; 8 warps, warp w owns the 16-row tiles
+// a = w % 4 and 7 − a (equal causal work) and the 16-column blocks of parity w / 4. Per head:
+// dyx = dy · x^T on the tensor cores (fp32, never stored), then per pair (t later, s earlier, same
+// sequence) with e = e^{cs_t − cs_s}:
+//   v = e CB_ts dyx_ts:     rows[t] += dt_s v, cols[s] += v  (the pair terms of d cs and d dt, see above)
+//   M_ts += e dt_s dyx_ts   (summed over the group's heads: dB and dC's intra-chunk matrix)
+// then per token q.dcs += rows − dt·cols − t3 and q.ddt_dir += cols; M as bf16 [B,nch,G,Q,Q] (zero
+// above the diagonal) at the end. Row and column sums cross warps through shared memory in a fixed order.
+struct PairsSmem {
+  bf16 dy[2][kQ * kP], x[2][kQ * kP];
+  float cs[2][kQ], dt[2][kQ];
+  i64 sq[kQ];
+  float rowp[2][kQ], colp[4][kQ];
+};
+// The column blocks of parity `par` that row tile mt meets: par + 2 jb <= mt; the low tile (m = 0,
+// mt <= 3) meets at most two.
+__device__ __forceinline__ bool meets(int m, int jb, int par, int mt) { return !(m == 0 && jb >= 2) && par + 2 * jb <= mt; }
+__global__ void __launch_bounds__(256, 1) pairs_k(Bwd q, bf16* M) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  PairsSmem& sm = *reinterpret_cast<PairsSmem*>(smem);
+  const Ctx& k = q.k;
+  const ssdc::Dims& d = k.d;
+  const i64 g = blockIdx.x, c = blockIdx.y, b = blockIdx.z, t0 = c * kQ, h0 = g * d.hpg(), nh = d.hpg();
+  const int valid = chunk_rows(k, t0);
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
+  const int a = w & 3, par = w >> 2, mt[2] = {a, kMT - 1 - a};
+  auto fetch = [&](i64 h, int buf) {
+    const i64 xo = ((b * d.L + t0) * d.H + h) * kP;
+    load_tile_async<kP, 256>(sm.dy[buf], q.dy + xo, d.H * kP, kQ, valid);
+    load_tile_async<kP, 256>(sm.x[buf], k.in.x + xo, d.H * kP, kQ, valid);
+    cp_async_commit();
+    if (threadIdx.x < kQ) {
+      const int s = threadIdx.x;
+      const i64 tok = k.tok(b, h, t0);
+      sm.cs[buf][s] = s < valid ? k.w.cs[tok + s] : 0.f;
+      sm.dt[buf][s] = s < valid ? k.w.dtv[tok + s] : 0.f;
+    }
+  };
+  fetch(h0, 0);
+  if (threadIdx.x < kQ) sm.sq[threadIdx.x] = static_cast<int>(threadIdx.x) < valid ? k.seq(b, t0 + threadIdx.x) : -1;
+  // This thread's CB values and M sums, laid out like its dyx fragments: [m][jb][n8 half][4].
+  float cb[2][4][2][4], Ms[2][4][2][4] = {};
+  const float* cbg = k.w.CB + ((b * d.nch + c) * d.G + g) * kQ * kQ;
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb)
+      if (meets(m, jb, par, mt[m]))
+#pragma unroll
+        for (int s2 = 0; s2 < 2; ++s2)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int i = 16 * mt[m] + grp + 8 * hf, j = 16 * (par + 2 * jb) + 8 * s2 + 2 * tig;
+            const float2 v = *reinterpret_cast<const float2*>(cbg + i * kQ + j);
+            cb[m][jb][s2][2 * hf] = v.x, cb[m][jb][s2][2 * hf + 1] = v.y;
+          }
+  for (i64 hi = 0; hi < nh; ++hi) {
+    const int buf = static_cast<int>(hi & 1);
+    cp_async_wait<0>();
+    __syncthreads();  // head hi's tiles are in; the previous head's are no longer read
+    if (hi + 1 < nh) fetch(h0 + hi + 1, buf ^ 1);
+    float acc[2][4][2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kP / 16; ++kk)
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        unsigned af[4];
+        load_a<kP>(af, sm.dy[buf], 16 * mt[m], kk * 16);
+#pragma unroll
+        for (int jb = 0; jb < 4; ++jb)
+          if (meets(m, jb, par, mt[m])) {
+            unsigned bb[4];
+            load_b_nk<kP>(bb, sm.x[buf], 16 * (par + 2 * jb), kk * 16);
+            mma(acc[m][jb][0], af, bb[0], bb[1]);
+            mma(acc[m][jb][1], af, bb[2], bb[3]);
+          }
+      }
+    const float *cs = sm.cs[buf], *dt = sm.dt[buf];
+    float rows[2][2] = {}, cols[4][2][2] = {};
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int jb = 0; jb < 4; ++jb)
+        if (meets(m, jb, par, mt[m]))
+#pragma unroll
+          for (int s2 = 0; s2 < 2; ++s2)
+#pragma unroll
+            for (int x = 0; x < 4; ++x) {
+              const int hf = x >> 1, e = x & 1;
+              const int i = 16 * mt[m] + grp + 8 * hf, j = 16 * (par + 2 * jb) + 8 * s2 + 2 * tig + e;
+              if (j <= i && i < valid && sm.sq[i] == sm.sq[j]) {
+                const float ex = __expf(cs[i] - cs[j]), y = acc[m][jb][s2][x];
+                const float v = ex * cb[m][jb][s2][x] * y;
+                rows[m][hf] += dt[j] * v;
+                cols[jb][s2][e] += v;
+                Ms[m][jb][s2][x] += ex * dt[j] * y;
+              }
+            }
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float r = quad_sum(rows[m][hf]);
+        if (tig == 0) sm.rowp[par][16 * mt[m] + grp + 8 * hf] = r;
+      }
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb)
+#pragma unroll
+      for (int s2 = 0; s2 < 2; ++s2)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float v = cols[jb][s2][e];
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          v += __shfl_xor_sync(0xffffffffu, v, 16);
+          if (grp == 0) sm.colp[a][16 * (par + 2 * jb) + 8 * s2 + 2 * tig + e] = v;
+        }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < valid) {
+      const int j = threadIdx.x;
+      const float rs = sm.rowp[0][j] + sm.rowp[1][j];
+      const float co = ((sm.colp[0][j] + sm.colp[1][j]) + sm.colp[2][j]) + sm.colp[3][j];
+      const i64 tok = k.tok(b, h0 + hi, t0) + j;
+      q.dcs[tok] += rs - dt[j] * co - q.t3[tok];
+      q.ddt_dir[tok] += co;
+    }
+  }
+  bf16* Mo = M + ((b * d.nch + c) * d.G + g) * kQ * kQ;
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb) {
+      const bool on = meets(m, jb, par, mt[m]);
+#pragma unroll
+      for (int s2 = 0; s2 < 2; ++s2)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = 16 * mt[m] + grp + 8 * hf, j = 16 * (par + 2 * jb) + 8 * s2 + 2 * tig;
+          *reinterpret_cast<unsigned*>(Mo + i * kQ + j) =
+              on ? pack_bf16(Ms[m][jb][s2][2 * hf], Ms[m][jb][s2][2 * hf + 1]) : 0u;
+        }
+    }
+}
+
+// ---- dB / dC: per (group, chunk, row); 8 warps, warp w owns the 16-row tiles w % 4 and 7 − w % 4 and
+// the n half w / 4. The intra-chunk part is one product with M (pairs_k), the state part a product per
+// head of the group, in order:
+//   dC_t = Σ_{s<=t} M_ts B_s + Σ_h [seq_t = prev] e^{cs_t} dy_t·S_in
+//   dB_s = Σ_{t>=s} M_ts C_t + Σ_h [seq_s = seq_E] dt_s e^{cs_E − cs_s} x_s·dS
+template <int N> constexpr std::size_t dbc_smem() { return sizeof(bf16) * (kQ * N + kQ * kQ + kQ * kP + kP * N); }
+template <int N, bool kDB> __global__ void __launch_bounds__(256, 2) dbc_k(Bwd q, const bf16* M, bf16* out) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Kt = reinterpret_cast<bf16*>(smem);  // C (dB) or B (dC), [Q][N]
-  bf16* Vh = Kt + kQ * N;                    // x_h (dB) or dy_h (dC), [Q][P]
+  bf16* Mt = Kt + kQ * N;                    // M, [Q][Q]
+  bf16* Vh = Mt + kQ * kQ;                   // x_h (dB) or dy_h (dC), [Q][P]
   bf16* Sh = Vh + kQ * kP;                   // dS_h (dB) or S_in,h (dC), [P][N]
-  Tok& tk = *reinterpret_cast<Tok*>(Sh + kP * N);
   const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
   const i64 g = blockIdx.x, c = blockIdx.y, b = blockIdx.z, t0 = c * kQ;
-  const int valid = chunk_rows(k, t0);
-  const bool state = kDB || k.has_start(c);
+  const int valid = chunk_rows(k, t0), E = valid - 1;
   const i64 ro = ((b * d.L + t0) * d.G + g) * N;
   load_tile_async<N, 256>(Kt, (kDB ? k.in.Cm : k.in.Bm) + ro, d.G * N, kQ, valid);
-  const i64 prev = k.prev_seq(b, c);
+  load_tile_async<kQ, 256>(Mt, M + ((b * d.nch + c) * d.G + g) * kQ * kQ, kQ, kQ, kQ);
+  cp_async_commit();
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
   const int mt[2] = {w & 3, kMT - 1 - (w & 3)}, n0 = (w >> 2) * (N / 2);
   constexpr int NT = N / 16;  // n8 tiles per warp
   float acc[2][NT][4] = {};
-  for (i64 h = g * d.hpg(); h < (g + 1) * d.hpg(); ++h) {
-    __syncthreads();  // the previous head's tiles are no longer read
-    const i64 xo = ((b * d.L + t0) * d.H + h) * kP;
-    load_tile_async<kP, 256>(Vh, (kDB ? k.in.x : q.dy) + xo, d.H * kP, kQ, valid);
-    cp_async_commit();
-    if (state) tile_from_f32<N, 256>(Sh, (kDB ? q.dstates : k.w.states) + k.st(b, c, h));
-    load_tok<256>(tk, k, b, h, t0, valid);
-    cp_async_wait<0>();
-    __syncthreads();
-    if (state) {
-      const int E = valid - 1;
+  cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+    for (int kb = kDB ? mt[m] : 0; kb <= (kDB ? kMT - 1 : mt[m]); ++kb) {
+      unsigned af[4];
+      if (kDB)
+        load_a_km<kQ>(af, Mt, 16 * kb, 16 * mt[m]);  // A_st = M_ts
+      else
+        load_a<kQ>(af, Mt, 16 * mt[m], 16 * kb);
+      mma_kn<N>(acc[m], af, Kt, 16 * kb, n0);
+    }
+  if (kDB || k.has_start(c)) {
+    const i64 prev = k.prev_seq(b, c), seqE = k.seq(b, t0 + E);
+    for (i64 h = g * d.hpg(); h < (g + 1) * d.hpg(); ++h) {
+      __syncthreads();  // the previous head's tiles are no longer read
+      const i64 xo = ((b * d.L + t0) * d.H + h) * kP, tok = k.tok(b, h, t0);
+      load_tile_async<kP, 256>(Vh, (kDB ? k.in.x : q.dy) + xo, d.H * kP, kQ, valid);
+      cp_async_commit();
+      tile_from_f32<N, 256>(Sh, (kDB ? q.dstates : k.w.states) + k.st(b, c, h));
       float f[2][2];
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int i = 16 * mt[m] + grp + 8 * hf;
-          f[m][hf] = kDB ? (tk.sq[i] == tk.sq[E] ? tk.dt[i] * __expf(tk.cs[E] - tk.cs[i]) : 0.f)
-                         : (tk.sq[i] == prev ? __expf(tk.cs[i]) : 0.f);
+          const i64 si = i < valid ? k.seq(b, t0 + i) : -1;
+          f[m][hf] = i >= valid ? 0.f
+                     : kDB      ? (si == seqE ? k.w.dtv[tok + i] * __expf(k.w.cs[tok + E] - k.w.cs[tok + i]) : 0.f)
+                                : (si == prev ? __expf(k.w.cs[tok + i]) : 0.f);
         }
+      cp_async_wait<0>();
+      __syncthreads();
 #pragma unroll
       for (int kk = 0; kk < kP / 16; ++kk) {
-        unsigned a[2][4];
+        unsigned af[2][4];
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
-          load_a<kP>(a[m], Vh, 16 * mt[m], kk * 16);
-          scale_rows(a[m], f[m][0], f[m][1]);
+          load_a<kP>(af[m], Vh, 16 * mt[m], kk * 16);
+          scale_rows(af[m], f[m][0], f[m][1]);
         }
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
@@ -399,16 +560,12 @@ template <int N, bool kDB> __global__ void __launch_bounds__(256, 2) dbc_k(Bwd q
           load_b_kn<N>(bb, Sh, kk * 16, n0 + np * 16);
 #pragma unroll
           for (int m = 0; m < 2; ++m) {
-            mma(acc[m][2 * np], a[m], bb[0], bb[1]);
-            mma(acc[m][2 * np + 1], a[m], bb[2], bb[3]);
+            mma(acc[m][2 * np], af[m], bb[0], bb[1]);
+            mma(acc[m][2 * np + 1], af[m], bb[2], bb[3]);
           }
         }
       }
     }
-    const float* src = q.dyx + q.yx(b, c, h, 0, 0);
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-      decayed_mm<kDB, true, N>(acc[m], src, tk, 16 * mt[m], kDB ? mt[m] : 0, kDB ? kMT - 1 : mt[m], Kt, n0);
   }
 #pragma unroll
   for (int m = 0; m < 2; ++m)
@@ -423,38 +580,31 @@ template <int N, bool kDB> __global__ void __launch_bounds__(256, 2) dbc_k(Bwd q
     }
 }
 
-// ---- pair sums: per (head, chunk, row), the intra-chunk terms of d cs and d dt from the fp32 CB and
-// dyx, as row sums (the token as the later one) and column sums (as the earlier one) of the same
-// products, so that they cancel in the chunk's reverse cumulative sum as exactly as in the element
-// phase; then q.dcs += rows − dt·cols − t3 and q.ddt_dir += cols.
-__global__ void __launch_bounds__(128) pairs_k(Bwd q) {
-  __shared__ Tok tk;
-  __shared__ float rows[kQ];
-  const Ctx& k = q.k;
+// ---- dt cumsum: per (8 heads, chunk, row), a warp per head, tokens lane + 32 e; the effective dt and
+// its derivative as in the element phase, cs as warp prefix sums carried over the four token groups.
+__global__ void __launch_bounds__(256) dt_k(Ctx k) {
   const ssdc::Dims& d = k.d;
-  const i64 h = blockIdx.x, c = blockIdx.y, b = blockIdx.z, g = h / d.hpg(), t0 = c * kQ;
+  const int lane = threadIdx.x & 31;
+  const i64 h = blockIdx.x * 8 + (threadIdx.x >> 5), c = blockIdx.y, b = blockIdx.z, t0 = c * kQ;
+  if (h >= d.H) return;
   const int valid = chunk_rows(k, t0);
-  load_tok<128>(tk, k, b, h, t0, valid);
-  __syncthreads();
-  const float* cb = k.w.CB + ((b * d.nch + c) * d.G + g) * kQ * kQ;
-  const float* yx = q.dyx + q.yx(b, c, h, 0, 0);
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int t = w; t < valid; t += 4) {
-    float s = 0.f;
-    for (int j = lane; j <= t; j += 32)
-      if (tk.sq[j] == tk.sq[t]) s += __expf(tk.cs[t] - tk.cs[j]) * tk.dt[j] * cb[t * kQ + j] * yx[t * kQ + j];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) rows[t] = s;
-  }
-  const int j = threadIdx.x;
-  float col = 0.f;
-  for (int u = j; u < valid; ++u)
-    if (tk.sq[u] == tk.sq[j]) col += __expf(tk.cs[u] - tk.cs[j]) * cb[u * kQ + j] * yx[u * kQ + j];
-  __syncthreads();
-  if (j < valid) {
-    const i64 tok = k.tok(b, h, t0) + j;
-    q.dcs[tok] += rows[j] - tk.dt[j] * col - q.t3[tok];
-    q.ddt_dir[tok] += col;
+  const float Ah = k.Ah(h);
+  const i64 tok = k.tok(b, h, t0);
+  float carry = 0.f;
+#pragma unroll
+  for (int e = 0; e < kQ / 32; ++e) {
+    const int t = 32 * e + lane;
+    float v = 0.f, dv = 0.f;
+    if (t < valid) k.eff_dt(b, t0 + t, h, v, dv);
+    float x = v * Ah;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float n = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += n;
+    }
+    const float csv = carry + x;
+    carry = __shfl_sync(0xffffffffu, csv, 31);
+    if (t < valid) k.w.dtv[tok + t] = v, k.w.ddtv[tok + t] = dv, k.w.cs[tok + t] = csv;
   }
 }
 
@@ -544,6 +694,9 @@ template <int K> void gram(const Gram& gm, const ssdc::Dims& d) {
 dim3 per_head(const ssdc::Dims& d) {
   return dim3(static_cast<unsigned>(d.H), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B));
 }
+dim3 per_group(const ssdc::Dims& d) {
+  return dim3(static_cast<unsigned>(d.G), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B));
+}
 template <int N, bool kGrad> void states(const Ctx& k, const bf16* X, float* out) {
   const std::size_t sm = sizeof(bf16) * (kQ * kP + kQ * N) + sizeof(float) * kQ;
   allow_smem(states_k<N, kGrad>, sm);
@@ -553,18 +706,24 @@ template <int N, Mode M> void apply(const Bwd& q, bf16* out) {
   allow_smem(apply_k<N, M>, apply_smem<N, M>());
   apply_k<N, M><<<per_head(q.k.d), 128, apply_smem<N, M>()>>>(q, out);
 }
-template <int N, bool kDB> void dbc(const Bwd& q, bf16* out) {
+template <int N, bool kDB> void dbc(const Bwd& q, const bf16* M, bf16* out) {
   const ssdc::Dims& d = q.k.d;
   allow_smem(dbc_k<N, kDB>, dbc_smem<N>());
-  dbc_k<N, kDB><<<dim3(static_cast<unsigned>(d.G), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B)), 256,
-                  dbc_smem<N>()>>>(q, out);
+  dbc_k<N, kDB><<<per_group(d), 256, dbc_smem<N>()>>>(q, M, out);
+}
+void pairs(const Bwd& q, bf16* M) {
+  allow_smem(pairs_k, sizeof(PairsSmem));
+  pairs_k<<<per_group(q.k.d), 256, sizeof(PairsSmem)>>>(q, M);
 }
 
-template <int N> void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io) {
+template <int N> void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io, void* scratch) {
   const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
   const unsigned pass_blocks = blocks_for(d.B * d.H * d.PN() / 4, 256);
   switch (ph) {
+    case ssdc::Phase::DtCumsum:
+      dt_k<<<dim3(blocks_for(d.H, 8), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B)), 256>>>(k);
+      break;
     case ssdc::Phase::CB:
       gram<N>({k.in.Cm, k.in.Bm, d.G * N, static_cast<int>(d.G), k.w.CB}, d);
       break;
@@ -584,12 +743,11 @@ template <int N> void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf1
       pass_k<true><<<pass_blocks, 256>>>(k, q.dstates, io.dfin, io.dinit);
       break;
     case ssdc::Phase::Terms:
-      gram<kP>({q.dy, k.in.x, d.H * kP, static_cast<int>(d.H), q.dyx}, d);
       apply<N, Mode::StateDot>(q, nullptr);
       apply<N, Mode::Dx>(q, io.dx);
-      pairs_k<<<per_head(d), 128>>>(q);
-      dbc<N, true>(q, io.dB);
-      dbc<N, false>(q, io.dC);
+      pairs(q, static_cast<bf16*>(scratch));
+      dbc<N, true>(q, static_cast<bf16*>(scratch), io.dB);
+      dbc<N, false>(q, static_cast<bf16*>(scratch), io.dC);
       break;
     case ssdc::Phase::Reduce:
       reduce_k<<<per_head(d), 256>>>(q, io.ddt, io.part_dA_log, io.part_dD, io.part_ddtb);
@@ -609,14 +767,19 @@ bool covers(const ssdc::Dims& d) {
   return d.P == kP && d.Q == kQ && (d.N == 64 || d.N == 128) && d.nch < 65536 && d.B < 65536 && d.H < (i64(1) << 31);
 }
 
-bool run(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io) {
+std::size_t scratch_bytes(ssdc::Phase ph, const ssdc::Dims& d) {
+  if (!covers(d) || ph != ssdc::Phase::Terms) return 0;
+  return sizeof(bf16) * static_cast<std::size_t>(d.B * d.nch * d.G) * kQ * kQ;
+}
+
+bool run(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io, void* scratch) {
   const Ctx& k = q.k;
   if (!usable(k.d, {k.in.x, k.in.Bm, k.in.Cm, k.in.init, q.dy, io.y, io.fin, io.dfin, io.dinit, io.dx, io.dB, io.dC}))
     return false;
   if (k.d.N == 64)
-    run_phase<64>(ph, q, io);
+    run_phase<64>(ph, q, io, scratch);
   else
-    run_phase<128>(ph, q, io);
+    run_phase<128>(ph, q, io, scratch);
   return true;
 }
 }  // namespace hcp::kernels::cuda_impl::ssd_tc
