@@ -186,7 +186,9 @@ template <class F> __global__ void each_k(F f, std::int64_t n) {
 }
 struct CudaExec {
   std::vector<void*> bufs;
-  CudaExec() = default;
+  bool tc = false;  // every phase on the tensor cores (kernels/cuda/ssd_tc.cu), decided once per call
+  ssd_tc::Scratch scratch{[this](std::size_t n) { return static_cast<void*>(alloc<unsigned char>(static_cast<std::int64_t>(n))); }};
+  explicit CudaExec(bool use_tc = false) : tc(use_tc) {}
   CudaExec(const CudaExec&) = delete;
   CudaExec& operator=(const CudaExec&) = delete;
   ~CudaExec() {
@@ -203,15 +205,25 @@ struct CudaExec {
     each_k<F><<<blocks_for(n, 256), 256>>>(f, n);
     check_launch("ssd (chunked)");
   }
-  // bf16 phases on the tensor cores (and vectorised state passing) where kernels/cuda/ssd_tc.cu covers the sizes.
   template <class S, class A> bool replace(ssdc::Phase ph, const ssdc::BwdCtx<S, A>& q, const ssdc::Io<S, A>& io) {
     if constexpr (std::is_same_v<S, __nv_bfloat16> && std::is_same_v<A, float>) {
-      const std::size_t n = ssd_tc::scratch_bytes(ph, q.k.d);
-      return ssd_tc::run(ph, q, io, n ? alloc<unsigned char>(static_cast<std::int64_t>(n)) : nullptr);
-    } else
+      if (tc) ssd_tc::run(ph, q, io, scratch);
+      return tc;
+    } else {
       return false;
+    }
   }
 };
+// Whether a call's phases all run on the tensor cores: bf16, sizes ssd_tc covers, 16-byte aligned tensors.
+template <class S> bool use_tc(const ssdc::Dims& d, std::initializer_list<const Tensor*> ts) {
+  if constexpr (!std::is_same_v<S, __nv_bfloat16>) {
+    return false;
+  } else {
+    bool ok = ssd_tc::covers(d);
+    for (const Tensor* t : ts) ok = ok && (!t || aligned16(t->raw()));
+    return ok;
+  }
+}
 ssdc::Dims chunk_dims(const SsdParams& p, bool init) {
   return {p.batch,       p.seqlen,  p.heads,   p.head_dim, p.groups, p.d_state, p.chunk, (p.seqlen + p.chunk - 1) / p.chunk,
           p.dt_softplus, p.dt_min,  p.dt_max,  init};
@@ -229,7 +241,7 @@ void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdPara
   const ssdc::Dims d = chunk_dims(p, in.init_states != nullptr);
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
-    CudaExec ex;
+    CudaExec ex(use_tc<S>(d, {in.x, in.Bm, in.Cm, in.init_states, &y, final_states}));
     ssdc::forward<A>(ex, chunk_in<S>(in, seq.p), d, dptr<S>(y), final_states ? dptr<S>(*final_states) : nullptr);
   });
 }
@@ -242,7 +254,7 @@ void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Ten
   const ssdc::Dims d = chunk_dims(p, in.init_states != nullptr);
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
-    CudaExec ex;
+    CudaExec ex(use_tc<S>(d, {in.x, in.Bm, in.Cm, in.init_states, &dy, dfinal, g.dx, g.dB, g.dC, g.dinit_states}));
     const ssdc::Partials<A> part = ssdc::backward<A>(ex, chunk_in<S>(in, seq.p), d, dptr<S>(dy), dfinal ? dptr<S>(*dfinal) : nullptr,
                                                      dptr<S>(*g.dx), dptr<S>(*g.ddt), dptr<S>(*g.dB), dptr<S>(*g.dC),
                                                      g.dinit_states ? dptr<S>(*g.dinit_states) : nullptr);

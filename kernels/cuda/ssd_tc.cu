@@ -58,16 +58,6 @@ template <int NT> __device__ __forceinline__ void load_tok(Tok& tk, const Ctx& k
     tk.sq[s] = s < valid ? k.seq(b, t0 + s) : -1;
   }
 }
-// fp32 [kP][N] matrix (row stride N) -> bf16 swizzled tile.
-template <int N, int NT> __device__ __forceinline__ void tile_from_f32(bf16* tile, const float* src) {
-  for (int i = threadIdx.x; i < kP * N / 8; i += NT) {
-    const int r = i / (N / 8), ch = i % (N / 8);
-    const float4 u = *reinterpret_cast<const float4*>(src + r * N + ch * 8);
-    const float4 v = *reinterpret_cast<const float4*>(src + r * N + ch * 8 + 4);
-    *reinterpret_cast<uint4*>(at<N>(tile, r, ch * 8)) =
-        make_uint4(pack_bf16(u.x, u.y), pack_bf16(u.z, u.w), pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
-  }
-}
 // A fragment (rows r0 + grp, +8; columns q0 + 2 tig, +1, +8, +9) of the masked decayed matrix whose
 // entry (r, q) pairs a later token with an earlier one: rows later (kUpper false: q <= r) or rows earlier
 // (kUpper true: q >= r); value src[later][earlier] · e^{cs_later − cs_earlier} (· dt_earlier if kDt),
@@ -243,13 +233,13 @@ enum class Mode { Scan, StateDot, Dx };
 template <int N, Mode M> constexpr std::size_t apply_smem() {
   return sizeof(bf16) * ((M == Mode::Scan ? 1 : 2) * kQ * kP + kQ * N + kP * N) + sizeof(Tok);
 }
-template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, bf16* out) {
+template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, const bf16* S, bf16* out) {
   constexpr bool kDx = M == Mode::Dx;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Vt = reinterpret_cast<bf16*>(smem);  // the streamed operand: x (scan, dot) or dy (dx)
   bf16* Wt = Vt + kQ * kP;                   // the dot partner: dy (dot) or x (dx); none in the scan
   bf16* Rt = Wt + (M == Mode::Scan ? 0 : kQ * kP);  // the state term's rows: C (scan, dot) or B (dx)
-  bf16* St = Rt + kQ * N;                    // S_in (scan, dot) or dS (dx), [P][N]
+  bf16* St = Rt + kQ * N;                    // S (S_in: scan, dot; dS_end: dx), [P][N]
   Tok& tk = *reinterpret_cast<Tok*>(St + kP * N);
   const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
@@ -259,9 +249,11 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, b
   const i64 xo = ((b * d.L + t0) * d.H + h) * kP, ro = ((b * d.L + t0) * d.G + g) * N;
   if (M != Mode::StateDot) load_tile_async<kP, 128>(Vt, (kDx ? q.dy : k.in.x) + xo, d.H * kP, kQ, valid);
   if (M != Mode::Scan) load_tile_async<kP, 128>(Wt, (kDx ? k.in.x : q.dy) + xo, d.H * kP, kQ, valid);
-  if (state) load_tile_async<N, 128>(Rt, (kDx ? k.in.Bm : k.in.Cm) + ro, d.G * N, kQ, valid);
+  if (state) {
+    load_tile_async<N, 128>(Rt, (kDx ? k.in.Bm : k.in.Cm) + ro, d.G * N, kQ, valid);
+    load_tile_async<N, 128>(St, S + k.st(b, c, h), N, kP, kP);
+  }
   cp_async_commit();
-  if (state) tile_from_f32<N, 128>(St, (kDx ? q.dstates : k.w.states) + k.st(b, c, h));
   load_tok<128>(tk, k, b, h, t0, valid);
   const i64 prev = k.prev_seq(b, c);
   cp_async_wait<0>();
@@ -495,12 +487,13 @@ __global__ void __launch_bounds__(256, 1) pairs_k(Bwd q, bf16* M) {
 //   dC_t = Σ_{s<=t} M_ts B_s + Σ_h [seq_t = prev] e^{cs_t} dy_t·S_in
 //   dB_s = Σ_{t>=s} M_ts C_t + Σ_h [seq_s = seq_E] dt_s e^{cs_E − cs_s} x_s·dS
 template <int N> constexpr std::size_t dbc_smem() { return sizeof(bf16) * (kQ * N + kQ * kQ + kQ * kP + kP * N); }
-template <int N, bool kDB> __global__ void __launch_bounds__(256, 2) dbc_k(Bwd q, const bf16* M, bf16* out) {
+template <int N, bool kDB>
+__global__ void __launch_bounds__(256, 2) dbc_k(Bwd q, const bf16* M, const bf16* S, bf16* out) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Kt = reinterpret_cast<bf16*>(smem);  // C (dB) or B (dC), [Q][N]
   bf16* Mt = Kt + kQ * N;                    // M, [Q][Q]
   bf16* Vh = Mt + kQ * kQ;                   // x_h (dB) or dy_h (dC), [Q][P]
-  bf16* Sh = Vh + kQ * kP;                   // dS_h (dB) or S_in,h (dC), [P][N]
+  bf16* Sh = Vh + kQ * kP;                   // S: dS_end,h (dB) or S_in,h (dC), [P][N]
   const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
   const i64 g = blockIdx.x, c = blockIdx.y, b = blockIdx.z, t0 = c * kQ;
@@ -531,8 +524,8 @@ template <int N, bool kDB> __global__ void __launch_bounds__(256, 2) dbc_k(Bwd q
       __syncthreads();  // the previous head's tiles are no longer read
       const i64 xo = ((b * d.L + t0) * d.H + h) * kP, tok = k.tok(b, h, t0);
       load_tile_async<kP, 256>(Vh, (kDB ? k.in.x : q.dy) + xo, d.H * kP, kQ, valid);
+      load_tile_async<N, 256>(Sh, S + k.st(b, c, h), N, kP, kP);
       cp_async_commit();
-      tile_from_f32<N, 256>(Sh, (kDB ? q.dstates : k.w.states) + k.st(b, c, h));
       float f[2][2];
 #pragma unroll
       for (int m = 0; m < 2; ++m)
@@ -608,55 +601,59 @@ __global__ void __launch_bounds__(256) dt_k(Ctx k) {
   }
 }
 
-// ---- state passing over the chunks, 4 states per thread (16-byte accesses, the next chunk's load in
-// flight): forward, st = local states -> chunk-start states, `bound` the initial states, `out` the final
-// ones; kRev, st = local state gradients -> end-state gradients, `bound` d final, `out` d initial.
-template <bool kRev> __global__ void __launch_bounds__(256) pass_k(Ctx k, float* st, const bf16* bound, bf16* out) {
+// ---- state passing over the chunks, 4 states per thread (16-byte loads, the next chunk's in flight);
+// the running value goes to the chunk in bf16 (its consumers read it as tensor-core operands).
+// Forward: loc = chunk-local states -> lo = chunk-start states, `bound` the initial states, `out` the
+// final ones. kRev: loc = local state gradients -> lo = end-state gradients, `bound` d final, `out`
+// d initial, and per chunk this block's share of S_in · dS_end (S_in: the forward's lo) into `dots`
+// for the chunk reduction. A block covers 1024 states of one (row, head): P·N is a multiple of 1024.
+__device__ __forceinline__ float4 load4(const bf16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ __forceinline__ void store4(bf16* p, float4 v) {
+  *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+}
+constexpr int kPassBlock = 256;
+template <bool kRev>
+__global__ void __launch_bounds__(kPassBlock) pass_k(Ctx k, const float* loc_st, bf16* lo, const bf16* bound, bf16* out,
+                                                     const bf16* S_in, float* dots) {
   const ssdc::Dims& d = k.d;
-  const i64 nv = d.PN() / 4, i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= d.B * d.H * nv) return;
-  const i64 v = i % nv, bh = i / nv, h = bh % d.H, b = bh / d.H;
-  float4 run = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (bound) {
-    const uint2 u = *reinterpret_cast<const uint2*>(bound + bh * d.PN() + 4 * v);
-    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-    run = make_float4(lo.x, lo.y, hi.x, hi.y);
-  }
+  const i64 nv = d.PN() / 4, i = static_cast<i64>(blockIdx.x) * kPassBlock + threadIdx.x;
+  const i64 v = i % nv, bh = i / nv, h = bh % d.H, b = bh / d.H, nblk = nv / kPassBlock;
+  float4 run = bound ? load4(bound + bh * d.PN() + 4 * v) : make_float4(0.f, 0.f, 0.f, 0.f);
   const i64 step = kRev ? -1 : 1;
   i64 c = kRev ? d.nch - 1 : 0;
-  auto ptr = [&](i64 cc) { return reinterpret_cast<float4*>(st + k.st(b, cc, h)) + v; };
+  auto ptr = [&](i64 cc) { return reinterpret_cast<const float4*>(loc_st + k.st(b, cc, h)) + v; };
   float4 loc = *ptr(c);
   for (i64 n = 0; n < d.nch; ++n, c += step) {
     const float4 nxt = n + 1 < d.nch ? *ptr(c + step) : loc;
-    *ptr(c) = run;
+    store4(lo + k.st(b, c, h) + 4 * v, run);
+    if (kRev) {
+      const float4 s = load4(S_in + k.st(b, c, h) + 4 * v);
+      const float t = block_sum(s.x * run.x + s.y * run.y + s.z * run.z + s.w * run.w);
+      if (threadIdx.x == 0) dots[((b * d.nch + c) * d.H + h) * nblk + v / kPassBlock] = t;
+    }
     const i64 E = d.E(c);
     const float f = k.seq(b, E) == k.prev_seq(b, c) ? __expf(k.w.cs[k.tok(b, h, E)]) : 0.f;
     run = make_float4(f * run.x + loc.x, f * run.y + loc.y, f * run.z + loc.z, f * run.w + loc.w);
     loc = nxt;
   }
-  if (out) *reinterpret_cast<uint2*>(out + bh * d.PN() + 4 * v) = make_uint2(pack_bf16(run.x, run.y), pack_bf16(run.z, run.w));
+  if (out) store4(out + bh * d.PN() + 4 * v, run);
 }
 
 // ---- chunk reduction: per (head, chunk, row), what lands on cs_E (Σ t3 and e^{cs_E} S_in·dS), the
 // reverse cumulative sum of d cs -> d dt, and the chunk's partials of dA_log, D and dt_bias.
-__global__ void __launch_bounds__(256) reduce_k(Bwd q, bf16* ddt, float* part_dA, float* part_dD, float* part_ddtb) {
+__global__ void __launch_bounds__(256) reduce_k(Bwd q, const float* dots, bf16* ddt, float* part_dA, float* part_dD,
+                                                float* part_ddtb) {
   __shared__ float sm[5][kQ];  // per token: d cs, d dt (direct), t3, dy·x, dt
   const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
   const i64 h = blockIdx.x, c = blockIdx.y, b = blockIdx.z, t0 = c * kQ;
   const int valid = chunk_rows(k, t0), E = valid - 1;
   const i64 tok = k.tok(b, h, t0);
-  float dot = 0.f;
-  if (k.has_start(c) && k.seq(b, t0 + E) == k.prev_seq(b, c)) {
-    const float4* S0 = reinterpret_cast<const float4*>(k.w.states + k.st(b, c, h));
-    const float4* dS = reinterpret_cast<const float4*>(q.dstates + k.st(b, c, h));
-    for (i64 e = threadIdx.x; e < d.PN() / 4; e += 256) {
-      const float4 x = S0[e], y = dS[e];
-      dot += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
-    }
-  }
-  dot = block_sum(dot);
   for (int t = threadIdx.x; t < valid; t += 256) {
     sm[0][t] = q.dcs[tok + t];
     sm[1][t] = q.ddt_dir[tok + t];
@@ -668,7 +665,12 @@ __global__ void __launch_bounds__(256) reduce_k(Bwd q, bf16* ddt, float* part_dA
   if (threadIdx.x != 0) return;
   float end = 0.f;
   for (int t = 0; t < valid; ++t) end += sm[2][t];
-  end += __expf(k.w.cs[tok + E]) * dot;
+  if (k.has_start(c) && k.seq(b, t0 + E) == k.prev_seq(b, c)) {
+    const i64 nblk = d.PN() / (4 * kPassBlock);
+    float dot = 0.f;
+    for (i64 j = 0; j < nblk; ++j) dot += dots[((b * d.nch + c) * d.H + h) * nblk + j];
+    end += __expf(k.w.cs[tok + E]) * dot;
+  }
   const float Ah = k.Ah(h);
   float rev = 0.f, dA = 0.f, dD = 0.f, dtb = 0.f;
   for (int t = E; t >= 0; --t) {
@@ -702,24 +704,25 @@ template <int N, bool kGrad> void states(const Ctx& k, const bf16* X, float* out
   allow_smem(states_k<N, kGrad>, sm);
   states_k<N, kGrad><<<per_head(k.d), 256, sm>>>(k, X, out);
 }
-template <int N, Mode M> void apply(const Bwd& q, bf16* out) {
+template <int N, Mode M> void apply(const Bwd& q, const bf16* S, bf16* out) {
   allow_smem(apply_k<N, M>, apply_smem<N, M>());
-  apply_k<N, M><<<per_head(q.k.d), 128, apply_smem<N, M>()>>>(q, out);
+  apply_k<N, M><<<per_head(q.k.d), 128, apply_smem<N, M>()>>>(q, S, out);
 }
-template <int N, bool kDB> void dbc(const Bwd& q, const bf16* M, bf16* out) {
-  const ssdc::Dims& d = q.k.d;
+template <int N, bool kDB> void dbc(const Bwd& q, const bf16* M, const bf16* S, bf16* out) {
   allow_smem(dbc_k<N, kDB>, dbc_smem<N>());
-  dbc_k<N, kDB><<<per_group(d), 256, dbc_smem<N>()>>>(q, M, out);
+  dbc_k<N, kDB><<<per_group(q.k.d), 256, dbc_smem<N>()>>>(q, M, S, out);
 }
 void pairs(const Bwd& q, bf16* M) {
   allow_smem(pairs_k, sizeof(PairsSmem));
   pairs_k<<<per_group(q.k.d), 256, sizeof(PairsSmem)>>>(q, M);
 }
+template <class T> T* take(Scratch& s, i64 n) { return static_cast<T*>(s.alloc(sizeof(T) * static_cast<std::size_t>(n))); }
 
-template <int N> void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io, void* scratch) {
+template <int N> void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io, Scratch& s) {
   const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
-  const unsigned pass_blocks = blocks_for(d.B * d.H * d.PN() / 4, 256);
+  const i64 nstates = d.B * d.nch * d.H * d.PN();
+  const unsigned pass_blocks = blocks_for(d.B * d.H * d.PN() / 4, kPassBlock);
   switch (ph) {
     case ssdc::Phase::DtCumsum:
       dt_k<<<dim3(blocks_for(d.H, 8), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B)), 256>>>(k);
@@ -731,35 +734,34 @@ template <int N> void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf1
       states<N, false>(k, k.in.x, k.w.states);
       break;
     case ssdc::Phase::Pass:
-      pass_k<false><<<pass_blocks, 256>>>(k, k.w.states, d.has_init ? k.in.init : nullptr, io.fin);
+      s.states = take<bf16>(s, nstates);
+      pass_k<false><<<pass_blocks, kPassBlock>>>(k, k.w.states, s.states, d.has_init ? k.in.init : nullptr, io.fin,
+                                                 nullptr, nullptr);
       break;
     case ssdc::Phase::Scan:
-      apply<N, Mode::Scan>(q, io.y);
+      apply<N, Mode::Scan>(q, s.states, io.y);
       break;
     case ssdc::Phase::DStateLocal:
       states<N, true>(k, q.dy, q.dstates);
       break;
     case ssdc::Phase::DPass:
-      pass_k<true><<<pass_blocks, 256>>>(k, q.dstates, io.dfin, io.dinit);
+      s.dstates = take<bf16>(s, nstates);
+      s.dots = take<float>(s, d.B * d.nch * d.H * d.PN() / (4 * kPassBlock));
+      pass_k<true><<<pass_blocks, kPassBlock>>>(k, q.dstates, s.dstates, io.dfin, io.dinit, s.states, s.dots);
       break;
     case ssdc::Phase::Terms:
-      apply<N, Mode::StateDot>(q, nullptr);
-      apply<N, Mode::Dx>(q, io.dx);
-      pairs(q, static_cast<bf16*>(scratch));
-      dbc<N, true>(q, static_cast<bf16*>(scratch), io.dB);
-      dbc<N, false>(q, static_cast<bf16*>(scratch), io.dC);
+      s.M = take<bf16>(s, d.B * d.nch * d.G * kQ * kQ);
+      apply<N, Mode::StateDot>(q, s.states, nullptr);
+      apply<N, Mode::Dx>(q, s.dstates, io.dx);
+      pairs(q, s.M);
+      dbc<N, true>(q, s.M, s.dstates, io.dB);
+      dbc<N, false>(q, s.M, s.states, io.dC);
       break;
     case ssdc::Phase::Reduce:
-      reduce_k<<<per_head(d), 256>>>(q, io.ddt, io.part_dA_log, io.part_dD, io.part_ddtb);
+      reduce_k<<<per_head(d), 256>>>(q, s.dots, io.ddt, io.part_dA_log, io.part_dD, io.part_ddtb);
       break;
   }
   check_launch("ssd (tensor cores)");
-}
-bool usable(const ssdc::Dims& d, std::initializer_list<const void*> ptrs) {
-  if (!covers(d)) return false;
-  for (const void* p : ptrs)
-    if (p && !aligned16(p)) return false;
-  return true;
 }
 }  // namespace
 
@@ -767,19 +769,10 @@ bool covers(const ssdc::Dims& d) {
   return d.P == kP && d.Q == kQ && (d.N == 64 || d.N == 128) && d.nch < 65536 && d.B < 65536 && d.H < (i64(1) << 31);
 }
 
-std::size_t scratch_bytes(ssdc::Phase ph, const ssdc::Dims& d) {
-  if (!covers(d) || ph != ssdc::Phase::Terms) return 0;
-  return sizeof(bf16) * static_cast<std::size_t>(d.B * d.nch * d.G) * kQ * kQ;
-}
-
-bool run(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io, void* scratch) {
-  const Ctx& k = q.k;
-  if (!usable(k.d, {k.in.x, k.in.Bm, k.in.Cm, k.in.init, q.dy, io.y, io.fin, io.dfin, io.dinit, io.dx, io.dB, io.dC}))
-    return false;
-  if (k.d.N == 64)
-    run_phase<64>(ph, q, io, scratch);
+void run(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io, Scratch& s) {
+  if (q.k.d.N == 64)
+    run_phase<64>(ph, q, io, s);
   else
-    run_phase<128>(ph, q, io, scratch);
-  return true;
+    run_phase<128>(ph, q, io, s);
 }
 }  // namespace hcp::kernels::cuda_impl::ssd_tc
