@@ -27,14 +27,6 @@ __device__ __forceinline__ std::int64_t visible(const Seg& g, std::int64_t i, bo
   const std::int64_t n = g.q_pos0 + i - g.kv_pos0 + 1;
   return n < 0 ? 0 : (n > g.kv_len ? g.kv_len : n);
 }
-template <class A> __device__ __forceinline__ A warp_max(A v) {
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-template <class A> __device__ __forceinline__ A warp_sum(A v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 template <class S, class A> __device__ __forceinline__ A dot_row(const A* a_sh, const S* b, std::int64_t D) {
   A s = 0;
   for (std::int64_t d = 0; d < D; ++d) s += a_sh[d] * ld(b + d);

@@ -58,18 +58,25 @@ template <class S, class A> __device__ __forceinline__ void st_vec(S* p, const A
 }
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
+// Sum / maximum over the warp (butterfly: every lane gets the same result).
+template <class A> __device__ __forceinline__ A warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class A> __device__ __forceinline__ A warp_max(A v) {
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 template <class A> __device__ A block_sum(A v) {
   __shared__ A warp_sums[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(v);
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   __syncthreads();
   if (lane == 0) warp_sums[wid] = v;
   __syncthreads();
   const int nw = (blockDim.x + 31) >> 5;
-  A t = lane < nw ? warp_sums[lane] : A(0);
-  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-  return t;
+  return warp_sum(lane < nw ? warp_sums[lane] : A(0));
 }
 
 inline void check_launch(const char* what) {

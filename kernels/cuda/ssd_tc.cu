@@ -644,27 +644,27 @@ __global__ void __launch_bounds__(kPassBlock) pass_k(Ctx k, const float* loc_st,
   if (out) store4(out + bh * d.PN() + 4 * v, run);
 }
 
-// ---- chunk reduction: per (head, chunk, row), what lands on cs_E (Σ t3 and e^{cs_E} S_in·dS), the
-// reverse cumulative sum of d cs -> d dt, and the chunk's partials of dA_log, D and dt_bias.
+// ---- chunk reduction: per (8 heads, chunk, row), a warp per head, tokens lane + 32 e: what lands on
+// cs_E (Σ t3 and e^{cs_E} S_in·dS), the reverse cumulative sum of d cs (warp suffix sums carried over
+// the token groups) -> d dt, and the chunk's partials of dA_log, D and dt_bias (warp sums).
 __global__ void __launch_bounds__(256) reduce_k(Bwd q, const float* dots, bf16* ddt, float* part_dA, float* part_dD,
                                                 float* part_ddtb) {
-  __shared__ float sm[5][kQ];  // per token: d cs, d dt (direct), t3, dy·x, dt
+  constexpr int kPer = kQ / 32;
   const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
-  const i64 h = blockIdx.x, c = blockIdx.y, b = blockIdx.z, t0 = c * kQ;
+  const int lane = threadIdx.x & 31;
+  const i64 h = blockIdx.x * 8 + (threadIdx.x >> 5), c = blockIdx.y, b = blockIdx.z, t0 = c * kQ;
+  if (h >= d.H) return;
   const int valid = chunk_rows(k, t0), E = valid - 1;
   const i64 tok = k.tok(b, h, t0);
-  for (int t = threadIdx.x; t < valid; t += 256) {
-    sm[0][t] = q.dcs[tok + t];
-    sm[1][t] = q.ddt_dir[tok + t];
-    sm[2][t] = q.t3[tok + t];
-    sm[3][t] = q.dyx_d[tok + t];
-    sm[4][t] = k.w.dtv[tok + t];
+  float dcs[kPer], t3 = 0.f;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int t = 32 * e + lane;
+    dcs[e] = t < valid ? q.dcs[tok + t] : 0.f;
+    t3 += t < valid ? q.t3[tok + t] : 0.f;
   }
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  float end = 0.f;
-  for (int t = 0; t < valid; ++t) end += sm[2][t];
+  float end = warp_sum(t3);
   if (k.has_start(c) && k.seq(b, t0 + E) == k.prev_seq(b, c)) {
     const i64 nblk = d.PN() / (4 * kPassBlock);
     float dot = 0.f;
@@ -672,19 +672,33 @@ __global__ void __launch_bounds__(256) reduce_k(Bwd q, const float* dots, bf16* 
     end += __expf(k.w.cs[tok + E]) * dot;
   }
   const float Ah = k.Ah(h);
-  float rev = 0.f, dA = 0.f, dD = 0.f, dtb = 0.f;
-  for (int t = E; t >= 0; --t) {
-    rev += sm[0][t] + (t == E ? end : 0.f);
-    const float gr = (sm[1][t] + Ah * rev) * k.w.ddtv[tok + t];
-    ddt[(b * d.L + t0 + t) * d.H + h] = __float2bfloat16(gr);
-    dA += sm[4][t] * rev;
-    dD += sm[3][t];
-    dtb += gr;
+  float carry = end, dA = 0.f, dD = 0.f, dtb = 0.f;
+#pragma unroll
+  for (int e = kPer - 1; e >= 0; --e) {
+    float x = dcs[e];
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float n = __shfl_down_sync(0xffffffffu, x, o);
+      if (lane + o < 32) x += n;
+    }
+    const float rev = carry + x;
+    carry = __shfl_sync(0xffffffffu, rev, 0);
+    const int t = 32 * e + lane;
+    if (t < valid) {
+      const float gr = (q.ddt_dir[tok + t] + Ah * rev) * k.w.ddtv[tok + t];
+      ddt[(b * d.L + t0 + t) * d.H + h] = __float2bfloat16(gr);
+      dA += k.w.dtv[tok + t] * rev;
+      dD += q.dyx_d[tok + t];
+      dtb += gr;
+    }
   }
-  const i64 i = (b * d.nch + c) * d.H + h;
-  part_dA[i] = dA * Ah;
-  part_dD[i] = dD;
-  part_ddtb[i] = dtb;
+  dA = warp_sum(dA), dD = warp_sum(dD), dtb = warp_sum(dtb);
+  if (lane == 0) {
+    const i64 i = (b * d.nch + c) * d.H + h;
+    part_dA[i] = dA * Ah;
+    part_dD[i] = dD;
+    part_ddtb[i] = dtb;
+  }
 }
 
 template <int K> void gram(const Gram& gm, const ssdc::Dims& d) {
@@ -758,7 +772,8 @@ template <int N> void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf1
       dbc<N, false>(q, s.M, s.states, io.dC);
       break;
     case ssdc::Phase::Reduce:
-      reduce_k<<<per_head(d), 256>>>(q, s.dots, io.ddt, io.part_dA_log, io.part_dD, io.part_ddtb);
+      reduce_k<<<dim3(blocks_for(d.H, 8), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B)), 256>>>(
+          q, s.dots, io.ddt, io.part_dA_log, io.part_dD, io.part_ddtb);
       break;
   }
   check_launch("ssd (tensor cores)");
