@@ -354,6 +354,22 @@ struct PairsSmem {
 // The column blocks of parity `par` that row tile mt meets: par + 2 jb <= mt; the low tile (m = 0,
 // mt <= 3) meets at most two.
 __device__ __forceinline__ bool meets(int m, int jb, int par, int mt) { return !(m == 0 && jb >= 2) && par + 2 * jb <= mt; }
+// f(m, jb, s2, x, i, j) for each element this thread holds of the fragments [m][jb][s2][x] of the
+// blocks that row tile mt[m] meets: x = 2 hf + e, row i = 16 mt[m] + grp + 8 hf, column
+// j = 16 (par + 2 jb) + 8 s2 + 2 tig + e.
+template <class F> __device__ __forceinline__ void each_pair(const int (&mt)[2], int par, F&& f) {
+  const int lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb)
+      if (meets(m, jb, par, mt[m]))
+#pragma unroll
+        for (int s2 = 0; s2 < 2; ++s2)
+#pragma unroll
+          for (int x = 0; x < 4; ++x)
+            f(m, jb, s2, x, 16 * mt[m] + grp + 8 * (x >> 1), 16 * (par + 2 * jb) + 8 * s2 + 2 * tig + (x & 1));
+}
 __global__ void __launch_bounds__(256, 1) pairs_k(Bwd q, bf16* M) {
   extern __shared__ __align__(16) unsigned char smem[];
   PairsSmem& sm = *reinterpret_cast<PairsSmem*>(smem);
@@ -380,19 +396,7 @@ __global__ void __launch_bounds__(256, 1) pairs_k(Bwd q, bf16* M) {
   // This thread's CB values and M sums, laid out like its dyx fragments: [m][jb][n8 half][4].
   float cb[2][4][2][4], Ms[2][4][2][4] = {};
   const float* cbg = k.w.CB + ((b * d.nch + c) * d.G + g) * kQ * kQ;
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int jb = 0; jb < 4; ++jb)
-      if (meets(m, jb, par, mt[m]))
-#pragma unroll
-        for (int s2 = 0; s2 < 2; ++s2)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int i = 16 * mt[m] + grp + 8 * hf, j = 16 * (par + 2 * jb) + 8 * s2 + 2 * tig;
-            const float2 v = *reinterpret_cast<const float2*>(cbg + i * kQ + j);
-            cb[m][jb][s2][2 * hf] = v.x, cb[m][jb][s2][2 * hf + 1] = v.y;
-          }
+  each_pair(mt, par, [&](int m, int jb, int s2, int x, int i, int j) { cb[m][jb][s2][x] = cbg[i * kQ + j]; });
   for (i64 hi = 0; hi < nh; ++hi) {
     const int buf = static_cast<int>(hi & 1);
     cp_async_wait<0>();
@@ -416,25 +420,15 @@ __global__ void __launch_bounds__(256, 1) pairs_k(Bwd q, bf16* M) {
       }
     const float *cs = sm.cs[buf], *dt = sm.dt[buf];
     float rows[2][2] = {}, cols[4][2][2] = {};
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int jb = 0; jb < 4; ++jb)
-        if (meets(m, jb, par, mt[m]))
-#pragma unroll
-          for (int s2 = 0; s2 < 2; ++s2)
-#pragma unroll
-            for (int x = 0; x < 4; ++x) {
-              const int hf = x >> 1, e = x & 1;
-              const int i = 16 * mt[m] + grp + 8 * hf, j = 16 * (par + 2 * jb) + 8 * s2 + 2 * tig + e;
-              if (j <= i && i < valid && sm.sq[i] == sm.sq[j]) {
-                const float ex = __expf(cs[i] - cs[j]), y = acc[m][jb][s2][x];
-                const float v = ex * cb[m][jb][s2][x] * y;
-                rows[m][hf] += dt[j] * v;
-                cols[jb][s2][e] += v;
-                Ms[m][jb][s2][x] += ex * dt[j] * y;
-              }
-            }
+    each_pair(mt, par, [&](int m, int jb, int s2, int x, int i, int j) {
+      if (j <= i && i < valid && sm.sq[i] == sm.sq[j]) {
+        const float ex = __expf(cs[i] - cs[j]), y = acc[m][jb][s2][x];
+        const float v = ex * cb[m][jb][s2][x] * y;
+        rows[m][x >> 1] += dt[j] * v;
+        cols[jb][s2][x & 1] += v;
+        Ms[m][jb][s2][x] += ex * dt[j] * y;
+      }
+    });
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
