@@ -178,10 +178,12 @@ __global__ void conv_fwd_k(S* y, const S* x, const S* w, const S* bias, const st
 // Forward with 16-byte channel vectors: a thread owns V channels and a run of kRun time steps and
 // slides a register window over the W-1 previous inputs, so each input is read once (plus a W-1 halo
 // per run). Same summation order as conv_u; the SiLU uses the fast fp32 exponential and division
-// (silu_fast), which the per-element instruction count of this bandwidth-bound kernel needs.
+// (silu_fast): this bandwidth-bound kernel is short of instructions and loads in flight. Two steps per
+// loop iteration, x and y not aliased (checked by conv1d_fwd), so both steps' loads issue together.
 constexpr int kRun = 32;
 template <class S, int W>
-__global__ void conv_fwd_vec_k(S* y, const S* x, const S* w, const S* bias, const std::int64_t* seq, std::int64_t B,
+__global__ void conv_fwd_vec_k(S* __restrict__ y, const S* __restrict__ x, const S* __restrict__ w,
+                               const S* __restrict__ bias, const std::int64_t* __restrict__ seq, std::int64_t B,
                                std::int64_t L, std::int64_t C, bool silu) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
@@ -210,6 +212,7 @@ __global__ void conv_fwd_vec_k(S* y, const S* x, const S* w, const S* bias, cons
 #pragma unroll
       for (int e = 0; e < V; ++e) win[k][e] = 0;
   }
+#pragma unroll 2
   for (std::int64_t t = t0; t < t1; ++t) {
     ld_vec<S>(win[W - 1], x + (b * L + t) * C + c0);
     sq[W - 1] = seq ? seq[b * L + t] : 0;
@@ -326,58 +329,54 @@ __global__ void rope_k(S* y, const S* x, const std::int64_t* pos, std::int64_t T
   const A x1 = ld(xr + j), x2 = ld(xr + j + half);
   st(y + i, d < half ? x1 * c - x2 * s : x2 * c + x1 * s);
 }
-// RoPE, vector path: one thread per (token, vector slot) -- a first-half vector rotated together with
-// its partner at +rd/2, or a pass-through vector -- for every head of the token in turn, so its cos/sin
-// (angle in fp64 as the host computes it, reduced to [-pi, pi] before a single-precision sincos for
-// fp32/bf16; fp64 keeps fp64) are formed once per token instead of read per head; 16-byte loads and
-// stores. Needs D and rd/2 multiples of the vector width.
-template <class A> __device__ __forceinline__ void rope_cs(double ang, double sign, A& c, A& s) {
+// RoPE, vector path: (1) the cos/sin table [T][rd/2] (angle in fp64 as the host computes it, reduced
+// to [-pi, pi] before a single-precision sincos for fp32/bf16; fp64 keeps fp64), (2) one thread per
+// work item -- a first-half vector rotated together with its partner at +rd/2, or a pass-through
+// vector -- with 16-byte loads and stores. Needs D and rd/2 multiples of the vector width.
+template <class A>
+__global__ void rope_table_k(A* __restrict__ cs, A* __restrict__ sn, const std::int64_t* __restrict__ pos,
+                             const double* __restrict__ inv_freq, std::int64_t T, std::int64_t half, double sign) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * half) return;
+  const double ang = static_cast<double>(pos[i / half]) * inv_freq[i % half];
   if constexpr (std::is_same_v<A, double>) {
-    c = cos(ang);
-    s = sign * sin(ang);
+    cs[i] = cos(ang);
+    sn[i] = sign * sin(ang);
   } else {
     constexpr double kTwoPi = 6.283185307179586476925;
     float sf, cf;
     sincosf(static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi)), &sf, &cf);
-    c = cf;
-    s = static_cast<A>(sign) * sf;
+    cs[i] = cf;
+    sn[i] = static_cast<A>(sign) * sf;
   }
 }
 template <class S, class I>
-__global__ void rope_vec_k(S* __restrict__ y, const S* __restrict__ x, const std::int64_t* __restrict__ pos,
-                           const double* __restrict__ inv_freq, double sign, I T, I H, I D, I rd) {
+__global__ void rope_vec_k(S* __restrict__ y, const S* __restrict__ x, const typename Acc<S>::type* __restrict__ cs,
+                           const typename Acc<S>::type* __restrict__ sn, I T, I H, I D, I rd) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
-  const I half = rd / 2, nrot = half / V, slots = nrot + (D - rd) / V;
+  const I half = rd / 2, nrot = half / V, per_head = nrot + (D - rd) / V, per_tok = H * per_head;
   const I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-  if (i >= T * slots) return;
-  const I t = i / slots, k = i % slots;
+  if (i >= T * per_tok) return;
+  const I t = i / per_tok, r = i % per_tok, h = r / per_head, k = r % per_head;
   const bool rot = k < nrot;
-  const I o0 = t * H * D + (rot ? k * V : rd + (k - nrot) * V);
-  A c[V], s_[V];
+  const I o = (t * H + h) * D + (rot ? k * V : rd + (k - nrot) * V);
+  A v1[V];
+  ld_vec<S>(v1, x + o);
   if (rot) {
-    const double p = static_cast<double>(pos[t]);
+    A v2[V];
+    ld_vec<S>(v2, x + o + half);
+    const A* c = cs + t * half + k * V;
+    const A* s_ = sn + t * half + k * V;
 #pragma unroll
-    for (int e = 0; e < V; ++e) rope_cs(p * inv_freq[k * V + e], sign, c[e], s_[e]);
-  }
-#pragma unroll 4
-  for (I h = 0; h < H; ++h) {
-    const I o = o0 + h * D;
-    A v1[V];
-    ld_vec<S>(v1, x + o);
-    if (rot) {
-      A v2[V];
-      ld_vec<S>(v2, x + o + half);
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const A x1 = v1[e], x2 = v2[e];
-        v1[e] = x1 * c[e] - x2 * s_[e];
-        v2[e] = x2 * c[e] + x1 * s_[e];
-      }
-      st_vec<S>(y + o + half, v2);
+    for (int e = 0; e < V; ++e) {
+      const A x1 = v1[e], x2 = v2[e];
+      v1[e] = x1 * c[e] - x2 * s_[e];
+      v2[e] = x2 * c[e] + x1 * s_[e];
     }
-    st_vec<S>(y + o, v1);
+    st_vec<S>(y + o + half, v2);
   }
+  st_vec<S>(y + o, v1);
 }
 template <class S>
 __global__ void embed_fwd_k(S* y, const S* table, const std::int64_t* ids, std::int64_t T, std::int64_t C) {
@@ -508,6 +507,7 @@ void gated_rmsnorm_bwd(Tensor& dx, Tensor& dz, Tensor& dw, const Tensor& x, cons
 void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const std::vector<std::int64_t>* seq_idx,
                 bool silu) {
   check_all({&y, &x, &w, bias}, x.dtype(), "conv1d_fwd");
+  HCP_CHECK(y.raw() != x.raw(), "conv1d_fwd: y must not be x (the causal window reads inputs other threads' outputs would overwrite)");
   const std::int64_t B = x.size(0), L = x.size(1), C = x.size(2), W = w.size(1);
   DeviceIndex seq(seq_idx);
   HCP_CUDA_DISPATCH(x, {
@@ -585,6 +585,7 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
   if (T == 0) return;
   DeviceIndex pos(&positions);
   HCP_CUDA_DISPATCH(x, {
+    using A = typename Acc<S>::type;
     constexpr int V = kVec<S>;
     if (D % V == 0 && (rd / 2) % V == 0 && aligned16(x.raw()) && aligned16(y.raw())) {
       const std::int64_t half = rd / 2;
@@ -592,14 +593,18 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
       for (std::size_t j = 0; j < inv.size(); ++j)
         inv[j] = std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(rd));
       DeviceArray<double> freq(&inv);
-      const std::int64_t items = T * (half + D - rd) / V;
+      A* tab = nullptr;  // cos then sin, [T][half] each
+      HCP_CUDA_CHECK(cudaMallocAsync(&tab, static_cast<std::size_t>(2 * T * half) * sizeof(A), 0));
+      rope_table_k<A><<<blocks_for(T * half, kThreads), kThreads>>>(tab, tab + T * half, pos.p, freq.p, T, half, sign);
+      const std::int64_t items = T * H * (half + D - rd) / V;
       if (T * H * D < (std::int64_t{1} << 31))
-        rope_vec_k<S, int><<<blocks_for(items, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), pos.p, freq.p, sign,
+        rope_vec_k<S, int><<<blocks_for(items, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), tab, tab + T * half,
                                                                       static_cast<int>(T), static_cast<int>(H),
                                                                       static_cast<int>(D), static_cast<int>(rd));
       else
-        rope_vec_k<S, std::int64_t><<<blocks_for(items, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), pos.p, freq.p, sign,
+        rope_vec_k<S, std::int64_t><<<blocks_for(items, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), tab, tab + T * half,
                                                                                T, H, D, rd);
+      HCP_CUDA_CHECK(cudaFreeAsync(tab, 0));
     } else {
       rope_k<S><<<blocks_for(T * H * D, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), pos.p, T, H, D, rd, theta, sign);
     }
