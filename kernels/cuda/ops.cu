@@ -178,8 +178,8 @@ __global__ void conv_fwd_k(S* y, const S* x, const S* w, const S* bias, const st
 // Forward with 16-byte channel vectors: a thread owns V channels and a run of kRun time steps and
 // slides a register window over the W-1 previous inputs, so each input is read once (plus a W-1 halo
 // per run). Same summation order as conv_u; the SiLU uses the fast fp32 exponential and division
-// (silu_fast): this bandwidth-bound kernel is short of instructions and loads in flight. Two steps per
-// loop iteration, x and y not aliased (checked by conv1d_fwd), so both steps' loads issue together.
+// (silu_fast): this bandwidth-bound kernel is short of instructions and loads in flight. Four steps
+// per loop iteration, x and y not aliased (checked by conv1d_fwd), so their loads issue together.
 constexpr int kRun = 32;
 template <class S, int W>
 __global__ void conv_fwd_vec_k(S* __restrict__ y, const S* __restrict__ x, const S* __restrict__ w,
@@ -212,7 +212,7 @@ __global__ void conv_fwd_vec_k(S* __restrict__ y, const S* __restrict__ x, const
 #pragma unroll
       for (int e = 0; e < V; ++e) win[k][e] = 0;
   }
-#pragma unroll 2
+#pragma unroll 4
   for (std::int64_t t = t0; t < t1; ++t) {
     ld_vec<S>(win[W - 1], x + (b * L + t) * C + c0);
     sq[W - 1] = seq ? seq[b * L + t] : 0;
