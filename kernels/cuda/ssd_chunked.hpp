@@ -413,8 +413,10 @@ template <class S, class A> struct ChunkReduce {
 // Exec: `template <class T> T* alloc(i64 n)` (owned by the exec) and `template <class F> void run(i64 n,
 // const F& f)` (f(i) for every i in [0, n), in any order: every element function writes only its own
 // outputs). An exec may also offer `bool replace(Phase, const BwdCtx&, const Io&)`, running a phase its
-// own way with the same outputs and returning false where it does not cover the shape or type. The
-// forward phases see a BwdCtx whose backward buffers are null.
+// own way and returning false where it does not cover the shape or type. A replaced phase writes the
+// Io outputs listed below; its Work / BwdCtx outputs only where an element phase may read them, so an
+// exec that replaces every phase of a call (kernels/cuda/ssd_tc.cu) may hand over between its phases
+// in buffers of its own. The forward phases see a BwdCtx whose backward buffers are null.
 enum class Phase {
   DtCumsum,     // k.w.dtv, k.w.ddtv, k.w.cs
   CB,           // k.w.CB
