@@ -3,7 +3,9 @@
 # build the GPU tests, run them (CUDA kernels against the host kernels; NCCL and host-staged MPI
 # communicators), then compute-sanitizer memcheck and racecheck on the kernel tests.
 # Usage: scripts/gpu_check.sh   (HCP_BUILD_DIR default build-gpu, HCP_CMAKE_ARGS, HCP_JOBS; logs to
-# $HCP_LOG_DIR when set). Exit non-zero when a test fails or a sanitizer reports an error.
+# $HCP_LOG_DIR when set; HCP_SANITIZE_FILTER, a gtest filter such as '*Ssd*:*Conv1d*', limits the
+# sanitizer runs to the kernel tests that changed). Exit non-zero when a test fails or a sanitizer
+# reports an error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${HCP_BUILD_DIR:-build-gpu}"
@@ -24,7 +26,8 @@ mpirun -n 2 "$build/drivers/train_hybrid" --set run.device=cuda --set train.step
   > "$logs/train_gpu.txt" 2>&1 && tail -3 "$logs/train_gpu.txt" || { echo "train_hybrid on GPU ranks: FAILED"; tail -20 "$logs/train_gpu.txt"; rc=1; }
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/test_cuda_kernels" > "$logs/sanitizer_$tool.log" 2>&1 \
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/test_cuda_kernels" \
+      ${HCP_SANITIZE_FILTER:+--gtest_filter="$HCP_SANITIZE_FILTER"} > "$logs/sanitizer_$tool.log" 2>&1 \
       && echo "compute-sanitizer $tool: clean ($(grep -c '^\[       OK \]' "$logs/sanitizer_$tool.log") tests)" \
       || { echo "compute-sanitizer $tool: FAILED"; tail -30 "$logs/sanitizer_$tool.log"; rc=1; }
   done
