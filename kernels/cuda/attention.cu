@@ -301,8 +301,8 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
   SegPlan plan(p);
   HCP_CUDA_DISPATCH(q, {
     using A = typename Acc<S>::type;
-    A* delta = nullptr;
-    HCP_CUDA_CHECK(cudaMalloc(&delta, static_cast<std::size_t>(std::max<std::int64_t>(tq * H, 1)) * sizeof(A)));
+    const DeviceArray<A> dbuf(nullptr, static_cast<std::size_t>(std::max<std::int64_t>(tq * H, 1)));
+    A* delta = dbuf.p;
     if (tq > 0) delta_k<S, A><<<blocks_for(tq * H, 256), 256>>>(delta, dptr<S>(dout), dptr<S>(o), tq * H, D);
     const A sc = A(scale_of(p));
     const bool causal = p.mask == Mask::Causal;
@@ -315,8 +315,6 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
                                                           dptr<A>(lse), delta, dptr<S>(dout), plan.d_segs.p, plan.nseg, tkv, H,
                                                           Hkv, D, sc, causal);
     check_launch("attention_bwd");
-    HCP_CUDA_CHECK(cudaDeviceSynchronize());
-    cudaFree(delta);
   });
 }
 

@@ -90,16 +90,18 @@ template <class K> void allow_smem(K kernel, std::size_t bytes) {
     HCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// Device copy of a host vector (nullptr for nullptr or empty), stream-ordered on the default stream:
-// kernels launched before the holder dies may use it; freeing it does not wait for them.
+// Device copy of a host vector or of n host elements (nullptr for nullptr or empty; data == nullptr:
+// n uninitialised elements of scratch), stream-ordered on the default stream: kernels launched before
+// the holder dies may use it; freeing it does not wait for them.
 template <class X> struct DeviceArray {
   X* p = nullptr;
   DeviceArray() = default;
-  explicit DeviceArray(const std::vector<X>* v) {
-    if (!v || v->empty()) return;
-    HCP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p), v->size() * sizeof(X), 0));
+  explicit DeviceArray(const std::vector<X>* v) : DeviceArray(v ? v->data() : nullptr, v ? v->size() : 0) {}
+  DeviceArray(const X* data, std::size_t n) {
+    if (n == 0) return;
+    HCP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p), n * sizeof(X), 0));
     // From pageable memory, cudaMemcpyAsync has read the source when it returns.
-    HCP_CUDA_CHECK(cudaMemcpyAsync(p, v->data(), v->size() * sizeof(X), cudaMemcpyHostToDevice, 0));
+    if (data) HCP_CUDA_CHECK(cudaMemcpyAsync(p, data, n * sizeof(X), cudaMemcpyHostToDevice, 0));
   }
   ~DeviceArray() {
     if (p) cudaFreeAsync(p, 0);

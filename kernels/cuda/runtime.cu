@@ -90,16 +90,12 @@ void dev_copy_rows(void* dst, const void* src, const std::int64_t* drows, const 
                    std::size_t row_bytes) {
   if (n == 0 || row_bytes == 0) return;
   HCP_CHECK(row_bytes % 2 == 0, "device row copy: rows of ", row_bytes, " bytes are not whole 2-byte words");
-  std::int64_t* d = nullptr;
-  HCP_CUDA_CHECK(cudaMalloc(&d, static_cast<std::size_t>(2 * n) * sizeof(std::int64_t)));
-  HCP_CUDA_CHECK(cudaMemcpy(d, drows, static_cast<std::size_t>(n) * sizeof(std::int64_t), cudaMemcpyHostToDevice));
-  HCP_CUDA_CHECK(cudaMemcpy(d + n, srows, static_cast<std::size_t>(n) * sizeof(std::int64_t), cudaMemcpyHostToDevice));
+  // Stream-ordered index buffers: the copy is ordered with the work around it and does not stall the device.
+  const DeviceIndex d(drows, static_cast<std::size_t>(n)), s(srows, static_cast<std::size_t>(n));
   const std::int64_t words = static_cast<std::int64_t>(row_bytes / 2);
   rows_k<<<static_cast<unsigned>((n * words + 255) / 256), 256>>>(static_cast<unsigned short*>(dst),
-                                                                  static_cast<const unsigned short*>(src), d, d + n, n, words);
+                                                                  static_cast<const unsigned short*>(src), d.p, s.p, n, words);
   check_launch("row copy");
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaFree(d);
 }
 }  // namespace
 
