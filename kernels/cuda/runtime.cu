@@ -1,6 +1,7 @@
 #include "kernels/cuda/runtime.hpp"
 
 #include <mutex>
+#include <type_traits>
 
 #include "core/device.hpp"
 #include "kernels/cuda/common.cuh"
@@ -97,6 +98,33 @@ void dev_copy_rows(void* dst, const void* src, const std::int64_t* drows, const 
                                                                   static_cast<const unsigned short*>(src), d.p, s.p, n, words);
   check_launch("row copy");
 }
+// Element-wise dtype conversion with the host's rounding (Tensor::set: double -> float -> bf16).
+template <class D, class S> __global__ void convert_k(D* dst, const S* src, std::int64_t n) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  double v;
+  if constexpr (std::is_same_v<S, __nv_bfloat16>) v = static_cast<double>(__bfloat162float(src[i]));
+  else v = static_cast<double>(src[i]);
+  if constexpr (std::is_same_v<D, __nv_bfloat16>) dst[i] = __float2bfloat16(static_cast<float>(v));
+  else dst[i] = static_cast<D>(v);
+}
+template <class D> void convert_from(D* dst, const void* src, DType sdt, std::int64_t n) {
+  const unsigned blocks = blocks_for(n, 256);
+  switch (sdt) {
+    case DType::F64: convert_k<<<blocks, 256>>>(dst, static_cast<const double*>(src), n); break;
+    case DType::F32: convert_k<<<blocks, 256>>>(dst, static_cast<const float*>(src), n); break;
+    case DType::BF16: convert_k<<<blocks, 256>>>(dst, static_cast<const __nv_bfloat16*>(src), n); break;
+  }
+}
+void dev_convert(void* dst, DType ddt, const void* src, DType sdt, std::int64_t n) {
+  if (n <= 0) return;
+  switch (ddt) {
+    case DType::F64: convert_from(static_cast<double*>(dst), src, sdt, n); break;
+    case DType::F32: convert_from(static_cast<float*>(dst), src, sdt, n); break;
+    case DType::BF16: convert_from(static_cast<__nv_bfloat16*>(dst), src, sdt, n); break;
+  }
+  check_launch("dtype conversion");
+}
 }  // namespace
 
 int device_count() {
@@ -150,6 +178,7 @@ void init(int local_rank) {
   ops.is_device_ptr = is_dev;
   ops.copy_strided = dev_copy_strided;
   ops.copy_rows = dev_copy_rows;
+  ops.convert = dev_convert;
   ops.name = g_name;
   register_device_ops(ops);
   g_init = true;

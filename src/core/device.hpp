@@ -24,6 +24,9 @@ struct DeviceOps {
   // Device rows: dst row dst_rows[i] <- src row src_rows[i] (index arrays on the host).
   void (*copy_rows)(void* dst, const void* src, const std::int64_t* dst_rows, const std::int64_t* src_rows,
                     std::int64_t n, std::size_t row_bytes) = nullptr;
+  // Device to device, n contiguous elements converted from src_dtype to dst_dtype with the host's
+  // rounding (a value goes through double; to bf16 through float as well).
+  void (*convert)(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n) = nullptr;
   std::string name;  // e.g. "cuda:0 NVIDIA H200"
 };
 

@@ -245,7 +245,14 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(DType dt) const {
-  if (space_ == Space::Cuda && dt != dtype_) return to(Space::Host).to(dt).to(Space::Cuda);
+  if (space_ == Space::Cuda && dt != dtype_) {
+    const DeviceOps& ops = require_device("Tensor::to(DType)");
+    if (!ops.convert) return to(Space::Host).to(dt).to(Space::Cuda);
+    const Tensor c = is_contiguous() ? *this : clone();
+    Tensor t = empty(shape_, dt, space_);
+    ops.convert(t.data_, dt, c.data_, dtype_, numel());
+    return t;
+  }
   Tensor t = empty(shape_, dt, space_);
   t.copy_from(*this);
   return t;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "cuda/gpu.hpp"
@@ -174,6 +175,29 @@ TEST(CudaKernels, RopeEmbeddingCrossEntropyElementwise) {
     axpy(S, -0.5, dev(a));
     expect_match(S, s, d, "axpy");
   }
+}
+
+TEST(CudaKernels, DtypeConversionMatchesHost) {
+  REQUIRE_GPU();
+  // Device Tensor::to(DType) against the host conversion, bit for bit: every pair of dtypes, values
+  // spanning many binades (and bf16 rounding ties), a contiguous tensor and a strided slice.
+  Tensor base = rnd({37, 29}, 91, DType::F64, -3, 3);
+  for (std::int64_t i = 0; i < base.numel(); ++i) base.set(i, base.get(i) * std::pow(10.0, static_cast<double>(i % 13) - 6));
+  base.set(0, 1.0 + 1.0 / 256);  // a bf16 tie (rounds to even)
+  base.set(1, 0.0);
+  for (DType from : kTypes)
+    for (DType to : kTypes) {
+      const Tensor h = base.to(from);
+      for (bool strided : {false, true}) {
+        const Tensor hs = strided ? h.slice(1, 3, 20) : h;
+        const Tensor want = hs.to(to);
+        const Tensor got = dev(h).slice(1, strided ? 3 : 0, strided ? 20 : 29).to(to).to(Space::Host);
+        ASSERT_EQ(got.shape(), want.shape());
+        const Tensor w = want.is_contiguous() ? want : want.clone();
+        EXPECT_EQ(std::memcmp(got.raw(), w.raw(), w.nbytes()), 0)
+            << to_string(from) << " -> " << to_string(to) << (strided ? " (strided)" : "");
+      }
+    }
 }
 
 TEST(CudaKernels, BitwiseRepeatable) {
