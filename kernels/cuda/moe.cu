@@ -207,8 +207,8 @@ void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& top
   const std::int64_t Tn = logits.size(0), E = p.experts, K = p.topk;
   topk_idx.assign(static_cast<std::size_t>(Tn * K), 0);
   if (Tn == 0) return;
-  std::int64_t* idx = nullptr;
-  HCP_CUDA_CHECK(cudaMalloc(&idx, static_cast<std::size_t>(Tn * K) * sizeof(std::int64_t)));
+  const DeviceIndex ibuf(nullptr, static_cast<std::size_t>(Tn * K));
+  std::int64_t* idx = ibuf.p;
   HCP_CUDA_DISPATCH(logits, {
     using A = typename Acc<S>::type;
     router_fwd_k<S, A><<<blocks_for(Tn, 128), 128>>>(dptr<S>(scores), idx, dptr<S>(topk_w), dptr<S>(logits),
@@ -217,7 +217,6 @@ void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& top
   });
   check_launch("router_fwd");
   HCP_CUDA_CHECK(cudaMemcpy(topk_idx.data(), idx, topk_idx.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost));
-  cudaFree(idx);
 }
 
 void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const Tensor& dtopk_w,
@@ -299,8 +298,8 @@ double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& t
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
   const std::vector<double> shares = expert_shares(topk_idx, E);
   DeviceArray<double> sh(&shares);
-  double* part = nullptr;
-  HCP_CUDA_CHECK(cudaMalloc(&part, static_cast<std::size_t>(Tn) * sizeof(double)));
+  const DeviceArray<double> pbuf(nullptr, static_cast<std::size_t>(Tn));
+  double* part = pbuf.p;
   HCP_CUDA_DISPATCH(scores, {
     using A = typename Acc<S>::type;
     aux_k<S, A><<<blocks_for(Tn, 128), 128>>>(part, static_cast<S*>(nullptr), dptr<S>(scores), sh.p, Tn, E, 0.0);
@@ -308,7 +307,6 @@ double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& t
   check_launch("moe_aux_loss_fwd");
   std::vector<double> h(static_cast<std::size_t>(Tn));
   HCP_CUDA_CHECK(cudaMemcpy(h.data(), part, h.size() * sizeof(double), cudaMemcpyDeviceToHost));
-  cudaFree(part);
   double loss = 0;  // in token order, as the host does
   for (double v : h) loss += v;
   return static_cast<double>(E) * loss / static_cast<double>(Tn);

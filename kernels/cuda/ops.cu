@@ -642,14 +642,13 @@ double cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& 
   if (count) *count = 0;
   if (T == 0) return 0.0;
   DeviceIndex lab(&labels);
-  double* loss = nullptr;
-  HCP_CUDA_CHECK(cudaMalloc(&loss, static_cast<std::size_t>(T) * sizeof(double)));
+  const DeviceArray<double> lbuf(nullptr, static_cast<std::size_t>(T));
+  double* loss = lbuf.p;
   HCP_CUDA_DISPATCH(logits, ce_k<S><<<static_cast<unsigned>(T), kThreads>>>(loss, static_cast<S*>(nullptr),
                                                                            dptr<S>(logits), lab.p, V, ignore, 0.0));
   check_launch("cross_entropy_fwd");
   std::vector<double> h(static_cast<std::size_t>(T));
   HCP_CUDA_CHECK(cudaMemcpy(h.data(), loss, h.size() * sizeof(double), cudaMemcpyDeviceToHost));
-  cudaFree(loss);
   double sum = 0;  // in token order, as the host does
   std::int64_t n = 0;
   for (std::int64_t t = 0; t < T; ++t)
@@ -715,14 +714,11 @@ template <class S> __global__ void adamw_k(S* p, const S* g, S* m, S* v, std::in
 double sum_squares(const Tensor& x) {
   require_cuda(x, "sum_squares");
   if (x.numel() == 0) return 0;
-  double* part = nullptr;
-  HCP_CUDA_CHECK(cudaMalloc(&part, kSqBlocks * sizeof(double)));
-  HCP_CUDA_DISPATCH(x, sumsq_k<S><<<kSqBlocks, kThreads>>>(part, dptr<S>(x), x.numel()));
+  const DeviceArray<double> part(nullptr, kSqBlocks);
+  HCP_CUDA_DISPATCH(x, sumsq_k<S><<<kSqBlocks, kThreads>>>(part.p, dptr<S>(x), x.numel()));
   check_launch("sum_squares");
   std::vector<double> h(kSqBlocks);
-  const cudaError_t e = cudaMemcpy(h.data(), part, kSqBlocks * sizeof(double), cudaMemcpyDeviceToHost);
-  cudaFree(part);
-  HCP_CUDA_CHECK(e);
+  HCP_CUDA_CHECK(cudaMemcpy(h.data(), part.p, kSqBlocks * sizeof(double), cudaMemcpyDeviceToHost));
   double sq = 0;
   for (double v : h) sq += v;
   return sq;
