@@ -4,7 +4,8 @@
 // passing, dy.x, dx, dB, dC, per-token dt terms and a per-chunk reduction); seq_idx resets, initial and
 // final states, D, dt_bias, softplus and clamp. The same element functions run on the host in
 // tests/unit/test_ssd_chunked.cpp. For bf16 at the Mamba2 sizes (head_dim 64, chunk 128, d_state 64 or
-// 128) the exec hands every phase but the dt cumsum to the tensor-core kernels of kernels/cuda/ssd_tc.cu.
+// 128), with every tensor 16-byte aligned, the exec hands every phase to the kernels of
+// kernels/cuda/ssd_tc.cu (tensor cores, warp scans, vectorised state passing).
 // Also the state-passing kernels (run decay, initial-state term and its backward). Per-head parameter
 // gradients are reduced in a fixed order: bitwise repeatable.
 #include <cmath>

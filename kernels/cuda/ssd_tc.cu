@@ -611,12 +611,14 @@ __device__ __forceinline__ void store4(bf16* p, float4 v) {
   *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
 }
 constexpr int kPassBlock = 256;
+// Blocks of the state passing per (row, head): partial sums of S_in · dS_end per chunk.
+__host__ __device__ __forceinline__ i64 pass_blocks_per_head(const ssdc::Dims& d) { return d.PN() / (4 * kPassBlock); }
 template <bool kRev>
 __global__ void __launch_bounds__(kPassBlock) pass_k(Ctx k, const float* loc_st, bf16* lo, const bf16* bound, bf16* out,
                                                      const bf16* S_in, float* dots) {
   const ssdc::Dims& d = k.d;
   const i64 nv = d.PN() / 4, i = static_cast<i64>(blockIdx.x) * kPassBlock + threadIdx.x;
-  const i64 v = i % nv, bh = i / nv, h = bh % d.H, b = bh / d.H, nblk = nv / kPassBlock;
+  const i64 v = i % nv, bh = i / nv, h = bh % d.H, b = bh / d.H, nblk = pass_blocks_per_head(d);
   float4 run = bound ? load4(bound + bh * d.PN() + 4 * v) : make_float4(0.f, 0.f, 0.f, 0.f);
   const i64 step = kRev ? -1 : 1;
   i64 c = kRev ? d.nch - 1 : 0;
@@ -660,7 +662,7 @@ __global__ void __launch_bounds__(256) reduce_k(Bwd q, const float* dots, bf16* 
   }
   float end = warp_sum(t3);
   if (k.has_start(c) && k.seq(b, t0 + E) == k.prev_seq(b, c)) {
-    const i64 nblk = d.PN() / (4 * kPassBlock);
+    const i64 nblk = pass_blocks_per_head(d);
     float dot = 0.f;
     for (i64 j = 0; j < nblk; ++j) dot += dots[((b * d.nch + c) * d.H + h) * nblk + j];
     end += __expf(k.w.cs[tok + E]) * dot;
@@ -754,7 +756,7 @@ template <int N> void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf1
       break;
     case ssdc::Phase::DPass:
       s.dstates = take<bf16>(s, nstates);
-      s.dots = take<float>(s, d.B * d.nch * d.H * d.PN() / (4 * kPassBlock));
+      s.dots = take<float>(s, d.B * d.nch * d.H * pass_blocks_per_head(d));
       pass_k<true><<<pass_blocks, kPassBlock>>>(k, q.dstates, s.dstates, io.dfin, io.dinit, s.states, s.dots);
       break;
     case ssdc::Phase::Terms:
