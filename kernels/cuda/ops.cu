@@ -329,54 +329,61 @@ __global__ void rope_k(S* y, const S* x, const std::int64_t* pos, std::int64_t T
   const A x1 = ld(xr + j), x2 = ld(xr + j + half);
   st(y + i, d < half ? x1 * c - x2 * s : x2 * c + x1 * s);
 }
-// RoPE, vector path: (1) the cos/sin table [T][rd/2] (angle in fp64 as the host computes it, reduced
-// to [-pi, pi] before a single-precision sincos for fp32/bf16; fp64 keeps fp64), (2) one thread per
-// work item -- a first-half vector rotated together with its partner at +rd/2, or a pass-through
-// vector -- with 16-byte loads and stores. Needs D and rd/2 multiples of the vector width.
-template <class A>
-__global__ void rope_table_k(A* __restrict__ cs, A* __restrict__ sn, const std::int64_t* __restrict__ pos,
-                             const double* __restrict__ inv_freq, std::int64_t T, std::int64_t half, double sign) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= T * half) return;
-  const double ang = static_cast<double>(pos[i / half]) * inv_freq[i % half];
-  if constexpr (std::is_same_v<A, double>) {
-    cs[i] = cos(ang);
-    sn[i] = sign * sin(ang);
-  } else {
-    constexpr double kTwoPi = 6.283185307179586476925;
-    float sf, cf;
-    sincosf(static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi)), &sf, &cf);
-    cs[i] = cf;
-    sn[i] = static_cast<A>(sign) * sf;
-  }
-}
+// RoPE, vector path, one kernel: a block takes `tpb` consecutive tokens; it first forms their cos/sin
+// rows [tpb][rd/2] in shared memory (angle in fp64 as the host computes it, from the host's own
+// frequencies passed by value; reduced to [-pi, pi] before a single-precision sincos for fp32/bf16, fp64
+// keeps fp64), then each thread takes work items -- a first-half vector rotated with its partner at
+// +rd/2, or a pass-through vector -- with 16-byte loads and stores. No table in global memory, no
+// extra launch. Needs D and rd/2 multiples of the vector width and rd/2 <= kRopeMaxHalf.
+constexpr int kRopeMaxHalf = 256;
+struct RopeFreq {
+  double inv[kRopeMaxHalf];
+};
 template <class S, class I>
-__global__ void rope_vec_k(S* __restrict__ y, const S* __restrict__ x, const typename Acc<S>::type* __restrict__ cs,
-                           const typename Acc<S>::type* __restrict__ sn, I T, I H, I D, I rd) {
+__global__ void rope_vec_k(S* __restrict__ y, const S* __restrict__ x, const std::int64_t* __restrict__ pos,
+                           const RopeFreq freq, double sign, I T, I H, I D, I rd, I tpb) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
+  extern __shared__ __align__(16) unsigned char rope_smem[];
+  A* cs = reinterpret_cast<A*>(rope_smem);
   const I half = rd / 2, nrot = half / V, per_head = nrot + (D - rd) / V, per_tok = H * per_head;
-  const I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
-  if (i >= T * per_tok) return;
-  const I t = i / per_tok, r = i % per_tok, h = r / per_head, k = r % per_head;
-  const bool rot = k < nrot;
-  const I o = (t * H + h) * D + (rot ? k * V : rd + (k - nrot) * V);
-  A v1[V];
-  ld_vec<S>(v1, x + o);
-  if (rot) {
-    A v2[V];
-    ld_vec<S>(v2, x + o + half);
-    const A* c = cs + t * half + k * V;
-    const A* s_ = sn + t * half + k * V;
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const A x1 = v1[e], x2 = v2[e];
-      v1[e] = x1 * c[e] - x2 * s_[e];
-      v2[e] = x2 * c[e] + x1 * s_[e];
+  const I t0 = static_cast<I>(blockIdx.x) * tpb, nt = min(tpb, T - t0);
+  A* sn = cs + tpb * half;
+  for (I i = threadIdx.x; i < nt * half; i += blockDim.x) {
+    const double ang = static_cast<double>(pos[t0 + i / half]) * freq.inv[i % half];
+    if constexpr (std::is_same_v<A, double>) {
+      cs[i] = cos(ang);
+      sn[i] = sign * sin(ang);
+    } else {
+      constexpr double kTwoPi = 6.283185307179586476925;
+      float sf, cf;
+      sincosf(static_cast<float>(ang - kTwoPi * rint(ang / kTwoPi)), &sf, &cf);
+      cs[i] = cf;
+      sn[i] = static_cast<A>(sign) * sf;
     }
-    st_vec<S>(y + o + half, v2);
   }
-  st_vec<S>(y + o, v1);
+  __syncthreads();
+  for (I i = threadIdx.x; i < nt * per_tok; i += blockDim.x) {
+    const I tl = i / per_tok, r = i % per_tok, h = r / per_head, k = r % per_head;
+    const bool rot = k < nrot;
+    const I o = ((t0 + tl) * H + h) * D + (rot ? k * V : rd + (k - nrot) * V);
+    A v1[V];
+    ld_vec<S>(v1, x + o);
+    if (rot) {
+      A v2[V];
+      ld_vec<S>(v2, x + o + half);
+      const A* c = cs + tl * half + k * V;
+      const A* s_ = sn + tl * half + k * V;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A x1 = v1[e], x2 = v2[e];
+        v1[e] = x1 * c[e] - x2 * s_[e];
+        v2[e] = x2 * c[e] + x1 * s_[e];
+      }
+      st_vec<S>(y + o + half, v2);
+    }
+    st_vec<S>(y + o, v1);
+  }
 }
 template <class S>
 __global__ void embed_fwd_k(S* y, const S* table, const std::int64_t* ids, std::int64_t T, std::int64_t C) {
@@ -582,29 +589,26 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
                 double sign) {
   check_all({&y, &x}, x.dtype(), "rope");
   const std::int64_t T = x.size(0), H = x.size(1), D = x.size(2);
-  if (T == 0) return;
+  if (x.numel() == 0) return;
   DeviceIndex pos(&positions);
   HCP_CUDA_DISPATCH(x, {
     using A = typename Acc<S>::type;
     constexpr int V = kVec<S>;
-    if (D % V == 0 && (rd / 2) % V == 0 && aligned16(x.raw()) && aligned16(y.raw())) {
-      const std::int64_t half = rd / 2;
-      std::vector<double> inv(static_cast<std::size_t>(half));  // the host kernel's frequencies, bit for bit
-      for (std::size_t j = 0; j < inv.size(); ++j)
-        inv[j] = std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(rd));
-      DeviceArray<double> freq(&inv);
-      A* tab = nullptr;  // cos then sin, [T][half] each
-      HCP_CUDA_CHECK(cudaMallocAsync(&tab, static_cast<std::size_t>(2 * T * half) * sizeof(A), 0));
-      rope_table_k<A><<<blocks_for(T * half, kThreads), kThreads>>>(tab, tab + T * half, pos.p, freq.p, T, half, sign);
-      const std::int64_t items = T * H * (half + D - rd) / V;
+    const std::int64_t half = rd / 2;
+    if (D % V == 0 && half % V == 0 && half <= kRopeMaxHalf && aligned16(x.raw()) && aligned16(y.raw())) {
+      RopeFreq freq;  // the host kernel's frequencies, bit for bit
+      for (std::int64_t j = 0; j < half; ++j)
+        freq.inv[j] = std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(rd));
+      // Tokens per block: enough to give 256 threads about one work item each.
+      const std::int64_t per_tok = H * (half + D - rd) / V, tpb = std::max<std::int64_t>(1, kThreads / per_tok);
+      const auto blocks = static_cast<unsigned>((T + tpb - 1) / tpb);
+      const std::size_t smem = static_cast<std::size_t>(2 * tpb * half) * sizeof(A);
       if (T * H * D < (std::int64_t{1} << 31))
-        rope_vec_k<S, int><<<blocks_for(items, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), tab, tab + T * half,
-                                                                      static_cast<int>(T), static_cast<int>(H),
-                                                                      static_cast<int>(D), static_cast<int>(rd));
+        rope_vec_k<S, int><<<blocks, kThreads, smem>>>(dptr<S>(y), dptr<S>(x), pos.p, freq, sign, static_cast<int>(T),
+                                                       static_cast<int>(H), static_cast<int>(D), static_cast<int>(rd),
+                                                       static_cast<int>(tpb));
       else
-        rope_vec_k<S, std::int64_t><<<blocks_for(items, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), tab, tab + T * half,
-                                                                               T, H, D, rd);
-      HCP_CUDA_CHECK(cudaFreeAsync(tab, 0));
+        rope_vec_k<S, std::int64_t><<<blocks, kThreads, smem>>>(dptr<S>(y), dptr<S>(x), pos.p, freq, sign, T, H, D, rd, tpb);
     } else {
       rope_k<S><<<blocks_for(T * H * D, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), pos.p, T, H, D, rd, theta, sign);
     }
