@@ -2,18 +2,21 @@
 // layer). The blocks cover (tile list) x (N tiles); the tile list names each block's group and M
 // offset, so groups of any size (also empty ones) share one launch without padding. bf16 runs on the
 // tensor cores: when every operand's contiguous extent and leading dimension are multiples of 8
-// elements (the MoE shapes), a 128x128x64 block tile of 4 warps (64x64 each, mma.sync m16n8k16 from
-// ldmatrix, XOR-swizzled shared memory) fed by a 3-stage cp.async pipeline; otherwise WMMA 16x16x16
-// tiles loaded element-wise. fp32/fp64 run on FMA with 4x4 register tiles. Every
+// elements (the MoE shapes), Hopper wgmma on a 128x256x64 block tile of two warpgroups fed by a
+// 4-stage cp.async pipeline (gemm_wg_k); HCP_GEMM_MMA_SYNC set in the environment selects the earlier
+// 128x128x64 mma.sync kernel instead (4 warps of 64x64, ldmatrix, 3 stages; side-by-side timing);
+// otherwise WMMA 16x16x16 tiles loaded element-wise. fp32/fp64 run on FMA with 4x4 register tiles. Every
 // output element has one owner and a fixed K order: bitwise repeatable, no atomics. A group with K = 0
 // writes zeros (an expert that received no tokens gets a zero weight gradient).
 #include <mma.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace hcp::kernels::cuda_impl {
 using namespace hcp::cuda;
@@ -219,6 +222,92 @@ __global__ void __launch_bounds__(kTcThreads) gemm_tc_k(const Group<__nv_bfloat1
       }
     }
 }
+// Hopper path: a 128x256x64 block tile, two warpgroups of 64 rows each issuing wgmma m64n256k16 on
+// 128-byte-swizzled shared-memory tiles (a 256-wide tile: 85 flops per byte brought from L2, against 64
+// for 128x128, whose loads bound both kernels at ~250 TFLOP/s) (no register operands), a 4-stage cp.async pipeline that every
+// thread feeds two stages ahead, one wgmma batch in flight across the next stage's wait. K-major
+// operands (A [M][K], B [N][K]) are stored [rows][64]; MN-major ones (TA: A [K][M], !TB: B [K][N]) as
+// [64 k][64] blocks of 64 M/N each, read through the transpose immediates.
+// Accumulation order per output element is fixed: bitwise repeatable.
+constexpr int WBM = 128, WBN = 256, WBK = 64, kWgStages = 4, kWgThreads = 256;
+constexpr int kWgHalf = 64 * WBK;  // elements of one [64][64] block
+constexpr std::size_t kWgSmem = static_cast<std::size_t>(kWgStages) * (WBM + WBN) * WBK * sizeof(__nv_bfloat16) + 1024;
+template <bool TA, bool TB>
+__global__ void __launch_bounds__(kWgThreads, 1) gemm_wg_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn) {
+  using namespace hcp::cuda::tc;
+  namespace wg = hcp::cuda::wg;
+  using bf16 = __nv_bfloat16;
+  extern __shared__ __align__(128) unsigned char wg_sm[];
+  // wgmma's 128-byte swizzle is a function of the address: tiles start on 1024-byte boundaries.
+  bf16* As = reinterpret_cast<bf16*>(wg_sm + ((1024u - (smem_u32(wg_sm) & 1023u)) & 1023u));  // [stage][WBM * WBK]
+  bf16* Bs = As + kWgStages * WBM * WBK;                                                        // [stage][WBN * WBK]
+  const Tile tl = tiles[blockIdx.x / ntn];
+  const Group<bf16> g = groups[tl.group];
+  const std::int64_t m0 = tl.m0, n0 = static_cast<std::int64_t>(blockIdx.x % ntn) * WBN;
+  if (n0 >= g.N) return;
+  const int nk = static_cast<int>((g.K + WBK - 1) / WBK);
+  auto load = [&](int kt, int stage) {
+    const std::int64_t k0 = static_cast<std::int64_t>(kt) * WBK;
+    bf16* a = As + stage * WBM * WBK;
+    bf16* b = Bs + stage * WBN * WBK;
+    if (TA)
+      for (int h = 0; h < 2; ++h)  // [k][64 m] blocks
+        load_tile_async<64, kWgThreads>(a + h * kWgHalf, g.A + k0 * g.lda + m0 + 64 * h, g.lda, WBK, g.K - k0, g.M - m0 - 64 * h);
+    else
+      load_tile_async<WBK, kWgThreads>(a, g.A + m0 * g.lda + k0, g.lda, WBM, g.M - m0, g.K - k0);
+    if (TB)
+      load_tile_async<WBK, kWgThreads>(b, g.B + n0 * g.ldb + k0, g.ldb, WBN, g.N - n0, g.K - k0);
+    else
+      for (int h = 0; h < WBN / 64; ++h)  // [k][64 n] blocks
+        load_tile_async<64, kWgThreads>(b + h * kWgHalf, g.B + k0 * g.ldb + n0 + 64 * h, g.ldb, WBK, g.K - k0, g.N - n0 - 64 * h);
+  };
+  // Loads run kDist stages ahead; one wgmma batch stays in flight (wait<1>), so the stage a load
+  // refills, (kt + kDist) % kWgStages = (kt - 2) % kWgStages, was read by a batch every warpgroup has
+  // finished before the barrier.
+  constexpr int kDist = kWgStages - 2;
+#pragma unroll
+  for (int st = 0; st < kDist; ++st) {
+    if (st < nk) load(st, st);
+    cp_async_commit();
+  }
+  const int wgi = threadIdx.x >> 7;  // this warpgroup's rows: [64 wgi, +64)
+  float acc[WBN / 2];
+#pragma unroll
+  for (int i = 0; i < WBN / 2; ++i) acc[i] = 0.f;
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<kDist - 1>();
+    wg::fence_proxy_async();
+    __syncthreads();  // stage kt landed for everyone; every warpgroup finished its batch on stage kt - 2
+    if (kt + kDist < nk) load(kt + kDist, (kt + kDist) % kWgStages);
+    cp_async_commit();
+    // This warpgroup's 64 rows of A: rows 64 wgi.. of the K-major tile, or block wgi of the M-major one.
+    const bf16* a = As + (kt % kWgStages) * WBM * WBK + (TA ? wgi * kWgHalf : 64 * wgi * WBK);
+    const bf16* b = Bs + (kt % kWgStages) * WBN * WBK;
+    const std::uint64_t da = TA ? wg::desc_mn128(a, kWgHalf * sizeof(bf16)) : wg::desc_k128(a);
+    const std::uint64_t db = TB ? wg::desc_k128(b) : wg::desc_mn128(b, kWgHalf * sizeof(bf16));
+    constexpr std::uint64_t kStepA = TA ? 128 : 2, kStepB = TB ? 2 : 128;  // one k16 slice, in 16-byte units
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < WBK / 16; ++kk) wg::mma_ss<WBN, TA, !TB>(acc, da + kStepA * kk, db + kStepB * kk);
+    wg::commit();
+    wg::wait<1>();
+  }
+  wg::wait<0>();
+  cp_async_wait<0>();
+  const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const std::int64_t m = m0 + 64 * wgi + 16 * w + gr + 8 * hf;
+    if (m >= g.M) continue;
+#pragma unroll
+    for (int j = 0; j < WBN / 8; ++j) {
+      const std::int64_t n = n0 + 8 * j + 2 * tg;  // N % 8 == 0: n < N implies n + 1 < N
+      if (n < g.N)
+        *reinterpret_cast<__nv_bfloat162*>(g.C + m * g.ldc + n) =
+            __floats2bfloat162_rn(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
+    }
+  }
+}
 // The pipelined path needs 16-byte rows: contiguous extents, leading dimensions and bases aligned to 8 elements.
 bool tc_ok(bool ta, bool tb, const std::vector<GemmGroupDesc>& desc) {
   for (const GemmGroupDesc& d : desc) {
@@ -232,7 +321,12 @@ bool tc_ok(bool ta, bool tb, const std::vector<GemmGroupDesc>& desc) {
 template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc>& desc, std::int64_t N) {
   constexpr bool kBf16 = std::is_same_v<S, __nv_bfloat16>;
   const bool tc = kBf16 && tc_ok(TA, TB, desc);
-  const int bm = tc ? TBM : BM, bn = tc ? TBN : BN;
+  // The wgmma kernel for every operand layout; HCP_GEMM_MMA_SYNC set in the environment keeps the
+  // mma.sync kernel (side-by-side timing and testing while the wgmma kernel is new).
+  static const bool keep_sync = std::getenv("HCP_GEMM_MMA_SYNC") != nullptr;
+  const bool wg = tc && !keep_sync;
+  const int bm = tc ? TBM : BM, bn = wg ? WBN : tc ? TBN : BN;
+  static_assert(WBM == TBM, "the wgmma and mma.sync kernels share the tile list");
   std::vector<Group<S>> groups;
   std::vector<Tile> tiles;
   for (const GemmGroupDesc& d : desc) {
@@ -250,7 +344,13 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
   HCP_CUDA_CHECK(cudaMemcpyAsync(dt, tiles.data(), tiles.size() * sizeof(Tile), cudaMemcpyHostToDevice, 0));
   const dim3 grid(static_cast<unsigned>(tiles.size()), static_cast<unsigned>((N + bn - 1) / bn));
   if constexpr (kBf16) {
-    if (tc) {
+    if (wg) {
+      HCP_CUDA_CHECK(
+          cudaFuncSetAttribute(gemm_wg_k<TA, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWgSmem)));
+      const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
+      HCP_CHECK(blocks < (1ll << 31), "grouped_gemm: ", blocks, " blocks exceed one launch");
+      gemm_wg_k<TA, TB><<<static_cast<unsigned>(blocks), kWgThreads, kWgSmem>>>(dg, dt, static_cast<int>(grid.y));
+    } else if (tc) {
       HCP_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_k<TA, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(kTcSmem)));
       const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;

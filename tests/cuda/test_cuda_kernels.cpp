@@ -473,10 +473,11 @@ TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
 TEST(CudaKernels, GroupedGemmUnevenGroupsAllTransposes) {
   REQUIRE_GPU();
   // Groups with 0, 1, 70 and 131 rows (M) or reduction lengths (K). N = 100 / other = 45 take the
-  // element-wise path; N = 136 / other = 200 (multiples of 8) take the pipelined bf16 tensor-core path
-  // in three of the four modes (partial 128-wide M/N tiles, a K tail inside a 64-deep stage).
+  // element-wise path; N = 136 / other = 200 and N = 392 / other = 136 (multiples of 8) take the
+  // pipelined bf16 tensor-core path in three of the four modes (partial M/N tiles, two N tiles of the
+  // 256-wide wgmma kernel, a K tail inside a 64-deep stage).
   const std::vector<std::int64_t> sizes = {70, 0, 131, 1};
-  for (auto [N, other] : {std::pair<std::int64_t, std::int64_t>{100, 45}, {136, 200}})
+  for (auto [N, other] : {std::pair<std::int64_t, std::int64_t>{100, 45}, {136, 200}, {392, 136}})
   for (DType d : kTypes)
     for (int mode = 0; mode < 4; ++mode) {
       const bool ta = mode & 1, tb = mode & 2;
