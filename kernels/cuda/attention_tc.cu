@@ -1,8 +1,10 @@
-// Tensor-core flash attention for bf16, head_dim 64 or 128 (FlashAttention-2 structure on mma.sync):
+// Tensor-core flash attention for bf16, head_dim 64 or 128 (FlashAttention-2 structure; the products on
+// Hopper wgmma, or on mma.sync when HCP_ATTN_MMA_SYNC is set in the environment, for side-by-side runs):
 //
-// forward   one block per (query tile of 16·NW rows, head); each warp owns 16 query rows. K/V tiles of
-//           64 keys stream through shared memory, double-buffered with cp.async; S = Q·K^T and O += P·V
-//           on the tensor cores (P stays in registers), online softmax in the exp2 domain, fp32 LSE.
+// forward   one block per (query tile, head): wgmma, two warpgroups of 64 rows sharing the K/V tiles
+//           (fwd_wg_k); mma.sync, 4 warps of 32 rows (fwd_k). K/V tiles of 64 keys stream through
+//           shared memory, double-buffered with cp.async; S = Q·K^T and O += P·V on the tensor cores
+//           (P stays in registers), online softmax in the exp2 domain, fp32 LSE.
 // backward  deterministic, no atomics: (1) delta = rowsum(dO∘O), a warp per row; (2) dQ: one block
 //           per (query tile, head) recomputing P from the saved LSE and streaming K/V like the
 //           forward; (3) dK/dV: one block per (tile of 16·NW keys on the kv token axis, kv head),
@@ -14,12 +16,14 @@
 // visible key get o = 0, lse = -inf (the caller pre-fills rows no segment covers).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "kernels/cuda/attention_tc.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace hcp::kernels::cuda_impl::attn_tc {
 using namespace hcp::cuda;
@@ -115,7 +119,9 @@ __device__ __forceinline__ void store_rows(bf16* out, std::int64_t ld, int valid
 
 // The query tile of a (query tile, head) block of the forward and dQ kernels, and the K/V tiles of its
 // segment streamed through a double buffer in shared memory (cp.async, one tile ahead).
-template <int D, int NT> struct QTileStream {
+// kSplit: tiles stored as D/64 blocks [rows][64] (the wgmma 128-byte-swizzle layout), and the async
+// proxy sees the landed tiles (wgmma reads shared memory through it).
+template <int D, int NT, bool kSplit = false> struct QTileStream {
   SegD g;
   std::int64_t i0, qld, kld;
   int h, qvalid, ntiles;
@@ -141,8 +147,16 @@ template <int D, int NT> struct QTileStream {
   __device__ void load_kv(int t, int buf) const {
     const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
     const int valid = static_cast<int>(lmin(kBN, g.kv_len - j0));
-    load_tile_async<D, NT>(Ks + buf * kBN * D, kbase + j0 * kld, kld, kBN, valid);
-    load_tile_async<D, NT>(Vs + buf * kBN * D, vbase + j0 * kld, kld, kBN, valid);
+    if constexpr (kSplit) {
+#pragma unroll
+      for (int hb = 0; hb < D / 64; ++hb) {
+        load_tile_async<64, NT>(Ks + buf * kBN * D + hb * kBN * 64, kbase + j0 * kld + 64 * hb, kld, kBN, valid);
+        load_tile_async<64, NT>(Vs + buf * kBN * D + hb * kBN * 64, vbase + j0 * kld + 64 * hb, kld, kBN, valid);
+      }
+    } else {
+      load_tile_async<D, NT>(Ks + buf * kBN * D, kbase + j0 * kld, kld, kBN, valid);
+      load_tile_async<D, NT>(Vs + buf * kBN * D, vbase + j0 * kld, kld, kBN, valid);
+    }
   }
   // Starts tile 0 (call after the block's own loads, before the first commit).
   __device__ void start() const {
@@ -159,10 +173,137 @@ template <int D, int NT> struct QTileStream {
     } else {
       cp_async_wait<0>();
     }
+    if constexpr (kSplit) hcp::cuda::wg::fence_proxy_async();
     __syncthreads();
     return buf;
   }
 };
+
+// ---- the products of a warpgroup of 4 warps on 64-row tiles, one 16-row fragment tile per warp ----
+// kWg false: mma.sync from [rows][D] tiles (`at<D>` swizzle), warp rows r0..; true: Hopper wgmma from
+// tiles stored as D/64 blocks [64][64] in the 128-byte swizzle (1024-byte aligned), the warpgroup's 64
+// rows at once. Both leave the same fragment layout.
+template <int D, int NT, bool kWg> __device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, std::int64_t ld, int valid) {
+  if constexpr (kWg) {
+#pragma unroll
+    for (int hb = 0; hb < D / 64; ++hb) load_tile_async<64, NT>(dst + hb * 64 * 64, src + 64 * hb, ld, 64, valid);
+  } else {
+    load_tile_async<D, NT>(dst, src, ld, 64, valid);
+  }
+}
+// acc (16 rows x kBN per warp) = X · Y^T, X and Y 64 x D tiles (rows: the fragment rows / columns).
+template <int D, bool kWg> __device__ __forceinline__ void mm_xyt(float (&acc)[kBN / 8][4], const bf16* X, int r0, const bf16* Y) {
+  zero(acc);
+  if constexpr (kWg) {
+    namespace wg = hcp::cuda::wg;
+    float(&flat)[kBN / 2] = reinterpret_cast<float(&)[kBN / 2]>(acc);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int hb = kk / 4, ks = kk % 4;  // 64-column block, k16 slice in it (+32 bytes each)
+      wg::mma_ss<kBN, false, false>(flat, wg::desc_k128(X + hb * 64 * 64) + 2 * ks, wg::desc_k128(Y + hb * 64 * 64) + 2 * ks);
+    }
+    wg::commit();
+    wg::wait<0>();
+  } else {
+    mm_abt<D, kBN / 8, 1>(one(acc), X, r0, Y);
+  }
+}
+// acc (16 rows x D per warp) += P · Y, P the C fragments of a previous product (16 x kBN per warp), Y a
+// kBN x D tile (rows: the contraction).
+template <int D, bool kWg>
+__device__ __forceinline__ void mm_py(float (&acc)[D / 8][4], const float (&p)[kBN / 8][4], const bf16* Y) {
+  if constexpr (kWg) {
+    namespace wg = hcp::cuda::wg;
+    unsigned pa[kBN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) c_to_a(pa[kk], p[2 * kk], p[2 * kk + 1]);
+    float(&flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(acc);
+    wg::fence();  // accumulators and P written by this thread before the products read them
+    const std::uint64_t dy = wg::desc_mn128(Y, 64 * 64 * sizeof(bf16));  // N-major: D/64 blocks [kBN][64]
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) wg::mma_rs<D, true>(flat, pa[kk], dy + 128 * kk);  // 16 rows: +2048 bytes
+    wg::commit();
+    wg::wait<0>();
+  } else {
+    mm_pb<D, kBN / 8, 1>(one(acc), one(p), Y);
+  }
+}
+// Shared memory of the tile kernels: 1024-byte aligned for the wgmma layout.
+template <bool kWg> __device__ __forceinline__ unsigned char* tile_smem(unsigned char* raw) {
+  return kWg ? raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u) : raw;
+}
+
+// One K/V tile of the forward's online softmax on S fragments (MT row tiles of 16 rows per warp):
+// masks S (tile-local key c kept iff c < kv_rem and, on a causal edge, c <= diag + 16 m + 8 hf), turns
+// it into P = exp2(s·sl2 − running max) in place, updates the running max / sum and rescales the
+// output accumulators.
+template <int D, int NT8, int MT>
+__device__ __forceinline__ void online_softmax(float (&s)[MT][NT8][4], float (&mx)[MT][2], float (&l)[MT][2],
+                                               float (&acc)[MT][D / 8][4], bool edge, int kv_rem, int diag, float sl2) {
+  const int tg = threadIdx.x & 3;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (edge) {
+          const int c = nt * 8 + 2 * tg + (e & 1);
+          if (c >= kv_rem || c > diag + 16 * m + 8 * (e >> 1)) s[m][nt][e] = -INFINITY;
+        }
+      }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      // Max of the raw scores, then the exp2 domain (sl2 > 0): p = exp2(s·sl2 - max) as one FFMA.
+      float raw = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt) raw = fmaxf(raw, fmaxf(s[m][nt][2 * hf], s[m][nt][2 * hf + 1]));
+      const float mt = fmaxf(mx[m][hf], quad_max(raw) * sl2);
+      const float base = mt == -INFINITY ? 0.f : mt;  // nothing visible yet: keep exp2 finite
+      const float corr = exp2f(mx[m][hf] - base);
+      mx[m][hf] = mt;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt) {
+        s[m][nt][2 * hf] = exp2f(fmaf(s[m][nt][2 * hf], sl2, -base));
+        s[m][nt][2 * hf + 1] = exp2f(fmaf(s[m][nt][2 * hf + 1], sl2, -base));
+        sum += s[m][nt][2 * hf] + s[m][nt][2 * hf + 1];
+      }
+      l[m][hf] = l[m][hf] * corr + sum;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        acc[m][dt][2 * hf] *= corr;
+        acc[m][dt][2 * hf + 1] *= corr;
+      }
+    }
+  }
+}
+
+// The forward's epilogue for MT row tiles of 16 rows per warp from row r0 of the query tile: O = acc / l
+// into out (row stride ld), LSE (natural log) into lse[r · lse_ld]; rows >= valid skipped.
+template <int D, int MT>
+__device__ __forceinline__ void finish_rows(const float (&acc)[MT][D / 8][4], const float (&mx)[MT][2], float (&l)[MT][2],
+                                            bf16* out, std::int64_t ld, int valid, int r0, float* lse, std::int64_t lse_ld) {
+  const int lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    float inv[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      l[m][hf] = quad_sum(l[m][hf]);
+      inv[hf] = l[m][hf] > 0.f ? 1.f / l[m][hf] : 0.f;
+    }
+    const int rm = r0 + 16 * m;
+    store_rows<D>(out, ld, valid, rm, acc[m], inv[0], inv[1]);
+    if (tg == 0)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = rm + gr + 8 * hf;
+        if (r < valid) lse[r * lse_ld] = l[m][hf] > 0.f ? (mx[m][hf] + log2f(l[m][hf])) / kLog2e : -INFINITY;
+      }
+  }
+}
 
 // ---- forward --------------------------------------------------------------------------------------
 // Each warp owns MT row tiles of 16 query rows; BM = 16·MT·NW rows per block.
@@ -182,7 +323,7 @@ __global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16
   qt.start();
   cp_async_commit();
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+  const int warp = threadIdx.x >> 5, gr = (threadIdx.x & 31) >> 2;
   const int r0 = warp * 16 * MT;
   float acc[MT][D / 8][4];
 #pragma unroll
@@ -206,63 +347,68 @@ __global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16
     // In tile-local 32-bit terms: key c is kept iff c < kv_rem and (!causal or c <= diag + 16m + 8hf).
     const int kv_rem = static_cast<int>(lmin(kBN, g.kv_len - j0));
     const int diag = causal ? static_cast<int>(lmax(lmin(qp0 - g.kv_pos0 - j0, 1 << 20), -(1 << 20))) : (1 << 20);
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-      for (int nt = 0; nt < NT8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (edge) {
-            const int c = nt * 8 + 2 * tg + (e & 1);
-            if (c >= kv_rem || c > diag + 16 * m + 8 * (e >> 1)) s[m][nt][e] = -INFINITY;
-          }
-        }
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        // Max of the raw scores, then the exp2 domain (sl2 > 0): p = exp2(s·sl2 - max) as one FFMA.
-        float raw = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT8; ++nt) raw = fmaxf(raw, fmaxf(s[m][nt][2 * hf], s[m][nt][2 * hf + 1]));
-        const float mt = fmaxf(mx[m][hf], quad_max(raw) * sl2);
-        const float base = mt == -INFINITY ? 0.f : mt;  // nothing visible yet: keep exp2 finite
-        const float corr = exp2f(mx[m][hf] - base);
-        mx[m][hf] = mt;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < NT8; ++nt) {
-          s[m][nt][2 * hf] = exp2f(fmaf(s[m][nt][2 * hf], sl2, -base));
-          s[m][nt][2 * hf + 1] = exp2f(fmaf(s[m][nt][2 * hf + 1], sl2, -base));
-          sum += s[m][nt][2 * hf] + s[m][nt][2 * hf + 1];
-        }
-        l[m][hf] = l[m][hf] * corr + sum;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          acc[m][dt][2 * hf] *= corr;
-          acc[m][dt][2 * hf + 1] *= corr;
-        }
-      }
-    }
+    online_softmax<D, NT8, MT>(s, mx, l, acc, edge, kv_rem, diag, sl2);
     mm_pb<D, NT8, MT>(acc, s, Vt);
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
+  finish_rows<D, MT>(acc, mx, l, o + qt.q_offset(), qld, qvalid, r0, lse + (g.q_start + i0) * H + h, H);
+}
+
+// Hopper forward: two warpgroups per block of 128 query rows sharing each streamed K/V tile (a 64-row
+// block would bring every K/V tile from L2 twice as often: 64 flops per byte, the bound of the
+// one-warpgroup version). Warp w owns rows 16 w .. 16 w + 15 (the fragment layout of fwd_k with MT = 1,
+// so the masking, online softmax and epilogue are shared). Q and the K/V tiles are stored as [rows][64]
+// blocks in the 128-byte swizzle, each warpgroup's 64 Q rows as their own D/64 blocks; S = Q·K^T is
+// wgmma m64n64k16 with both operands in shared memory (K-major), O += P·V is wgmma m64nDk16 with P from
+// registers and V N-major in shared memory. A warpgroup skips the causal tiles past its own rows' last
+// visible key (it still takes part in the block's tile hand-over).
+constexpr int kWgRows = 128;
+template <int D> constexpr std::size_t fwd_wg_smem() {
+  return static_cast<std::size_t>(kWgRows + 4 * kBN) * D * sizeof(bf16) + 1024;
+}
+template <int D>
+__global__ void __launch_bounds__(256, 2) fwd_wg_k(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                                   const SegD* segs, const QTile* tiles, int H, int Hkv, float sl2,
+                                                   bool causal) {
+  constexpr int BM = kWgRows, NT = 256, NT8 = kBN / 8;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* Qs = reinterpret_cast<bf16*>(tile_smem<true>(smem_raw));  // [2][D/64][64][64]
+  bf16* Ks = Qs + BM * D;                                          // [2][D/64][kBN][64]
+  const QTileStream<D, NT, true> qt(segs, tiles, H, Hkv, BM, causal, k, v, Ks, Ks + 2 * kBN * D);
+  const SegD& g = qt.g;
+  const std::int64_t i0 = qt.i0, qld = qt.qld;
+  const int h = qt.h, qvalid = qt.qvalid;
 #pragma unroll
-  for (int m = 0; m < MT; ++m) {
-    float inv[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      l[m][hf] = quad_sum(l[m][hf]);
-      inv[hf] = l[m][hf] > 0.f ? 1.f / l[m][hf] : 0.f;
+  for (int w = 0; w < 2; ++w) load_rows<D, NT, true>(Qs + w * 64 * D, q + qt.q_offset() + w * 64 * qld, qld, qvalid - 64 * w);
+  qt.start();
+  cp_async_commit();
+
+  const int warp = threadIdx.x >> 5, gr = (threadIdx.x & 31) >> 2, wgi = warp >> 2;
+  const int r0 = warp * 16;
+  const bf16* Qw = Qs + wgi * 64 * D;
+  const std::int64_t wg_end = qvalid > 64 * wgi ? kv_end(g, i0 + 64 * wgi, 64, causal) : 0;
+  float acc[1][D / 8][4];
+  zero(acc[0]);
+  float mx[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
+  const std::int64_t qp0 = g.q_pos0 + i0 + r0 + gr;
+
+  for (int t = 0; t < qt.ntiles; ++t) {
+    const int buf = qt.acquire(t);
+    const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
+    if (j0 < wg_end) {  // uniform over the warpgroup
+      const bf16* Kt = qt.Ks + buf * kBN * D;
+      const bf16* Vt = qt.Vs + buf * kBN * D;
+      float s[1][NT8][4];
+      mm_xyt<D, true>(s[0], Qw, r0, Kt);
+      const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
+      const int kv_rem = static_cast<int>(lmin(kBN, g.kv_len - j0));
+      const int diag = causal ? static_cast<int>(lmax(lmin(qp0 - g.kv_pos0 - j0, 1 << 20), -(1 << 20))) : (1 << 20);
+      online_softmax<D, NT8, 1>(s, mx, l, acc, edge, kv_rem, diag, sl2);
+      mm_py<D, true>(acc[0], s[0], Vt);
     }
-    const int rm = r0 + 16 * m;
-    store_rows<D>(o + qt.q_offset(), qld, qvalid, rm, acc[m], inv[0], inv[1]);
-    if (tg == 0)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = rm + gr + 8 * hf;
-        if (r < qvalid)
-          lse[(g.q_start + i0 + r) * H + h] = l[m][hf] > 0.f ? (mx[m][hf] + log2f(l[m][hf])) / kLog2e : -INFINITY;
-      }
+    __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
+  finish_rows<D, 1>(acc, mx, l, o + qt.q_offset(), qld, qvalid, r0, lse + (g.q_start + i0) * H + h, H);
 }
 
 // ---- backward ---------------------------------------------------------------------------------------
@@ -282,22 +428,23 @@ __global__ void delta_k(float* delta, const bf16* dout, const bf16* o, std::int6
 // lse in the exp2 domain; a row with lse = -inf (sees nothing) maps to +inf so that P = exp2(s - L) = 0.
 __device__ __forceinline__ float lse2(float L) { return L == -INFINITY ? INFINITY : L * kLog2e; }
 
-template <int D, int NW>
+template <int D, int NW, bool kWg>
 __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const float* lse,
                                                 const float* delta, const bf16* dout, const SegD* segs,
                                                 const QTile* tiles, int H, int Hkv, float sl2, float scale,
                                                 bool causal) {
   constexpr int BM = 16 * NW, NT = 32 * NW, NT8 = kBN / 8;
+  static_assert(BM == 64 && kBN == 64, "the product helpers take 64-row tiles");
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);
+  bf16* Qs = reinterpret_cast<bf16*>(tile_smem<kWg>(smem_raw));
   bf16* dOs = Qs + BM * D;
   bf16* Ks = dOs + BM * D;
-  const QTileStream<D, NT> qt(segs, tiles, H, Hkv, BM, causal, k, v, Ks, Ks + 2 * kBN * D);
+  const QTileStream<D, NT, kWg> qt(segs, tiles, H, Hkv, BM, causal, k, v, Ks, Ks + 2 * kBN * D);
   const SegD& g = qt.g;
   const std::int64_t i0 = qt.i0, qld = qt.qld, qoff = qt.q_offset();
   const int h = qt.h, qvalid = qt.qvalid;
-  load_tile_async<D, NT>(Qs, q + qoff, qld, BM, qvalid);
-  load_tile_async<D, NT>(dOs, dout + qoff, qld, BM, qvalid);
+  load_rows<D, NT, kWg>(Qs, q + qoff, qld, qvalid);
+  load_rows<D, NT, kWg>(dOs, dout + qoff, qld, qvalid);
   qt.start();
   cp_async_commit();
 
@@ -320,10 +467,8 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
     const bf16* Kt = qt.Ks + buf * kBN * D;
     const bf16* Vt = qt.Vs + buf * kBN * D;
     float s[NT8][4], dp[NT8][4];
-    zero(s);
-    zero(dp);
-    mm_abt<D, NT8, 1>(one(s), Qs, r0, Kt);
-    mm_abt<D, NT8, 1>(one(dp), dOs, r0, Vt);
+    mm_xyt<D, kWg>(s, Qs, r0, Kt);
+    mm_xyt<D, kWg>(dp, dOs, r0, Vt);
     const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
     const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
 #pragma unroll
@@ -338,22 +483,23 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
         }
         s[nt][e] = p * (dp[nt][e] - Dl[hf]);  // dS (unscaled)
       }
-    mm_pb<D, NT8, 1>(one(acc), one(s), Kt);
+    mm_py<D, kWg>(acc, s, Kt);
     __syncthreads();
   }
   store_rows<D>(dq + qoff, qld, qvalid, r0, acc, scale, scale);
 }
 
 // Work list of one kv tile: the segments that hold any of its keys (CSR over tiles).
-template <int D, int NW>
+template <int D, int NW, bool kWg>
 __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
                                                  const float* lse, const float* delta, const bf16* dout,
                                                  const SegD* segs, const std::int64_t* tile_off,
                                                  const std::int64_t* tile_segs, std::int64_t tkv, int H, int Hkv,
                                                  float sl2, float scale, bool causal) {
   constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
+  static_assert(BNk == 64 && BQ == 64, "the product helpers take 64-row tiles");
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* Ks = reinterpret_cast<bf16*>(smem_raw);
+  bf16* Ks = reinterpret_cast<bf16*>(tile_smem<kWg>(smem_raw));
   bf16* Vs = Ks + BNk * D;
   bf16* Qs = Vs + BNk * D;    // [2][BQ][D]
   bf16* dOs = Qs + 2 * BQ * D;  // [2][BQ][D]
@@ -364,8 +510,8 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
   const std::int64_t c0 = tile * BNk;
   const int kvalid = static_cast<int>(lmin(BNk, tkv - c0));
   const std::int64_t kld = static_cast<std::int64_t>(Hkv) * D, qld = static_cast<std::int64_t>(H) * D;
-  load_tile_async<D, NT>(Ks, k + (c0 * Hkv + hk) * D, kld, BNk, kvalid);
-  load_tile_async<D, NT>(Vs, v + (c0 * Hkv + hk) * D, kld, BNk, kvalid);
+  load_rows<D, NT, kWg>(Ks, k + (c0 * Hkv + hk) * D, kld, kvalid);
+  load_rows<D, NT, kWg>(Vs, v + (c0 * Hkv + hk) * D, kld, kvalid);
 
   // Jobs: (segment s of this tile's list, head h of the group, query tile starting at i).
   struct Job {
@@ -399,8 +545,8 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
     const int h = hk * grp + jb.h;
     const int valid = static_cast<int>(lmin(BQ, g.q_len - jb.i));
     const std::int64_t row0 = g.q_start + jb.i;
-    load_tile_async<D, NT>(Qs + buf * BQ * D, q + (row0 * H + h) * D, qld, BQ, valid);
-    load_tile_async<D, NT>(dOs + buf * BQ * D, dout + (row0 * H + h) * D, qld, BQ, valid);
+    load_rows<D, NT, kWg>(Qs + buf * BQ * D, q + (row0 * H + h) * D, qld, valid);
+    load_rows<D, NT, kWg>(dOs + buf * BQ * D, dout + (row0 * H + h) * D, qld, valid);
     for (int r = threadIdx.x; r < BQ; r += NT) {
       const bool ok = r < valid;
       cp_async4(Ls + buf * BQ + r, ok ? lse + (row0 + r) * H + h : lse, ok);
@@ -429,6 +575,7 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
     } else {
       cp_async_wait<0>();
     }
+    if constexpr (kWg) hcp::cuda::wg::fence_proxy_async();
     __syncthreads();
     const SegD g = segs[tile_segs[cur.s]];
     const bf16* Qt = Qs + buf * BQ * D;
@@ -436,10 +583,8 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
     const float* Lt = Ls + buf * BQ;
     const float* Dt = Ds + buf * BQ;
     float st[NT8][4], dpt[NT8][4];
-    zero(st);
-    zero(dpt);
-    mm_abt<D, NT8, 1>(one(st), Ks, r0, Qt);   // S^T: keys x queries
-    mm_abt<D, NT8, 1>(one(dpt), Vs, r0, dOt);  // dP^T
+    mm_xyt<D, kWg>(st, Ks, r0, Qt);   // S^T: keys x queries
+    mm_xyt<D, kWg>(dpt, Vs, r0, dOt);  // dP^T
     // Key j (segment-local) of this thread's two rows; query i of each column.
     std::int64_t jl[2];
     bool kin[2];
@@ -460,8 +605,8 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
         st[nt][e] = p;
         dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
       }
-    mm_pb<D, NT8, 1>(one(adv), one(st), dOt);
-    mm_pb<D, NT8, 1>(one(adk), one(dpt), Qt);
+    mm_py<D, kWg>(adv, st, dOt);
+    mm_py<D, kWg>(adk, dpt, Qt);
     __syncthreads();
     cur = nxt;
     have = more;
@@ -540,6 +685,18 @@ template <class K> void set_smem(K kernel, std::size_t bytes) {
 }
 
 template <int D> void fwd_d(const Fwd& a) {
+  // The wgmma kernel; HCP_ATTN_MMA_SYNC set in the environment selects the mma.sync kernel.
+  static const bool keep_sync = std::getenv("HCP_ATTN_MMA_SYNC") != nullptr;
+  if (!keep_sync) {
+    const Dims& d = a.dims;
+    Plan plan(*d.segments, kWgRows, d.tkv, false);
+    if (plan.nqtiles == 0) return;
+    set_smem(fwd_wg_k<D>, fwd_wg_smem<D>());
+    fwd_wg_k<D><<<static_cast<unsigned>(plan.nqtiles * d.H), 256, fwd_wg_smem<D>()>>>(
+        a.o, a.lse, a.q, a.k, a.v, plan.segs, plan.qtiles, d.H, d.Hkv, d.scale * kLog2e, d.causal);
+    check_launch("attention_fwd (wgmma)");
+    return;
+  }
   constexpr int BM = 16 * kFwdMT * kNW;
   const Dims& d = a.dims;
   Plan plan(*d.segments, BM, d.tkv, false);
@@ -560,17 +717,20 @@ template <int D> void bwd_d(const Bwd& a) {
   HCP_CUDA_CHECK(cudaMallocAsync(&delta, static_cast<std::size_t>(std::max<std::int64_t>(rows, 1)) * sizeof(float), 0));
   if (rows > 0) delta_k<<<blocks_for(rows * 32, 256), 256>>>(delta, a.dout, a.o, rows, D);
   const float sl2 = d.scale * kLog2e;
+  // The wgmma kernels; HCP_ATTN_MMA_SYNC set in the environment keeps the mma.sync ones.
+  static const bool wgmma = std::getenv("HCP_ATTN_MMA_SYNC") == nullptr;
+  const std::size_t align = wgmma ? 1024 : 0;
   if (plan.nqtiles > 0) {
-    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16);
-    auto* kern = dq_k<D, kNW>;
+    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + align;
+    auto* kern = wgmma ? dq_k<D, kNW, true> : dq_k<D, kNW, false>;
     set_smem(kern, smem);
     kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 32 * kNW, smem>>>(a.dq, a.q, a.k, a.v, a.lse, delta, a.dout,
                                                                         plan.segs, plan.qtiles, d.H, d.Hkv, sl2,
                                                                         d.scale, d.causal);
   }
   if (plan.nktiles > 0) {
-    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float);
-    auto* kern = dkv_k<D, kNW>;
+    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + align;
+    auto* kern = wgmma ? dkv_k<D, kNW, true> : dkv_k<D, kNW, false>;
     set_smem(kern, smem);
     kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
         a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
