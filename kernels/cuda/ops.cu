@@ -330,24 +330,18 @@ __global__ void rope_k(S* y, const S* x, const std::int64_t* pos, std::int64_t T
   st(y + i, d < half ? x1 * c - x2 * s : x2 * c + x1 * s);
 }
 // RoPE, vector path, one kernel: a block takes `tpb` consecutive tokens; it first forms their cos/sin
-// rows [tpb][rd/2] in shared memory (a token's position from the runs of consecutive positions that
-// every layout here produces -- one per sequence and CP chunk -- passed by value when there are at
-// most kRopeMaxRuns, so the common call uploads nothing; else from the per-token array) (angle in fp64 as the host computes it, from the host's own
+// rows [tpb][rd/2] in shared memory (angle in fp64 as the host computes it, from the host's own
 // frequencies passed by value; reduced to [-pi, pi] before a single-precision sincos for fp32/bf16, fp64
 // keeps fp64), then each thread takes work items -- a first-half vector rotated with its partner at
 // +rd/2, or a pass-through vector -- with 16-byte loads and stores. No table in global memory, no
 // extra launch. Needs D and rd/2 multiples of the vector width and rd/2 <= kRopeMaxHalf.
-constexpr int kRopeMaxHalf = 256, kRopeMaxRuns = 48;
+constexpr int kRopeMaxHalf = 256;
 struct RopeFreq {
   double inv[kRopeMaxHalf];
 };
-struct RopeRuns {  // run r: tokens from tok[r] (tok[0] = 0) at positions pos[r], pos[r] + 1, ...
-  std::int64_t tok[kRopeMaxRuns], pos[kRopeMaxRuns];
-  int n;  // 0: use the per-token positions
-};
 template <class S, class I>
 __global__ void rope_vec_k(S* __restrict__ y, const S* __restrict__ x, const std::int64_t* __restrict__ pos,
-                           const RopeRuns runs, const RopeFreq freq, double sign, I T, I H, I D, I rd, I tpb) {
+                           const RopeFreq freq, double sign, I T, I H, I D, I rd, I tpb) {
   using A = typename Acc<S>::type;
   constexpr int V = kVec<S>;
   extern __shared__ __align__(16) unsigned char rope_smem[];
@@ -356,20 +350,7 @@ __global__ void rope_vec_k(S* __restrict__ y, const S* __restrict__ x, const std
   const I t0 = static_cast<I>(blockIdx.x) * tpb, nt = min(tpb, T - t0);
   A* sn = cs + tpb * half;
   for (I i = threadIdx.x; i < nt * half; i += blockDim.x) {
-    const std::int64_t t = t0 + i / half;
-    std::int64_t p;
-    if (runs.n > 0) {
-      int lo = 0, hi = runs.n - 1;  // the last run starting at or before t
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (runs.tok[mid] <= t) lo = mid;
-        else hi = mid - 1;
-      }
-      p = runs.pos[lo] + (t - runs.tok[lo]);
-    } else {
-      p = pos[t];
-    }
-    const double ang = static_cast<double>(p) * freq.inv[i % half];
+    const double ang = static_cast<double>(pos[t0 + i / half]) * freq.inv[i % half];
     if constexpr (std::is_same_v<A, double>) {
       cs[i] = cos(ang);
       sn[i] = sign * sin(ang);
@@ -609,20 +590,12 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
   check_all({&y, &x}, x.dtype(), "rope");
   const std::int64_t T = x.size(0), H = x.size(1), D = x.size(2);
   if (x.numel() == 0) return;
-  // Runs of consecutive positions, passed by value when few (an upload would be part of every call).
-  RopeRuns runs{};
-  for (std::int64_t t = 0; t < T && runs.n <= kRopeMaxRuns; ++t)
-    if (t == 0 || positions[t] != positions[t - 1] + 1) {
-      if (runs.n < kRopeMaxRuns) runs.tok[runs.n] = t, runs.pos[runs.n] = positions[t];
-      ++runs.n;
-    }
-  if (runs.n > kRopeMaxRuns) runs.n = 0;
+  DeviceIndex pos(&positions);
   HCP_CUDA_DISPATCH(x, {
     using A = typename Acc<S>::type;
     constexpr int V = kVec<S>;
     const std::int64_t half = rd / 2;
     if (D % V == 0 && half % V == 0 && half <= kRopeMaxHalf && aligned16(x.raw()) && aligned16(y.raw())) {
-      DeviceIndex pos(runs.n > 0 ? nullptr : &positions);
       RopeFreq freq;  // the host kernel's frequencies, bit for bit
       for (std::int64_t j = 0; j < half; ++j)
         freq.inv[j] = std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(rd));
@@ -631,14 +604,12 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
       const auto blocks = static_cast<unsigned>((T + tpb - 1) / tpb);
       const std::size_t smem = static_cast<std::size_t>(2 * tpb * half) * sizeof(A);
       if (T * H * D < (std::int64_t{1} << 31))
-        rope_vec_k<S, int><<<blocks, kThreads, smem>>>(dptr<S>(y), dptr<S>(x), pos.p, runs, freq, sign, static_cast<int>(T),
+        rope_vec_k<S, int><<<blocks, kThreads, smem>>>(dptr<S>(y), dptr<S>(x), pos.p, freq, sign, static_cast<int>(T),
                                                        static_cast<int>(H), static_cast<int>(D), static_cast<int>(rd),
                                                        static_cast<int>(tpb));
       else
-        rope_vec_k<S, std::int64_t><<<blocks, kThreads, smem>>>(dptr<S>(y), dptr<S>(x), pos.p, runs, freq, sign, T, H,
-                                                                D, rd, tpb);
+        rope_vec_k<S, std::int64_t><<<blocks, kThreads, smem>>>(dptr<S>(y), dptr<S>(x), pos.p, freq, sign, T, H, D, rd, tpb);
     } else {
-      DeviceIndex pos(&positions);
       rope_k<S><<<blocks_for(T * H * D, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), pos.p, T, H, D, rd, theta, sign);
     }
   });
