@@ -596,7 +596,7 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
     constexpr int V = kVec<S>;
     const std::int64_t half = rd / 2;
     if (D % V == 0 && half % V == 0 && half <= kRopeMaxHalf && aligned16(x.raw()) && aligned16(y.raw())) {
-      RopeFreq freq;  // the host kernel's frequencies, bit for bit
+      RopeFreq freq{};  // the host kernel's frequencies, bit for bit (the unused tail zero)
       for (std::int64_t j = 0; j < half; ++j)
         freq.inv[j] = std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(rd));
       // Tokens per block: enough to give 256 threads about one work item each.
