@@ -223,9 +223,10 @@ __global__ void __launch_bounds__(kTcThreads) gemm_tc_k(const Group<__nv_bfloat1
     }
 }
 // Hopper path: a 128x256x64 block tile, two warpgroups of 64 rows each issuing wgmma m64n256k16 on
-// 128-byte-swizzled shared-memory tiles (a 256-wide tile: 85 flops per byte brought from L2, against 64
-// for 128x128, whose loads bound both kernels at ~250 TFLOP/s) (no register operands), a 4-stage cp.async pipeline that every
-// thread feeds two stages ahead, one wgmma batch in flight across the next stage's wait. K-major
+// 128-byte-swizzled shared-memory tiles (no register operands), a 4-stage cp.async pipeline that every
+// thread feeds two stages ahead, one wgmma batch in flight across the next stage's wait. The 256-wide
+// tile brings 85 flops per byte from L2 against 64 for 128x128, at which this kernel ran no faster
+// than the mma.sync one (~250 TFLOP/s on the H200; 320 at 128x256). K-major
 // operands (A [M][K], B [N][K]) are stored [rows][64]; MN-major ones (TA: A [K][M], !TB: B [K][N]) as
 // [64 k][64] blocks of 64 M/N each, read through the transpose immediates.
 // Accumulation order per output element is fixed: bitwise repeatable.
