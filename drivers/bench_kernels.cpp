@@ -12,8 +12,10 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 
 #include "common.hpp"
@@ -44,7 +46,10 @@ struct Op {
   std::function<void()> fn;
 };
 
+// Seed 0 with lo == hi == 0 asks for zeros, made where they live (no host fill and copy: the anchor
+// suite's tensors hold billions of elements).
 Tensor rnd(const Shape& s, DType dt, std::uint64_t seed, double lo = -1, double hi = 1, Space sp = Space::Host) {
+  if (seed == 0 && lo == 0 && hi == 0) return Tensor::zeros(s, dt, sp);
   Tensor t = Tensor::empty(s, dt, Space::Host);
   fill_uniform(t, seed, lo, hi);
   return sp == Space::Host ? t : t.to(sp);
@@ -52,10 +57,16 @@ Tensor rnd(const Shape& s, DType dt, std::uint64_t seed, double lo = -1, double 
 
 using Maker = std::function<std::shared_ptr<Tensor>(const Shape&, std::uint64_t, double, double)>;
 
-// The shapes of BENCHMARKS.md (GPU only).
-void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt) {
+// The shapes of BENCHMARKS.md (GPU only). Inputs are made only for the groups whose op names `only`
+// matches (filling them all on the host takes minutes).
+void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt, const std::string& only) {
   const double es = static_cast<double>(dtype_size(dt));
+  const auto want = [&only](std::initializer_list<std::string> names) {
+    return only.empty() || std::any_of(names.begin(), names.end(), [&](const std::string& n) { return n.find(only) != std::string::npos; });
+  };
   auto attention = [&](std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t D, bool bwd) {
+    const std::string tag = "_b" + std::to_string(B) + "h" + std::to_string(H) + "l" + std::to_string(L) + "d" + std::to_string(D);
+    if (!want({"attention_fwd" + tag, bwd ? "attention_bwd" + tag : "attention_fwd" + tag})) return;
     auto q = T_({B, L, H, D}, 1, -1, 1), kk = T_({B, L, H, D}, 2, -1, 1), v = T_({B, L, H, D}, 3, -1, 1),
          o = T_({B, L, H, D}, 0, 0, 0);
     // The log-sum-exp is fp32 for bf16 inputs (fp64 for fp64).
@@ -68,7 +79,6 @@ void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt) {
     const double f = 4.0 * B * H * L * L * D / 2;  // causal
     const std::string shp = "B=" + std::to_string(B) + " H=" + std::to_string(H) + " L=" + std::to_string(L) +
                             " D=" + std::to_string(D) + " causal";
-    const std::string tag = "_b" + std::to_string(B) + "h" + std::to_string(H) + "l" + std::to_string(L) + "d" + std::to_string(D);
     ops.push_back({"attention_fwd" + tag, shp, f, 0, [=] { k::attention_fwd(*o, *lse, *q, *kk, *v, *p); }});
     if (bwd) {
       auto dq = T_({B, L, H, D}, 0, 0, 0), dk = T_({B, L, H, D}, 0, 0, 0), dv = T_({B, L, H, D}, 0, 0, 0);
@@ -78,7 +88,7 @@ void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt) {
   attention(2, 16, 8192, 128, true);
   attention(4, 32, 4096, 64, true);
   attention(1, 16, 32768, 128, false);
-  {  // Mamba2 SSD, the BENCHMARKS.md shape
+  if (want({"ssd_fwd", "ssd_bwd"})) {  // Mamba2 SSD, the BENCHMARKS.md shape
     auto p = std::make_shared<k::SsdParams>();
     p->batch = 2;
     p->seqlen = 8192;
@@ -100,7 +110,7 @@ void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt) {
     ops.push_back({"ssd_bwd", shp, 0, 2 * bytes, [=] { k::ssd_bwd(*g, *in, *y, nullptr, *p); }});
   }
 #ifdef HCP_HAVE_CUDA
-  {  // MoE expert GEMM: 128 experts, top-6, hidden 2688, FFN 1856, 16k tokens, uneven counts
+  if (want({"grouped_gemm", "dense_gemm_same_flops", "expert_mlp_fwd"})) {  // MoE expert GEMM: 128 experts, top-6, hidden 2688, FFN 1856, 16k tokens, uneven counts
     const std::int64_t E = 128, T = 16384, K = 6, C = 2688, F = 1856, rows = T * K;
     auto counts = std::make_shared<std::vector<std::int64_t>>();
     std::int64_t wsum = 0;
@@ -132,7 +142,7 @@ void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt) {
                    [=] { k::expert_mlp_fwd(*yp, *h, *x, *W1, *W2, *counts, k::Activation::SquaredReLU); }});
   }
 #endif
-  {  // memory-bound kernels and the copy ceiling
+  if (want({"rmsnorm_fwd", "conv1d_fwd", "rope_fwd", "device_copy"})) {  // memory-bound kernels and the copy ceiling
     const std::int64_t M = 16384, Cn = 4096;
     auto x = T_({M, Cn}, 30, -1, 1), w = T_({Cn}, 31, 0.5, 1.5), y = T_({M, Cn}, 0, 0, 0), r = T_({M}, 0, 0, 0);
     ops.push_back({"rmsnorm_fwd", "M=16384 C=4096", 0, es * 2 * M * Cn, [=] { k::rmsnorm_fwd(*y, *r, *x, *w, 1e-5); }});
@@ -173,7 +183,8 @@ void run(DriverContext& ctx) {
     return keep.back();
   };
   if (anchors) {
-    anchor_ops(ops, [&](const Shape& s, std::uint64_t seed, double lo, double hi) { return T_(s, seed, lo, hi); }, dt);
+    anchor_ops(ops, [&](const Shape& s, std::uint64_t seed, double lo, double hi) { return T_(s, seed, lo, hi); }, dt,
+               ctx.deck.get_string("bench.only"));
   } else {
 
   {  // attention: one sequence, causal, GQA 8:2
