@@ -246,7 +246,7 @@ __device__ __forceinline__ float ex2(float x) {
 // masks S (tile-local key c kept iff c < kv_rem and, on a causal edge, c <= diag + 16 m + 8 hf), turns
 // it into P = exp2(s·sl2 − running max) in place, updates the running max / sum and rescales the
 // output accumulators.
-template <int D, int NT8, int MT>
+template <int D, int NT8, int MT, bool kFtz = false>
 __device__ __forceinline__ void online_softmax(float (&s)[MT][NT8][4], float (&mx)[MT][2], float (&l)[MT][2],
                                                float (&acc)[MT][D / 8][4], bool edge, int kv_rem, int diag, float sl2) {
   const int tg = threadIdx.x & 3;
@@ -269,13 +269,14 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT8][4], float (&m
       for (int nt = 0; nt < NT8; ++nt) raw = fmaxf(raw, fmaxf(s[m][nt][2 * hf], s[m][nt][2 * hf + 1]));
       const float mt = fmaxf(mx[m][hf], quad_max(raw) * sl2);
       const float base = mt == -INFINITY ? 0.f : mt;  // nothing visible yet: keep exp2 finite
-      const float corr = exp2f(mx[m][hf] - base);
+      const auto e2 = [](float x) { return kFtz ? ex2(x) : exp2f(x); };
+      const float corr = e2(mx[m][hf] - base);
       mx[m][hf] = mt;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt) {
-        s[m][nt][2 * hf] = exp2f(fmaf(s[m][nt][2 * hf], sl2, -base));
-        s[m][nt][2 * hf + 1] = exp2f(fmaf(s[m][nt][2 * hf + 1], sl2, -base));
+        s[m][nt][2 * hf] = e2(fmaf(s[m][nt][2 * hf], sl2, -base));
+        s[m][nt][2 * hf + 1] = e2(fmaf(s[m][nt][2 * hf + 1], sl2, -base));
         sum += s[m][nt][2 * hf] + s[m][nt][2 * hf + 1];
       }
       l[m][hf] = l[m][hf] * corr + sum;
@@ -374,7 +375,7 @@ constexpr int kWgRows = 128;
 template <int D> constexpr std::size_t fwd_wg_smem() {
   return static_cast<std::size_t>(kWgRows + 4 * kBN) * D * sizeof(bf16) + 1024;
 }
-template <int D>
+template <int D, bool kFtz>
 __global__ void __launch_bounds__(256, 2) fwd_wg_k(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                                    const SegD* segs, const QTile* tiles, int H, int Hkv, float sl2,
                                                    bool causal) {
@@ -411,7 +412,7 @@ __global__ void __launch_bounds__(256, 2) fwd_wg_k(bf16* o, float* lse, const bf
       const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
       const int kv_rem = static_cast<int>(lmin(kBN, g.kv_len - j0));
       const int diag = causal ? static_cast<int>(lmax(lmin(qp0 - g.kv_pos0 - j0, 1 << 20), -(1 << 20))) : (1 << 20);
-      online_softmax<D, NT8, 1>(s, mx, l, acc, edge, kv_rem, diag, sl2);
+      online_softmax<D, NT8, 1, kFtz>(s, mx, l, acc, edge, kv_rem, diag, sl2);
       mm_py<D, true>(acc[0], s[0], Vt);
     }
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
@@ -699,8 +700,10 @@ template <int D> void fwd_d(const Fwd& a) {
     const Dims& d = a.dims;
     Plan plan(*d.segments, kWgRows, d.tkv, false);
     if (plan.nqtiles == 0) return;
-    set_smem(fwd_wg_k<D>, fwd_wg_smem<D>());
-    fwd_wg_k<D><<<static_cast<unsigned>(plan.nqtiles * d.H), 256, fwd_wg_smem<D>()>>>(
+    static const bool exp2f_fwd = std::getenv("HCP_ATTN_FWD_EXP2F") != nullptr;
+    auto* kern = exp2f_fwd ? fwd_wg_k<D, false> : fwd_wg_k<D, true>;
+    set_smem(kern, fwd_wg_smem<D>());
+    kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 256, fwd_wg_smem<D>()>>>(
         a.o, a.lse, a.q, a.k, a.v, plan.segs, plan.qtiles, d.H, d.Hkv, d.scale * kLog2e, d.causal);
     check_launch("attention_fwd (wgmma)");
     return;
