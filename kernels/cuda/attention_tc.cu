@@ -504,7 +504,7 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
                                                  const float* lse, const float* delta, const bf16* dout,
                                                  const SegD* segs, const std::int64_t* tile_off,
                                                  const std::int64_t* tile_segs, std::int64_t tkv, int H, int Hkv,
-                                                 float sl2, float scale, bool causal) {
+                                                 float sl2, float scale, bool causal, bool mask_all) {
   constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
   static_assert(BNk == 64 && BQ == 64, "the product helpers take 64-row tiles");
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -603,17 +603,34 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
       jl[hf] = cg - g.kv_start;
       kin[hf] = jl[hf] >= 0 && jl[hf] < g.kv_len;
     }
+    // Interior tile (uniform over the block): every key of the tile in the segment, every query row
+    // of the job valid and, when causal, seeing the tile's last key — no per-element mask.
+    const std::int64_t jlast = c0 + BNk - 1 - g.kv_start;
+    const bool interior = !mask_all && c0 >= g.kv_start && jlast < g.kv_len && cur.i + BQ <= g.q_len &&
+                          (!causal || g.kv_pos0 + jlast <= g.q_pos0 + cur.i);
+    if (interior) {
 #pragma unroll
-    for (int nt = 0; nt < NT8; ++nt)
+      for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hf = e >> 1, c = nt * 8 + 2 * tg + (e & 1);
-        const std::int64_t i = cur.i + c;
-        const bool ok = kin[hf] && i < g.q_len && (!causal || g.kv_pos0 + jl[hf] <= g.q_pos0 + i);
-        const float p = ok ? ex2(st[nt][e] * sl2 - lse2(Lt[c])) : 0.f;
-        st[nt][e] = p;
-        dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + 2 * tg + (e & 1);
+          const float p = ex2(st[nt][e] * sl2 - lse2(Lt[c]));
+          st[nt][e] = p;
+          dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
+        }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hf = e >> 1, c = nt * 8 + 2 * tg + (e & 1);
+          const std::int64_t i = cur.i + c;
+          const bool ok = kin[hf] && i < g.q_len && (!causal || g.kv_pos0 + jl[hf] <= g.q_pos0 + i);
+          const float p = ok ? ex2(st[nt][e] * sl2 - lse2(Lt[c])) : 0.f;
+          st[nt][e] = p;
+          dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
+        }
+    }
     mm_py<D, kWg>(adv, st, dOt);
     mm_py<D, kWg>(adk, dpt, Qt);
     __syncthreads();
@@ -742,10 +759,12 @@ template <int D> void bwd_d(const Bwd& a) {
   if (plan.nktiles > 0) {
     const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + align;
     auto* kern = wgmma ? dkv_k<D, kNW, true> : dkv_k<D, kNW, false>;
+    // HCP_ATTN_BWD_MASK_ALL masks every element of every tile (the interior-tile fast path off).
+    static const bool mask_all = std::getenv("HCP_ATTN_BWD_MASK_ALL") != nullptr;
     set_smem(kern, smem);
     kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
         a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-        sl2, d.scale, d.causal);
+        sl2, d.scale, d.causal, mask_all);
   }
   check_launch("attention_bwd (tensor cores)");
   HCP_CUDA_CHECK(cudaFreeAsync(delta, 0));
