@@ -38,6 +38,7 @@ __device__ __forceinline__ std::int64_t lmax(std::int64_t a, std::int64_t b) { r
 
 struct SegD {
   std::int64_t q_start, q_len, kv_start, kv_len, q_pos0, kv_pos0;
+  std::int64_t dq_blk;  // the segment's first 64-row block in the fused backward's dQ semaphores
 };
 struct QTile {
   std::int64_t seg, i0;
@@ -498,21 +499,92 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
   store_rows<D>(dq + qoff, qld, qvalid, r0, acc, scale, scale);
 }
 
+// The fused dQ's share of one (key tile, query block) job: acc = dS·K (dS^T in dSs as the M-major A
+// operand, K N-major), then, once the key tile before this one in the segment has added its share
+// (the counter of the block equals `rank`, the key tile's index from the segment's first), acc is
+// added to dq_acc rows [i, i + 64) of head h and the counter advanced. One thread waits (bounded:
+// a stuck order traps instead of hanging); the adds are L2 reductions.
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_add2(float* p, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+}
+template <int D>
+__device__ __forceinline__ void add_dq(float* dq_acc, unsigned* dq_sem, const bf16* dSs, const bf16* Ks, const SegD& g,
+                                       std::int64_t i, int h, int H, unsigned rank) {
+  namespace wg = hcp::cuda::wg;
+  wg::fence_proxy_async();  // this thread's dS^T stores, before the async proxy reads them
+  __syncthreads();
+  float acc[D / 2];
+#pragma unroll
+  for (int x = 0; x < D / 2; ++x) acc[x] = 0.f;
+  wg::fence();
+  const std::uint64_t da = wg::desc_mn128(dSs, 64 * 64 * sizeof(bf16)), db = wg::desc_mn128(Ks, 64 * 64 * sizeof(bf16));
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wg::mma_ss<D, true, true>(acc, da + 128 * kk, db + 128 * kk);  // 16 keys: +2048 bytes
+  wg::commit();
+  wg::wait<0>();
+  unsigned* sem = dq_sem + (g.dq_blk + i / 64) * H + h;
+  if (threadIdx.x == 0) {
+    long long spins = 0;
+    while (ld_acquire(sem) != rank)
+      if (++spins > (1ll << 24)) __trap();  // an order that never comes: fail instead of hanging
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3, r0 = (threadIdx.x >> 5) * 16;
+  const int valid = static_cast<int>(lmin(64, g.q_len - i));
+  float* base = dq_acc + ((g.q_start + i) * H + h) * static_cast<std::int64_t>(D);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = r0 + gr + 8 * hf;
+    if (r < valid)
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) red_add2(base + static_cast<std::int64_t>(r) * H * D + 8 * j + 2 * tg, acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    st_release(sem, rank + 1);
+  }
+}
+
+// dq = bf16(dq_acc · scale), the fused backward's last step.
+__global__ void dq_out_k(bf16* dq, const float* acc, std::int64_t n, float scale) {
+  const std::int64_t i = 2 * (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x);
+  if (i < n) {
+    const float2 a = *reinterpret_cast<const float2*>(acc + i);
+    *reinterpret_cast<__nv_bfloat162*>(dq + i) = __floats2bfloat162_rn(a.x * scale, a.y * scale);
+  }
+}
+
 // Work list of one kv tile: the segments that hold any of its keys (CSR over tiles).
-template <int D, int NW, bool kWg>
+// kDq (wgmma only): the kernel also forms dQ's share of its key tile, dS·K, and adds it in fp32 to
+// dq_acc [tq][H][D] in a fixed order — key tile by key tile, ascending — by waiting on a per (segment
+// 64-row block, head) counter that the previous key tile of the segment advanced: bitwise repeatable
+// like the separate dQ kernel, with 5 products per tile pair instead of 7.
+template <int D, int NW, bool kWg, bool kDq = false>
 __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
                                                  const float* lse, const float* delta, const bf16* dout,
                                                  const SegD* segs, const std::int64_t* tile_off,
                                                  const std::int64_t* tile_segs, std::int64_t tkv, int H, int Hkv,
-                                                 float sl2, float scale, bool causal, bool mask_all) {
+                                                 float sl2, float scale, bool causal, bool mask_all, float* dq_acc,
+                                                 unsigned* dq_sem) {
   constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
   static_assert(BNk == 64 && BQ == 64, "the product helpers take 64-row tiles");
+  static_assert(!kDq || kWg, "the fused dQ takes the wgmma products");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Ks = reinterpret_cast<bf16*>(tile_smem<kWg>(smem_raw));
   bf16* Vs = Ks + BNk * D;
   bf16* Qs = Vs + BNk * D;    // [2][BQ][D]
   bf16* dOs = Qs + 2 * BQ * D;  // [2][BQ][D]
-  float* Ls = reinterpret_cast<float*>(dOs + 2 * BQ * D);  // [2][BQ]
+  bf16* dSs = dOs + 2 * BQ * D;  // kDq: dS^T [BNk keys][BQ queries], the M-major A operand of dS·K
+  float* Ls = reinterpret_cast<float*>(dSs + (kDq ? BNk * BQ : 0));  // [2][BQ]
   float* Ds = Ls + 2 * BQ;                                 // [2][BQ]
   const std::int64_t tile = blockIdx.x / Hkv;
   const int hk = blockIdx.x % Hkv, grp = H / Hkv;
@@ -532,7 +604,8 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
     if (!causal) return 0;
     const std::int64_t jl = lmax(c0 - g.kv_start, 0);
     const std::int64_t i = jl + g.kv_pos0 - g.q_pos0;
-    return i < 0 ? 0 : i;
+    // kDq: jobs on the segment's 64-row blocks, so that every key tile adds to the same blocks.
+    return i < 0 ? 0 : kDq ? i / BQ * BQ : i;
   };
   // Advance to the next job at or after (s, h, i) that has rows; false when none is left.
   auto settle = [&](Job& jb) -> bool {
@@ -631,8 +704,18 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
           dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
         }
     }
+    if constexpr (kDq) {  // dS^T into shared memory (bf16, as the products take it), for dS·K below
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          *reinterpret_cast<__nv_bfloat162*>(at<64>(dSs, r0 + gr + 8 * hf, nt * 8 + 2 * tg)) =
+              __floats2bfloat162_rn(dpt[nt][2 * hf], dpt[nt][2 * hf + 1]);
+    }
     mm_py<D, kWg>(adv, st, dOt);
     mm_py<D, kWg>(adk, dpt, Qt);
+    if constexpr (kDq) add_dq<D>(dq_acc, dq_sem, dSs, Ks, g, cur.i, hk * grp + cur.h, H,
+                                 static_cast<unsigned>(tile - g.kv_start / BNk));
     __syncthreads();
     cur = nxt;
     have = more;
@@ -655,12 +738,14 @@ struct Plan {
   std::int64_t* tile_off = nullptr;
   std::int64_t* tile_segs = nullptr;
   std::int64_t nktiles = 0;
+  std::int64_t ndqblk = 0;  // 64-row query blocks over all segments
   Plan(const std::vector<AttnSegment>& in, int bm, std::int64_t tkv, bool with_kv) {
     std::vector<SegD> s;
     std::vector<QTile> qt;
     for (std::size_t i = 0; i < in.size(); ++i) {
       const auto& a = in[i];
-      s.push_back({a.q_start, a.q_len, a.kv_start, a.kv_len, a.q_pos0, a.kv_pos0});
+      s.push_back({a.q_start, a.q_len, a.kv_start, a.kv_len, a.q_pos0, a.kv_pos0, ndqblk});
+      ndqblk += (std::max<std::int64_t>(a.q_len, 0) + kBN - 1) / kBN;
       for (std::int64_t i0 = 0; i0 < a.q_len; i0 += bm) qt.push_back({static_cast<std::int64_t>(i), i0});
     }
     // Heaviest query tiles (latest rows: most causal keys) first, for a better tail.
@@ -748,6 +833,36 @@ template <int D> void bwd_d(const Bwd& a) {
   // The wgmma kernels; HCP_ATTN_MMA_SYNC set in the environment keeps the mma.sync ones.
   static const bool wgmma = std::getenv("HCP_ATTN_MMA_SYNC") == nullptr;
   const std::size_t align = wgmma ? 1024 : 0;
+  // The wgmma backward forms dQ inside the dK/dV kernel (5 products per tile pair, fp32 adds in a
+  // fixed order); HCP_ATTN_BWD_DQ_KERNEL set in the environment keeps the separate dQ kernel (7).
+  static const bool fused = wgmma && std::getenv("HCP_ATTN_BWD_DQ_KERNEL") == nullptr;
+  // HCP_ATTN_BWD_MASK_ALL masks every element of every tile (the interior-tile fast path off).
+  static const bool mask_all = std::getenv("HCP_ATTN_BWD_MASK_ALL") != nullptr;
+  if (fused) {
+    const std::int64_t n = d.tq * d.H * D;
+    float* acc = nullptr;
+    unsigned* sem = nullptr;
+    const std::size_t nsem = static_cast<std::size_t>(std::max<std::int64_t>(plan.ndqblk * d.H, 1));
+    HCP_CUDA_CHECK(cudaMallocAsync(&acc, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(float), 0));
+    HCP_CUDA_CHECK(cudaMallocAsync(&sem, nsem * sizeof(unsigned), 0));
+    HCP_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(n) * sizeof(float), 0));
+    HCP_CUDA_CHECK(cudaMemsetAsync(sem, 0, nsem * sizeof(unsigned), 0));
+    if (plan.nktiles > 0) {
+      const std::size_t smem =
+          static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 64 * kBN * sizeof(bf16) + 4 * kBN * sizeof(float) + align;
+      auto* kern = dkv_k<D, kNW, true, true>;
+      set_smem(kern, smem);
+      kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
+          a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
+          sl2, d.scale, d.causal, mask_all, acc, sem);
+    }
+    if (n > 0) dq_out_k<<<blocks_for(n / 2, 256), 256>>>(a.dq, acc, n, d.scale);
+    check_launch("attention_bwd (tensor cores, fused dQ)");
+    HCP_CUDA_CHECK(cudaFreeAsync(sem, 0));
+    HCP_CUDA_CHECK(cudaFreeAsync(acc, 0));
+    HCP_CUDA_CHECK(cudaFreeAsync(delta, 0));
+    return;
+  }
   if (plan.nqtiles > 0) {
     const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + align;
     auto* kern = wgmma ? dq_k<D, kNW, true> : dq_k<D, kNW, false>;
@@ -759,12 +874,10 @@ template <int D> void bwd_d(const Bwd& a) {
   if (plan.nktiles > 0) {
     const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + align;
     auto* kern = wgmma ? dkv_k<D, kNW, true> : dkv_k<D, kNW, false>;
-    // HCP_ATTN_BWD_MASK_ALL masks every element of every tile (the interior-tile fast path off).
-    static const bool mask_all = std::getenv("HCP_ATTN_BWD_MASK_ALL") != nullptr;
     set_smem(kern, smem);
     kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
         a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-        sl2, d.scale, d.causal, mask_all);
+        sl2, d.scale, d.causal, mask_all, nullptr, nullptr);
   }
   check_launch("attention_bwd (tensor cores)");
   HCP_CUDA_CHECK(cudaFreeAsync(delta, 0));

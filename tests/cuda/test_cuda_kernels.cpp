@@ -234,6 +234,28 @@ TEST(CudaKernels, BitwiseRepeatable) {
     grads.push_back(all);
   }
   EXPECT_EQ(grads[0], grads[1]);
+  // Many key tiles adding to each query block (the fused backward orders its fp32 dQ adds): one
+  // causal sequence of 2048 tokens, D 128, five runs.
+  AttnParams p2;
+  p2.heads = 4;
+  p2.kv_heads = 2;
+  p2.head_dim = 128;
+  p2.segments = {{0, 2048, 0, 2048, 0, 0}};
+  Tensor q2 = dev(rnd({2048, 4, 128}, 29, DType::BF16)), k2 = dev(rnd({2048, 2, 128}, 30, DType::BF16)),
+         v2 = dev(rnd({2048, 2, 128}, 31, DType::BF16)), do2 = dev(rnd({2048, 4, 128}, 32, DType::BF16));
+  Tensor o2 = Tensor::zeros(q2.shape(), DType::BF16, Space::Cuda), lse2 = Tensor::zeros({2048, 4}, DType::F32, Space::Cuda);
+  attention_fwd(o2, lse2, q2, k2, v2, p2);
+  std::vector<double> first;
+  for (int i = 0; i < 5; ++i) {
+    Tensor dq = Tensor::zeros(q2.shape(), DType::BF16, Space::Cuda), dk = Tensor::zeros(k2.shape(), DType::BF16, Space::Cuda),
+           dv = Tensor::zeros(v2.shape(), DType::BF16, Space::Cuda);
+    attention_bwd(dq, dk, dv, q2, k2, v2, o2, lse2, do2, p2);
+    std::vector<double> all = dq.to(Space::Host).to_vector();
+    const auto x = dk.to(Space::Host).to_vector();
+    all.insert(all.end(), x.begin(), x.end());
+    if (i == 0) first = all;
+    else EXPECT_EQ(first, all) << "attention backward run " << i;
+  }
 }
 
 TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
