@@ -833,9 +833,11 @@ template <int D> void bwd_d(const Bwd& a) {
   // The wgmma kernels; HCP_ATTN_MMA_SYNC set in the environment keeps the mma.sync ones.
   static const bool wgmma = std::getenv("HCP_ATTN_MMA_SYNC") == nullptr;
   const std::size_t align = wgmma ? 1024 : 0;
-  // The wgmma backward forms dQ inside the dK/dV kernel (5 products per tile pair, fp32 adds in a
-  // fixed order); HCP_ATTN_BWD_DQ_KERNEL set in the environment keeps the separate dQ kernel (7).
-  static const bool fused = wgmma && std::getenv("HCP_ATTN_BWD_DQ_KERNEL") == nullptr;
+  // HCP_ATTN_BWD_FUSED_DQ set in the environment forms dQ inside the dK/dV kernel (5 products per
+  // tile pair instead of 7, fp32 adds in a fixed order). Measured slower on the H200 (7.55 against
+  // 5.65 ms at B2 H16 L8192 D128, 5.46 against 3.36 at D64): each dK/dV block waits for the previous
+  // key tile's adds to every query block, once per job. Kept for side-by-side runs.
+  static const bool fused = wgmma && std::getenv("HCP_ATTN_BWD_FUSED_DQ") != nullptr;
   // HCP_ATTN_BWD_MASK_ALL masks every element of every tile (the interior-tile fast path off).
   static const bool mask_all = std::getenv("HCP_ATTN_BWD_MASK_ALL") != nullptr;
   if (fused) {
