@@ -840,32 +840,17 @@ template <int D> void bwd_d(const Bwd& a) {
   static const bool fused = wgmma && std::getenv("HCP_ATTN_BWD_FUSED_DQ") != nullptr;
   // HCP_ATTN_BWD_MASK_ALL masks every element of every tile (the interior-tile fast path off).
   static const bool mask_all = std::getenv("HCP_ATTN_BWD_MASK_ALL") != nullptr;
+  // The fused path's fp32 dQ accumulator [tq][H][D] and its per (64-row block, head) order counters.
+  const std::int64_t n = d.tq * d.H * D;
+  float* acc = nullptr;
+  unsigned* sem = nullptr;
   if (fused) {
-    const std::int64_t n = d.tq * d.H * D;
-    float* acc = nullptr;
-    unsigned* sem = nullptr;
     const std::size_t nsem = static_cast<std::size_t>(std::max<std::int64_t>(plan.ndqblk * d.H, 1));
     HCP_CUDA_CHECK(cudaMallocAsync(&acc, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(float), 0));
     HCP_CUDA_CHECK(cudaMallocAsync(&sem, nsem * sizeof(unsigned), 0));
     HCP_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(n) * sizeof(float), 0));
     HCP_CUDA_CHECK(cudaMemsetAsync(sem, 0, nsem * sizeof(unsigned), 0));
-    if (plan.nktiles > 0) {
-      const std::size_t smem =
-          static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 64 * kBN * sizeof(bf16) + 4 * kBN * sizeof(float) + align;
-      auto* kern = dkv_k<D, kNW, true, true>;
-      set_smem(kern, smem);
-      kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
-          a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-          sl2, d.scale, d.causal, mask_all, acc, sem);
-    }
-    if (n > 0) dq_out_k<<<blocks_for(n / 2, 256), 256>>>(a.dq, acc, n, d.scale);
-    check_launch("attention_bwd (tensor cores, fused dQ)");
-    HCP_CUDA_CHECK(cudaFreeAsync(sem, 0));
-    HCP_CUDA_CHECK(cudaFreeAsync(acc, 0));
-    HCP_CUDA_CHECK(cudaFreeAsync(delta, 0));
-    return;
-  }
-  if (plan.nqtiles > 0) {
+  } else if (plan.nqtiles > 0) {
     const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + align;
     auto* kern = wgmma ? dq_k<D, kNW, true> : dq_k<D, kNW, false>;
     set_smem(kern, smem);
@@ -874,12 +859,19 @@ template <int D> void bwd_d(const Bwd& a) {
                                                                         d.scale, d.causal);
   }
   if (plan.nktiles > 0) {
-    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + align;
-    auto* kern = wgmma ? dkv_k<D, kNW, true> : dkv_k<D, kNW, false>;
+    // The fused kernel also holds dS^T [64 keys][kBN queries] in shared memory.
+    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + (fused ? 64 * kBN * sizeof(bf16) : 0) +
+                             4 * kBN * sizeof(float) + align;
+    auto* kern = fused ? dkv_k<D, kNW, true, true> : wgmma ? dkv_k<D, kNW, true> : dkv_k<D, kNW, false>;
     set_smem(kern, smem);
     kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
         a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-        sl2, d.scale, d.causal, mask_all, nullptr, nullptr);
+        sl2, d.scale, d.causal, mask_all, acc, sem);
+  }
+  if (fused) {
+    if (n > 0) dq_out_k<<<blocks_for(n / 2, 256), 256>>>(a.dq, acc, n, d.scale);
+    HCP_CUDA_CHECK(cudaFreeAsync(sem, 0));
+    HCP_CUDA_CHECK(cudaFreeAsync(acc, 0));
   }
   check_launch("attention_bwd (tensor cores)");
   HCP_CUDA_CHECK(cudaFreeAsync(delta, 0));
