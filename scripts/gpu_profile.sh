@@ -3,7 +3,7 @@
 # speed of light, compute and memory workload, occupancy, launch statistics, one text file per op.
 # Usage: scripts/gpu_profile.sh OP:KERNEL_REGEX [OP:KERNEL_REGEX ...]
 #   OP is a bench.only filter (a substring of the op name), KERNEL_REGEX the kernels to profile
-#   (e.g. attention_fwd_b2h16l8192d128:fwd_k  grouped_gemm:gemm_tc_k). Needs bench_kernels built in
+#   (e.g. attention_fwd_b2h16l8192d128:fwd_k  grouped_gemm:gemm_tma_k). Needs bench_kernels built in
 #   $HCP_BUILD_DIR (default build-gpu, e.g. by scripts/gpu_bench.sh); writes $HCP_LOG_DIR/ncu_<op>.txt.
 #   Clocks are left alone (--clock-control none).
 set -euo pipefail

@@ -5,7 +5,7 @@
 # Usage: scripts/gpu_variants.sh OP VAR...     e.g.
 #   scripts/gpu_variants.sh attention_bwd HCP_ATTN_BWD_FUSED_DQ HCP_ATTN_BWD_MASK_ALL HCP_ATTN_MMA_SYNC
 #   scripts/gpu_variants.sh attention_fwd HCP_ATTN_FWD_EXP2F HCP_ATTN_MMA_SYNC
-#   scripts/gpu_variants.sh gemm HCP_GEMM_MMA_SYNC
+#   scripts/gpu_variants.sh gemm HCP_GEMM_WG HCP_GEMM_TMA_CLUSTER
 # (HCP_BUILD_DIR default build-gpu, built with bench_kernels; HCP_REPEATS default 5; output to stdout
 # and, per variant, $HCP_LOG_DIR/variant_<name>.{txt,h5}, default $build/gpu-variants.)
 set -euo pipefail

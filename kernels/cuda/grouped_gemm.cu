@@ -2,13 +2,19 @@
 // layer). The blocks cover (tile list) x (N tiles); the tile list names each block's group and M
 // offset, so groups of any size (also empty ones) share one launch without padding. bf16 runs on the
 // tensor cores: when every operand's contiguous extent and leading dimension are multiples of 8
-// elements (the MoE shapes), Hopper wgmma on a 128x256x64 block tile of two warpgroups fed by a
-// 4-stage cp.async pipeline (gemm_wg_k); HCP_GEMM_MMA_SYNC set in the environment selects the earlier
-// 128x128x64 mma.sync kernel instead (4 warps of 64x64, ldmatrix, 3 stages; side-by-side timing);
-// otherwise WMMA 16x16x16 tiles loaded element-wise. fp32/fp64 run on FMA with 4x4 register tiles. Every
-// output element has one owner and a fixed K order: bitwise repeatable, no atomics. A group with K = 0
-// writes zeros (an expert that received no tokens gets a zero weight gradient).
+// elements (the MoE shapes), Hopper wgmma on a 128x256x64 block tile: one producer thread fills a
+// 4-stage ring with TMA copies and two consumer warpgroups multiply (gemm_tma_k). Set in the
+// environment for side-by-side timing: HCP_GEMM_TMA_CLUSTER runs it in clusters of two sharing B by
+// multicast, HCP_GEMM_WG selects the 4-stage cp.async pipeline with block barriers (gemm_wg_k),
+// HCP_GEMM_WS its warp-specialised form (gemm_ws_k), HCP_GEMM_MMA_SYNC the earlier 128x128x64
+// mma.sync kernel (4 warps of 64x64, ldmatrix, 3 stages); otherwise WMMA 16x16x16 tiles loaded
+// element-wise. fp32/fp64 run on FMA with 4x4 register tiles. Every output element has one owner and
+// a fixed K order: bitwise repeatable, no atomics. A group with K = 0 writes zeros (an expert that
+// received no tokens gets a zero weight gradient).
 #include <mma.h>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <cstdlib>
 #include <type_traits>
@@ -32,7 +38,8 @@ template <class S> struct Group {
 };
 struct Tile {
   int group;
-  int m0;
+  int m0;      // < 0: no tile (the idle partner of a cluster pair)
+  int shared;  // gemm_tma_k with clusters: this pair of tiles shares its B tile (multicast halves)
 };
 
 // A tile of op(A) [BM x BK] and op(B) [BK x BN] into shared memory (zero outside the matrix).
@@ -309,6 +316,265 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wg_k(const Group<__nv_bflo
     }
   }
 }
+// Warp-specialised variant of gemm_wg_k (same tile, layouts and accumulation order, so the same bits):
+// warpgroup 0 only loads (cp.async into kWgStages stages, each stage's landing signalled on a `full`
+// mbarrier), warpgroups 1 and 2 only multiply (64 rows each), waiting on `full` and releasing a stage on
+// its `empty` mbarrier once the wgmma batch that read it has retired. No block-wide barrier in the K
+// loop, so loads run up to kWgStages ahead of the tensor cores; registers move from the producer to
+// the consumers (setmaxnreg). Selected by HCP_GEMM_WS (measured slower than gemm_wg_k).
+constexpr int kWsThreads = 384;
+template <bool TA, bool TB>
+__global__ void __launch_bounds__(kWsThreads, 1) gemm_ws_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn) {
+  using namespace hcp::cuda::tc;
+  namespace wg = hcp::cuda::wg;
+  using bf16 = __nv_bfloat16;
+  extern __shared__ __align__(128) unsigned char ws_sm[];
+  bf16* As = reinterpret_cast<bf16*>(ws_sm + ((1024u - (smem_u32(ws_sm) & 1023u)) & 1023u));  // [stage][WBM * WBK]
+  bf16* Bs = As + kWgStages * WBM * WBK;                                                        // [stage][WBN * WBK]
+  auto* full = reinterpret_cast<std::uint64_t*>(Bs + kWgStages * WBN * WBK);                    // [stage]
+  std::uint64_t* empty = full + kWgStages;                                                      // [stage]
+  const Tile tl = tiles[blockIdx.x / ntn];
+  const Group<bf16> g = groups[tl.group];
+  const std::int64_t m0 = tl.m0, n0 = static_cast<std::int64_t>(blockIdx.x % ntn) * WBN;
+  if (n0 >= g.N) return;
+  const int nk = static_cast<int>((g.K + WBK - 1) / WBK);
+  if (threadIdx.x == 0)
+    for (int st = 0; st < kWgStages; ++st) {
+      wg::mbar_init(full + st, 128);  // one cp.async arrival per producer thread
+      wg::mbar_init(empty + st, 256);  // one arrival per consumer thread
+    }
+  __syncthreads();
+  const int wgi = threadIdx.x >> 7;
+  if (wgi == 0) {
+    wg::reg_dealloc<56>();
+    for (int kt = 0; kt < nk; ++kt) {
+      const int st = kt % kWgStages;
+      if (kt >= kWgStages) wg::mbar_wait(empty + st, ((kt / kWgStages) - 1) & 1);
+      const std::int64_t k0 = static_cast<std::int64_t>(kt) * WBK;
+      bf16* a = As + st * WBM * WBK;
+      bf16* b = Bs + st * WBN * WBK;
+      if (TA)
+        for (int h = 0; h < WBM / 64; ++h)
+          load_tile_async<64, 128>(a + h * kWgHalf, g.A + k0 * g.lda + m0 + 64 * h, g.lda, WBK, g.K - k0, g.M - m0 - 64 * h);
+      else
+        load_tile_async<WBK, 128>(a, g.A + m0 * g.lda + k0, g.lda, WBM, g.M - m0, g.K - k0);
+      if (TB)
+        load_tile_async<WBK, 128>(b, g.B + n0 * g.ldb + k0, g.ldb, WBN, g.N - n0, g.K - k0);
+      else
+        for (int h = 0; h < WBN / 64; ++h)
+          load_tile_async<64, 128>(b + h * kWgHalf, g.B + k0 * g.ldb + n0 + 64 * h, g.ldb, WBK, g.K - k0, g.N - n0 - 64 * h);
+      wg::mbar_arrive_cp_async(full + st);
+    }
+    return;
+  }
+  wg::reg_alloc<224>();
+  const int c = wgi - 1;  // this consumer's rows: [64 c, +64)
+  float acc[WBN / 2];
+#pragma unroll
+  for (int i = 0; i < WBN / 2; ++i) acc[i] = 0.f;
+  for (int kt = 0; kt < nk; ++kt) {
+    const int st = kt % kWgStages;
+    wg::mbar_wait(full + st, (kt / kWgStages) & 1);
+    wg::fence_proxy_async();  // the landed cp.async data, for wgmma's reads through the async proxy
+    const bf16* a = As + st * WBM * WBK + (TA ? c * kWgHalf : 64 * c * WBK);
+    const bf16* b = Bs + st * WBN * WBK;
+    const std::uint64_t da = TA ? wg::desc_mn128(a, kWgHalf * sizeof(bf16)) : wg::desc_k128(a);
+    const std::uint64_t db = TB ? wg::desc_k128(b) : wg::desc_mn128(b, kWgHalf * sizeof(bf16));
+    constexpr std::uint64_t kStepA = TA ? 128 : 2, kStepB = TB ? 2 : 128;
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < WBK / 16; ++kk) wg::mma_ss<WBN, TA, !TB>(acc, da + kStepA * kk, db + kStepB * kk);
+    wg::commit();
+    wg::wait<1>();  // the batch on the previous stage has retired: release that stage
+    if (kt > 0) wg::mbar_arrive(empty + (kt - 1) % kWgStages);
+  }
+  wg::wait<0>();
+  const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const std::int64_t m = m0 + 64 * c + 16 * w + gr + 8 * hf;
+    if (m >= g.M) continue;
+#pragma unroll
+    for (int j = 0; j < WBN / 8; ++j) {
+      const std::int64_t n = n0 + 8 * j + 2 * tg;  // N % 8 == 0: n < N implies n + 1 < N
+      if (n < g.N)
+        *reinterpret_cast<__nv_bfloat162*>(g.C + m * g.ldc + n) =
+            __floats2bfloat162_rn(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
+    }
+  }
+}
+constexpr std::size_t kWsSmem = kWgSmem + 2 * kWgStages * sizeof(std::uint64_t);
+
+// gemm_ws_k with TMA: one thread of the producer warpgroup fills a stage with 2-D tensor-map copies
+// (the 128-byte swizzle of the wgmma layouts, zeros beyond each group's extents) that complete the
+// stage's `full` barrier by their byte count. maps[2 g], maps[2 g + 1]: group g's A and B, boxes of
+// [128 rows][64 k] (A K-major), [64 k][64 m] (A M-major), [256 rows][64 k] (B K-major), [64 k][64 n]
+// (B N-major). Same tiles and accumulation order as gemm_wg_k (the same bits). The default.
+struct alignas(64) TensorMap {
+  unsigned char bytes[128];
+};
+// One consumer warpgroup of gemm_tma_k: rows [64 c, +64) of the tile at (m0, n0), its first WN
+// columns (WN <= WBN), stage by stage as the producer fills them; then the bf16 stores.
+// A stage is released by one arrival per consumer warp once its products have retired, on this CTA's
+// `empty` barrier and, when the cluster pair shares B (both = true), on the partner's as well.
+template <int WN, bool TA, bool TB>
+__device__ __forceinline__ void tma_consume(const Group<__nv_bfloat16>& g, const __nv_bfloat16* As, const __nv_bfloat16* Bs,
+                                            std::uint64_t* full, std::uint64_t* empty, int nk, int c, int m0, int n0, bool live,
+                                            bool both) {
+  namespace wg = hcp::cuda::wg;
+  float acc[WN / 2];
+#pragma unroll
+  for (int i = 0; i < WN / 2; ++i) acc[i] = 0.f;
+  for (int kt = 0; kt < nk; ++kt) {
+    const int st = kt % kWgStages;
+    wg::mbar_wait(full + st, (kt / kWgStages) & 1);
+    if (live) {
+      const __nv_bfloat16* a = As + st * WBM * WBK + (TA ? c * kWgHalf : 64 * c * WBK);
+      const __nv_bfloat16* b = Bs + st * WBN * WBK;
+      const std::uint64_t da = TA ? wg::desc_mn128(a, kWgHalf * sizeof(__nv_bfloat16)) : wg::desc_k128(a);
+      const std::uint64_t db = TB ? wg::desc_k128(b) : wg::desc_mn128(b, kWgHalf * sizeof(__nv_bfloat16));
+      constexpr std::uint64_t kStepA = TA ? 128 : 2, kStepB = TB ? 2 : 128;
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < WBK / 16; ++kk) wg::mma_ss<WN, TA, !TB>(acc, da + kStepA * kk, db + kStepB * kk);
+      wg::commit();
+    }
+    wg::wait<1>();  // the batch on the previous stage has retired: release that stage
+    if (kt > 0 && (threadIdx.x & 31) == 0) {
+      std::uint64_t* e = empty + (kt - 1) % kWgStages;
+      if (both) {
+        wg::mbar_arrive_cluster(e, 0);
+        wg::mbar_arrive_cluster(e, 1);
+      } else {
+        wg::mbar_arrive(e);
+      }
+    }
+  }
+  wg::wait<0>();
+  if (!live) return;
+  const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const std::int64_t m = m0 + 64 * c + 16 * w + gr + 8 * hf;
+    if (m >= g.M) continue;
+#pragma unroll
+    for (int j = 0; j < WN / 8; ++j) {
+      const std::int64_t n = n0 + 8 * j + 2 * tg;  // N % 8 == 0: n < N implies n + 1 < N
+      if (n < g.N)
+        *reinterpret_cast<__nv_bfloat162*>(g.C + m * g.ldc + n) = __floats2bfloat162_rn(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
+    }
+  }
+}
+// kMc (HCP_GEMM_TMA_CLUSTER): launched in clusters of two CTAs (consecutive blocks) that take two tiles
+// of the same N columns.
+// When the pair's tiles belong to one group (tile.shared), each CTA loads one half of the B tile and
+// multicasts it into both CTAs' stages (a third less L2 traffic per stage); each producer then waits
+// for both CTAs' consumers to release a stage before refilling it, and no CTA leaves before its
+// partner (cluster barrier). Unshared pairs (the last odd tiles of two groups) load as without kMc.
+template <bool TA, bool TB, bool kMc>
+__global__ void __launch_bounds__(kWsThreads, 1) gemm_tma_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn,
+                                                            const TensorMap* maps) {
+  using namespace hcp::cuda::tc;
+  namespace wg = hcp::cuda::wg;
+  using bf16 = __nv_bfloat16;
+  extern __shared__ __align__(128) unsigned char tm_sm[];
+  bf16* As = reinterpret_cast<bf16*>(tm_sm + ((1024u - (smem_u32(tm_sm) & 1023u)) & 1023u));  // [stage][WBM * WBK]
+  bf16* Bs = As + kWgStages * WBM * WBK;                                                        // [stage][WBN * WBK]
+  auto* full = reinterpret_cast<std::uint64_t*>(Bs + kWgStages * WBN * WBK);                    // [stage]
+  std::uint64_t* empty = full + kWgStages;                                                      // [stage]
+  // Without clusters block b is (tile b / ntn, N tile b % ntn); with them cluster b / 2 is (tile pair
+  // (b / 2) / ntn, N tile (b / 2) % ntn) and the CTA's rank picks the pair's tile.
+  const unsigned rank = kMc ? wg::cluster_rank() : 0;
+  const unsigned bi = kMc ? blockIdx.x / 2 : blockIdx.x;
+  const Tile tl = tiles[kMc ? 2 * (bi / ntn) + rank : bi / ntn];
+  const bool shared = kMc && tl.shared != 0;
+  const Group<bf16> g = groups[tl.group];
+  const int m0 = tl.m0, n0 = static_cast<int>(bi % ntn) * WBN;
+  const bool idle = m0 < 0 || n0 >= g.N;
+  if (!kMc && idle) return;
+  const int nk = static_cast<int>((g.K + WBK - 1) / WBK);
+  if (threadIdx.x == 0)
+    for (int st = 0; st < kWgStages; ++st) {
+      wg::mbar_init(full + st, 1);                 // the producer's arrive; the copies complete the bytes
+      wg::mbar_init(empty + st, shared ? 16 : 8);  // one arrival per consumer warp (of both CTAs when shared)
+    }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  if constexpr (kMc) wg::cluster_sync();  // the partner's barriers exist before any copy or arrival names them
+  else __syncthreads();
+  const int wgi = threadIdx.x >> 7;
+  if (idle) {
+  } else if (wgi == 0) {
+    wg::reg_dealloc<56>();
+    if (threadIdx.x == 0) {
+      const TensorMap* ma = maps + 2 * tl.group;
+      const TensorMap* mb = ma + 1;
+      constexpr unsigned kBytes = (WBM + WBN) * WBK * sizeof(bf16);
+      for (int kt = 0; kt < nk; ++kt) {
+        const int st = kt % kWgStages;
+        if (kt >= kWgStages) wg::mbar_wait(empty + st, ((kt / kWgStages) - 1) & 1);
+        const int k0 = kt * WBK;
+        bf16* a = As + st * WBM * WBK;
+        bf16* b = Bs + st * WBN * WBK;
+        wg::mbar_arrive_expect_tx(full + st, kBytes);
+        if (TA)
+          for (int h = 0; h < WBM / 64; ++h) wg::tma_load_2d(a + h * kWgHalf, ma, m0 + 64 * h, k0, full + st);
+        else
+          wg::tma_load_2d(a, ma, k0, m0, full + st);
+        if (shared) {  // this CTA's half of B (its 64-column blocks [hb, hb + WBN / 128)), into both CTAs
+          const int hb = static_cast<int>(rank) * (WBN / 128);
+          if (TB)
+            wg::tma_load_2d_mc(b + hb * kWgHalf, mb, k0, n0 + 64 * hb, full + st, 3);
+          else
+            for (int h = hb; h < hb + WBN / 128; ++h) wg::tma_load_2d_mc(b + h * kWgHalf, mb, n0 + 64 * h, k0, full + st, 3);
+        } else if (TB) {
+          for (int h = 0; h < (kMc ? 2 : 1); ++h)  // with clusters the map's box is half the tile
+            wg::tma_load_2d(b + h * (WBN / (kMc ? 2 : 1)) * WBK, mb, k0, n0 + h * (WBN / (kMc ? 2 : 1)), full + st);
+        } else {
+          for (int h = 0; h < WBN / 64; ++h) wg::tma_load_2d(b + h * kWgHalf, mb, n0 + 64 * h, k0, full + st);
+        }
+      }
+    }
+  } else {
+    wg::reg_alloc<224>();
+    const int c = wgi - 1;  // this consumer's rows: [64 c, +64)
+    // The tile's last columns on a narrower product (64, 128 or 256 wide, not all 256 every time); a
+    // consumer whose 64 rows all lie beyond the group multiplies nothing (it still releases each stage).
+    const bool live = m0 + 64 * c < g.M;
+    const int w = static_cast<int>(g.N - n0);
+    if (w <= 64) tma_consume<64, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, live, shared);
+    else if (w <= 128) tma_consume<128, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, live, shared);
+    else tma_consume<WBN, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, live, shared);
+  }
+  if constexpr (kMc) wg::cluster_sync();  // no CTA leaves while its partner may still signal it
+}
+
+// The driver's tensor-map encoder, found through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    HCP_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    HCP_CHECK(q == cudaDriverEntryPointSuccess && p != nullptr, "grouped_gemm: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+// A 2-D bf16 tensor map of `rows` x `cols` (cols contiguous, row stride ld elements) at base, box
+// [box_rows][box_cols], 128-byte swizzle.
+TensorMap make_map(const void* base, std::int64_t rows, std::int64_t cols, std::int64_t ld, unsigned box_rows, unsigned box_cols) {
+  TensorMap m{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(reinterpret_cast<CUtensorMap*>(&m), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                          const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  HCP_CHECK(r == CUDA_SUCCESS, "grouped_gemm: cuTensorMapEncodeTiled failed (", static_cast<int>(r), ") for a ", rows, " x ",
+            cols, " operand, leading dimension ", ld);
+  return m;
+}
+static_assert(sizeof(TensorMap) == sizeof(CUtensorMap), "a TensorMap holds one CUtensorMap");
 // The pipelined path needs 16-byte rows: contiguous extents, leading dimensions and bases aligned to 8 elements.
 bool tc_ok(bool ta, bool tb, const std::vector<GemmGroupDesc>& desc) {
   for (const GemmGroupDesc& d : desc) {
@@ -345,7 +611,88 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
   HCP_CUDA_CHECK(cudaMemcpyAsync(dt, tiles.data(), tiles.size() * sizeof(Tile), cudaMemcpyHostToDevice, 0));
   const dim3 grid(static_cast<unsigned>(tiles.size()), static_cast<unsigned>((N + bn - 1) / bn));
   if constexpr (kBf16) {
-    if (wg) {
+    static const bool cp_async = std::getenv("HCP_GEMM_WG") != nullptr, ws = std::getenv("HCP_GEMM_WS") != nullptr,
+                      tma = !cp_async && !ws;
+    if (wg && tma) {
+      // HCP_GEMM_TMA_CLUSTER set in the environment: clusters of two CTAs sharing B tiles by multicast.
+      // Correct (tests, memcheck) but slower on the H200: 2.77 against 1.92 ms on the MoE benchmark
+      // shape (each pair runs in lockstep, every stage waiting for the slower CTA's release).
+      static const bool mc = std::getenv("HCP_GEMM_TMA_CLUSTER") != nullptr;
+      // Per group: A [M][K] (K-major) or [K][M]; B [N][K] or [K][N] (groups with no rows: no tile reads them).
+      std::vector<TensorMap> maps(2 * groups.size());
+      for (std::size_t i = 0; i < groups.size(); ++i) {
+        const Group<S>& gr = groups[i];
+        if (gr.M <= 0 || gr.K <= 0) continue;
+        maps[2 * i] = TA ? make_map(gr.A, gr.K, gr.M, gr.lda, 64, 64) : make_map(gr.A, gr.M, gr.K, gr.lda, WBM, WBK);
+        maps[2 * i + 1] = TB ? make_map(gr.B, gr.N, gr.K, gr.ldb, mc ? WBN / 2 : WBN, WBK) : make_map(gr.B, gr.K, gr.N, gr.ldb, 64, 64);
+      }
+      TensorMap* dm = nullptr;
+      HCP_CUDA_CHECK(cudaMallocAsync(&dm, maps.size() * sizeof(TensorMap), 0));
+      HCP_CUDA_CHECK(cudaMemcpyAsync(dm, maps.data(), maps.size() * sizeof(TensorMap), cudaMemcpyHostToDevice, 0));
+      if (mc) {
+        // Pairs of tiles: two consecutive tiles of one group share B; a group's odd last tile pairs
+        // with the next such tile (unshared), and a final one with an idle partner.
+        std::vector<Tile> pairs;
+        pairs.reserve(tiles.size() + 2);
+        Tile odd{};
+        bool have_odd = false;
+        for (std::size_t i = 0; i < tiles.size();) {
+          if (i + 1 < tiles.size() && tiles[i + 1].group == tiles[i].group) {
+            pairs.push_back({tiles[i].group, tiles[i].m0, 1});
+            pairs.push_back({tiles[i + 1].group, tiles[i + 1].m0, 1});
+            i += 2;
+            continue;
+          }
+          if (have_odd) {
+            pairs.push_back(odd);
+            pairs.push_back({tiles[i].group, tiles[i].m0, 0});
+          } else {
+            odd = {tiles[i].group, tiles[i].m0, 0};
+          }
+          have_odd = !have_odd;
+          ++i;
+        }
+        if (have_odd) {
+          pairs.push_back(odd);
+          pairs.push_back({odd.group, -1, 0});
+        }
+        Tile* dp = nullptr;
+        HCP_CUDA_CHECK(cudaMallocAsync(&dp, pairs.size() * sizeof(Tile), 0));
+        HCP_CUDA_CHECK(cudaMemcpyAsync(dp, pairs.data(), pairs.size() * sizeof(Tile), cudaMemcpyHostToDevice, 0));
+        auto* kern = gemm_tma_k<TA, TB, true>;
+        HCP_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWsSmem)));
+        const std::int64_t blocks = static_cast<std::int64_t>(pairs.size()) * grid.y;
+        HCP_CHECK(blocks < (1ll << 31), "grouped_gemm: ", blocks, " blocks exceed one launch");
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+        cfg.blockDim = dim3(kWsThreads);
+        cfg.dynamicSmemBytes = kWsSmem;
+        cfg.stream = 0;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 2;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        HCP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, static_cast<const Group<S>*>(dg), static_cast<const Tile*>(dp),
+                                          static_cast<int>(grid.y), static_cast<const TensorMap*>(dm)));
+        HCP_CUDA_CHECK(cudaFreeAsync(dp, 0));
+      } else {
+        auto* kern = gemm_tma_k<TA, TB, false>;
+        HCP_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWsSmem)));
+        const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
+        HCP_CHECK(blocks < (1ll << 31), "grouped_gemm: ", blocks, " blocks exceed one launch");
+        kern<<<static_cast<unsigned>(blocks), kWsThreads, kWsSmem>>>(dg, dt, static_cast<int>(grid.y), dm);
+      }
+      HCP_CUDA_CHECK(cudaFreeAsync(dm, 0));
+    } else if (wg && ws) {
+      HCP_CUDA_CHECK(
+          cudaFuncSetAttribute(gemm_ws_k<TA, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWsSmem)));
+      const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
+      HCP_CHECK(blocks < (1ll << 31), "grouped_gemm: ", blocks, " blocks exceed one launch");
+      gemm_ws_k<TA, TB><<<static_cast<unsigned>(blocks), kWsThreads, kWsSmem>>>(dg, dt, static_cast<int>(grid.y));
+    } else if (wg) {
       HCP_CUDA_CHECK(
           cudaFuncSetAttribute(gemm_wg_k<TA, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWgSmem)));
       const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
