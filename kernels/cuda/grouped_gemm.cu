@@ -240,6 +240,39 @@ __global__ void __launch_bounds__(kTcThreads) gemm_tc_k(const Group<__nv_bfloat1
 constexpr int WBM = 128, WBN = 256, WBK = 64, kWgStages = 4, kWgThreads = 256;
 constexpr int kWgHalf = 64 * WBK;  // elements of one [64][64] block
 constexpr std::size_t kWgSmem = static_cast<std::size_t>(kWgStages) * (WBM + WBN) * WBK * sizeof(__nv_bfloat16) + 1024;
+// One stage of a wgmma consumer warpgroup as one committed batch: acc += its 64 rows of the A stage
+// (rows 64 c.. of the K-major tile, or block c of the M-major one) times the first WN columns of the
+// B stage, WBK deep.
+template <int WN, bool TA, bool TB>
+__device__ __forceinline__ void stage_mma(float (&acc)[WN / 2], const __nv_bfloat16* As, const __nv_bfloat16* Bs, int c) {
+  namespace wg = hcp::cuda::wg;
+  const __nv_bfloat16* a = As + (TA ? c * kWgHalf : 64 * c * WBK);
+  const std::uint64_t da = TA ? wg::desc_mn128(a, kWgHalf * sizeof(__nv_bfloat16)) : wg::desc_k128(a);
+  const std::uint64_t db = TB ? wg::desc_k128(Bs) : wg::desc_mn128(Bs, kWgHalf * sizeof(__nv_bfloat16));
+  constexpr std::uint64_t kStepA = TA ? 128 : 2, kStepB = TB ? 2 : 128;  // one k16 slice, in 16-byte units
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < WBK / 16; ++kk) wg::mma_ss<WN, TA, !TB>(acc, da + kStepA * kk, db + kStepB * kk);
+  wg::commit();
+}
+// Stores a warpgroup's 64 x WN fp32 accumulator (wgmma fragment order) as bf16 into rows m_row0.. and
+// columns n0.. of the group's C, inside its extents (I: the caller's index type).
+template <int WN, class I>
+__device__ __forceinline__ void store_acc(const Group<__nv_bfloat16>& g, const float (&acc)[WN / 2], I m_row0, I n0) {
+  const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const std::int64_t m = m_row0 + 16 * w + gr + 8 * hf;
+    if (m >= g.M) continue;
+#pragma unroll
+    for (int j = 0; j < WN / 8; ++j) {
+      const std::int64_t n = n0 + 8 * j + 2 * tg;  // N % 8 == 0: n < N implies n + 1 < N
+      if (n < g.N)
+        *reinterpret_cast<__nv_bfloat162*>(g.C + m * g.ldc + n) =
+            __floats2bfloat162_rn(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
+    }
+  }
+}
 template <bool TA, bool TB>
 __global__ void __launch_bounds__(kWgThreads, 1) gemm_wg_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn) {
   using namespace hcp::cuda::tc;
@@ -288,33 +321,12 @@ __global__ void __launch_bounds__(kWgThreads, 1) gemm_wg_k(const Group<__nv_bflo
     __syncthreads();  // stage kt landed for everyone; every warpgroup finished its batch on stage kt - 2
     if (kt + kDist < nk) load(kt + kDist, (kt + kDist) % kWgStages);
     cp_async_commit();
-    // This warpgroup's 64 rows of A: rows 64 wgi.. of the K-major tile, or block wgi of the M-major one.
-    const bf16* a = As + (kt % kWgStages) * WBM * WBK + (TA ? wgi * kWgHalf : 64 * wgi * WBK);
-    const bf16* b = Bs + (kt % kWgStages) * WBN * WBK;
-    const std::uint64_t da = TA ? wg::desc_mn128(a, kWgHalf * sizeof(bf16)) : wg::desc_k128(a);
-    const std::uint64_t db = TB ? wg::desc_k128(b) : wg::desc_mn128(b, kWgHalf * sizeof(bf16));
-    constexpr std::uint64_t kStepA = TA ? 128 : 2, kStepB = TB ? 2 : 128;  // one k16 slice, in 16-byte units
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < WBK / 16; ++kk) wg::mma_ss<WBN, TA, !TB>(acc, da + kStepA * kk, db + kStepB * kk);
-    wg::commit();
+    stage_mma<WBN, TA, TB>(acc, As + (kt % kWgStages) * WBM * WBK, Bs + (kt % kWgStages) * WBN * WBK, wgi);
     wg::wait<1>();
   }
   wg::wait<0>();
   cp_async_wait<0>();
-  const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const std::int64_t m = m0 + 64 * wgi + 16 * w + gr + 8 * hf;
-    if (m >= g.M) continue;
-#pragma unroll
-    for (int j = 0; j < WBN / 8; ++j) {
-      const std::int64_t n = n0 + 8 * j + 2 * tg;  // N % 8 == 0: n < N implies n + 1 < N
-      if (n < g.N)
-        *reinterpret_cast<__nv_bfloat162*>(g.C + m * g.ldc + n) =
-            __floats2bfloat162_rn(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
-    }
-  }
+  store_acc<WBN>(g, acc, m0 + 64 * wgi, n0);
 }
 // Warp-specialised variant of gemm_wg_k (same tile, layouts and accumulation order, so the same bits):
 // warpgroup 0 only loads (cp.async into kWgStages stages, each stage's landing signalled on a `full`
@@ -376,32 +388,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_ws_k(const Group<__nv_bflo
     const int st = kt % kWgStages;
     wg::mbar_wait(full + st, (kt / kWgStages) & 1);
     wg::fence_proxy_async();  // the landed cp.async data, for wgmma's reads through the async proxy
-    const bf16* a = As + st * WBM * WBK + (TA ? c * kWgHalf : 64 * c * WBK);
-    const bf16* b = Bs + st * WBN * WBK;
-    const std::uint64_t da = TA ? wg::desc_mn128(a, kWgHalf * sizeof(bf16)) : wg::desc_k128(a);
-    const std::uint64_t db = TB ? wg::desc_k128(b) : wg::desc_mn128(b, kWgHalf * sizeof(bf16));
-    constexpr std::uint64_t kStepA = TA ? 128 : 2, kStepB = TB ? 2 : 128;
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < WBK / 16; ++kk) wg::mma_ss<WBN, TA, !TB>(acc, da + kStepA * kk, db + kStepB * kk);
-    wg::commit();
+    stage_mma<WBN, TA, TB>(acc, As + st * WBM * WBK, Bs + st * WBN * WBK, c);
     wg::wait<1>();  // the batch on the previous stage has retired: release that stage
     if (kt > 0) wg::mbar_arrive(empty + (kt - 1) % kWgStages);
   }
   wg::wait<0>();
-  const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const std::int64_t m = m0 + 64 * c + 16 * w + gr + 8 * hf;
-    if (m >= g.M) continue;
-#pragma unroll
-    for (int j = 0; j < WBN / 8; ++j) {
-      const std::int64_t n = n0 + 8 * j + 2 * tg;  // N % 8 == 0: n < N implies n + 1 < N
-      if (n < g.N)
-        *reinterpret_cast<__nv_bfloat162*>(g.C + m * g.ldc + n) =
-            __floats2bfloat162_rn(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
-    }
-  }
+  store_acc<WBN>(g, acc, m0 + 64 * c, n0);
 }
 constexpr std::size_t kWsSmem = kWgSmem + 2 * kWgStages * sizeof(std::uint64_t);
 
@@ -428,17 +420,7 @@ __device__ __forceinline__ void tma_consume(const Group<__nv_bfloat16>& g, const
   for (int kt = 0; kt < nk; ++kt) {
     const int st = kt % kWgStages;
     wg::mbar_wait(full + st, (kt / kWgStages) & 1);
-    if (live) {
-      const __nv_bfloat16* a = As + st * WBM * WBK + (TA ? c * kWgHalf : 64 * c * WBK);
-      const __nv_bfloat16* b = Bs + st * WBN * WBK;
-      const std::uint64_t da = TA ? wg::desc_mn128(a, kWgHalf * sizeof(__nv_bfloat16)) : wg::desc_k128(a);
-      const std::uint64_t db = TB ? wg::desc_k128(b) : wg::desc_mn128(b, kWgHalf * sizeof(__nv_bfloat16));
-      constexpr std::uint64_t kStepA = TA ? 128 : 2, kStepB = TB ? 2 : 128;
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < WBK / 16; ++kk) wg::mma_ss<WN, TA, !TB>(acc, da + kStepA * kk, db + kStepB * kk);
-      wg::commit();
-    }
+    if (live) stage_mma<WN, TA, TB>(acc, As + st * WBM * WBK, Bs + st * WBN * WBK, c);
     wg::wait<1>();  // the batch on the previous stage has retired: release that stage
     if (kt > 0 && (threadIdx.x & 31) == 0) {
       std::uint64_t* e = empty + (kt - 1) % kWgStages;
@@ -451,26 +433,8 @@ __device__ __forceinline__ void tma_consume(const Group<__nv_bfloat16>& g, const
     }
   }
   wg::wait<0>();
-  if (!live) return;
-  const int w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const std::int64_t m = m0 + 64 * c + 16 * w + gr + 8 * hf;
-    if (m >= g.M) continue;
-#pragma unroll
-    for (int j = 0; j < WN / 8; ++j) {
-      const std::int64_t n = n0 + 8 * j + 2 * tg;  // N % 8 == 0: n < N implies n + 1 < N
-      if (n < g.N)
-        *reinterpret_cast<__nv_bfloat162*>(g.C + m * g.ldc + n) = __floats2bfloat162_rn(acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
-    }
-  }
+  if (live) store_acc<WN>(g, acc, m0 + 64 * c, n0);
 }
-// kMc (HCP_GEMM_TMA_CLUSTER): launched in clusters of two CTAs (consecutive blocks) that take two tiles
-// of the same N columns.
-// When the pair's tiles belong to one group (tile.shared), each CTA loads one half of the B tile and
-// multicasts it into both CTAs' stages (a third less L2 traffic per stage); each producer then waits
-// for both CTAs' consumers to release a stage before refilling it, and no CTA leaves before its
-// partner (cluster barrier). Unshared pairs (the last odd tiles of two groups) load as without kMc.
 template <bool TA, bool TB, bool kMc>
 __global__ void __launch_bounds__(kWsThreads, 1) gemm_tma_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn,
                                                             const TensorMap* maps) {
