@@ -574,6 +574,14 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
   HCP_CUDA_CHECK(cudaMemcpyAsync(dg, groups.data(), groups.size() * sizeof(Group<S>), cudaMemcpyHostToDevice, 0));
   HCP_CUDA_CHECK(cudaMemcpyAsync(dt, tiles.data(), tiles.size() * sizeof(Tile), cudaMemcpyHostToDevice, 0));
   const dim3 grid(static_cast<unsigned>(tiles.size()), static_cast<unsigned>((N + bn - 1) / bn));
+  // The pipelined kernels: one block per (tile, N tile), grid.x * grid.y blocks on a 1-D grid, with
+  // `smem` bytes of dynamic shared memory.
+  const auto launch_flat = [&grid](auto kern, int threads, std::size_t smem, auto... args) {
+    HCP_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
+    HCP_CHECK(blocks < (1ll << 31), "grouped_gemm: ", blocks, " blocks exceed one launch");
+    kern<<<static_cast<unsigned>(blocks), threads, smem>>>(args...);
+  };
   if constexpr (kBf16) {
     static const bool cp_async = std::getenv("HCP_GEMM_WG") != nullptr, ws = std::getenv("HCP_GEMM_WS") != nullptr,
                       tma = !cp_async && !ws;
@@ -643,31 +651,15 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
                                           static_cast<int>(grid.y), static_cast<const TensorMap*>(dm)));
         HCP_CUDA_CHECK(cudaFreeAsync(dp, 0));
       } else {
-        auto* kern = gemm_tma_k<TA, TB, false>;
-        HCP_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWsSmem)));
-        const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
-        HCP_CHECK(blocks < (1ll << 31), "grouped_gemm: ", blocks, " blocks exceed one launch");
-        kern<<<static_cast<unsigned>(blocks), kWsThreads, kWsSmem>>>(dg, dt, static_cast<int>(grid.y), dm);
+        launch_flat(gemm_tma_k<TA, TB, false>, kWsThreads, kWsSmem, dg, dt, static_cast<int>(grid.y), dm);
       }
       HCP_CUDA_CHECK(cudaFreeAsync(dm, 0));
     } else if (wg && ws) {
-      HCP_CUDA_CHECK(
-          cudaFuncSetAttribute(gemm_ws_k<TA, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWsSmem)));
-      const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
-      HCP_CHECK(blocks < (1ll << 31), "grouped_gemm: ", blocks, " blocks exceed one launch");
-      gemm_ws_k<TA, TB><<<static_cast<unsigned>(blocks), kWsThreads, kWsSmem>>>(dg, dt, static_cast<int>(grid.y));
+      launch_flat(gemm_ws_k<TA, TB>, kWsThreads, kWsSmem, dg, dt, static_cast<int>(grid.y));
     } else if (wg) {
-      HCP_CUDA_CHECK(
-          cudaFuncSetAttribute(gemm_wg_k<TA, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWgSmem)));
-      const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
-      HCP_CHECK(blocks < (1ll << 31), "grouped_gemm: ", blocks, " blocks exceed one launch");
-      gemm_wg_k<TA, TB><<<static_cast<unsigned>(blocks), kWgThreads, kWgSmem>>>(dg, dt, static_cast<int>(grid.y));
+      launch_flat(gemm_wg_k<TA, TB>, kWgThreads, kWgSmem, dg, dt, static_cast<int>(grid.y));
     } else if (tc) {
-      HCP_CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_k<TA, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(kTcSmem)));
-      const std::int64_t blocks = static_cast<std::int64_t>(grid.x) * grid.y;
-      HCP_CHECK(blocks < (1ll << 31), "grouped_gemm: ", blocks, " blocks exceed one launch");
-      gemm_tc_k<TA, TB><<<static_cast<unsigned>(blocks), kTcThreads, kTcSmem>>>(dg, dt, static_cast<int>(grid.y));
+      launch_flat(gemm_tc_k<TA, TB>, kTcThreads, kTcSmem, dg, dt, static_cast<int>(grid.y));
     } else {
       gemm_wmma_k<TA, TB><<<grid, kThreads>>>(dg, dt);
     }
