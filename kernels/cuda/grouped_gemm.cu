@@ -3,8 +3,9 @@
 // offset, so groups of any size (also empty ones) share one launch without padding. bf16 runs on the
 // tensor cores: when every operand's contiguous extent and leading dimension are multiples of 8
 // elements (the MoE shapes), Hopper wgmma on a 128x256x64 block tile: one producer thread fills a
-// 4-stage ring with TMA copies and two consumer warpgroups multiply (gemm_tma_k). Set in the
-// environment for side-by-side timing: HCP_GEMM_TMA_CLUSTER runs it in clusters of two sharing B by
+// 4-stage ring with TMA copies and two consumer warpgroups multiply and store through shared memory
+// (gemm_tma_k). Set in the environment for side-by-side timing: HCP_GEMM_TMA_DIRECT_STORE stores
+// from the accumulators instead, HCP_GEMM_TMA_CLUSTER runs it in clusters of two sharing B by
 // multicast, HCP_GEMM_WG selects the 4-stage cp.async pipeline with block barriers (gemm_wg_k),
 // HCP_GEMM_WS its warp-specialised form (gemm_ws_k), HCP_GEMM_MMA_SYNC the earlier 128x128x64
 // mma.sync kernel (4 warps of 64x64, ldmatrix, 3 stages); otherwise WMMA 16x16x16 tiles loaded
@@ -396,6 +397,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_ws_k(const Group<__nv_bflo
   store_acc<WBN>(g, acc, m0 + 64 * c, n0);
 }
 constexpr std::size_t kWsSmem = kWgSmem + 2 * kWgStages * sizeof(std::uint64_t);
+// gemm_tma_k's staging buffers for the results: [2 consumer warpgroups][64][128] bf16 after the barriers.
+constexpr std::size_t kStgSmem = 2 * 64 * 128 * sizeof(__nv_bfloat16);
+static_assert(kWsSmem + kStgSmem <= 227 * 1024, "the ring and the staging buffers fit one block's shared memory");
 
 // gemm_ws_k with TMA: one thread of the producer warpgroup fills a stage with 2-D tensor-map copies
 // (the 128-byte swizzle of the wgmma layouts, zeros beyond each group's extents) that complete the
@@ -405,14 +409,45 @@ constexpr std::size_t kWsSmem = kWgSmem + 2 * kWgStages * sizeof(std::uint64_t);
 struct alignas(64) TensorMap {
   unsigned char bytes[128];
 };
+// store_acc through shared memory: stg is this warpgroup's [64][128] bf16 buffer, its 16-byte chunks
+// XOR-swizzled by row (chunk q of row r at q ^ (r & 7)) so that both the fragment writes (8 rows, one
+// chunk each) and the row reads are free of bank conflicts; bar: the warpgroup's named barrier.
+template <int WN>
+__device__ __forceinline__ void store_acc_staged(const Group<__nv_bfloat16>& g, const float (&acc)[WN / 2], int m_row0, int n0,
+                                                 __nv_bfloat16* stg, int bar) {
+  const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, gr = lane >> 2, tg = lane & 3;
+  auto* s32 = reinterpret_cast<std::uint32_t*>(stg);
+  const auto* s128 = reinterpret_cast<const uint4*>(stg);
+#pragma unroll
+  for (int h = 0; h < (WN + 127) / 128; ++h) {
+    constexpr int kCw0 = WN < 128 ? WN / 8 : 16;  // 16-byte chunks per row of this half
+#pragma unroll
+    for (int j = 0; j < kCw0; ++j)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = 16 * w + gr + 8 * hf, jj = 16 * h + j;
+        __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * jj + 2 * hf], acc[4 * jj + 2 * hf + 1]);
+        s32[r * 64 + (j ^ gr) * 4 + tg] = *reinterpret_cast<std::uint32_t*>(&v);
+      }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+#pragma unroll
+    for (int i = t; i < 64 * kCw0; i += 128) {
+      const int r = i / kCw0, q = i % kCw0;
+      const std::int64_t m = static_cast<std::int64_t>(m_row0) + r, n = n0 + 128 * h + 8 * q;
+      if (m < g.M && n < g.N) *reinterpret_cast<uint4*>(g.C + m * g.ldc + n) = s128[r * 16 + (q ^ (r & 7))];
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");  // the buffer is free for the next half or tile
+  }
+}
 // One consumer warpgroup of gemm_tma_k: rows [64 c, +64) of the tile at (m0, n0), its first WN
 // columns (WN <= WBN), stage by stage as the producer fills them; then the bf16 stores.
 // A stage is released by one arrival per consumer warp once its products have retired, on this CTA's
 // `empty` barrier and, when the cluster pair shares B (both = true), on the partner's as well.
-template <int WN, bool TA, bool TB>
+// kEpi: the stores staged through stg (store_acc_staged).
+template <int WN, bool TA, bool TB, bool kEpi>
 __device__ __forceinline__ void tma_consume(const Group<__nv_bfloat16>& g, const __nv_bfloat16* As, const __nv_bfloat16* Bs,
                                             std::uint64_t* full, std::uint64_t* empty, int nk, int c, int m0, int n0, bool live,
-                                            bool both) {
+                                            bool both, __nv_bfloat16* stg) {
   namespace wg = hcp::cuda::wg;
   float acc[WN / 2];
 #pragma unroll
@@ -433,9 +468,13 @@ __device__ __forceinline__ void tma_consume(const Group<__nv_bfloat16>& g, const
     }
   }
   wg::wait<0>();
-  if (live) store_acc<WN>(g, acc, m0 + 64 * c, n0);
+  if constexpr (kEpi) {
+    if (live) store_acc_staged<WN>(g, acc, m0 + 64 * c, n0, stg, 1 + c);  // live is uniform over the warpgroup
+  } else if (live) {
+    store_acc<WN>(g, acc, m0 + 64 * c, n0);
+  }
 }
-template <bool TA, bool TB, bool kMc>
+template <bool TA, bool TB, bool kMc, bool kEpi = false>
 __global__ void __launch_bounds__(kWsThreads, 1) gemm_tma_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn,
                                                             const TensorMap* maps) {
   using namespace hcp::cuda::tc;
@@ -505,9 +544,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_tma_k(const Group<__nv_bfl
     // consumer whose 64 rows all lie beyond the group multiplies nothing (it still releases each stage).
     const bool live = m0 + 64 * c < g.M;
     const int w = static_cast<int>(g.N - n0);
-    if (w <= 64) tma_consume<64, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, live, shared);
-    else if (w <= 128) tma_consume<128, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, live, shared);
-    else tma_consume<WBN, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, live, shared);
+    bf16* stg = reinterpret_cast<bf16*>(empty + kWgStages) + c * 64 * 128;  // kEpi: [2][64 * 128] after the barriers
+    if (w <= 64) tma_consume<64, TA, TB, kEpi>(g, As, Bs, full, empty, nk, c, m0, n0, live, shared, stg);
+    else if (w <= 128) tma_consume<128, TA, TB, kEpi>(g, As, Bs, full, empty, nk, c, m0, n0, live, shared, stg);
+    else tma_consume<WBN, TA, TB, kEpi>(g, As, Bs, full, empty, nk, c, m0, n0, live, shared, stg);
   }
   if constexpr (kMc) wg::cluster_sync();  // no CTA leaves while its partner may still signal it
 }
@@ -590,6 +630,10 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
       // Correct (tests, memcheck) but slower on the H200: 2.77 against 1.92 ms on the MoE benchmark
       // shape (each pair runs in lockstep, every stage waiting for the slower CTA's release).
       static const bool mc = std::getenv("HCP_GEMM_TMA_CLUSTER") != nullptr;
+      // The results leave through a shared-memory staging buffer in 16-byte row stores (1.85 against
+      // 1.91-1.95 ms on the MoE benchmark shape, same run); HCP_GEMM_TMA_DIRECT_STORE set in the
+      // environment keeps the 4-byte stores straight from the accumulator (as the cluster form does).
+      static const bool direct = std::getenv("HCP_GEMM_TMA_DIRECT_STORE") != nullptr;
       // Per group: A [M][K] (K-major) or [K][M]; B [N][K] or [K][N] (groups with no rows: no tile reads them).
       std::vector<TensorMap> maps(2 * groups.size());
       for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -651,7 +695,10 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
                                           static_cast<int>(grid.y), static_cast<const TensorMap*>(dm)));
         HCP_CUDA_CHECK(cudaFreeAsync(dp, 0));
       } else {
-        launch_flat(gemm_tma_k<TA, TB, false>, kWsThreads, kWsSmem, dg, dt, static_cast<int>(grid.y), dm);
+        if (direct)
+          launch_flat(gemm_tma_k<TA, TB, false>, kWsThreads, kWsSmem, dg, dt, static_cast<int>(grid.y), dm);
+        else
+          launch_flat(gemm_tma_k<TA, TB, false, true>, kWsThreads, kWsSmem + kStgSmem, dg, dt, static_cast<int>(grid.y), dm);
       }
       HCP_CUDA_CHECK(cudaFreeAsync(dm, 0));
     } else if (wg && ws) {
