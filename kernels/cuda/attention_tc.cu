@@ -232,7 +232,7 @@ __device__ __forceinline__ void mm_py(float (&acc)[D / 8][4], const float (&p)[k
 }
 // Shared memory of the tile kernels: 1024-byte aligned for the wgmma layout.
 template <bool kWg> __device__ __forceinline__ unsigned char* tile_smem(unsigned char* raw) {
-  return kWg ? raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u) : raw;
+  return kWg ? wg::align1024(raw) : raw;
 }
 
 // 2^x as the single MUFU instruction (flush-to-zero: results below 2^-126 become 0, which no softmax

@@ -274,15 +274,28 @@ __device__ __forceinline__ void store_acc(const Group<__nv_bfloat16>& g, const f
     }
   }
 }
+// Shared memory of the pipelined wgmma kernels: the A and B stage rings from the first 1024-byte
+// boundary, then (the warp-specialised kernels) one `full` and one `empty` mbarrier per stage.
+struct StageRing {
+  __nv_bfloat16* As;     // [stage][WBM * WBK]
+  __nv_bfloat16* Bs;     // [stage][WBN * WBK]
+  std::uint64_t* full;   // [stage]
+  std::uint64_t* empty;  // [stage]
+};
+__device__ __forceinline__ StageRing stage_ring(unsigned char* raw) {
+  auto* as = reinterpret_cast<__nv_bfloat16*>(hcp::cuda::wg::align1024(raw));
+  __nv_bfloat16* bs = as + kWgStages * WBM * WBK;
+  auto* full = reinterpret_cast<std::uint64_t*>(bs + kWgStages * WBN * WBK);
+  return {as, bs, full, full + kWgStages};
+}
 template <bool TA, bool TB>
 __global__ void __launch_bounds__(kWgThreads, 1) gemm_wg_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn) {
   using namespace hcp::cuda::tc;
   namespace wg = hcp::cuda::wg;
   using bf16 = __nv_bfloat16;
   extern __shared__ __align__(128) unsigned char wg_sm[];
-  // wgmma's 128-byte swizzle is a function of the address: tiles start on 1024-byte boundaries.
-  bf16* As = reinterpret_cast<bf16*>(wg_sm + ((1024u - (smem_u32(wg_sm) & 1023u)) & 1023u));  // [stage][WBM * WBK]
-  bf16* Bs = As + kWgStages * WBM * WBK;                                                        // [stage][WBN * WBK]
+  const StageRing ring = stage_ring(wg_sm);
+  bf16 *const As = ring.As, *const Bs = ring.Bs;
   const Tile tl = tiles[blockIdx.x / ntn];
   const Group<bf16> g = groups[tl.group];
   const std::int64_t m0 = tl.m0, n0 = static_cast<std::int64_t>(blockIdx.x % ntn) * WBN;
@@ -342,10 +355,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_ws_k(const Group<__nv_bflo
   namespace wg = hcp::cuda::wg;
   using bf16 = __nv_bfloat16;
   extern __shared__ __align__(128) unsigned char ws_sm[];
-  bf16* As = reinterpret_cast<bf16*>(ws_sm + ((1024u - (smem_u32(ws_sm) & 1023u)) & 1023u));  // [stage][WBM * WBK]
-  bf16* Bs = As + kWgStages * WBM * WBK;                                                        // [stage][WBN * WBK]
-  auto* full = reinterpret_cast<std::uint64_t*>(Bs + kWgStages * WBN * WBK);                    // [stage]
-  std::uint64_t* empty = full + kWgStages;                                                      // [stage]
+  const auto [As, Bs, full, empty] = stage_ring(ws_sm);
   const Tile tl = tiles[blockIdx.x / ntn];
   const Group<bf16> g = groups[tl.group];
   const std::int64_t m0 = tl.m0, n0 = static_cast<std::int64_t>(blockIdx.x % ntn) * WBN;
@@ -481,6 +491,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_tma_k(const Group<__nv_bfl
   namespace wg = hcp::cuda::wg;
   using bf16 = __nv_bfloat16;
   extern __shared__ __align__(128) unsigned char tm_sm[];
+  // stage_ring's layout, spelled out: through stage_ring or wg::align1024 the staged-store forms of
+  // this kernel compile to different sm_90a code (same length, most instructions changed), while the
+  // code as it stands is what passed on the H200.
   bf16* As = reinterpret_cast<bf16*>(tm_sm + ((1024u - (smem_u32(tm_sm) & 1023u)) & 1023u));  // [stage][WBM * WBK]
   bf16* Bs = As + kWgStages * WBM * WBK;                                                        // [stage][WBN * WBK]
   auto* full = reinterpret_cast<std::uint64_t*>(Bs + kWgStages * WBN * WBK);                    // [stage]

@@ -12,6 +12,11 @@
 #include "kernels/cuda/mma.cuh"
 
 namespace hcp::cuda::wg {
+// raw (dynamic shared memory) rounded up to the next 1024-byte boundary, where the 128-byte swizzle
+// (a function of the address) starts its 8-row pattern; kernels reserve 1024 bytes more for it.
+__device__ __forceinline__ unsigned char* align1024(unsigned char* raw) {
+  return raw + ((1024u - (tc::smem_u32(raw) & 1023u)) & 1023u);
+}
 // Descriptor of a K-major 128-byte-swizzled tile at p: 8-row groups 1024 bytes apart; the next k16
 // slice of the same rows is +2 (32 bytes in the start-address field).
 __device__ __forceinline__ std::uint64_t desc_k128(const void* p) {
