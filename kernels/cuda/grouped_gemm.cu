@@ -2,11 +2,12 @@
 // layer). The blocks cover (tile list) x (N tiles); the tile list names each block's group and M
 // offset, so groups of any size (also empty ones) share one launch without padding. bf16 runs on the
 // tensor cores: when every operand's contiguous extent and leading dimension are multiples of 8
-// elements (the MoE shapes), Hopper wgmma on a 128x256x64 block tile: one producer thread fills a
-// 4-stage ring with TMA copies and two consumer warpgroups multiply and store through shared memory
-// (gemm_tma_k). Set in the environment for side-by-side timing: HCP_GEMM_TMA_DIRECT_STORE stores
-// from the accumulators instead, HCP_GEMM_TMA_CLUSTER runs it in clusters of two sharing B by
-// multicast, HCP_GEMM_WG selects the 4-stage cp.async pipeline with block barriers (gemm_wg_k),
+// elements (the MoE shapes), Hopper wgmma on a 256x192x64 block tile: one producer thread fills a
+// 4-stage ring with TMA copies and two consumer warpgroups of 128 rows multiply and store through
+// shared memory (gemm_tma_wide_k). Set in the environment for side-by-side timing:
+// HCP_GEMM_TMA_DIRECT_STORE stores from the accumulators instead, HCP_GEMM_TMA_128 runs the
+// 128x256x64 form (gemm_tma_k, consumer warpgroups of 64 rows), HCP_GEMM_TMA_CLUSTER that form in
+// clusters of two sharing B by multicast, HCP_GEMM_WG selects the 4-stage cp.async pipeline with block barriers (gemm_wg_k),
 // HCP_GEMM_WS its warp-specialised form (gemm_ws_k), HCP_GEMM_MMA_SYNC the earlier 128x128x64
 // mma.sync kernel (4 warps of 64x64, ldmatrix, 3 stages); otherwise WMMA 16x16x16 tiles loaded
 // element-wise. fp32/fp64 run on FMA with 4x4 register tiles. Every output element has one owner and
@@ -415,7 +416,7 @@ static_assert(kWsSmem + kStgSmem <= 227 * 1024, "the ring and the staging buffer
 // (the 128-byte swizzle of the wgmma layouts, zeros beyond each group's extents) that complete the
 // stage's `full` barrier by their byte count. maps[2 g], maps[2 g + 1]: group g's A and B, boxes of
 // [128 rows][64 k] (A K-major), [64 k][64 m] (A M-major), [256 rows][64 k] (B K-major), [64 k][64 n]
-// (B N-major). Same tiles and accumulation order as gemm_wg_k (the same bits). The default.
+// (B N-major). Same tiles and accumulation order as gemm_wg_k (the same bits). HCP_GEMM_TMA_128.
 struct alignas(64) TensorMap {
   unsigned char bytes[128];
 };
@@ -565,6 +566,136 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_tma_k(const Group<__nv_bfl
   if constexpr (kMc) wg::cluster_sync();  // no CTA leaves while its partner may still signal it
 }
 
+// gemm_tma_wide_k (the default): 256 x 192 block tiles. A 128 x 256 stage brings 85 flops per byte
+// from L2, a 256 x 192 one 110; gemm_tma_k's L2 traffic (~7 TB/s at 1.85 ms on the MoE shape) is
+// about what dense cuBLAS moves with its clusters. On the H200, MoE shape: 1.67-1.73 against
+// 1.86-1.88 ms for gemm_tma_k (same run). Two consumer warpgroups own 128 rows each
+// (two 64-row halves, m64n192k16 per half: 192 fp32 accumulators per thread) and one thread of the
+// producer warpgroup fills the 4-stage ring by TMA; the producer gives up registers (setmaxnreg) so
+// that each consumer thread may hold kXConsRegs. Each output element sums its k16 products in the
+// same order as gemm_tma_k's.
+constexpr int XBM = 256, XBN = 192, kXThreads = 384, kXProdRegs = 40, kXConsRegs = 232;
+static_assert(kXProdRegs + 2 * kXConsRegs <= 512, "per SM sub-partition: one producer and two consumer warps' registers");
+constexpr std::size_t kXSmem = static_cast<std::size_t>(kWgStages) * (XBM + XBN) * WBK * sizeof(__nv_bfloat16) + 1024 +
+                               2 * kWgStages * sizeof(std::uint64_t);
+static_assert(kXSmem <= 227 * 1024 && 2 * 64 * 128 <= kWgStages * XBN * WBK, "the ring fits; the staging buffers fit its B part");
+// A 64 x WN accumulator's columns [128 h, +128) (or fewer) through store_acc_staged.
+template <int WN>
+__device__ __forceinline__ void store_wide_half(const Group<__nv_bfloat16>& g, const float (&acc)[WN / 2], int m_row0, int n0,
+                                                __nv_bfloat16* stg, int bar) {
+  if constexpr (WN <= 128) {
+    store_acc_staged<WN>(g, acc, m_row0, n0, stg, bar);
+  } else {
+    static_assert(WN == 192, "192 = 128 + 64 columns");
+    store_acc_staged<128>(g, *reinterpret_cast<const float(*)[64]>(&acc[0]), m_row0, n0, stg, bar);
+    store_acc_staged<64>(g, *reinterpret_cast<const float(*)[32]>(&acc[64]), m_row0, n0 + 128, stg, bar);
+  }
+}
+template <int WN, bool TA, bool TB, bool kEpi>
+__device__ __forceinline__ void wide_consume(const Group<__nv_bfloat16>& g, const __nv_bfloat16* As, const __nv_bfloat16* Bs,
+                                             std::uint64_t* full, std::uint64_t* empty, int nk, int c, int m0, int n0,
+                                             __nv_bfloat16* stg) {
+  namespace wg = hcp::cuda::wg;
+  float acc0[WN / 2], acc1[WN / 2];
+#pragma unroll
+  for (int i = 0; i < WN / 2; ++i) acc0[i] = acc1[i] = 0.f;
+  // This warpgroup's halves: rows [128 c, +64) and [128 c + 64, +64) of the tile (uniform per warpgroup).
+  const bool live0 = m0 + 128 * c < g.M, live1 = m0 + 128 * c + 64 < g.M;
+  constexpr std::uint64_t kStepA = TA ? 128 : 2, kStepB = TB ? 2 : 128;  // one k16 slice, in 16-byte units
+  for (int kt = 0; kt < nk; ++kt) {
+    const int st = kt % kWgStages;
+    wg::mbar_wait(full + st, (kt / kWgStages) & 1);
+    if (live0) {
+      const __nv_bfloat16* a = As + st * XBM * WBK;
+      const __nv_bfloat16* b = Bs + st * XBN * WBK;
+      const __nv_bfloat16 *a0 = a + (TA ? 2 * c * kWgHalf : 128 * c * WBK), *a1 = a0 + (TA ? kWgHalf : 64 * WBK);
+      const std::uint64_t da0 = TA ? wg::desc_mn128(a0, kWgHalf * sizeof(__nv_bfloat16)) : wg::desc_k128(a0);
+      const std::uint64_t da1 = TA ? wg::desc_mn128(a1, kWgHalf * sizeof(__nv_bfloat16)) : wg::desc_k128(a1);
+      const std::uint64_t db = TB ? wg::desc_k128(b) : wg::desc_mn128(b, kWgHalf * sizeof(__nv_bfloat16));
+      wg::fence();
+      if (live1) {
+#pragma unroll
+        for (int kk = 0; kk < WBK / 16; ++kk) {
+          wg::mma_ss<WN, TA, !TB>(acc0, da0 + kStepA * kk, db + kStepB * kk);
+          wg::mma_ss<WN, TA, !TB>(acc1, da1 + kStepA * kk, db + kStepB * kk);
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < WBK / 16; ++kk) wg::mma_ss<WN, TA, !TB>(acc0, da0 + kStepA * kk, db + kStepB * kk);
+      }
+      wg::commit();
+    }
+    wg::wait<1>();  // the batch on the previous stage has retired: release that stage
+    if (kt > 0 && (threadIdx.x & 31) == 0) wg::mbar_arrive(empty + (kt - 1) % kWgStages);
+  }
+  wg::wait<0>();
+  const int r0 = m0 + 128 * c;
+  if constexpr (kEpi) {
+    asm volatile("bar.sync 3, 256;\n" ::: "memory");  // both warpgroups' products have retired: the ring is idle
+    if (live0) store_wide_half<WN>(g, acc0, r0, n0, stg, 1 + c);
+    if (live1) store_wide_half<WN>(g, acc1, r0 + 64, n0, stg, 1 + c);
+  } else {
+    if (live0) store_acc<WN>(g, acc0, r0, n0);
+    if (live1) store_acc<WN>(g, acc1, r0 + 64, n0);
+  }
+}
+template <bool TA, bool TB, bool kEpi>
+__global__ void __launch_bounds__(kXThreads, 1) gemm_tma_wide_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn,
+                                                                const TensorMap* maps) {
+  namespace wg = hcp::cuda::wg;
+  using bf16 = __nv_bfloat16;
+  extern __shared__ __align__(128) unsigned char tx_sm[];
+  bf16* As = reinterpret_cast<bf16*>(wg::align1024(tx_sm));  // [stage][XBM * WBK]
+  bf16* Bs = As + kWgStages * XBM * WBK;                     // [stage][XBN * WBK]
+  auto* full = reinterpret_cast<std::uint64_t*>(Bs + kWgStages * XBN * WBK);
+  std::uint64_t* empty = full + kWgStages;
+  const Tile tl = tiles[blockIdx.x / ntn];
+  const Group<bf16> g = groups[tl.group];
+  const int m0 = tl.m0, n0 = static_cast<int>(blockIdx.x % ntn) * XBN;
+  if (n0 >= g.N) return;
+  const int nk = static_cast<int>((g.K + WBK - 1) / WBK);
+  if (threadIdx.x == 0)
+    for (int st = 0; st < kWgStages; ++st) {
+      wg::mbar_init(full + st, 1);   // the producer's arrive; the copies complete the bytes
+      wg::mbar_init(empty + st, 8);  // one arrival per consumer warp
+    }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    wg::reg_dealloc<kXProdRegs>();
+    if (threadIdx.x == 0) {
+      const TensorMap* ma = maps + 2 * tl.group;
+      const TensorMap* mb = ma + 1;
+      constexpr unsigned kBytes = (XBM + XBN) * WBK * sizeof(bf16);
+      for (int kt = 0; kt < nk; ++kt) {
+        const int st = kt % kWgStages;
+        if (kt >= kWgStages) wg::mbar_wait(empty + st, ((kt / kWgStages) - 1) & 1);
+        const int k0 = kt * WBK;
+        bf16* a = As + st * XBM * WBK;
+        bf16* b = Bs + st * XBN * WBK;
+        wg::mbar_arrive_expect_tx(full + st, kBytes);
+        if (TA)
+          for (int h = 0; h < XBM / 64; ++h) wg::tma_load_2d(a + h * kWgHalf, ma, m0 + 64 * h, k0, full + st);
+        else
+          wg::tma_load_2d(a, ma, k0, m0, full + st);
+        if (TB)
+          wg::tma_load_2d(b, mb, k0, n0, full + st);
+        else
+          for (int h = 0; h < XBN / 64; ++h) wg::tma_load_2d(b + h * kWgHalf, mb, n0 + 64 * h, k0, full + st);
+      }
+    }
+    return;
+  }
+  wg::reg_alloc<kXConsRegs>();
+  const int c = (threadIdx.x >> 7) - 1;
+  // The tile's last columns on a narrower product (64, 128 or 192 wide).
+  const int w = static_cast<int>(g.N - n0);
+  bf16* stg = Bs + c * 64 * 128;  // kEpi: this warpgroup's [64 * 128] staging buffer, in the idle ring
+  if (w <= 64) wide_consume<64, TA, TB, kEpi>(g, As, Bs, full, empty, nk, c, m0, n0, stg);
+  else if (w <= 128) wide_consume<128, TA, TB, kEpi>(g, As, Bs, full, empty, nk, c, m0, n0, stg);
+  else wide_consume<XBN, TA, TB, kEpi>(g, As, Bs, full, empty, nk, c, m0, n0, stg);
+}
+
 // The driver's tensor-map encoder, found through the runtime (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -609,8 +740,17 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
   // mma.sync kernel (side-by-side timing and testing while the wgmma kernel is new).
   static const bool keep_sync = std::getenv("HCP_GEMM_MMA_SYNC") != nullptr;
   const bool wg = tc && !keep_sync;
-  const int bm = tc ? TBM : BM, bn = wg ? WBN : tc ? TBN : BN;
-  static_assert(WBM == TBM, "the wgmma and mma.sync kernels share the tile list");
+  static const bool cp_async = std::getenv("HCP_GEMM_WG") != nullptr, ws = std::getenv("HCP_GEMM_WS") != nullptr,
+                    tma = !cp_async && !ws;
+  // HCP_GEMM_TMA_CLUSTER set in the environment: clusters of two CTAs sharing B tiles by multicast.
+  // Correct (tests, memcheck) but slower on the H200: 2.77 against 1.92 ms on the MoE benchmark
+  // shape (each pair runs in lockstep, every stage waiting for the slower CTA's release).
+  static const bool mc = std::getenv("HCP_GEMM_TMA_CLUSTER") != nullptr;
+  // 256 x 192 block tiles (gemm_tma_wide_k) unless HCP_GEMM_TMA_128 keeps 128 x 256 (gemm_tma_k).
+  static const bool tma128 = std::getenv("HCP_GEMM_TMA_128") != nullptr;
+  const bool wide = kBf16 && wg && tma && !mc && !tma128;
+  const int bm = wide ? XBM : tc ? TBM : BM, bn = wide ? XBN : wg ? WBN : tc ? TBN : BN;
+  static_assert(WBM == TBM, "the wgmma and mma.sync kernels share the tile list (but for the 256-row wide tiles)");
   std::vector<Group<S>> groups;
   std::vector<Tile> tiles;
   for (const GemmGroupDesc& d : desc) {
@@ -636,13 +776,7 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
     kern<<<static_cast<unsigned>(blocks), threads, smem>>>(args...);
   };
   if constexpr (kBf16) {
-    static const bool cp_async = std::getenv("HCP_GEMM_WG") != nullptr, ws = std::getenv("HCP_GEMM_WS") != nullptr,
-                      tma = !cp_async && !ws;
     if (wg && tma) {
-      // HCP_GEMM_TMA_CLUSTER set in the environment: clusters of two CTAs sharing B tiles by multicast.
-      // Correct (tests, memcheck) but slower on the H200: 2.77 against 1.92 ms on the MoE benchmark
-      // shape (each pair runs in lockstep, every stage waiting for the slower CTA's release).
-      static const bool mc = std::getenv("HCP_GEMM_TMA_CLUSTER") != nullptr;
       // The results leave through a shared-memory staging buffer in 16-byte row stores (1.85 against
       // 1.91-1.95 ms on the MoE benchmark shape, same run); HCP_GEMM_TMA_DIRECT_STORE set in the
       // environment keeps the 4-byte stores straight from the accumulator (as the cluster form does).
@@ -652,8 +786,8 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
       for (std::size_t i = 0; i < groups.size(); ++i) {
         const Group<S>& gr = groups[i];
         if (gr.M <= 0 || gr.K <= 0) continue;
-        maps[2 * i] = TA ? make_map(gr.A, gr.K, gr.M, gr.lda, 64, 64) : make_map(gr.A, gr.M, gr.K, gr.lda, WBM, WBK);
-        maps[2 * i + 1] = TB ? make_map(gr.B, gr.N, gr.K, gr.ldb, mc ? WBN / 2 : WBN, WBK) : make_map(gr.B, gr.K, gr.N, gr.ldb, 64, 64);
+        maps[2 * i] = TA ? make_map(gr.A, gr.K, gr.M, gr.lda, 64, 64) : make_map(gr.A, gr.M, gr.K, gr.lda, bm, WBK);
+        maps[2 * i + 1] = TB ? make_map(gr.B, gr.N, gr.K, gr.ldb, mc ? WBN / 2 : bn, WBK) : make_map(gr.B, gr.K, gr.N, gr.ldb, 64, 64);
       }
       TensorMap* dm = nullptr;
       HCP_CUDA_CHECK(cudaMallocAsync(&dm, maps.size() * sizeof(TensorMap), 0));
@@ -707,6 +841,9 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
         HCP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, static_cast<const Group<S>*>(dg), static_cast<const Tile*>(dp),
                                           static_cast<int>(grid.y), static_cast<const TensorMap*>(dm)));
         HCP_CUDA_CHECK(cudaFreeAsync(dp, 0));
+      } else if (wide) {
+        if (direct) launch_flat(gemm_tma_wide_k<TA, TB, false>, kXThreads, kXSmem, dg, dt, static_cast<int>(grid.y), dm);
+        else launch_flat(gemm_tma_wide_k<TA, TB, true>, kXThreads, kXSmem, dg, dt, static_cast<int>(grid.y), dm);
       } else {
         if (direct)
           launch_flat(gemm_tma_k<TA, TB, false>, kWsThreads, kWsSmem, dg, dt, static_cast<int>(grid.y), dm);

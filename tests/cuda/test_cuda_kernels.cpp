@@ -537,6 +537,46 @@ TEST(CudaKernels, GroupedGemmUnevenGroupsAllTransposes) {
     }
 }
 
+TEST(CudaKernels, GroupedGemmDeepKSeveralTiles) {
+  REQUIRE_GPU();
+  // bf16 on the pipelined kernels with reductions of 8-9 stages (the 4-stage ring wraps twice, a K
+  // tail in the last stage), several M tiles per group (300, 520 and 257 rows: the 256-row tiles'
+  // halves beyond a group, an empty group) and N = 392 (a 256-wide tile and a 136-wide one; two
+  // 192-wide tiles and an 8-wide one), in all four operand layouts.
+  const std::vector<std::int64_t> sizes = {300, 0, 520, 64, 257};
+  const std::int64_t N = 392, other = 456;
+  const DType d = DType::BF16;
+  for (int mode = 0; mode < 4; ++mode) {
+    const bool ta = mode & 1, tb = mode & 2;
+    std::vector<cuda_impl::GemmGroupDesc> desc;
+    std::vector<Tensor> hA, hB, dA, dB, dC;
+    for (std::size_t g = 0; g < sizes.size(); ++g) {
+      const std::int64_t M = ta ? other : sizes[g], K = ta ? sizes[g] : other;
+      hA.push_back(rnd(ta ? Shape{K, M} : Shape{M, K}, 180 + g, d));
+      hB.push_back(rnd(tb ? Shape{N, K} : Shape{K, N}, 190 + g, d));
+      dA.push_back(dev(hA.back()));
+      dB.push_back(dev(hB.back()));
+      const Shape cs{std::max<std::int64_t>(M, 1), N};  // filled with 7: every element must be written
+      dC.push_back(Tensor::from(std::vector<double>(static_cast<std::size_t>(cs[0] * N), 7.0), cs, d).to(Space::Cuda));
+      desc.push_back({dA.back().raw(), dB.back().raw(), dC.back().raw(), M, N, K, ta ? M : K, tb ? K : N, N});
+    }
+    cuda_impl::grouped_gemm(ta, tb, desc, d);
+    for (std::size_t g = 0; g < sizes.size(); ++g) {
+      const std::int64_t M = desc[g].M, K = desc[g].K;
+      if (M == 0) continue;
+      const std::vector<double> a = hA[g].to_vector(), b = hB[g].to_vector();
+      std::vector<double> ref(static_cast<std::size_t>(M * N));
+      for (std::int64_t m = 0; m < M; ++m)
+        for (std::int64_t k = 0; k < K; ++k) {
+          const double av = a[ta ? k * M + m : m * K + k];
+          for (std::int64_t n = 0; n < N; ++n) ref[m * N + n] += av * b[tb ? n * K + k : k * N + n];
+        }
+      expect_match(dC[g], Tensor::from(ref, {M, N}, DType::F64), d,
+                   "grouped gemm (deep K) group " + std::to_string(g) + " ta " + std::to_string(ta) + " tb " + std::to_string(tb));
+    }
+  }
+}
+
 TEST(CudaKernels, SsdStateScanMatchesHost) {
   REQUIRE_GPU();
   // 7 slots: sequence 0 runs through slots 3, 0, 5; sequence 1 is slot 6 alone; sequence 2 runs 1, 4;
