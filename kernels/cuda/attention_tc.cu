@@ -2,8 +2,9 @@
 // Hopper wgmma, or on mma.sync when HCP_ATTN_MMA_SYNC is set in the environment, for side-by-side runs):
 //
 // forward   one block per (query tile, head): wgmma, two warpgroups of 64 rows sharing the K/V tiles
-//           (fwd_wg_k); mma.sync, 4 warps of 32 rows (fwd_k). K/V tiles of 64 keys stream through
-//           shared memory, double-buffered with cp.async; S = Q·K^T and O += P·V on the tensor cores
+//           (fwd_wg_k); mma.sync, 4 warps of 32 rows (fwd_k). K/V tiles of 64 keys (128 in the wgmma
+//           kernel at D = 64: 1.17 against 1.30 ms on the H200) stream through shared memory,
+//           double-buffered with cp.async; S = Q·K^T and O += P·V on the tensor cores
 //           (P stays in registers), online softmax in the exp2 domain, fp32 LSE.
 // backward  deterministic, no atomics: (1) delta = rowsum(dO∘O), a warp per row; (2) dQ: one block
 //           per (query tile, head) recomputing P from the saved LSE and streaming K/V like the
@@ -121,13 +122,13 @@ __device__ __forceinline__ void store_rows(bf16* out, std::int64_t ld, int valid
 // The query tile of a (query tile, head) block of the forward and dQ kernels, and the K/V tiles of its
 // segment streamed through a double buffer in shared memory (cp.async, one tile ahead).
 // kSplit: tiles stored as D/64 blocks [rows][64] (the wgmma 128-byte-swizzle layout), and the async
-// proxy sees the landed tiles (wgmma reads shared memory through it).
-template <int D, int NT, bool kSplit = false> struct QTileStream {
+// proxy sees the landed tiles (wgmma reads shared memory through it). BN: keys per K/V tile.
+template <int D, int NT, bool kSplit = false, int BN = kBN> struct QTileStream {
   SegD g;
   std::int64_t i0, qld, kld;
   int h, qvalid, ntiles;
   const bf16 *kbase, *vbase;
-  bf16 *Ks, *Vs;  // [2][kBN][D] each
+  bf16 *Ks, *Vs;  // [2][BN][D] each
   __device__ QTileStream(const SegD* segs, const QTile* tiles, int H, int Hkv, int bm, bool causal, const bf16* k,
                          const bf16* v, bf16* ks, bf16* vs)
       : Ks(ks), Vs(vs) {
@@ -137,7 +138,7 @@ template <int D, int NT, bool kSplit = false> struct QTileStream {
     g = segs[tl.seg];
     i0 = tl.i0;
     qvalid = static_cast<int>(lmin(bm, g.q_len - i0));
-    ntiles = static_cast<int>((kv_end(g, i0, bm, causal) + kBN - 1) / kBN);
+    ntiles = static_cast<int>((kv_end(g, i0, bm, causal) + BN - 1) / BN);
     qld = static_cast<std::int64_t>(H) * D;
     kld = static_cast<std::int64_t>(Hkv) * D;
     kbase = k + (g.kv_start * Hkv + hk) * D;
@@ -146,17 +147,17 @@ template <int D, int NT, bool kSplit = false> struct QTileStream {
   // Offset of the tile's first row (this head) in q / o / dout.
   __device__ std::int64_t q_offset() const { return (g.q_start + i0) * qld + static_cast<std::int64_t>(h) * D; }
   __device__ void load_kv(int t, int buf) const {
-    const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
-    const int valid = static_cast<int>(lmin(kBN, g.kv_len - j0));
+    const std::int64_t j0 = static_cast<std::int64_t>(t) * BN;
+    const int valid = static_cast<int>(lmin(BN, g.kv_len - j0));
     if constexpr (kSplit) {
 #pragma unroll
       for (int hb = 0; hb < D / 64; ++hb) {
-        load_tile_async<64, NT>(Ks + buf * kBN * D + hb * kBN * 64, kbase + j0 * kld + 64 * hb, kld, kBN, valid);
-        load_tile_async<64, NT>(Vs + buf * kBN * D + hb * kBN * 64, vbase + j0 * kld + 64 * hb, kld, kBN, valid);
+        load_tile_async<64, NT>(Ks + buf * BN * D + hb * BN * 64, kbase + j0 * kld + 64 * hb, kld, BN, valid);
+        load_tile_async<64, NT>(Vs + buf * BN * D + hb * BN * 64, vbase + j0 * kld + 64 * hb, kld, BN, valid);
       }
     } else {
-      load_tile_async<D, NT>(Ks + buf * kBN * D, kbase + j0 * kld, kld, kBN, valid);
-      load_tile_async<D, NT>(Vs + buf * kBN * D, vbase + j0 * kld, kld, kBN, valid);
+      load_tile_async<D, NT>(Ks + buf * BN * D, kbase + j0 * kld, kld, BN, valid);
+      load_tile_async<D, NT>(Vs + buf * BN * D, vbase + j0 * kld, kld, BN, valid);
     }
   }
   // Starts tile 0 (call after the block's own loads, before the first commit).
@@ -192,17 +193,20 @@ template <int D, int NT, bool kWg> __device__ __forceinline__ void load_rows(bf1
     load_tile_async<D, NT>(dst, src, ld, 64, valid);
   }
 }
-// acc (16 rows x kBN per warp) = X · Y^T, X and Y 64 x D tiles (rows: the fragment rows / columns).
-template <int D, bool kWg> __device__ __forceinline__ void mm_xyt(float (&acc)[kBN / 8][4], const bf16* X, int r0, const bf16* Y) {
+// acc (16 rows x BN per warp) = X · Y^T, X a 64 x D and Y a BN x D tile (rows: the fragment rows /
+// columns); BN other than kBN on wgmma only.
+template <int D, bool kWg, int BN = kBN>
+__device__ __forceinline__ void mm_xyt(float (&acc)[BN / 8][4], const bf16* X, int r0, const bf16* Y) {
+  static_assert(kWg || BN == kBN, "the mma.sync products take 64-row tiles");
   zero(acc);
   if constexpr (kWg) {
     namespace wg = hcp::cuda::wg;
-    float(&flat)[kBN / 2] = reinterpret_cast<float(&)[kBN / 2]>(acc);
+    float(&flat)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(acc);
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int hb = kk / 4, ks = kk % 4;  // 64-column block, k16 slice in it (+32 bytes each)
-      wg::mma_ss<kBN, false, false>(flat, wg::desc_k128(X + hb * 64 * 64) + 2 * ks, wg::desc_k128(Y + hb * 64 * 64) + 2 * ks);
+      wg::mma_ss<BN, false, false>(flat, wg::desc_k128(X + hb * 64 * 64) + 2 * ks, wg::desc_k128(Y + hb * BN * 64) + 2 * ks);
     }
     wg::commit();
     wg::wait<0>();
@@ -210,20 +214,21 @@ template <int D, bool kWg> __device__ __forceinline__ void mm_xyt(float (&acc)[k
     mm_abt<D, kBN / 8, 1>(one(acc), X, r0, Y);
   }
 }
-// acc (16 rows x D per warp) += P · Y, P the C fragments of a previous product (16 x kBN per warp), Y a
-// kBN x D tile (rows: the contraction).
-template <int D, bool kWg>
-__device__ __forceinline__ void mm_py(float (&acc)[D / 8][4], const float (&p)[kBN / 8][4], const bf16* Y) {
+// acc (16 rows x D per warp) += P · Y, P the C fragments of a previous product (16 x BN per warp), Y a
+// BN x D tile (rows: the contraction); BN other than kBN on wgmma only.
+template <int D, bool kWg, int BN = kBN>
+__device__ __forceinline__ void mm_py(float (&acc)[D / 8][4], const float (&p)[BN / 8][4], const bf16* Y) {
+  static_assert(kWg || BN == kBN, "the mma.sync products take 64-row tiles");
   if constexpr (kWg) {
     namespace wg = hcp::cuda::wg;
-    unsigned pa[kBN / 16][4];
+    unsigned pa[BN / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) c_to_a(pa[kk], p[2 * kk], p[2 * kk + 1]);
+    for (int kk = 0; kk < BN / 16; ++kk) c_to_a(pa[kk], p[2 * kk], p[2 * kk + 1]);
     float(&flat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(acc);
     wg::fence();  // accumulators and P written by this thread before the products read them
-    const std::uint64_t dy = wg::desc_mn128(Y, 64 * 64 * sizeof(bf16));  // N-major: D/64 blocks [kBN][64]
+    const std::uint64_t dy = wg::desc_mn128(Y, BN * 64 * sizeof(bf16));  // N-major: D/64 blocks [BN][64]
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) wg::mma_rs<D, true>(flat, pa[kk], dy + 128 * kk);  // 16 rows: +2048 bytes
+    for (int kk = 0; kk < BN / 16; ++kk) wg::mma_rs<D, true>(flat, pa[kk], dy + 128 * kk);  // 16 rows: +2048 bytes
     wg::commit();
     wg::wait<0>();
   } else {
@@ -372,19 +377,21 @@ __global__ void __launch_bounds__(NW * 32) fwd_k(bf16* o, float* lse, const bf16
 // wgmma m64n64k16 with both operands in shared memory (K-major), O += P·V is wgmma m64nDk16 with P from
 // registers and V N-major in shared memory. A warpgroup skips the causal tiles past its own rows' last
 // visible key (it still takes part in the block's tile hand-over).
+// BN: keys per K/V tile, 64, or 128 at D = 64 (S then m64n128k16: half the tile hand-overs, product
+// waits and row reductions per key; 80 KB of shared memory, two blocks per SM still).
 constexpr int kWgRows = 128;
-template <int D> constexpr std::size_t fwd_wg_smem() {
-  return static_cast<std::size_t>(kWgRows + 4 * kBN) * D * sizeof(bf16) + 1024;
+template <int D, int BN = kBN> constexpr std::size_t fwd_wg_smem() {
+  return static_cast<std::size_t>(kWgRows + 4 * BN) * D * sizeof(bf16) + 1024;
 }
-template <int D, bool kFtz>
+template <int D, bool kFtz, int BN = kBN>
 __global__ void __launch_bounds__(256, 2) fwd_wg_k(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                                    const SegD* segs, const QTile* tiles, int H, int Hkv, float sl2,
                                                    bool causal) {
-  constexpr int BM = kWgRows, NT = 256, NT8 = kBN / 8;
+  constexpr int BM = kWgRows, NT = 256, NT8 = BN / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(tile_smem<true>(smem_raw));  // [2][D/64][64][64]
-  bf16* Ks = Qs + BM * D;                                          // [2][D/64][kBN][64]
-  const QTileStream<D, NT, true> qt(segs, tiles, H, Hkv, BM, causal, k, v, Ks, Ks + 2 * kBN * D);
+  bf16* Ks = Qs + BM * D;                                          // [2][D/64][BN][64]
+  const QTileStream<D, NT, true, BN> qt(segs, tiles, H, Hkv, BM, causal, k, v, Ks, Ks + 2 * BN * D);
   const SegD& g = qt.g;
   const std::int64_t i0 = qt.i0, qld = qt.qld;
   const int h = qt.h, qvalid = qt.qvalid;
@@ -404,17 +411,17 @@ __global__ void __launch_bounds__(256, 2) fwd_wg_k(bf16* o, float* lse, const bf
 
   for (int t = 0; t < qt.ntiles; ++t) {
     const int buf = qt.acquire(t);
-    const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
+    const std::int64_t j0 = static_cast<std::int64_t>(t) * BN;
     if (j0 < wg_end) {  // uniform over the warpgroup
-      const bf16* Kt = qt.Ks + buf * kBN * D;
-      const bf16* Vt = qt.Vs + buf * kBN * D;
+      const bf16* Kt = qt.Ks + buf * BN * D;
+      const bf16* Vt = qt.Vs + buf * BN * D;
       float s[1][NT8][4];
-      mm_xyt<D, true>(s[0], Qw, r0, Kt);
-      const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
-      const int kv_rem = static_cast<int>(lmin(kBN, g.kv_len - j0));
+      mm_xyt<D, true, BN>(s[0], Qw, r0, Kt);
+      const bool edge = j0 + BN > g.kv_len || (causal && g.kv_pos0 + j0 + BN - 1 > g.q_pos0 + i0 + r0);
+      const int kv_rem = static_cast<int>(lmin(BN, g.kv_len - j0));
       const int diag = causal ? static_cast<int>(lmax(lmin(qp0 - g.kv_pos0 - j0, 1 << 20), -(1 << 20))) : (1 << 20);
       online_softmax<D, NT8, 1, kFtz>(s, mx, l, acc, edge, kv_rem, diag, sl2);
-      mm_py<D, true>(acc[0], s[0], Vt);
+      mm_py<D, true, BN>(acc[0], s[0], Vt);
     }
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
@@ -803,10 +810,19 @@ template <int D> void fwd_d(const Fwd& a) {
     Plan plan(*d.segments, kWgRows, d.tkv, false);
     if (plan.nqtiles == 0) return;
     static const bool exp2f_fwd = std::getenv("HCP_ATTN_FWD_EXP2F") != nullptr;
-    auto* kern = exp2f_fwd ? fwd_wg_k<D, false> : fwd_wg_k<D, true>;
-    set_smem(kern, fwd_wg_smem<D>());
-    kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 256, fwd_wg_smem<D>()>>>(
-        a.o, a.lse, a.q, a.k, a.v, plan.segs, plan.qtiles, d.H, d.Hkv, d.scale * kLog2e, d.causal);
+    // D = 64 on 128-key tiles unless HCP_ATTN_FWD_BN64 keeps 64 (side-by-side runs).
+    static const bool bn64 = std::getenv("HCP_ATTN_FWD_BN64") != nullptr;
+    const auto run = [&](auto kern, std::size_t smem) {
+      set_smem(kern, smem);
+      kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 256, smem>>>(a.o, a.lse, a.q, a.k, a.v, plan.segs, plan.qtiles, d.H,
+                                                                      d.Hkv, d.scale * kLog2e, d.causal);
+    };
+    bool done = false;
+    if constexpr (D == 64) {
+      if (!bn64) run(exp2f_fwd ? fwd_wg_k<D, false, 128> : fwd_wg_k<D, true, 128>, fwd_wg_smem<D, 128>());
+      done = !bn64;
+    }
+    if (!done) run(exp2f_fwd ? fwd_wg_k<D, false> : fwd_wg_k<D, true>, fwd_wg_smem<D>());
     check_launch("attention_fwd (wgmma)");
     return;
   }

@@ -568,12 +568,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_tma_k(const Group<__nv_bfl
 
 // gemm_tma_wide_k (the default): 256 x 192 block tiles. A 128 x 256 stage brings 85 flops per byte
 // from L2, a 256 x 192 one 110; gemm_tma_k's L2 traffic (~7 TB/s at 1.85 ms on the MoE shape) is
-// about what dense cuBLAS moves with its clusters. On the H200, MoE shape: 1.67-1.73 against
-// 1.86-1.88 ms for gemm_tma_k (same run). Two consumer warpgroups own 128 rows each
-// (two 64-row halves, m64n192k16 per half: 192 fp32 accumulators per thread) and one thread of the
+// about what dense cuBLAS moves with its clusters. Two consumer warpgroups own 128 rows each (two
+// 64-row halves, m64n192k16 per half: 192 fp32 accumulators per thread) and one thread of the
 // producer warpgroup fills the 4-stage ring by TMA; the producer gives up registers (setmaxnreg) so
 // that each consumer thread may hold kXConsRegs. Each output element sums its k16 products in the
-// same order as gemm_tma_k's.
+// same order as gemm_tma_k's. On the H200, MoE shape: 1.52 against 1.83 ms for gemm_tma_k (same
+// run). In wide_consume each branch has its own fence / products / commit: with one fence ahead of
+// a branch between both halves and the first alone, ptxas serialised the wgmma batches (warning
+// C7520: a compiler-inserted warpgroup arrive on a divergent path) and the kernel took 1.67-1.73 ms.
 constexpr int XBM = 256, XBN = 192, kXThreads = 384, kXProdRegs = 40, kXConsRegs = 232;
 static_assert(kXProdRegs + 2 * kXConsRegs <= 512, "per SM sub-partition: one producer and two consumer warps' registers");
 constexpr std::size_t kXSmem = static_cast<std::size_t>(kWgStages) * (XBM + XBN) * WBK * sizeof(__nv_bfloat16) + 1024 +
@@ -605,24 +607,24 @@ __device__ __forceinline__ void wide_consume(const Group<__nv_bfloat16>& g, cons
   for (int kt = 0; kt < nk; ++kt) {
     const int st = kt % kWgStages;
     wg::mbar_wait(full + st, (kt / kWgStages) & 1);
-    if (live0) {
-      const __nv_bfloat16* a = As + st * XBM * WBK;
-      const __nv_bfloat16* b = Bs + st * XBN * WBK;
-      const __nv_bfloat16 *a0 = a + (TA ? 2 * c * kWgHalf : 128 * c * WBK), *a1 = a0 + (TA ? kWgHalf : 64 * WBK);
-      const std::uint64_t da0 = TA ? wg::desc_mn128(a0, kWgHalf * sizeof(__nv_bfloat16)) : wg::desc_k128(a0);
-      const std::uint64_t da1 = TA ? wg::desc_mn128(a1, kWgHalf * sizeof(__nv_bfloat16)) : wg::desc_k128(a1);
-      const std::uint64_t db = TB ? wg::desc_k128(b) : wg::desc_mn128(b, kWgHalf * sizeof(__nv_bfloat16));
+    const __nv_bfloat16* a = As + st * XBM * WBK;
+    const __nv_bfloat16* b = Bs + st * XBN * WBK;
+    const __nv_bfloat16 *a0 = a + (TA ? 2 * c * kWgHalf : 128 * c * WBK), *a1 = a0 + (TA ? kWgHalf : 64 * WBK);
+    const std::uint64_t da0 = TA ? wg::desc_mn128(a0, kWgHalf * sizeof(__nv_bfloat16)) : wg::desc_k128(a0);
+    const std::uint64_t da1 = TA ? wg::desc_mn128(a1, kWgHalf * sizeof(__nv_bfloat16)) : wg::desc_k128(a1);
+    const std::uint64_t db = TB ? wg::desc_k128(b) : wg::desc_mn128(b, kWgHalf * sizeof(__nv_bfloat16));
+    if (live1) {
       wg::fence();
-      if (live1) {
 #pragma unroll
-        for (int kk = 0; kk < WBK / 16; ++kk) {
-          wg::mma_ss<WN, TA, !TB>(acc0, da0 + kStepA * kk, db + kStepB * kk);
-          wg::mma_ss<WN, TA, !TB>(acc1, da1 + kStepA * kk, db + kStepB * kk);
-        }
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < WBK / 16; ++kk) wg::mma_ss<WN, TA, !TB>(acc0, da0 + kStepA * kk, db + kStepB * kk);
+      for (int kk = 0; kk < WBK / 16; ++kk) {
+        wg::mma_ss<WN, TA, !TB>(acc0, da0 + kStepA * kk, db + kStepB * kk);
+        wg::mma_ss<WN, TA, !TB>(acc1, da1 + kStepA * kk, db + kStepB * kk);
       }
+      wg::commit();
+    } else if (live0) {
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < WBK / 16; ++kk) wg::mma_ss<WN, TA, !TB>(acc0, da0 + kStepA * kk, db + kStepB * kk);
       wg::commit();
     }
     wg::wait<1>();  // the batch on the previous stage has retired: release that stage

@@ -280,6 +280,9 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
   cases.push_back({4, 2, 128, Mask::Causal, {{0, 200, 0, 200, 0, 0}, {200, 130, 200, 130, 0, 0}}, 330, 330});
   cases.push_back({2, 1, 64, Mask::None, {{0, 150, 0, 260, 0, 0}}, 150, 260});
   cases.push_back({4, 4, 64, Mask::Causal, {{0, 96, 0, 300, 250, 40}, {96, 100, 0, 300, 200, 0}}, 196, 300});
+  // D 64 packed causal with several whole 128-key tiles before the diagonal (the D 64 forward's
+  // 128-key tiles off the edge path) and a 300-token second sequence.
+  cases.push_back({4, 2, 64, Mask::Causal, {{0, 520, 0, 520, 0, 0}, {520, 300, 520, 300, 0, 0}}, 820, 820});
   for (DType d : kTypes)
     for (const auto& c : cases) {
       AttnParams p;
