@@ -495,6 +495,42 @@ TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
     }
 }
 
+namespace {
+// One grouped GEMM on the device against an fp64 reference: groups of sizes[g] rows (M), or reduction
+// lengths (K) when ta (as the weight gradients group them), the other extent `other`, N columns;
+// inputs drawn from seeds seed + g (A) and seed + 10 + g (B); C pre-filled with 7 so that every
+// element must be written.
+void check_grouped_gemm(const std::vector<std::int64_t>& sizes, std::int64_t N, std::int64_t other, DType d, bool ta,
+                        bool tb, unsigned seed, const std::string& what) {
+  std::vector<cuda_impl::GemmGroupDesc> desc;
+  std::vector<Tensor> hA, hB, dA, dB, dC;
+  for (std::size_t g = 0; g < sizes.size(); ++g) {
+    const std::int64_t M = ta ? other : sizes[g], K = ta ? sizes[g] : other;
+    hA.push_back(rnd(ta ? Shape{K, M} : Shape{M, K}, seed + g, d));
+    hB.push_back(rnd(tb ? Shape{N, K} : Shape{K, N}, seed + 10 + g, d));
+    dA.push_back(dev(hA.back()));
+    dB.push_back(dev(hB.back()));
+    const Shape cs{std::max<std::int64_t>(M, 1), N};
+    dC.push_back(Tensor::from(std::vector<double>(static_cast<std::size_t>(cs[0] * N), 7.0), cs, d).to(Space::Cuda));
+    desc.push_back({dA.back().raw(), dB.back().raw(), dC.back().raw(), M, N, K, ta ? M : K, tb ? K : N, N});
+  }
+  cuda_impl::grouped_gemm(ta, tb, desc, d);
+  for (std::size_t g = 0; g < sizes.size(); ++g) {
+    const std::int64_t M = desc[g].M, K = desc[g].K;
+    if (M == 0) continue;
+    const std::vector<double> a = hA[g].to_vector(), b = hB[g].to_vector();
+    std::vector<double> ref(static_cast<std::size_t>(M * N));
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t k = 0; k < K; ++k) {
+        const double av = a[ta ? k * M + m : m * K + k];
+        for (std::int64_t n = 0; n < N; ++n) ref[m * N + n] += av * b[tb ? n * K + k : k * N + n];
+      }
+    expect_match(dC[g], Tensor::from(ref, {M, N}, DType::F64), d,
+                 what + " group " + std::to_string(g) + " ta " + std::to_string(ta) + " tb " + std::to_string(tb));
+  }
+}
+}  // namespace
+
 TEST(CudaKernels, GroupedGemmUnevenGroupsAllTransposes) {
   REQUIRE_GPU();
   // Groups with 0, 1, 70, 131 and 9 rows (M) or reduction lengths (K). N = 100 / other = 45 take the
@@ -504,40 +540,9 @@ TEST(CudaKernels, GroupedGemmUnevenGroupsAllTransposes) {
   // (N = 384) wide, a K tail inside a 64-deep stage; for the TMA kernel's clusters, pairs of tiles
   // sharing B (131 rows, other = 136 / 200), pairs of two groups' odd tiles and an odd tile left with
   // an idle partner (70, 1 and 9 rows; other = 72).
-  const std::vector<std::int64_t> sizes = {70, 0, 131, 1, 9};
   for (auto [N, other] : {std::pair<std::int64_t, std::int64_t>{100, 45}, {136, 200}, {392, 136}, {320, 72}, {384, 136}})
-  for (DType d : kTypes)
-    for (int mode = 0; mode < 4; ++mode) {
-      const bool ta = mode & 1, tb = mode & 2;
-      std::vector<cuda_impl::GemmGroupDesc> desc;
-      std::vector<Tensor> hA, hB, dA, dB, dC;
-      for (std::size_t g = 0; g < sizes.size(); ++g) {
-        // Even modes group M (rows), odd modes group K (as the weight gradients do).
-        const std::int64_t M = ta ? other : sizes[g], K = ta ? sizes[g] : other;
-        hA.push_back(rnd(ta ? Shape{K, M} : Shape{M, K}, 60 + g, d));
-        hB.push_back(rnd(tb ? Shape{N, K} : Shape{K, N}, 70 + g, d));
-        dA.push_back(dev(hA.back()));
-        dB.push_back(dev(hB.back()));
-        const Shape cs{std::max<std::int64_t>(M, 1), N};  // filled with 7: every element must be written
-        dC.push_back(Tensor::from(std::vector<double>(static_cast<std::size_t>(cs[0] * N), 7.0), cs, d).to(Space::Cuda));
-        desc.push_back({dA.back().raw(), dB.back().raw(), dC.back().raw(), M, N, K, ta ? M : K, tb ? K : N, N});
-      }
-      cuda_impl::grouped_gemm(ta, tb, desc, d);
-      for (std::size_t g = 0; g < sizes.size(); ++g) {
-        const std::int64_t M = desc[g].M, K = desc[g].K;
-        if (M == 0) continue;
-        Tensor ref = Tensor::zeros({M, N}, DType::F64);
-        for (std::int64_t m = 0; m < M; ++m)
-          for (std::int64_t n = 0; n < N; ++n) {
-            double s = 0;
-            for (std::int64_t k = 0; k < K; ++k)
-              s += hA[g].get(ta ? k * M + m : m * K + k) * hB[g].get(tb ? n * K + k : k * N + n);
-            ref.set(m * N + n, s);
-          }
-        expect_match(dC[g], ref, d,
-                     "grouped gemm group " + std::to_string(g) + " ta " + std::to_string(ta) + " tb " + std::to_string(tb));
-      }
-    }
+    for (DType d : kTypes)
+      for (int mode = 0; mode < 4; ++mode) check_grouped_gemm({70, 0, 131, 1, 9}, N, other, d, mode & 1, mode & 2, 60, "grouped gemm");
 }
 
 TEST(CudaKernels, GroupedGemmDeepKSeveralTiles) {
@@ -546,38 +551,8 @@ TEST(CudaKernels, GroupedGemmDeepKSeveralTiles) {
   // tail in the last stage), several M tiles per group (300, 520 and 257 rows: the 256-row tiles'
   // halves beyond a group, an empty group) and N = 392 (a 256-wide tile and a 136-wide one; two
   // 192-wide tiles and an 8-wide one), in all four operand layouts.
-  const std::vector<std::int64_t> sizes = {300, 0, 520, 64, 257};
-  const std::int64_t N = 392, other = 456;
-  const DType d = DType::BF16;
-  for (int mode = 0; mode < 4; ++mode) {
-    const bool ta = mode & 1, tb = mode & 2;
-    std::vector<cuda_impl::GemmGroupDesc> desc;
-    std::vector<Tensor> hA, hB, dA, dB, dC;
-    for (std::size_t g = 0; g < sizes.size(); ++g) {
-      const std::int64_t M = ta ? other : sizes[g], K = ta ? sizes[g] : other;
-      hA.push_back(rnd(ta ? Shape{K, M} : Shape{M, K}, 180 + g, d));
-      hB.push_back(rnd(tb ? Shape{N, K} : Shape{K, N}, 190 + g, d));
-      dA.push_back(dev(hA.back()));
-      dB.push_back(dev(hB.back()));
-      const Shape cs{std::max<std::int64_t>(M, 1), N};  // filled with 7: every element must be written
-      dC.push_back(Tensor::from(std::vector<double>(static_cast<std::size_t>(cs[0] * N), 7.0), cs, d).to(Space::Cuda));
-      desc.push_back({dA.back().raw(), dB.back().raw(), dC.back().raw(), M, N, K, ta ? M : K, tb ? K : N, N});
-    }
-    cuda_impl::grouped_gemm(ta, tb, desc, d);
-    for (std::size_t g = 0; g < sizes.size(); ++g) {
-      const std::int64_t M = desc[g].M, K = desc[g].K;
-      if (M == 0) continue;
-      const std::vector<double> a = hA[g].to_vector(), b = hB[g].to_vector();
-      std::vector<double> ref(static_cast<std::size_t>(M * N));
-      for (std::int64_t m = 0; m < M; ++m)
-        for (std::int64_t k = 0; k < K; ++k) {
-          const double av = a[ta ? k * M + m : m * K + k];
-          for (std::int64_t n = 0; n < N; ++n) ref[m * N + n] += av * b[tb ? n * K + k : k * N + n];
-        }
-      expect_match(dC[g], Tensor::from(ref, {M, N}, DType::F64), d,
-                   "grouped gemm (deep K) group " + std::to_string(g) + " ta " + std::to_string(ta) + " tb " + std::to_string(tb));
-    }
-  }
+  for (int mode = 0; mode < 4; ++mode)
+    check_grouped_gemm({300, 0, 520, 64, 257}, 392, 456, DType::BF16, mode & 1, mode & 2, 180, "grouped gemm (deep K)");
 }
 
 TEST(CudaKernels, SsdStateScanMatchesHost) {
