@@ -7,8 +7,8 @@
 // shared memory (gemm_tma_wide_k). Set in the environment for side-by-side timing:
 // HCP_GEMM_TMA_DIRECT_STORE stores from the accumulators instead, HCP_GEMM_TMA_128 runs the
 // 128x256x64 form (gemm_tma_k, consumer warpgroups of 64 rows), HCP_GEMM_TMA_CLUSTER that form in
-// clusters of two sharing B by multicast, HCP_GEMM_WG selects the 4-stage cp.async pipeline with block barriers (gemm_wg_k),
-// HCP_GEMM_WS its warp-specialised form (gemm_ws_k), HCP_GEMM_MMA_SYNC the earlier 128x128x64
+// clusters of two sharing B by multicast, HCP_GEMM_WG selects the 4-stage cp.async pipeline with
+// block barriers (gemm_wg_k), HCP_GEMM_WS its warp-specialised form (gemm_ws_k), HCP_GEMM_MMA_SYNC the earlier 128x128x64
 // mma.sync kernel (4 warps of 64x64, ldmatrix, 3 stages); otherwise WMMA 16x16x16 tiles loaded
 // element-wise. fp32/fp64 run on FMA with 4x4 register tiles. Every output element has one owner and
 // a fixed K order: bitwise repeatable, no atomics. A group with K = 0 writes zeros (an expert that
@@ -416,7 +416,8 @@ static_assert(kWsSmem + kStgSmem <= 227 * 1024, "the ring and the staging buffer
 // (the 128-byte swizzle of the wgmma layouts, zeros beyond each group's extents) that complete the
 // stage's `full` barrier by their byte count. maps[2 g], maps[2 g + 1]: group g's A and B, boxes of
 // [128 rows][64 k] (A K-major), [64 k][64 m] (A M-major), [256 rows][64 k] (B K-major), [64 k][64 n]
-// (B N-major). Same tiles and accumulation order as gemm_wg_k (the same bits). HCP_GEMM_TMA_128.
+// (B N-major); gemm_tma_wide_k's K-major boxes are [256 rows][64 k] (A) and [192 rows][64 k] (B).
+// Same tiles and accumulation order as gemm_wg_k (the same bits). HCP_GEMM_TMA_128.
 struct alignas(64) TensorMap {
   unsigned char bytes[128];
 };

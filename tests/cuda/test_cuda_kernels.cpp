@@ -536,8 +536,8 @@ TEST(CudaKernels, GroupedGemmUnevenGroupsAllTransposes) {
   // Groups with 0, 1, 70, 131 and 9 rows (M) or reduction lengths (K). N = 100 / other = 45 take the
   // element-wise path; the rest (multiples of 8) take the pipelined bf16 tensor-core path in three of
   // the four modes: partial M/N tiles, a 128-row tile whose second 64 rows lie beyond the group, two N
-  // tiles of the 256-wide wgmma kernel whose second is multiplied 256 (N = 392), 64 (N = 320) or 128
-  // (N = 384) wide, a K tail inside a 64-deep stage; for the TMA kernel's clusters, pairs of tiles
+  // tiles of the 256-wide wgmma kernels whose second is multiplied 256 (N = 392), 64 (N = 320) or 128
+  // (N = 384) wide (the 192-wide default: 64, 128 and full last tiles), a K tail inside a 64-deep stage; for the TMA kernel's clusters, pairs of tiles
   // sharing B (131 rows, other = 136 / 200), pairs of two groups' odd tiles and an odd tile left with
   // an idle partner (70, 1 and 9 rows; other = 72).
   for (auto [N, other] : {std::pair<std::int64_t, std::int64_t>{100, 45}, {136, 200}, {392, 136}, {320, 72}, {384, 136}})
