@@ -421,6 +421,25 @@ static_assert(kWsSmem + kStgSmem <= 227 * 1024, "the ring and the staging buffer
 struct alignas(64) TensorMap {
   unsigned char bytes[128];
 };
+// The TMA producers' copies of one stage (k0: its first k), completing `bar`: A rows [m0, m0 + kBM)
+// as one [kBM rows][64 k] box (K-major) or kBM / 64 boxes [64 k][64 m] (M-major, TA); B columns
+// [n0, n0 + kBN) as kParts boxes of [kBN / kParts rows][64 k] (K-major, TB: the cluster form's map
+// holds half tiles) or kBN / 64 boxes [64 k][64 n] (N-major).
+template <int kBM, bool TA>
+__device__ __forceinline__ void tma_stage_a(__nv_bfloat16* a, const TensorMap* ma, int m0, int k0, std::uint64_t* bar) {
+  if (TA)
+    for (int h = 0; h < kBM / 64; ++h) hcp::cuda::wg::tma_load_2d(a + h * kWgHalf, ma, m0 + 64 * h, k0, bar);
+  else
+    hcp::cuda::wg::tma_load_2d(a, ma, k0, m0, bar);
+}
+template <int kBN, int kParts, bool TB>
+__device__ __forceinline__ void tma_stage_b(__nv_bfloat16* b, const TensorMap* mb, int n0, int k0, std::uint64_t* bar) {
+  if (TB)
+    for (int h = 0; h < kParts; ++h)
+      hcp::cuda::wg::tma_load_2d(b + h * (kBN / kParts) * WBK, mb, k0, n0 + h * (kBN / kParts), bar);
+  else
+    for (int h = 0; h < kBN / 64; ++h) hcp::cuda::wg::tma_load_2d(b + h * kWgHalf, mb, n0 + 64 * h, k0, bar);
+}
 // store_acc through shared memory: stg is this warpgroup's [64][128] bf16 buffer, its 16-byte chunks
 // XOR-swizzled by row (chunk q of row r at q ^ (r & 7)) so that both the fragment writes (8 rows, one
 // chunk each) and the row reads are free of bank conflicts; bar: the warpgroup's named barrier.
@@ -534,21 +553,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_tma_k(const Group<__nv_bfl
         bf16* a = As + st * WBM * WBK;
         bf16* b = Bs + st * WBN * WBK;
         wg::mbar_arrive_expect_tx(full + st, kBytes);
-        if (TA)
-          for (int h = 0; h < WBM / 64; ++h) wg::tma_load_2d(a + h * kWgHalf, ma, m0 + 64 * h, k0, full + st);
-        else
-          wg::tma_load_2d(a, ma, k0, m0, full + st);
+        tma_stage_a<WBM, TA>(a, ma, m0, k0, full + st);
         if (shared) {  // this CTA's half of B (its 64-column blocks [hb, hb + WBN / 128)), into both CTAs
           const int hb = static_cast<int>(rank) * (WBN / 128);
           if (TB)
             wg::tma_load_2d_mc(b + hb * kWgHalf, mb, k0, n0 + 64 * hb, full + st, 3);
           else
             for (int h = hb; h < hb + WBN / 128; ++h) wg::tma_load_2d_mc(b + h * kWgHalf, mb, n0 + 64 * h, k0, full + st, 3);
-        } else if (TB) {
-          for (int h = 0; h < (kMc ? 2 : 1); ++h)  // with clusters the map's box is half the tile
-            wg::tma_load_2d(b + h * (WBN / (kMc ? 2 : 1)) * WBK, mb, k0, n0 + h * (WBN / (kMc ? 2 : 1)), full + st);
         } else {
-          for (int h = 0; h < WBN / 64; ++h) wg::tma_load_2d(b + h * kWgHalf, mb, n0 + 64 * h, k0, full + st);
+          tma_stage_b<WBN, kMc ? 2 : 1, TB>(b, mb, n0, k0, full + st);  // with clusters the map's box is half the tile
         }
       }
     }
@@ -677,14 +690,8 @@ __global__ void __launch_bounds__(kXThreads, 1) gemm_tma_wide_k(const Group<__nv
         bf16* a = As + st * XBM * WBK;
         bf16* b = Bs + st * XBN * WBK;
         wg::mbar_arrive_expect_tx(full + st, kBytes);
-        if (TA)
-          for (int h = 0; h < XBM / 64; ++h) wg::tma_load_2d(a + h * kWgHalf, ma, m0 + 64 * h, k0, full + st);
-        else
-          wg::tma_load_2d(a, ma, k0, m0, full + st);
-        if (TB)
-          wg::tma_load_2d(b, mb, k0, n0, full + st);
-        else
-          for (int h = 0; h < XBN / 64; ++h) wg::tma_load_2d(b + h * kWgHalf, mb, n0 + 64 * h, k0, full + st);
+        tma_stage_a<XBM, TA>(a, ma, m0, k0, full + st);
+        tma_stage_b<XBN, 1, TB>(b, mb, n0, k0, full + st);
       }
     }
     return;
