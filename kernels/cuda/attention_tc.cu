@@ -817,12 +817,9 @@ template <int D> void fwd_d(const Fwd& a) {
       kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 256, smem>>>(a.o, a.lse, a.q, a.k, a.v, plan.segs, plan.qtiles, d.H,
                                                                       d.Hkv, d.scale * kLog2e, d.causal);
     };
-    bool done = false;
-    if constexpr (D == 64) {
-      if (!bn64) run(exp2f_fwd ? fwd_wg_k<D, false, 128> : fwd_wg_k<D, true, 128>, fwd_wg_smem<D, 128>());
-      done = !bn64;
-    }
-    if (!done) run(exp2f_fwd ? fwd_wg_k<D, false> : fwd_wg_k<D, true>, fwd_wg_smem<D>());
+    constexpr int kBnD = D == 64 ? 128 : kBN;  // keys per tile (D = 128: the 64-key kernel either way)
+    if (!bn64) run(exp2f_fwd ? fwd_wg_k<D, false, kBnD> : fwd_wg_k<D, true, kBnD>, fwd_wg_smem<D, kBnD>());
+    else run(exp2f_fwd ? fwd_wg_k<D, false> : fwd_wg_k<D, true>, fwd_wg_smem<D>());
     check_launch("attention_fwd (wgmma)");
     return;
   }
