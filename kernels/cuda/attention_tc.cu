@@ -6,12 +6,14 @@
 //           kernel at D = 64: 1.17 against 1.30 ms on the H200) stream through shared memory,
 //           double-buffered with cp.async; S = Q·K^T and O += P·V on the tensor cores
 //           (P stays in registers), online softmax in the exp2 domain, fp32 LSE.
-// backward  deterministic, no atomics: (1) delta = rowsum(dO∘O), a warp per row; (2) dQ: one block
-//           per (query tile, head) recomputing P from the saved LSE and streaming K/V like the
+// backward  deterministic: (1) delta = rowsum(dO∘O), a warp per row; split (D = 64): (2) dQ: one
+//           block per (query tile, head) recomputing P from the saved LSE and streaming K/V like the
 //           forward; (3) dK/dV: one block per (tile of 16·NW keys on the kv token axis, kv head),
 //           visiting every (segment, head of the group, query tile) that can see its keys in a fixed
-//           order, with Q/dO/LSE/delta double-buffered. Every output element has one owner and one
-//           summation order: bitwise repeatable.
+//           order, with Q/dO/LSE/delta double-buffered. Fused (D = 128): the dK/dV kernel on 128-key
+//           tiles also forms dS·K per job and a dQ warp adds it to an fp32 accumulator by L2 bulk
+//           reductions, key tile after key tile in a fixed order (per-block counters), then (4) one
+//           pass converts dQ to bf16. Every output element has one summation order: bitwise repeatable.
 // Segments are the host kernels' (q/kv ranges with position offsets; causal: kv_pos0 + j <= q_pos0 + i),
 // so varlen THD batches and every CP strategy's blocks run on this path unchanged. Rows without a
 // visible key get o = 0, lse = -inf (the caller pre-fills rows no segment covers).
@@ -450,8 +452,9 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
                                                 const float* delta, const bf16* dout, const SegD* segs,
                                                 const QTile* tiles, int H, int Hkv, float sl2, float scale,
                                                 bool causal) {
+  // NW = 8 (wgmma only): two warpgroups of 64 query rows sharing each K/V tile, as in the forward.
   constexpr int BM = 16 * NW, NT = 32 * NW, NT8 = kBN / 8;
-  static_assert(BM == 64 && kBN == 64, "the product helpers take 64-row tiles");
+  static_assert(kBN == 64 && (BM == 64 || (kWg && BM == 128)), "the product helpers take 64-row tiles");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(tile_smem<kWg>(smem_raw));
   bf16* dOs = Qs + BM * D;
@@ -460,13 +463,20 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
   const SegD& g = qt.g;
   const std::int64_t i0 = qt.i0, qld = qt.qld, qoff = qt.q_offset();
   const int h = qt.h, qvalid = qt.qvalid;
-  load_rows<D, NT, kWg>(Qs, q + qoff, qld, qvalid);
-  load_rows<D, NT, kWg>(dOs, dout + qoff, qld, qvalid);
+#pragma unroll
+  for (int w = 0; w < BM / 64; ++w) {
+    load_rows<D, NT, kWg>(Qs + w * 64 * D, q + qoff + w * 64 * qld, qld, qvalid - 64 * w);
+    load_rows<D, NT, kWg>(dOs + w * 64 * D, dout + qoff + w * 64 * qld, qld, qvalid - 64 * w);
+  }
   qt.start();
   cp_async_commit();
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3, wgi = warp >> 2;
   const int r0 = warp * 16;
+  // This warpgroup's 64 rows of Q and dO, and its last visible key (it skips the tiles past it).
+  const bf16* Qw = Qs + wgi * 64 * D;
+  const bf16* dOw = dOs + wgi * 64 * D;
+  const std::int64_t wg_end = BM == 64 ? g.kv_len : qvalid > 64 * wgi ? kv_end(g, i0 + 64 * wgi, 64, causal) : 0;
   float L[2], Dl[2];
   std::int64_t qp[2];
 #pragma unroll
@@ -483,10 +493,11 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
     const int buf = qt.acquire(t);
     const bf16* Kt = qt.Ks + buf * kBN * D;
     const bf16* Vt = qt.Vs + buf * kBN * D;
-    float s[NT8][4], dp[NT8][4];
-    mm_xyt<D, kWg>(s, Qs, r0, Kt);
-    mm_xyt<D, kWg>(dp, dOs, r0, Vt);
     const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
+    if (j0 < wg_end) {  // uniform over the warpgroup (always true with one warpgroup)
+    float s[NT8][4], dp[NT8][4];
+    mm_xyt<D, kWg>(s, Qw, r0, Kt);
+    mm_xyt<D, kWg>(dp, dOw, r0, Vt);
     const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
 #pragma unroll
     for (int nt = 0; nt < NT8; ++nt)
@@ -501,16 +512,13 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
         s[nt][e] = p * (dp[nt][e] - Dl[hf]);  // dS (unscaled)
       }
     mm_py<D, kWg>(acc, s, Kt);
+    }
     __syncthreads();
   }
   store_rows<D>(dq + qoff, qld, qvalid, r0, acc, scale, scale);
 }
 
-// The fused dQ's share of one (key tile, query block) job: acc = dS·K (dS^T in dSs as the M-major A
-// operand, K N-major), then, once the key tile before this one in the segment has added its share
-// (the counter of the block equals `rank`, the key tile's index from the segment's first), acc is
-// added to dq_acc rows [i, i + 64) of head h and the counter advanced. One thread waits (bounded:
-// a stuck order traps instead of hanging); the adds are L2 reductions.
+// The fused backward's dQ: ordered fp32 adds of each job's dS·K to dq_acc by a dQ warp (below).
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -519,47 +527,30 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 __device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ void red_add2(float* p, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+// dst[0, bytes) += src[0, bytes) (fp32, an L2 reduction by the bulk-copy engine; 16-byte aligned, bytes % 16 == 0).
+__device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, unsigned bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(src));
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(s), "r"(bytes)
+               : "memory");
 }
-template <int D>
-__device__ __forceinline__ void add_dq(float* dq_acc, unsigned* dq_sem, const bf16* dSs, const bf16* Ks, const SegD& g,
-                                       std::int64_t i, int h, int H, unsigned rank) {
-  namespace wg = hcp::cuda::wg;
-  wg::fence_proxy_async();  // this thread's dS^T stores, before the async proxy reads them
-  __syncthreads();
-  float acc[D / 2];
-#pragma unroll
-  for (int x = 0; x < D / 2; ++x) acc[x] = 0.f;
-  wg::fence();
-  const std::uint64_t da = wg::desc_mn128(dSs, 64 * 64 * sizeof(bf16)), db = wg::desc_mn128(Ks, 64 * 64 * sizeof(bf16));
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wg::mma_ss<D, true, true>(acc, da + 128 * kk, db + 128 * kk);  // 16 keys: +2048 bytes
-  wg::commit();
-  wg::wait<0>();
-  unsigned* sem = dq_sem + (g.dq_blk + i / 64) * H + h;
-  if (threadIdx.x == 0) {
-    long long spins = 0;
-    while (ld_acquire(sem) != rank)
-      if (++spins > (1ll << 24)) __trap();  // an order that never comes: fail instead of hanging
-  }
-  __syncthreads();
-  const int lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3, r0 = (threadIdx.x >> 5) * 16;
-  const int valid = static_cast<int>(lmin(64, g.q_len - i));
-  float* base = dq_acc + ((g.q_start + i) * H + h) * static_cast<std::int64_t>(D);
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int r = r0 + gr + 8 * hf;
-    if (r < valid)
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) red_add2(base + static_cast<std::int64_t>(r) * H * D + 8 * j + 2 * tg, acc[4 * j + 2 * hf], acc[4 * j + 2 * hf + 1]);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    st_release(sem, rank + 1);
-  }
-}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Named barriers of the fused kernel (0 is __syncthreads): the consumers' own, and per dQ buffer an
+// "empty" and a "full" one between the consumers and the dQ warp.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+constexpr int kBarCons = 1, kBarEmpty = 2, kBarFull = 4;  // +buffer for the last two
+// Registers per thread of the fused kernel's dQ warpgroup and consumers. The block starts at 168 per
+// thread (65536 / 384, in steps of 8) and the consumers can only take what the dQ warpgroup gives
+// up: 2 (cons - 168) <= 168 - warp. (With 32 and 240 the H200 run stalled: every dQ warp trapped
+// waiting for its predecessor's counter, as consumers blocked in setmaxnreg.inc would make it.)
+// ptxas reports for this kernel (C7508) "'setmaxnreg' ignored; unable to determine register count at
+// entry": the launch bounds give no block count. Branch wip/fused-next gives the fused kernel its own
+// launch bounds with one (the note goes away); not yet run on a GPU.
+constexpr int kDqWarpRegs = 24, kDqConsRegs = 240;
+static_assert(2 * (kDqConsRegs - 168) <= 168 - kDqWarpRegs, "setmaxnreg: the consumers take what the dQ warpgroup frees");
 
 // dq = bf16(dq_acc · scale), the fused backward's last step.
 __global__ void dq_out_k(bf16* dq, const float* acc, std::int64_t n, float scale) {
@@ -571,20 +562,26 @@ __global__ void dq_out_k(bf16* dq, const float* acc, std::int64_t n, float scale
 }
 
 // Work list of one kv tile: the segments that hold any of its keys (CSR over tiles).
-// kDq (wgmma only): the kernel also forms dQ's share of its key tile, dS·K, and adds it in fp32 to
-// dq_acc [tq][H][D] in a fixed order — key tile by key tile, ascending — by waiting on a per (segment
-// 64-row block, head) counter that the previous key tile of the segment advanced: bitwise repeatable
-// like the separate dQ kernel, with 5 products per tile pair instead of 7.
+// NW = 8: 128 keys per block, two warpgroups of 64 keys sharing each Q/dO job.
+// kDq (the fused backward; wgmma, NW = 8): the kernel also forms dQ's share of its key tile, dS·K
+// (the consumers write dS^T to shared memory and multiply it by K, one warpgroup per 64 columns of
+// D), and a dQ warp (a fourth warpgroup that gives its registers to the consumers) adds it in fp32 to
+// dq_acc [tq][H][D] by bulk L2 reductions, in a fixed order — key tile by key tile, ascending — by
+// waiting on a per (segment 64-row block, head) counter that the previous key tile of the segment
+// advanced. Two fp32 buffers let the consumers run a job ahead of the adds. The jobs run from the
+// last query block down (heads innermost), so that neighbouring key tiles reach a block at about the
+// same time. Bitwise repeatable like the separate dQ kernel, with 5 products per tile pair instead of 7.
 template <int D, int NW, bool kWg, bool kDq = false>
-__global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
+__global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
                                                  const float* lse, const float* delta, const bf16* dout,
                                                  const SegD* segs, const std::int64_t* tile_off,
                                                  const std::int64_t* tile_segs, std::int64_t tkv, int H, int Hkv,
                                                  float sl2, float scale, bool causal, bool mask_all, float* dq_acc,
                                                  unsigned* dq_sem) {
   constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
-  static_assert(BNk == 64 && BQ == 64, "the product helpers take 64-row tiles");
-  static_assert(!kDq || kWg, "the fused dQ takes the wgmma products");
+  static_assert(BQ == 64 && (BNk == 64 || (kWg && BNk == 128)), "the product helpers take 64-row tiles");
+  static_assert(!kDq || (kWg && BNk == 128), "the fused dQ: wgmma products, 128-key tiles");
+  constexpr int kDqLd = D + 8;  // fp32 row stride of a dQ buffer (8 pad floats: conflict-free stores)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Ks = reinterpret_cast<bf16*>(tile_smem<kWg>(smem_raw));
   bf16* Vs = Ks + BNk * D;
@@ -593,13 +590,19 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
   bf16* dSs = dOs + 2 * BQ * D;  // kDq: dS^T [BNk keys][BQ queries], the M-major A operand of dS·K
   float* Ls = reinterpret_cast<float*>(dSs + (kDq ? BNk * BQ : 0));  // [2][BQ]
   float* Ds = Ls + 2 * BQ;                                 // [2][BQ]
+  float* dQs = Ds + 2 * BQ;                                // kDq: [2][BQ][kDqLd] fp32
   const std::int64_t tile = blockIdx.x / Hkv;
   const int hk = blockIdx.x % Hkv, grp = H / Hkv;
   const std::int64_t c0 = tile * BNk;
   const int kvalid = static_cast<int>(lmin(BNk, tkv - c0));
   const std::int64_t kld = static_cast<std::int64_t>(Hkv) * D, qld = static_cast<std::int64_t>(H) * D;
-  load_rows<D, NT, kWg>(Ks, k + (c0 * Hkv + hk) * D, kld, kvalid);
-  load_rows<D, NT, kWg>(Vs, v + (c0 * Hkv + hk) * D, kld, kvalid);
+  if (!kDq || threadIdx.x < NT) {  // the consumers load (kDq: the dQ warpgroup has threads from NT)
+#pragma unroll
+    for (int w = 0; w < BNk / 64; ++w) {
+      load_rows<D, NT, kWg>(Ks + w * 64 * D, k + ((c0 + 64 * w) * Hkv + hk) * D, kld, kvalid - 64 * w);
+      load_rows<D, NT, kWg>(Vs + w * 64 * D, v + ((c0 + 64 * w) * Hkv + hk) * D, kld, kvalid - 64 * w);
+    }
+  }
 
   // Jobs: (segment s of this tile's list, head h of the group, query tile starting at i).
   struct Job {
@@ -614,21 +617,98 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
     // kDq: jobs on the segment's 64-row blocks, so that every key tile adds to the same blocks.
     return i < 0 ? 0 : kDq ? i / BQ * BQ : i;
   };
-  // Advance to the next job at or after (s, h, i) that has rows; false when none is left.
-  auto settle = [&](Job& jb) -> bool {
-    while (jb.s < s_hi) {
-      const SegD g = segs[tile_segs[jb.s]];
-      if (jb.i < g.q_len) return true;
-      if (++jb.h < grp) {
-        jb.i = first_row(g);
-        continue;
-      }
-      ++jb.s;
-      jb.h = 0;
-      if (jb.s < s_hi) jb.i = first_row(segs[tile_segs[jb.s]]);
-    }
-    return false;
+  auto last_block = [&](std::int64_t s) -> std::int64_t {  // kDq: the segment's last 64-row block (-1: none)
+    const std::int64_t n = segs[tile_segs[s]].q_len;
+    return n > 0 ? (n - 1) / BQ * BQ : -1;
   };
+  // The first job at or after jb (in this kernel's order) that has rows; false when none is left.
+  // Not fused: segments ascending, heads, query tiles ascending. kDq: segments descending, 64-row
+  // blocks descending, heads ascending (the key tiles of a segment visit a prefix of its blocks from
+  // the top, each block once per head).
+  auto settle = [&](Job& jb) -> bool {
+    if constexpr (kDq) {
+      while (jb.s >= s_lo) {
+        if (jb.i >= 0 && jb.i >= first_row(segs[tile_segs[jb.s]])) return true;
+        if (--jb.s >= s_lo) {
+          jb.i = last_block(jb.s);
+          jb.h = 0;
+        }
+      }
+      return false;
+    } else {
+      while (jb.s < s_hi) {
+        const SegD g = segs[tile_segs[jb.s]];
+        if (jb.i < g.q_len) return true;
+        if (++jb.h < grp) {
+          jb.i = first_row(g);
+          continue;
+        }
+        ++jb.s;
+        jb.h = 0;
+        if (jb.s < s_hi) jb.i = first_row(segs[tile_segs[jb.s]]);
+      }
+      return false;
+    }
+  };
+  auto first_job = [&]() -> Job {
+    if constexpr (kDq) return Job{s_hi - 1, s_hi > s_lo ? last_block(s_hi - 1) : -1, 0};
+    else return Job{s_lo, s_lo < s_hi ? first_row(segs[tile_segs[s_lo]]) : 0, 0};
+  };
+  auto next_job = [&](const Job& jb) -> Job {
+    if constexpr (kDq) return jb.h + 1 < grp ? Job{jb.s, jb.i, jb.h + 1} : Job{jb.s, jb.i - BQ, 0};
+    else return Job{jb.s, jb.i + BQ, jb.h};
+  };
+
+  if constexpr (kDq) {
+    namespace wg = hcp::cuda::wg;
+    if (threadIdx.x >= NT) {  // the dQ warpgroup: one warp adds, three leave
+      wg::reg_dealloc<kDqWarpRegs>();
+      if (threadIdx.x >= NT + 32) return;
+      const int lane = threadIdx.x & 31;
+      bar_arrive(kBarEmpty, NT + 32);  // both buffers start empty
+      bar_arrive(kBarEmpty + 1, NT + 32);
+      Job cur = first_job();
+      bool have = settle(cur);
+      for (int b = 0; have; b ^= 1) {
+        const SegD g = segs[tile_segs[cur.s]];
+        const int h = hk * grp + cur.h;
+        const int valid = static_cast<int>(lmin(BQ, g.q_len - cur.i));
+        unsigned* sem = dq_sem + (g.dq_blk + cur.i / BQ) * H + h;
+        const unsigned rank = static_cast<unsigned>(tile - g.kv_start / BNk);
+        if (lane == 0) {  // the previous key tile's adds to this block are done
+          long long spins = 0;
+          while (ld_acquire(sem) != rank)
+            if (++spins > (1ll << 24)) __trap();  // an order that never comes: fail instead of hanging
+        }
+        __syncwarp();
+        bar_sync(kBarFull + b, NT + 32);  // the consumers' dS·K of this job is in buffer b
+        fence_proxy_async_global();  // the previous tile's adds, observed, before this one's
+        const float* src = dQs + b * BQ * kDqLd;
+        float* dst = dq_acc + ((g.q_start + cur.i) * H + h) * static_cast<std::int64_t>(D);
+        for (int r = lane; r < valid; r += 32)
+          bulk_reduce_add(dst + static_cast<std::int64_t>(r) * H * D, src + r * kDqLd, D * sizeof(float));
+        bulk_commit();
+        bulk_wait_read_all();
+        __syncwarp();
+        bar_arrive(kBarEmpty + b, NT + 32);  // buffer b may be refilled
+        bulk_wait_all();                     // the adds are done in L2
+        fence_proxy_async_global();
+        __threadfence();
+        __syncwarp();
+        if (lane == 0) st_release(sem, rank + 1);
+        cur = next_job(cur);
+        have = settle(cur);
+      }
+      return;
+    }
+    wg::reg_alloc<kDqConsRegs>();
+  }
+  // The consumers' block-wide barrier (the dQ warp does not take part in it).
+  auto sync_all = [] {
+    if constexpr (kDq) bar_sync(kBarCons, NT);
+    else __syncthreads();
+  };
+
   auto load_job = [&](const Job& jb, int buf) {
     const SegD g = segs[tile_segs[jb.s]];
     const int h = hk * grp + jb.h;
@@ -642,20 +722,23 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
       cp_async4(Ds + buf * BQ + r, ok ? delta + (row0 + r) * H + h : delta, ok);
     }
   };
-  Job cur{s_lo, 0, 0};
-  if (s_lo < s_hi) cur.i = first_row(segs[tile_segs[s_lo]]);
+  Job cur = first_job();
   bool have = settle(cur);
   if (have) load_job(cur, 0);
   cp_async_commit();
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3, wgi = warp >> 2;
   const int r0 = warp * 16;
+  // This warpgroup's 64 keys [cw, cw + 64) of K and V.
+  const std::int64_t cw = c0 + 64 * wgi;
+  const bf16* Kw = Ks + wgi * 64 * D;
+  const bf16* Vw = Vs + wgi * 64 * D;
   float adk[D / 8][4], adv[D / 8][4];
   zero(adk);
   zero(adv);
-  int buf = 0;
+  int buf = 0, qb = 0;  // Q/dO buffer; kDq: dQ buffer
   while (have) {
-    Job nxt{cur.s, cur.i + BQ, cur.h};
+    Job nxt = next_job(cur);
     const bool more = settle(nxt);
     if (more) {
       load_job(nxt, buf ^ 1);
@@ -665,15 +748,20 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
       cp_async_wait<0>();
     }
     if constexpr (kWg) hcp::cuda::wg::fence_proxy_async();
-    __syncthreads();
+    sync_all();
     const SegD g = segs[tile_segs[cur.s]];
     const bf16* Qt = Qs + buf * BQ * D;
     const bf16* dOt = dOs + buf * BQ * D;
     const float* Lt = Ls + buf * BQ;
     const float* Dt = Ds + buf * BQ;
+    // A warpgroup whose keys no row of the job can see (causal: the job ends before its first key's
+    // position; or its keys lie outside the segment) skips the job (uniform over the warpgroup).
+    const bool wg_sees = BNk == 64 || (cw < g.kv_start + g.kv_len && cw + 64 > g.kv_start &&
+                                       (!causal || g.kv_pos0 + lmax(cw - g.kv_start, 0) <= g.q_pos0 + lmin(cur.i + BQ, g.q_len) - 1));
+    if (wg_sees) {
     float st[NT8][4], dpt[NT8][4];
-    mm_xyt<D, kWg>(st, Ks, r0, Qt);   // S^T: keys x queries
-    mm_xyt<D, kWg>(dpt, Vs, r0, dOt);  // dP^T
+    mm_xyt<D, kWg>(st, Kw, r0, Qt);   // S^T: keys x queries
+    mm_xyt<D, kWg>(dpt, Vw, r0, dOt);  // dP^T
     // Key j (segment-local) of this thread's two rows; query i of each column.
     std::int64_t jl[2];
     bool kin[2];
@@ -683,10 +771,10 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
       jl[hf] = cg - g.kv_start;
       kin[hf] = jl[hf] >= 0 && jl[hf] < g.kv_len;
     }
-    // Interior tile (uniform over the block): every key of the tile in the segment, every query row
-    // of the job valid and, when causal, seeing the tile's last key — no per-element mask.
-    const std::int64_t jlast = c0 + BNk - 1 - g.kv_start;
-    const bool interior = !mask_all && c0 >= g.kv_start && jlast < g.kv_len && cur.i + BQ <= g.q_len &&
+    // Interior tile (uniform over the warpgroup): every key of its 64 in the segment, every query row
+    // of the job valid and, when causal, seeing the last key — no per-element mask.
+    const std::int64_t jlast = cw + 63 - g.kv_start;
+    const bool interior = !mask_all && cw >= g.kv_start && jlast < g.kv_len && cur.i + BQ <= g.q_len &&
                           (!causal || g.kv_pos0 + jlast <= g.q_pos0 + cur.i);
     if (interior) {
 #pragma unroll
@@ -721,15 +809,57 @@ __global__ void __launch_bounds__(NW * 32) dkv_k(bf16* dk, bf16* dv, const bf16*
     }
     mm_py<D, kWg>(adv, st, dOt);
     mm_py<D, kWg>(adk, dpt, Qt);
-    if constexpr (kDq) add_dq<D>(dq_acc, dq_sem, dSs, Ks, g, cur.i, hk * grp + cur.h, H,
-                                 static_cast<unsigned>(tile - g.kv_start / BNk));
-    __syncthreads();
+    } else if constexpr (kDq) {  // no key of this warpgroup seen: its rows of dS^T are zero
+#pragma unroll
+      for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          *reinterpret_cast<__nv_bfloat162*>(at<64>(dSs, r0 + gr + 8 * hf, nt * 8 + 2 * tg)) = __floats2bfloat162_rn(0.f, 0.f);
+    }
+    if constexpr (kDq) {
+      namespace wg = hcp::cuda::wg;
+      wg::fence_proxy_async();  // this thread's dS^T stores, before the products read them
+      sync_all();               // both warpgroups' rows of dS^T
+      // Warpgroup w < D/64: columns [64 w, +64) of dS·K over the 128 keys (dS^T M-major, K N-major).
+      float dq[32];
+#pragma unroll
+      for (int x = 0; x < 32; ++x) dq[x] = 0.f;
+      if (wgi < D / 64) {
+        wg::fence();
+        const std::uint64_t da = wg::desc_mn128(dSs, 64 * 64 * sizeof(bf16));
+#pragma unroll
+        for (int kk = 0; kk < BNk / 16; ++kk) {  // 16 keys: +2048 bytes in dS^T and in a 64-key block of K
+          const std::uint64_t db = wg::desc_mn128(Ks + (kk / 4) * 64 * D + wgi * 64 * 64, 64 * 64 * sizeof(bf16));
+          wg::mma_ss<64, true, true>(dq, da + 128 * kk, db + 128 * (kk % 4));
+        }
+        wg::commit();
+        wg::wait<0>();
+      }
+      bar_sync(kBarEmpty + qb, NT + 32);  // the dQ warp has read this buffer's previous job
+      if (wgi < D / 64) {
+        float* o = dQs + qb * BQ * kDqLd + 64 * wgi;
+        const int row = (warp & 3) * 16 + gr;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+            *reinterpret_cast<float2*>(o + (row + 8 * hf) * kDqLd + 8 * j + 2 * tg) = make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
+        wg::fence_proxy_async();  // before the bulk reductions read the buffer
+      }
+      bar_arrive(kBarFull + qb, NT + 32);
+      qb ^= 1;
+    }
+    sync_all();
     cur = nxt;
     have = more;
     buf ^= 1;
   }
   store_rows<D>(dk + (c0 * Hkv + hk) * D, kld, kvalid, r0, adk, scale, scale);
   store_rows<D>(dv + (c0 * Hkv + hk) * D, kld, kvalid, r0, adv, 1.f, 1.f);
+  if constexpr (kDq) {  // complete the "empty" barriers' last generations (the dQ warp arrived on them)
+    bar_sync(kBarEmpty + qb, NT + 32);
+    bar_sync(kBarEmpty + (qb ^ 1), NT + 32);
+  }
 }
 
 // ---- host side ----------------------------------------------------------------------------------------
@@ -846,11 +976,19 @@ template <int D> void bwd_d(const Bwd& a) {
   // The wgmma kernels; HCP_ATTN_MMA_SYNC set in the environment keeps the mma.sync ones.
   static const bool wgmma = std::getenv("HCP_ATTN_MMA_SYNC") == nullptr;
   const std::size_t align = wgmma ? 1024 : 0;
-  // HCP_ATTN_BWD_FUSED_DQ set in the environment forms dQ inside the dK/dV kernel (5 products per
-  // tile pair instead of 7, fp32 adds in a fixed order). Measured slower on the H200 (7.55 against
-  // 5.65 ms at B2 H16 L8192 D128, 5.46 against 3.36 at D64): each dK/dV block waits for the previous
-  // key tile's adds to every query block, once per job. Kept for side-by-side runs.
-  static const bool fused = wgmma && std::getenv("HCP_ATTN_BWD_FUSED_DQ") != nullptr;
+  // The fused backward (dQ formed inside the dK/dV kernel: 5 products per tile pair instead of 7, a dQ
+  // warp adding each job's share in fp32 in a fixed order) is the default at D 128: 5.30 against 5.71 ms
+  // for the split dQ + dK/dV kernels on the H200 (B2 H16 L8192, causal); at D 64 the split kernels stay
+  // (3.43 against 4.60 ms: the fused block holds 8 product warps per SM, the split ones 12).
+  // HCP_ATTN_BWD_FUSED_DQ / HCP_ATTN_BWD_SPLIT_DQ set in the environment force one or the other.
+  static const bool force_fused = std::getenv("HCP_ATTN_BWD_FUSED_DQ") != nullptr;
+  static const bool force_split = std::getenv("HCP_ATTN_BWD_SPLIT_DQ") != nullptr;
+  // Split-path variants (they select the split kernels): HCP_ATTN_DQ_WG2, the dQ kernel on 128-row
+  // query tiles (two warpgroups sharing each K/V tile); HCP_ATTN_DKV_WG2, the dK/dV kernel on 128-key
+  // tiles (two warpgroups sharing each Q/dO job). Neither measured faster on the H200.
+  static const bool dq_wg2 = std::getenv("HCP_ATTN_DQ_WG2") != nullptr;
+  static const bool dkv_wg2 = std::getenv("HCP_ATTN_DKV_WG2") != nullptr;
+  const bool fused = wgmma && !force_split && !dq_wg2 && !dkv_wg2 && (force_fused || D == 128);
   // HCP_ATTN_BWD_MASK_ALL masks every element of every tile (the interior-tile fast path off).
   static const bool mask_all = std::getenv("HCP_ATTN_BWD_MASK_ALL") != nullptr;
   // The fused path's fp32 dQ accumulator [tq][H][D] and its per (64-row block, head) order counters.
@@ -863,6 +1001,17 @@ template <int D> void bwd_d(const Bwd& a) {
     HCP_CUDA_CHECK(cudaMallocAsync(&sem, nsem * sizeof(unsigned), 0));
     HCP_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(n) * sizeof(float), 0));
     HCP_CUDA_CHECK(cudaMemsetAsync(sem, 0, nsem * sizeof(unsigned), 0));
+  } else if (wgmma && dq_wg2) {
+    // HCP_ATTN_DQ_WG2: 128 query rows per dQ block, two warpgroups sharing each K/V tile.
+    Plan plan2(*d.segments, 128, d.tkv, false);
+    if (plan2.nqtiles > 0) {
+      const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) + align;
+      auto* kern = dq_k<D, 2 * kNW, true>;
+      set_smem(kern, smem);
+      kern<<<static_cast<unsigned>(plan2.nqtiles * d.H), 64 * kNW, smem>>>(a.dq, a.q, a.k, a.v, a.lse, delta, a.dout,
+                                                                           plan2.segs, plan2.qtiles, d.H, d.Hkv, sl2,
+                                                                           d.scale, d.causal);
+    }
   } else if (plan.nqtiles > 0) {
     const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + align;
     auto* kern = wgmma ? dq_k<D, kNW, true> : dq_k<D, kNW, false>;
@@ -871,11 +1020,22 @@ template <int D> void bwd_d(const Bwd& a) {
                                                                         plan.segs, plan.qtiles, d.H, d.Hkv, sl2,
                                                                         d.scale, d.causal);
   }
-  if (plan.nktiles > 0) {
-    // The fused kernel also holds dS^T [64 keys][kBN queries] in shared memory.
-    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + (fused ? 64 * kBN * sizeof(bf16) : 0) +
-                             4 * kBN * sizeof(float) + align;
-    auto* kern = fused ? dkv_k<D, kNW, true, true> : wgmma ? dkv_k<D, kNW, true> : dkv_k<D, kNW, false>;
+  if (wgmma && (fused || dkv_wg2)) {
+    // 128 keys per dK/dV block, two warpgroups of 64 sharing each Q/dO job; fused: also dS^T
+    // [128 keys][kBN queries] and two fp32 dQ buffers [kBN][D + 8] in shared memory, and a dQ warpgroup.
+    Plan plan2(*d.segments, 128, d.tkv, true);
+    if (plan2.nktiles > 0) {
+      const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) +
+                               (fused ? 128 * kBN * sizeof(bf16) + 2 * kBN * (D + 8) * sizeof(float) : 0) + align;
+      auto* kern = fused ? dkv_k<D, 2 * kNW, true, true> : dkv_k<D, 2 * kNW, true>;
+      set_smem(kern, smem);
+      kern<<<static_cast<unsigned>(plan2.nktiles * d.Hkv), 64 * kNW + (fused ? 128 : 0), smem>>>(
+          a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan2.segs, plan2.tile_off, plan2.tile_segs, d.tkv, d.H, d.Hkv,
+          sl2, d.scale, d.causal, mask_all, acc, sem);
+    }
+  } else if (plan.nktiles > 0) {
+    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + align;
+    auto* kern = wgmma ? dkv_k<D, kNW, true> : dkv_k<D, kNW, false>;
     set_smem(kern, smem);
     kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
         a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
