@@ -6,11 +6,11 @@
 //           kernel at D = 64: 1.17 against 1.30 ms on the H200) stream through shared memory,
 //           double-buffered with cp.async; S = Q·K^T and O += P·V on the tensor cores
 //           (P stays in registers), online softmax in the exp2 domain, fp32 LSE.
-// backward  deterministic: (1) delta = rowsum(dO∘O), a warp per row; split (D = 64): (2) dQ: one
+// backward  deterministic: (1) delta = rowsum(dO∘O), a warp per row; split (default at D 64): (2) dQ: one
 //           block per (query tile, head) recomputing P from the saved LSE and streaming K/V like the
 //           forward; (3) dK/dV: one block per (tile of 16·NW keys on the kv token axis, kv head),
 //           visiting every (segment, head of the group, query tile) that can see its keys in a fixed
-//           order, with Q/dO/LSE/delta double-buffered. Fused (D = 128): the dK/dV kernel on 128-key
+//           order, with Q/dO/LSE/delta double-buffered. Fused (default at D 128): the dK/dV kernel on 128-key
 //           tiles also forms dS·K per job and a dQ warp adds it to an fp32 accumulator by L2 bulk
 //           reductions, key tile after key tile in a fixed order (per-block counters), then (4) one
 //           pass converts dQ to bf16. Every output element has one summation order: bitwise repeatable.
