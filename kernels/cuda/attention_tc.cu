@@ -12,8 +12,9 @@
 //           visiting every (segment, head of the group, query tile) that can see its keys in a fixed
 //           order, with Q/dO/LSE/delta double-buffered. Fused (default at D 128): the dK/dV kernel on 128-key
 //           tiles also forms dS·K per job and a dQ warp adds it to an fp32 accumulator by L2 bulk
-//           reductions, key tile after key tile in a fixed order (per-block counters), then (4) one
-//           pass converts dQ to bf16. Every output element has one summation order: bitwise repeatable.
+//           reductions, key tile after key tile in a fixed order (per-block counters; the first share
+//           of a row is stored, not added, where every row gets one), a producer warp loads each job's
+//           Q and dO by TMA, then (4) one pass converts dQ to bf16. Every output element has one summation order: bitwise repeatable.
 // Segments are the host kernels' (q/kv ranges with position offsets; causal: kv_pos0 + j <= q_pos0 + i),
 // so varlen THD batches and every CP strategy's blocks run on this path unchanged. Rows without a
 // visible key get o = 0, lse = -inf (the caller pre-fills rows no segment covers).
@@ -26,6 +27,7 @@
 #include "kernels/cuda/attention_tc.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/tensor_map.hpp"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace hcp::kernels::cuda_impl::attn_tc {
@@ -534,6 +536,11 @@ __device__ __forceinline__ void bulk_reduce_add(float* dst, const float* src, un
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(s), "r"(bytes)
                : "memory");
 }
+// dst[0, bytes) = src[0, bytes) (a bulk copy to global memory; same alignment rules).
+__device__ __forceinline__ void bulk_store(float* dst, const float* src, unsigned bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(src));
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(s), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
@@ -542,15 +549,28 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 constexpr int kBarCons = 1, kBarEmpty = 2, kBarFull = 4;  // +buffer for the last two
+constexpr int kBarDsFree = 6;  // kDqTma: +warpgroup, "my reads of dS^T are done"
 // Registers per thread of the fused kernel's dQ warpgroup and consumers. The block starts at 168 per
 // thread (65536 / 384, in steps of 8) and the consumers can only take what the dQ warpgroup gives
 // up: 2 (cons - 168) <= 168 - warp. (With 32 and 240 the H200 run stalled: every dQ warp trapped
 // waiting for its predecessor's counter, as consumers blocked in setmaxnreg.inc would make it.)
-// ptxas reports for this kernel (C7508) "'setmaxnreg' ignored; unable to determine register count at
-// entry": the launch bounds give no block count. Branch wip/fused-next gives the fused kernel its own
-// launch bounds with one (the note goes away): measured slower on the H200 (6.66-6.74 against 5.30 ms).
+// ptxas reports (C7508) "'setmaxnreg' ignored; unable to determine register count at entry" for the
+// D 64 kDqCpAsync instantiation only (launch bounds without a block count); at D 128 it plans the
+// consumers in 240 registers either way (the same spills with a block count, and the same time:
+// 5.71-5.72 against 5.67-5.72 ms on the H200).
 constexpr int kDqWarpRegs = 24, kDqConsRegs = 240;
 static_assert(2 * (kDqConsRegs - 168) <= 168 - kDqWarpRegs, "setmaxnreg: the consumers take what the dQ warpgroup frees");
+// The dK/dV kernel's dQ modes: none (the split backward); fused, 8 consumer warps and a dQ warpgroup
+// (384 threads) that gives its registers to the consumers by setmaxnreg — kDqCpAsync, the consumers
+// load each job's Q, dO, LSE and delta rows themselves (cp.async, double-buffered; three consumer
+// barriers per job); kDqTma, a producer warp of the dQ warpgroup loads them (Q and dO by TMA, LSE and
+// delta by loads and stores) into two mbarrier-guarded stages, so that the consumers meet once per job (dS^T
+// complete) and a warpgroup may run into the next job's products while the other finishes its dQ
+// share (it waits, on a named barrier, only before it overwrites its rows of dS^T); its consumers hold
+// no load addresses (ptxas: 28 spill stores in the kernel's SASS against 82). kDqTma takes launch
+// bounds with a block count (setmaxnreg needs the count at entry); kDqCpAsync keeps the bounds it was
+// measured with (the same SASS spills either way).
+enum DqMode : int { kDqNone = 0, kDqCpAsync = 1, kDqTma = 2 };
 
 // dq = bf16(dq_acc · scale), the fused backward's last step.
 __global__ void dq_out_k(bf16* dq, const float* acc, std::int64_t n, float scale) {
@@ -571,13 +591,15 @@ __global__ void dq_out_k(bf16* dq, const float* acc, std::int64_t n, float scale
 // advanced. Two fp32 buffers let the consumers run a job ahead of the adds. The jobs run from the
 // last query block down (heads innermost), so that neighbouring key tiles reach a block at about the
 // same time. Bitwise repeatable like the separate dQ kernel, with 5 products per tile pair instead of 7.
-template <int D, int NW, bool kWg, bool kDq = false>
-__global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
+template <int D, int NW, bool kWg, int kDqMode = kDqNone>
+__global__ void __launch_bounds__(NW * 32 + (kDqMode != kDqNone ? 128 : 0), kDqMode == kDqTma ? 1 : 0) dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
                                                  const float* lse, const float* delta, const bf16* dout,
                                                  const SegD* segs, const std::int64_t* tile_off,
                                                  const std::int64_t* tile_segs, std::int64_t tkv, int H, int Hkv,
                                                  float sl2, float scale, bool causal, bool mask_all, float* dq_acc,
-                                                 unsigned* dq_sem) {
+                                                 unsigned* dq_sem, bool dq_store_first, const __grid_constant__ TensorMap qmap,
+                                                 const __grid_constant__ TensorMap omap) {
+  constexpr bool kDq = kDqMode != kDqNone, kTma = kDqMode == kDqTma;
   constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
   static_assert(BQ == 64 && (BNk == 64 || (kWg && BNk == 128)), "the product helpers take 64-row tiles");
   static_assert(!kDq || (kWg && BNk == 128), "the fused dQ: wgmma products, 128-key tiles");
@@ -591,6 +613,9 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf1
   float* Ls = reinterpret_cast<float*>(dSs + (kDq ? BNk * BQ : 0));  // [2][BQ]
   float* Ds = Ls + 2 * BQ;                                 // [2][BQ]
   float* dQs = Ds + 2 * BQ;                                // kDq: [2][BQ][kDqLd] fp32
+  // kTma: the stages' mbarriers, full[2] (the producer's TMA bytes and its 32 lanes' LSE / delta
+  // stores) and empty[2] (every consumer thread).
+  auto* mbar = reinterpret_cast<std::uint64_t*>(dQs + (kDq ? 2 * BQ * kDqLd : 0));
   const std::int64_t tile = blockIdx.x / Hkv;
   const int hk = blockIdx.x % Hkv, grp = H / Hkv;
   const std::int64_t c0 = tile * BNk;
@@ -602,6 +627,15 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf1
       load_rows<D, NT, kWg>(Ks + w * 64 * D, k + ((c0 + 64 * w) * Hkv + hk) * D, kld, kvalid - 64 * w);
       load_rows<D, NT, kWg>(Vs + w * 64 * D, v + ((c0 + 64 * w) * Hkv + hk) * D, kld, kvalid - 64 * w);
     }
+  }
+  if constexpr (kTma) {
+    if (threadIdx.x == 0) {
+      hcp::cuda::wg::mbar_init(&mbar[0], 33);
+      hcp::cuda::wg::mbar_init(&mbar[1], 33);
+      hcp::cuda::wg::mbar_init(&mbar[2], NT);
+      hcp::cuda::wg::mbar_init(&mbar[3], NT);
+    }
+    __syncthreads();
   }
 
   // Jobs: (segment s of this tile's list, head h of the group, query tile starting at i).
@@ -663,8 +697,39 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf1
     namespace wg = hcp::cuda::wg;
     if (threadIdx.x >= NT) {  // the dQ warpgroup: one warp adds, three leave
       wg::reg_dealloc<kDqWarpRegs>();
-      if (threadIdx.x >= NT + 32) return;
       const int lane = threadIdx.x & 31;
+      if constexpr (kTma) {
+        if (threadIdx.x >= NT + 32 && threadIdx.x < NT + 64) {  // the producer warp
+          Job jb = first_job();
+          bool more = settle(jb);
+          for (int jn = 0; more; ++jn) {
+            const int b = jn & 1;
+            if (jn >= 2) wg::mbar_wait(&mbar[2 + b], ((jn >> 1) - 1) & 1);  // the consumers are done with stage b
+            const SegD g = segs[tile_segs[jb.s]];
+            const int h = hk * grp + jb.h;
+            const int valid = static_cast<int>(lmin(BQ, g.q_len - jb.i));
+            const std::int64_t row0 = g.q_start + jb.i;
+            for (int r = lane; r < BQ; r += 32) {
+              const bool ok = r < valid;
+              Ls[b * BQ + r] = ok ? lse[(row0 + r) * H + h] : 0.f;
+              Ds[b * BQ + r] = ok ? delta[(row0 + r) * H + h] : 0.f;
+            }
+            wg::mbar_arrive(&mbar[b]);  // release: this lane's stores
+            if (lane == 0) {
+              // Rows past the job's valid ones hold other segments' rows (finite; masked) or zeros.
+              wg::mbar_arrive_expect_tx(&mbar[b], 2 * BQ * D * sizeof(bf16));
+#pragma unroll
+              for (int hb = 0; hb < D / 64; ++hb) {
+                wg::tma_load_2d(Qs + b * BQ * D + hb * 64 * 64, &qmap, h * D + 64 * hb, static_cast<int>(row0), &mbar[b]);
+                wg::tma_load_2d(dOs + b * BQ * D + hb * 64 * 64, &omap, h * D + 64 * hb, static_cast<int>(row0), &mbar[b]);
+              }
+            }
+            jb = next_job(jb);
+            more = settle(jb);
+          }
+        }
+      }
+      if (threadIdx.x >= NT + 32) return;
       bar_arrive(kBarEmpty, NT + 32);  // both buffers start empty
       bar_arrive(kBarEmpty + 1, NT + 32);
       Job cur = first_job();
@@ -685,8 +750,15 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf1
         fence_proxy_async_global();  // the previous tile's adds, observed, before this one's
         const float* src = dQs + b * BQ * kDqLd;
         float* dst = dq_acc + ((g.q_start + cur.i) * H + h) * static_cast<std::int64_t>(D);
-        for (int r = lane; r < valid; r += 32)
-          bulk_reduce_add(dst + static_cast<std::int64_t>(r) * H * D, src + r * kDqLd, D * sizeof(float));
+        // dq_store_first: every row of dq_acc gets its first share from key tile 0 of its segment,
+        // which stores it (dq_acc is not zeroed).
+        if (dq_store_first && rank == 0) {
+          for (int r = lane; r < valid; r += 32)
+            bulk_store(dst + static_cast<std::int64_t>(r) * H * D, src + r * kDqLd, D * sizeof(float));
+        } else {
+          for (int r = lane; r < valid; r += 32)
+            bulk_reduce_add(dst + static_cast<std::int64_t>(r) * H * D, src + r * kDqLd, D * sizeof(float));
+        }
         bulk_commit();
         bulk_wait_read_all();
         __syncwarp();
@@ -724,8 +796,13 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf1
   };
   Job cur = first_job();
   bool have = settle(cur);
-  if (have) load_job(cur, 0);
+  if (!kTma && have) load_job(cur, 0);
   cp_async_commit();
+  if constexpr (kTma) {  // K and V (the consumers' own copies); the jobs come through the mbarriers
+    cp_async_wait<0>();
+    hcp::cuda::wg::fence_proxy_async();
+    sync_all();
+  }
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3, wgi = warp >> 2;
   const int r0 = warp * 16;
@@ -737,18 +814,23 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf1
   zero(adk);
   zero(adv);
   int buf = 0, qb = 0;  // Q/dO buffer; kDq: dQ buffer
+  unsigned jn = 0;  // kTma: this job's index (stage buf, phase jn / 2)
   while (have) {
     Job nxt = next_job(cur);
     const bool more = settle(nxt);
-    if (more) {
-      load_job(nxt, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
+    if constexpr (kTma) {
+      hcp::cuda::wg::mbar_wait(&mbar[buf], (jn >> 1) & 1);
     } else {
-      cp_async_wait<0>();
+      if (more) {
+        load_job(nxt, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      if constexpr (kWg) hcp::cuda::wg::fence_proxy_async();
+      sync_all();
     }
-    if constexpr (kWg) hcp::cuda::wg::fence_proxy_async();
-    sync_all();
     const SegD g = segs[tile_segs[cur.s]];
     const bf16* Qt = Qs + buf * BQ * D;
     const bf16* dOt = dOs + buf * BQ * D;
@@ -800,6 +882,8 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf1
         }
     }
     if constexpr (kDq) {  // dS^T into shared memory (bf16, as the products take it), for dS·K below
+      if constexpr (kTma)
+        if (jn > 0) bar_sync(kBarDsFree + (wgi ^ 1), NT);  // the other warpgroup's dQ product has read the last dS^T
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
@@ -810,12 +894,16 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf1
     mm_py<D, kWg>(adv, st, dOt);
     mm_py<D, kWg>(adk, dpt, Qt);
     } else if constexpr (kDq) {  // no key of this warpgroup seen: its rows of dS^T are zero
+      if constexpr (kTma)
+        if (jn > 0) bar_sync(kBarDsFree + (wgi ^ 1), NT);
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf)
           *reinterpret_cast<__nv_bfloat162*>(at<64>(dSs, r0 + gr + 8 * hf, nt * 8 + 2 * tg)) = __floats2bfloat162_rn(0.f, 0.f);
     }
+    if constexpr (kTma)  // this thread has read the stage's LSE and delta, its products Q and dO (waited)
+      hcp::cuda::wg::mbar_arrive(&mbar[2 + buf]);
     if constexpr (kDq) {
       namespace wg = hcp::cuda::wg;
       wg::fence_proxy_async();  // this thread's dS^T stores, before the products read them
@@ -835,6 +923,8 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf1
         wg::commit();
         wg::wait<0>();
       }
+      if constexpr (kTma)
+        if (more) bar_arrive(kBarDsFree + wgi, NT);  // this warpgroup's reads of dS^T are done
       bar_sync(kBarEmpty + qb, NT + 32);  // the dQ warp has read this buffer's previous job
       if (wgi < D / 64) {
         float* o = dQs + qb * BQ * kDqLd + 64 * wgi;
@@ -849,10 +939,11 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0)) dkv_k(bf16* dk, bf1
       bar_arrive(kBarFull + qb, NT + 32);
       qb ^= 1;
     }
-    sync_all();
+    if constexpr (!kTma) sync_all();
     cur = nxt;
     have = more;
     buf ^= 1;
+    ++jn;
   }
   store_rows<D>(dk + (c0 * Hkv + hk) * D, kld, kvalid, r0, adk, scale, scale);
   store_rows<D>(dv + (c0 * Hkv + hk) * D, kld, kvalid, r0, adv, 1.f, 1.f);
@@ -964,10 +1055,28 @@ template <int D> void fwd_d(const Fwd& a) {
                                                                       d.H, d.Hkv, d.scale * kLog2e, d.causal);
   check_launch("attention_fwd (tensor cores)");
 }
+// Whether the segments' query rows tile [0, tq) exactly and key tile 0 of every segment sees all of
+// its rows: then every row of the fused backward's dq_acc gets its first share from that tile, which
+// stores it instead of adding (no zeroing pass over dq_acc).
+bool dq_rows_first_from_tile0(const std::vector<AttnSegment>& segs, std::int64_t tq, bool causal) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> r;
+  for (const auto& g : segs) {
+    if (g.q_len <= 0) continue;
+    if (g.kv_len <= 0 || (causal && g.kv_pos0 > g.q_pos0)) return false;
+    r.emplace_back(g.q_start, g.q_len);
+  }
+  std::sort(r.begin(), r.end());
+  std::int64_t end = 0;
+  for (const auto& [start, len] : r) {
+    if (start != end) return false;  // a gap or an overlap
+    end = start + len;
+  }
+  return end == tq;
+}
+
 template <int D> void bwd_d(const Bwd& a) {
   constexpr int BM = 16 * kNW;
   const Dims& d = a.dims;
-  Plan plan(*d.segments, BM, d.tkv, true);
   float* delta = nullptr;
   const std::int64_t rows = d.tq * d.H;
   HCP_CUDA_CHECK(cudaMallocAsync(&delta, static_cast<std::size_t>(std::max<std::int64_t>(rows, 1)) * sizeof(float), 0));
@@ -977,9 +1086,9 @@ template <int D> void bwd_d(const Bwd& a) {
   static const bool wgmma = std::getenv("HCP_ATTN_MMA_SYNC") == nullptr;
   const std::size_t align = wgmma ? 1024 : 0;
   // The fused backward (dQ formed inside the dK/dV kernel: 5 products per tile pair instead of 7, a dQ
-  // warp adding each job's share in fp32 in a fixed order) is the default at D 128: 5.30 against 5.71 ms
-  // for the split dQ + dK/dV kernels on the H200 (B2 H16 L8192, causal); at D 64 the split kernels stay
-  // (3.43 against 4.60 ms: the fused block holds 8 product warps per SM, the split ones 12).
+  // warp adding each job's share in fp32 in a fixed order) is the default at D 128: 4.98 against 5.73 ms
+  // for the split dQ + dK/dV kernels on the H200 (B2 H16 L8192, causal; same run); at D 64 the split
+  // kernels stay (3.37 against 4.64 ms: the fused block holds 8 product warps per SM, the split ones 12).
   // HCP_ATTN_BWD_FUSED_DQ / HCP_ATTN_BWD_SPLIT_DQ set in the environment force one or the other.
   static const bool force_fused = std::getenv("HCP_ATTN_BWD_FUSED_DQ") != nullptr;
   static const bool force_split = std::getenv("HCP_ATTN_BWD_SPLIT_DQ") != nullptr;
@@ -989,62 +1098,90 @@ template <int D> void bwd_d(const Bwd& a) {
   static const bool dq_wg2 = std::getenv("HCP_ATTN_DQ_WG2") != nullptr;
   static const bool dkv_wg2 = std::getenv("HCP_ATTN_DKV_WG2") != nullptr;
   const bool fused = wgmma && !force_split && !dq_wg2 && !dkv_wg2 && (force_fused || D == 128);
+  // The fused kernel loads each job's Q and dO by TMA from a producer warp (kDqTma: 4.98 against 5.67-5.72
+  // ms with the consumers' own cp.async loads, same run); HCP_ATTN_BWD_DQ_CP_ASYNC keeps the cp.async
+  // form (kDqCpAsync; also taken where Q or dO is not 16-byte aligned). HCP_ATTN_BWD_DQ_ZERO zeroes
+  // dq_acc and adds every share, also where the first could be stored.
+  static const bool dq_cp_async = std::getenv("HCP_ATTN_BWD_DQ_CP_ASYNC") != nullptr;
+  static const bool dq_zero = std::getenv("HCP_ATTN_BWD_DQ_ZERO") != nullptr;
   // HCP_ATTN_BWD_MASK_ALL masks every element of every tile (the interior-tile fast path off).
   static const bool mask_all = std::getenv("HCP_ATTN_BWD_MASK_ALL") != nullptr;
-  // The fused path's fp32 dQ accumulator [tq][H][D] and its per (64-row block, head) order counters.
-  const std::int64_t n = d.tq * d.H * D;
-  float* acc = nullptr;
-  unsigned* sem = nullptr;
   if (fused) {
+    // 128 keys per block, two consumer warpgroups of 64 sharing each Q/dO job; dS^T [128 keys][kBN
+    // queries] and two fp32 dQ buffers [kBN][D + 8] in shared memory; the dQ warpgroup.
+    Plan plan(*d.segments, 128, d.tkv, true);
+    const std::int64_t n = d.tq * d.H * D;  // fp32 dQ accumulator [tq][H][D]
     const std::size_t nsem = static_cast<std::size_t>(std::max<std::int64_t>(plan.ndqblk * d.H, 1));
+    const bool store_first = !dq_zero && dq_rows_first_from_tile0(*d.segments, d.tq, d.causal);
+    float* acc = nullptr;
+    unsigned* sem = nullptr;  // per (64-row block, head): the next key tile to add
     HCP_CUDA_CHECK(cudaMallocAsync(&acc, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(float), 0));
     HCP_CUDA_CHECK(cudaMallocAsync(&sem, nsem * sizeof(unsigned), 0));
-    HCP_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(n) * sizeof(float), 0));
+    if (!store_first) HCP_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(n) * sizeof(float), 0));
     HCP_CUDA_CHECK(cudaMemsetAsync(sem, 0, nsem * sizeof(unsigned), 0));
-  } else if (wgmma && dq_wg2) {
-    // HCP_ATTN_DQ_WG2: 128 query rows per dQ block, two warpgroups sharing each K/V tile.
-    Plan plan2(*d.segments, 128, d.tkv, false);
-    if (plan2.nqtiles > 0) {
-      const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) + align;
-      auto* kern = dq_k<D, 2 * kNW, true>;
-      set_smem(kern, smem);
-      kern<<<static_cast<unsigned>(plan2.nqtiles * d.H), 64 * kNW, smem>>>(a.dq, a.q, a.k, a.v, a.lse, delta, a.dout,
-                                                                           plan2.segs, plan2.qtiles, d.H, d.Hkv, sl2,
-                                                                           d.scale, d.causal);
-    }
-  } else if (plan.nqtiles > 0) {
-    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + align;
-    auto* kern = wgmma ? dq_k<D, kNW, true> : dq_k<D, kNW, false>;
-    set_smem(kern, smem);
-    kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 32 * kNW, smem>>>(a.dq, a.q, a.k, a.v, a.lse, delta, a.dout,
-                                                                        plan.segs, plan.qtiles, d.H, d.Hkv, sl2,
-                                                                        d.scale, d.causal);
-  }
-  if (wgmma && (fused || dkv_wg2)) {
-    // 128 keys per dK/dV block, two warpgroups of 64 sharing each Q/dO job; fused: also dS^T
-    // [128 keys][kBN queries] and two fp32 dQ buffers [kBN][D + 8] in shared memory, and a dQ warpgroup.
-    Plan plan2(*d.segments, 128, d.tkv, true);
-    if (plan2.nktiles > 0) {
+    if (plan.nktiles > 0) {
       const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) +
-                               (fused ? 128 * kBN * sizeof(bf16) + 2 * kBN * (D + 8) * sizeof(float) : 0) + align;
-      auto* kern = fused ? dkv_k<D, 2 * kNW, true, true> : dkv_k<D, 2 * kNW, true>;
-      set_smem(kern, smem);
-      kern<<<static_cast<unsigned>(plan2.nktiles * d.Hkv), 64 * kNW + (fused ? 128 : 0), smem>>>(
-          a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan2.segs, plan2.tile_off, plan2.tile_segs, d.tkv, d.H, d.Hkv,
-          sl2, d.scale, d.causal, mask_all, acc, sem);
+                               128 * kBN * sizeof(bf16) + 2 * kBN * (D + 8) * sizeof(float) + 4 * sizeof(std::uint64_t) + align;
+      TensorMap qmap{}, omap{};
+      // kDqTma: Q and dO as [tq][H·D] maps, boxes [64 rows][64 columns] (TMA needs 16-byte aligned bases).
+      const bool tma = !dq_cp_async && d.tq > 0 && d.tq < (std::int64_t{1} << 31) &&
+                       reinterpret_cast<std::uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.dout) % 16 == 0;
+      if (tma) {
+        qmap = make_map(a.q, d.tq, d.H * D, d.H * D, 64, 64);
+        omap = make_map(a.dout, d.tq, d.H * D, d.H * D, 64, 64);
+      }
+      const auto run = [&](auto kern) {
+        set_smem(kern, smem);
+        kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 64 * kNW + 128, smem>>>(
+            a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H,
+            d.Hkv, sl2, d.scale, d.causal, mask_all, acc, sem, store_first, qmap, omap);
+      };
+      if (tma) run(dkv_k<D, 2 * kNW, true, kDqTma>);
+      else run(dkv_k<D, 2 * kNW, true, kDqCpAsync>);
     }
-  } else if (plan.nktiles > 0) {
-    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + align;
-    auto* kern = wgmma ? dkv_k<D, kNW, true> : dkv_k<D, kNW, false>;
-    set_smem(kern, smem);
-    kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
-        a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-        sl2, d.scale, d.causal, mask_all, acc, sem);
-  }
-  if (fused) {
     if (n > 0) dq_out_k<<<blocks_for(n / 2, 256), 256>>>(a.dq, acc, n, d.scale);
     HCP_CUDA_CHECK(cudaFreeAsync(sem, 0));
     HCP_CUDA_CHECK(cudaFreeAsync(acc, 0));
+  } else {
+    Plan plan(*d.segments, BM, d.tkv, true);
+    if (wgmma && dq_wg2) {
+      // HCP_ATTN_DQ_WG2: 128 query rows per dQ block, two warpgroups sharing each K/V tile.
+      Plan plan2(*d.segments, 128, d.tkv, false);
+      if (plan2.nqtiles > 0) {
+        const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) + align;
+        auto* kern = dq_k<D, 2 * kNW, true>;
+        set_smem(kern, smem);
+        kern<<<static_cast<unsigned>(plan2.nqtiles * d.H), 64 * kNW, smem>>>(a.dq, a.q, a.k, a.v, a.lse, delta, a.dout,
+                                                                             plan2.segs, plan2.qtiles, d.H, d.Hkv, sl2,
+                                                                             d.scale, d.causal);
+      }
+    } else if (plan.nqtiles > 0) {
+      const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + align;
+      auto* kern = wgmma ? dq_k<D, kNW, true> : dq_k<D, kNW, false>;
+      set_smem(kern, smem);
+      kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 32 * kNW, smem>>>(a.dq, a.q, a.k, a.v, a.lse, delta, a.dout,
+                                                                          plan.segs, plan.qtiles, d.H, d.Hkv, sl2,
+                                                                          d.scale, d.causal);
+    }
+    if (wgmma && dkv_wg2) {
+      // HCP_ATTN_DKV_WG2: 128 keys per dK/dV block, two warpgroups of 64 sharing each Q/dO job.
+      Plan plan2(*d.segments, 128, d.tkv, true);
+      if (plan2.nktiles > 0) {
+        const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + align;
+        auto* kern = dkv_k<D, 2 * kNW, true>;
+        set_smem(kern, smem);
+        kern<<<static_cast<unsigned>(plan2.nktiles * d.Hkv), 64 * kNW, smem>>>(
+            a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan2.segs, plan2.tile_off, plan2.tile_segs, d.tkv, d.H,
+            d.Hkv, sl2, d.scale, d.causal, mask_all, nullptr, nullptr, false, TensorMap{}, TensorMap{});
+      }
+    } else if (plan.nktiles > 0) {
+      const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + align;
+      auto* kern = wgmma ? dkv_k<D, kNW, true> : dkv_k<D, kNW, false>;
+      set_smem(kern, smem);
+      kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
+          a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
+          sl2, d.scale, d.causal, mask_all, nullptr, nullptr, false, TensorMap{}, TensorMap{});
+    }
   }
   check_launch("attention_bwd (tensor cores)");
   HCP_CUDA_CHECK(cudaFreeAsync(delta, 0));

@@ -24,6 +24,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/tensor_map.hpp"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace hcp::kernels::cuda_impl {
@@ -418,9 +419,6 @@ static_assert(kWsSmem + kStgSmem <= 227 * 1024, "the ring and the staging buffer
 // [128 rows][64 k] (A K-major), [64 k][64 m] (A M-major), [256 rows][64 k] (B K-major), [64 k][64 n]
 // (B N-major); gemm_tma_wide_k's K-major boxes are [256 rows][64 k] (A) and [192 rows][64 k] (B).
 // Same tiles and accumulation order as gemm_wg_k (the same bits). HCP_GEMM_TMA_128.
-struct alignas(64) TensorMap {
-  unsigned char bytes[128];
-};
 // The TMA producers' copies of one stage (k0: its first k), completing `bar`: A rows [m0, m0 + kBM)
 // as one [kBM rows][64 k] box (K-major) or kBM / 64 boxes [64 k][64 m] (M-major, TA); B columns
 // [n0, n0 + kBN) as kParts boxes of [kBN / kParts rows][64 k] (K-major, TB: the cluster form's map
@@ -706,32 +704,6 @@ __global__ void __launch_bounds__(kXThreads, 1) gemm_tma_wide_k(const Group<__nv
   else wide_consume<XBN, TA, TB, kEpi>(g, As, Bs, full, empty, nk, c, m0, n0, stg);
 }
 
-// The driver's tensor-map encoder, found through the runtime (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    HCP_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
-    HCP_CHECK(q == cudaDriverEntryPointSuccess && p != nullptr, "grouped_gemm: the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-// A 2-D bf16 tensor map of `rows` x `cols` (cols contiguous, row stride ld elements) at base, box
-// [box_rows][box_cols], 128-byte swizzle.
-TensorMap make_map(const void* base, std::int64_t rows, std::int64_t cols, std::int64_t ld, unsigned box_rows, unsigned box_cols) {
-  TensorMap m{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
-  const cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(reinterpret_cast<CUtensorMap*>(&m), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                                          const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  HCP_CHECK(r == CUDA_SUCCESS, "grouped_gemm: cuTensorMapEncodeTiled failed (", static_cast<int>(r), ") for a ", rows, " x ",
-            cols, " operand, leading dimension ", ld);
-  return m;
-}
 static_assert(sizeof(TensorMap) == sizeof(CUtensorMap), "a TensorMap holds one CUtensorMap");
 // The pipelined path needs 16-byte rows: contiguous extents, leading dimensions and bases aligned to 8 elements.
 bool tc_ok(bool ta, bool tb, const std::vector<GemmGroupDesc>& desc) {
@@ -896,4 +868,31 @@ void grouped_gemm(bool trans_a, bool trans_b, const std::vector<GemmGroupDesc>& 
   }
 }
 
+// The driver's tensor-map encoder, found through the runtime (no link against libcuda).
+namespace {
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    HCP_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    HCP_CHECK(q == cudaDriverEntryPointSuccess && p != nullptr, "tensor map: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+}  // namespace
+
+TensorMap make_map(const void* base, std::int64_t rows, std::int64_t cols, std::int64_t ld, unsigned box_rows, unsigned box_cols) {
+  TensorMap m{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(reinterpret_cast<CUtensorMap*>(&m), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                          const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  HCP_CHECK(r == CUDA_SUCCESS, "tensor map: cuTensorMapEncodeTiled failed (", static_cast<int>(r), ") for a ", rows, " x ",
+            cols, " operand, leading dimension ", ld);
+  return m;
+}
 }  // namespace hcp::kernels::cuda_impl
