@@ -14,14 +14,17 @@
 //           tiles also forms dS·K per job and a dQ warp adds it to an fp32 accumulator by L2 bulk
 //           reductions, key tile after key tile in a fixed order (per-block counters; the first share
 //           of a row is stored, not added, where every row gets one), a producer warp loads each job's
-//           Q and dO by TMA, then (4) one pass converts dQ to bf16. Every output element has one summation order: bitwise repeatable.
+//           Q and dO by TMA, then (4) one pass converts dQ to bf16. Every output element has one
+//           summation order: bitwise repeatable.
 // Segments are the host kernels' (q/kv ranges with position offsets; causal: kv_pos0 + j <= q_pos0 + i),
 // so varlen THD batches and every CP strategy's blocks run on this path unchanged. Rows without a
 // visible key get o = 0, lse = -inf (the caller pre-fills rows no segment covers).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/attention_tc.hpp"
@@ -564,9 +567,9 @@ static_assert(2 * (kDqConsRegs - 168) <= 168 - kDqWarpRegs, "setmaxnreg: the con
 // (384 threads) that gives its registers to the consumers by setmaxnreg — kDqCpAsync, the consumers
 // load each job's Q, dO, LSE and delta rows themselves (cp.async, double-buffered; three consumer
 // barriers per job); kDqTma, a producer warp of the dQ warpgroup loads them (Q and dO by TMA, LSE and
-// delta by loads and stores) into two mbarrier-guarded stages, so that the consumers meet once per job (dS^T
-// complete) and a warpgroup may run into the next job's products while the other finishes its dQ
-// share (it waits, on a named barrier, only before it overwrites its rows of dS^T); its consumers hold
+// delta by loads and stores) into two mbarrier-guarded stages, so that the consumers meet once per
+// job (dS^T complete) and a warpgroup may run into the next job's products while the other finishes
+// its dQ share (it waits, on a named barrier, only before it overwrites its rows of dS^T); its consumers hold
 // no load addresses (ptxas: 28 spill stores in the kernel's SASS against 82). kDqTma takes launch
 // bounds with a block count (setmaxnreg needs the count at entry); kDqCpAsync keeps the bounds it was
 // measured with (the same SASS spills either way).
@@ -592,13 +595,12 @@ __global__ void dq_out_k(bf16* dq, const float* acc, std::int64_t n, float scale
 // last query block down (heads innermost), so that neighbouring key tiles reach a block at about the
 // same time. Bitwise repeatable like the separate dQ kernel, with 5 products per tile pair instead of 7.
 template <int D, int NW, bool kWg, int kDqMode = kDqNone>
-__global__ void __launch_bounds__(NW * 32 + (kDqMode != kDqNone ? 128 : 0), kDqMode == kDqTma ? 1 : 0) dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v,
-                                                 const float* lse, const float* delta, const bf16* dout,
-                                                 const SegD* segs, const std::int64_t* tile_off,
-                                                 const std::int64_t* tile_segs, std::int64_t tkv, int H, int Hkv,
-                                                 float sl2, float scale, bool causal, bool mask_all, float* dq_acc,
-                                                 unsigned* dq_sem, bool dq_store_first, const __grid_constant__ TensorMap qmap,
-                                                 const __grid_constant__ TensorMap omap) {
+__global__ void __launch_bounds__(NW * 32 + (kDqMode != kDqNone ? 128 : 0), kDqMode == kDqTma ? 1 : 0)
+    dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
+          const bf16* dout, const SegD* segs, const std::int64_t* tile_off, const std::int64_t* tile_segs,
+          std::int64_t tkv, int H, int Hkv, float sl2, float scale, bool causal, bool mask_all, float* dq_acc,
+          unsigned* dq_sem, bool dq_store_first, const __grid_constant__ TensorMap qmap,
+          const __grid_constant__ TensorMap omap) {
   constexpr bool kDq = kDqMode != kDqNone, kTma = kDqMode == kDqTma;
   constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
   static_assert(BQ == 64 && (BNk == 64 || (kWg && BNk == 128)), "the product helpers take 64-row tiles");
