@@ -694,6 +694,16 @@ __global__ void __launch_bounds__(NW * 32 + (kDqMode != kDqNone ? 128 : 0), kDqM
     if constexpr (kDq) return jb.h + 1 < grp ? Job{jb.s, jb.i, jb.h + 1} : Job{jb.s, jb.i - BQ, 0};
     else return Job{jb.s, jb.i + BQ, jb.h};
   };
+  // A job's query rows: its segment, head, valid rows (of BQ) and first row of q / dout / lse / delta.
+  struct JobRows {
+    SegD g;
+    int h, valid;
+    std::int64_t row0;
+  };
+  auto job_rows = [&](const Job& jb) -> JobRows {
+    const SegD g = segs[tile_segs[jb.s]];
+    return {g, hk * grp + jb.h, static_cast<int>(lmin(BQ, g.q_len - jb.i)), g.q_start + jb.i};
+  };
 
   if constexpr (kDq) {
     namespace wg = hcp::cuda::wg;
@@ -707,10 +717,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDqMode != kDqNone ? 128 : 0), kDqM
           for (int jn = 0; more; ++jn) {
             const int b = jn & 1;
             if (jn >= 2) wg::mbar_wait(&mbar[2 + b], ((jn >> 1) - 1) & 1);  // the consumers are done with stage b
-            const SegD g = segs[tile_segs[jb.s]];
-            const int h = hk * grp + jb.h;
-            const int valid = static_cast<int>(lmin(BQ, g.q_len - jb.i));
-            const std::int64_t row0 = g.q_start + jb.i;
+            const auto [g, h, valid, row0] = job_rows(jb);
             for (int r = lane; r < BQ; r += 32) {
               const bool ok = r < valid;
               Ls[b * BQ + r] = ok ? lse[(row0 + r) * H + h] : 0.f;
@@ -784,10 +791,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDqMode != kDqNone ? 128 : 0), kDqM
   };
 
   auto load_job = [&](const Job& jb, int buf) {
-    const SegD g = segs[tile_segs[jb.s]];
-    const int h = hk * grp + jb.h;
-    const int valid = static_cast<int>(lmin(BQ, g.q_len - jb.i));
-    const std::int64_t row0 = g.q_start + jb.i;
+    const auto [g, h, valid, row0] = job_rows(jb);
     load_rows<D, NT, kWg>(Qs + buf * BQ * D, q + (row0 * H + h) * D, qld, valid);
     load_rows<D, NT, kWg>(dOs + buf * BQ * D, dout + (row0 * H + h) * D, qld, valid);
     for (int r = threadIdx.x; r < BQ; r += NT) {
