@@ -4,7 +4,7 @@
 # whose name contains OP, once as built and once per VAR (set to 1), all in one run on one machine.
 # Usage: scripts/gpu_variants.sh OP VAR...     e.g.
 #   scripts/gpu_variants.sh attention_bwd HCP_ATTN_BWD_FUSED_DQ HCP_ATTN_BWD_MASK_ALL HCP_ATTN_MMA_SYNC
-#   scripts/gpu_variants.sh attention_fwd HCP_ATTN_FWD_EXP2F HCP_ATTN_MMA_SYNC
+#   scripts/gpu_variants.sh attention_fwd HCP_ATTN_FWD_TWO_BLOCKS HCP_ATTN_FWD_NO_TURNS HCP_ATTN_FWD_STAGES3
 #   scripts/gpu_variants.sh gemm HCP_GEMM_WG HCP_GEMM_TMA_CLUSTER
 # (HCP_BUILD_DIR default build-gpu, built with bench_kernels; HCP_REPEATS default 5; output to stdout
 # and, per variant, $HCP_LOG_DIR/variant_<name>.{txt,h5}, default $build/gpu-variants.)

@@ -1,11 +1,14 @@
 // Tensor-core flash attention for bf16, head_dim 64 or 128 (FlashAttention-2 structure; the products on
 // Hopper wgmma, or on mma.sync when HCP_ATTN_MMA_SYNC is set in the environment, for side-by-side runs):
 //
-// forward   one block per (query tile, head): wgmma, two warpgroups of 64 rows sharing the K/V tiles
-//           (fwd_wg_k); mma.sync, 4 warps of 32 rows (fwd_k). K/V tiles of 64 keys (128 in the wgmma
-//           kernel at D = 64: 1.17 against 1.30 ms on the H200) stream through shared memory,
-//           double-buffered with cp.async; S = Q·K^T and O += P·V on the tensor cores
-//           (P stays in registers), online softmax in the exp2 domain, fp32 LSE.
+// forward   one block per (128-row query tile, head). Default (fwd_ws_k, FlashAttention-3 structure):
+//           one block per SM, a producer warp loading Q and 128-key K/V tiles by TMA into mbarrier-
+//           guarded stages, two consumer warpgroups of 64 rows that overlap the softmax of one tile
+//           with the P·V product of the previous one and take turns on the tensor cores (1.16 against
+//           1.77 ms at D 128 on the H200). HCP_ATTN_FWD_TWO_BLOCKS: two blocks per SM (fwd_wg_k), two
+//           warpgroups sharing K/V tiles of 64 keys (128 at D = 64) double-buffered with cp.async;
+//           mma.sync, 4 warps of 32 rows (fwd_k). S = Q·K^T and O += P·V on the tensor cores (P stays
+//           in registers), online softmax in the exp2 domain, fp32 LSE.
 // backward  deterministic: (1) delta = rowsum(dO∘O), a warp per row; split (default at D 64): (2) dQ: one
 //           block per (query tile, head) recomputing P from the saved LSE and streaming K/V like the
 //           forward; (3) dK/dV: one block per (tile of 16·NW keys on the kv token axis, kv head),
@@ -257,11 +260,11 @@ __device__ __forceinline__ float ex2(float x) {
 
 // One K/V tile of the forward's online softmax on S fragments (MT row tiles of 16 rows per warp):
 // masks S (tile-local key c kept iff c < kv_rem and, on a causal edge, c <= diag + 16 m + 8 hf), turns
-// it into P = exp2(s·sl2 − running max) in place, updates the running max / sum and rescales the
-// output accumulators.
-template <int D, int NT8, int MT, bool kFtz = false>
-__device__ __forceinline__ void online_softmax(float (&s)[MT][NT8][4], float (&mx)[MT][2], float (&l)[MT][2],
-                                               float (&acc)[MT][D / 8][4], bool edge, int kv_rem, int diag, float sl2) {
+// it into P = exp2(s·sl2 − running max) in place and updates the running max / sum; rescale(m, hf, corr)
+// takes each row half's factor for the output accumulators (exp2 of the old max minus the new).
+template <int NT8, int MT, bool kFtz, class Rescale>
+__device__ __forceinline__ void softmax_tile(float (&s)[MT][NT8][4], float (&mx)[MT][2], float (&l)[MT][2], bool edge,
+                                             int kv_rem, int diag, float sl2, Rescale&& rescale) {
   const int tg = threadIdx.x & 3;
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
@@ -293,13 +296,24 @@ __device__ __forceinline__ void online_softmax(float (&s)[MT][NT8][4], float (&m
         sum += s[m][nt][2 * hf] + s[m][nt][2 * hf + 1];
       }
       l[m][hf] = l[m][hf] * corr + sum;
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        acc[m][dt][2 * hf] *= corr;
-        acc[m][dt][2 * hf + 1] *= corr;
-      }
+      rescale(m, hf, corr);
     }
   }
+}
+// acc rows (fragment layout) of half hf scaled by corr.
+template <int D> __device__ __forceinline__ void rescale_rows(float (&acc)[D / 8][4], int hf, float corr) {
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    acc[dt][2 * hf] *= corr;
+    acc[dt][2 * hf + 1] *= corr;
+  }
+}
+// softmax_tile with the output accumulators rescaled at once.
+template <int D, int NT8, int MT, bool kFtz = false>
+__device__ __forceinline__ void online_softmax(float (&s)[MT][NT8][4], float (&mx)[MT][2], float (&l)[MT][2],
+                                               float (&acc)[MT][D / 8][4], bool edge, int kv_rem, int diag, float sl2) {
+  softmax_tile<NT8, MT, kFtz>(s, mx, l, edge, kv_rem, diag, sl2,
+                              [&](int m, int hf, float corr) { rescale_rows<D>(acc[m], hf, corr); });
 }
 
 // The forward's epilogue for MT row tiles of 16 rows per warp from row r0 of the query tile: O = acc / l
@@ -326,6 +340,10 @@ __device__ __forceinline__ void finish_rows(const float (&acc)[MT][D / 8][4], co
       }
   }
 }
+
+// Named barriers (0 is __syncthreads): n threads meet at barrier id; bar_arrive does not wait.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 // ---- forward --------------------------------------------------------------------------------------
 // Each warp owns MT row tiles of 16 query rows; BM = 16·MT·NW rows per block.
@@ -433,6 +451,206 @@ __global__ void __launch_bounds__(256, 2) fwd_wg_k(bf16* o, float* lse, const bf
     __syncthreads();  // this buffer is refilled by the next iteration's prefetch
   }
   finish_rows<D, 1>(acc, mx, l, o + qt.q_offset(), qld, qvalid, r0, lse + (g.q_start + i0) * H + h, H);
+}
+
+// ---- forward, warp-specialised (Hopper; the default) ----------------------------------------------
+// One block per (128-row query tile, head), one block per SM, 384 threads. Warpgroup 0 hands its
+// registers to the others (setmaxnreg) and one of its warps produces: Q once by TMA, then per K/V tile
+// of BN keys K and V by TMA into rings of S stages (2; 3 fit at D = 128, HCP_ATTN_FWD_STAGES3, and
+// measured the same), each stage guarded by a "full" and an "empty" mbarrier; K_t goes out with
+// V_{t-1}, which a consumer needs together. A segment's last V tile, when partial, is loaded by that warp with the keys past the
+// segment zeroed (their P is 0, which must not meet a non-finite value; K needs no care: S is masked
+// there). Warpgroups 1 and 2 consume 64 query rows each: in iteration t a consumer issues
+// S_t = Q·K_t^T and O += P_{t-1}·V_{t-1} back to back, works the softmax of S_t while the second
+// product still runs, and rescales O once it is done (P_{t-1} waits in registers as bf16); with
+// `turns` the two consumers take turns to issue (two named barriers), so that one's softmax runs under
+// the other's products (HCP_ATTN_FWD_NO_TURNS drops them: the same time within run-to-run noise on
+// the H200). Both consumers walk all the block's K/V tiles (a warpgroup's tiles past its rows' last
+// visible key are masked out), which keeps the turns paired.
+constexpr int kWsProdRegs = 24, kWsConsRegs = 240;
+static_assert(2 * (kWsConsRegs - 168) <= 168 - kWsProdRegs, "setmaxnreg: the consumers take what the producers free");
+constexpr int kBarTurn = 1;  // +consumer warpgroup: "your turn to issue products"
+template <int D, int BN, int S> constexpr std::size_t fwd_ws_smem() {
+  return static_cast<std::size_t>(kWgRows + 2 * S * BN) * D * sizeof(bf16) + (1 + 4 * S) * sizeof(std::uint64_t) + 1024;
+}
+template <int D, int BN, int S>
+__global__ void __launch_bounds__(384, 1)
+    fwd_ws_k(bf16* o, float* lse, const bf16* v, const SegD* segs, const QTile* tiles, int H, int Hkv, float sl2,
+             bool causal, bool turns, const __grid_constant__ TensorMap qmap, const __grid_constant__ TensorMap kmap,
+             const __grid_constant__ TensorMap vmap) {
+  namespace wg = hcp::cuda::wg;
+  constexpr int BM = kWgRows, NT8 = BN / 8;
+  constexpr unsigned kTileBytes = BN * D * sizeof(bf16);
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* Qs = reinterpret_cast<bf16*>(tile_smem<true>(smem_raw));  // [2][D/64][64][64]
+  bf16* Ks = Qs + BM * D;                                          // [S][D/64][BN][64]
+  bf16* Vs = Ks + S * BN * D;                                      // [S][D/64][BN][64]
+  auto* bars = reinterpret_cast<std::uint64_t*>(Vs + S * BN * D);
+  std::uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + S, *k_empty = v_full + S, *v_empty = k_empty + S;
+  const QTile tl = tiles[blockIdx.x / H];
+  const int h = blockIdx.x % H, hk = h / (H / Hkv);
+  const SegD g = segs[tl.seg];
+  const std::int64_t i0 = tl.i0;
+  const int qvalid = static_cast<int>(lmin(BM, g.q_len - i0));
+  const int ntiles = static_cast<int>((kv_end(g, i0, BM, causal) + BN - 1) / BN);
+  if (threadIdx.x == 0) {
+    wg::mbar_init(q_full, 1);
+#pragma unroll
+    for (int st = 0; st < S; ++st) {
+      wg::mbar_init(&k_full[st], 1);    // the producer's expect_tx; the TMA bytes
+      wg::mbar_init(&v_full[st], 32);   // every producer lane (TMA bytes, or its stores of a partial tile)
+      wg::mbar_init(&k_empty[st], 8);   // one lane per consumer warp
+      wg::mbar_init(&v_empty[st], 8);
+    }
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp < 4) {  // the producer warpgroup
+    wg::reg_dealloc<kWsProdRegs>();
+    if (warp != 0) return;
+    if (lane == 0) {
+      wg::mbar_arrive_expect_tx(q_full, BM * D * sizeof(bf16));
+#pragma unroll
+      for (int w = 0; w < 2; ++w)
+#pragma unroll
+        for (int hb = 0; hb < D / 64; ++hb)
+          wg::tma_load_2d(Qs + (w * (D / 64) + hb) * 64 * 64, &qmap, h * D + 64 * hb, static_cast<int>(g.q_start + i0 + 64 * w),
+                          q_full);
+    }
+    const std::int64_t kld = static_cast<std::int64_t>(Hkv) * D;
+    // Tile t's stage, its first key row, and the phase in which the consumers released the stage's
+    // previous tile (t - S).
+    const auto stage = [&](int t) { return t % S; };
+    const auto row_of = [&](int t) { return static_cast<int>(g.kv_start + static_cast<std::int64_t>(t) * BN); };
+    const auto freed = [&](int t) { return static_cast<unsigned>((t / S) - 1) & 1u; };
+    // K_t, then V_{t-1}: a consumer's iteration t takes both, and they need only iteration t - 2 done.
+    for (int t = 0; t <= ntiles; ++t) {
+      if (t < ntiles && lane == 0) {
+        const int st = stage(t);
+        if (t >= S) wg::mbar_wait(&k_empty[st], freed(t));
+        wg::mbar_arrive_expect_tx(&k_full[st], kTileBytes);
+#pragma unroll
+        for (int hb = 0; hb < D / 64; ++hb)
+          wg::tma_load_2d(Ks + (st * (D / 64) + hb) * BN * 64, &kmap, hk * D + 64 * hb, row_of(t), &k_full[st]);
+      }
+      if (t == 0) continue;
+      const int tv = t - 1, st = stage(tv);
+      if (tv >= S) wg::mbar_wait(&v_empty[st], freed(tv));
+      bf16* vt = Vs + st * BN * D;
+      const std::int64_t j0 = static_cast<std::int64_t>(tv) * BN;
+      const int valid = static_cast<int>(lmin(BN, g.kv_len - j0));
+      if (valid == BN) {
+        if (lane == 0) {
+          wg::mbar_arrive_expect_tx(&v_full[st], kTileBytes);
+#pragma unroll
+          for (int hb = 0; hb < D / 64; ++hb) wg::tma_load_2d(vt + hb * BN * 64, &vmap, hk * D + 64 * hb, row_of(tv), &v_full[st]);
+        } else {
+          wg::mbar_arrive(&v_full[st]);
+        }
+      } else {
+#pragma unroll
+        for (int hb = 0; hb < D / 64; ++hb)
+          load_tile_async<64, 32>(vt + hb * BN * 64, v + (g.kv_start + j0) * kld + hk * D + 64 * hb, kld, BN, valid);
+        cp_async_commit();
+        cp_async_wait<0>();
+        wg::fence_proxy_async();  // the products read the tile through the async proxy
+        wg::mbar_arrive(&v_full[st]);
+      }
+    }
+    return;
+  }
+  wg::reg_alloc<kWsConsRegs>();
+  const int cw = warp - 4, wgi = cw >> 2, gr = lane >> 2;  // consumer warp, its warpgroup, fragment row
+  const int r0 = cw * 16;
+  const bf16* Qw = Qs + wgi * 64 * D;
+  const std::int64_t qp0 = g.q_pos0 + i0 + r0 + gr;
+  float acc[1][D / 8][4];
+  zero(acc[0]);
+  float(&oflat)[D / 2] = reinterpret_cast<float(&)[D / 2]>(acc[0]);
+  float mx[1][2] = {{-INFINITY, -INFINITY}}, l[1][2] = {{0.f, 0.f}};
+  unsigned pa[BN / 16][4];  // P of the previous tile, the A operand of its P·V
+  const int me = kBarTurn + wgi, other = kBarTurn + (wgi ^ 1);
+  // O += P_{t-1}·V_{t-1} (issued, not waited for).
+  const auto issue_pv = [&](int t) {
+    const bf16* Vt = Vs + (t % S) * BN * D;
+    const std::uint64_t dv = wg::desc_mn128(Vt, BN * 64 * sizeof(bf16));  // N-major: D/64 blocks [BN][64]
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wg::mma_rs<D, true>(oflat, pa[kk], dv + 128 * kk);
+    wg::commit();
+  };
+  const auto release = [&](std::uint64_t* bar) {
+    __syncwarp();
+    if (lane == 0) wg::mbar_arrive(bar);
+  };
+  // S_t = Q·K_t^T (issued, not waited for).
+  float s[1][NT8][4];
+  float(&sflat)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(s[0]);
+  const auto issue_s = [&](int t) {
+    const bf16* Kt = Ks + (t % S) * BN * D;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int hb = kk / 4, ks = kk % 4;  // 64-column block, k16 slice in it (+32 bytes each)
+      const std::uint64_t da = wg::desc_k128(Qw + hb * 64 * 64) + 2 * ks, db = wg::desc_k128(Kt + hb * BN * 64) + 2 * ks;
+      if (kk == 0) wg::mma_ss<BN, false, false, true>(sflat, da, db);
+      else wg::mma_ss<BN, false, false>(sflat, da, db);
+    }
+    wg::commit();
+  };
+  // The softmax of S_t (P_t in s); corr: the factors for O.
+  float corr[2];
+  const auto softmax = [&](int t) {
+    const std::int64_t j0 = static_cast<std::int64_t>(t) * BN;
+    const bool edge = j0 + BN > g.kv_len || (causal && g.kv_pos0 + j0 + BN - 1 > g.q_pos0 + i0 + r0);
+    const int kv_rem = static_cast<int>(lmin(BN, g.kv_len - j0));
+    const int diag = causal ? static_cast<int>(lmax(lmin(qp0 - g.kv_pos0 - j0, 1 << 20), -(1 << 20))) : (1 << 20);
+    softmax_tile<NT8, 1, true>(s, mx, l, edge, kv_rem, diag, sl2, [&](int, int hf, float c) { corr[hf] = c; });
+  };
+  const auto keep_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) c_to_a(pa[kk], s[0][2 * kk], s[0][2 * kk + 1]);
+  };
+  if (turns && wgi == 1) bar_arrive(kBarTurn, 256);  // warpgroup 0 issues first
+  wg::mbar_wait(q_full, 0);
+  if (ntiles > 0) {  // tile 0: S only (O is still zero)
+    wg::mbar_wait(&k_full[0], 0);
+    if (turns) bar_sync(me, 256);
+    wg::fence();
+    issue_s(0);
+    if (turns) bar_arrive(other, 256);
+    wg::wait<0>();
+    release(&k_empty[0]);
+    softmax(0);
+    keep_p();
+  }
+  for (int t = 1; t < ntiles; ++t) {
+    const int st = t % S, pst = (t - 1) % S;
+    wg::mbar_wait(&k_full[st], (t / S) & 1);
+    wg::mbar_wait(&v_full[pst], ((t - 1) / S) & 1);
+    if (turns) bar_sync(me, 256);
+    wg::fence();
+    issue_s(t);
+    issue_pv(t - 1);
+    if (turns) bar_arrive(other, 256);
+    wg::wait<1>();  // S_t
+    release(&k_empty[st]);
+    softmax(t);
+    wg::wait<0>();  // O += P_{t-1}·V_{t-1}
+    release(&v_empty[pst]);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) rescale_rows<D>(acc[0], hf, corr[hf]);
+    keep_p();
+  }
+  if (turns && wgi == 0) bar_sync(me, 256);  // warpgroup 1's last "your turn"
+  if (ntiles > 0) {
+    const int lst = (ntiles - 1) % S;
+    wg::mbar_wait(&v_full[lst], ((ntiles - 1) / S) & 1);
+    wg::fence();
+    issue_pv(ntiles - 1);
+    wg::wait<0>();
+  }
+  const std::int64_t qld = static_cast<std::int64_t>(H) * D;
+  finish_rows<D, 1>(acc, mx, l, o + (g.q_start + i0) * qld + static_cast<std::int64_t>(h) * D, qld, qvalid, r0,
+                    lse + (g.q_start + i0) * H + h, H);
 }
 
 // ---- backward ---------------------------------------------------------------------------------------
@@ -549,8 +767,6 @@ __device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bu
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Named barriers of the fused kernel (0 is __syncthreads): the consumers' own, and per dQ buffer an
 // "empty" and a "full" one between the consumers and the dQ warp.
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 constexpr int kBarCons = 1, kBarEmpty = 2, kBarFull = 4;  // +buffer for the last two
 constexpr int kBarDsFree = 6;  // kDqTma: +warpgroup, "my reads of dS^T are done"
 // Registers per thread of the fused kernel's dQ warpgroup and consumers. The block starts at 168 per
@@ -1036,6 +1252,29 @@ template <int D> void fwd_d(const Fwd& a) {
     const Dims& d = a.dims;
     Plan plan(*d.segments, kWgRows, d.tkv, false);
     if (plan.nqtiles == 0) return;
+    // The warp-specialised kernel (TMA needs 16-byte aligned bases and int32 row coordinates):
+    // the default; HCP_ATTN_FWD_TWO_BLOCKS keeps the two-blocks-per-SM kernel below (whose variants
+    // HCP_ATTN_FWD_EXP2F and HCP_ATTN_FWD_BN64 select).
+    static const bool ws_want = std::getenv("HCP_ATTN_FWD_TWO_BLOCKS") == nullptr;
+    const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+    static const bool turns = std::getenv("HCP_ATTN_FWD_NO_TURNS") == nullptr;  // side-by-side runs
+    static const bool stages3 = std::getenv("HCP_ATTN_FWD_STAGES3") != nullptr;
+    if (ws_want && aligned(a.q) && aligned(a.k) && aligned(a.v) && d.tq < (std::int64_t{1} << 31) &&
+        d.tkv < (std::int64_t{1} << 31)) {
+      constexpr int BN = 128;
+      const TensorMap qmap = make_map(a.q, d.tq, d.H * D, d.H * D, 64, 64);
+      const TensorMap kmap = make_map(a.k, d.tkv, d.Hkv * D, d.Hkv * D, BN, 64);
+      const TensorMap vmap = make_map(a.v, d.tkv, d.Hkv * D, d.Hkv * D, BN, 64);
+      const auto launch = [&](auto kern, std::size_t smem) {
+        set_smem(kern, smem);
+        kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 384, smem>>>(a.o, a.lse, a.v, plan.segs, plan.qtiles, d.H, d.Hkv,
+                                                                       d.scale * kLog2e, d.causal, turns, qmap, kmap, vmap);
+      };
+      if (stages3) launch(fwd_ws_k<D, BN, 3>, fwd_ws_smem<D, BN, 3>());
+      else launch(fwd_ws_k<D, BN, 2>, fwd_ws_smem<D, BN, 2>());
+      check_launch("attention_fwd (warp-specialised)");
+      return;
+    }
     static const bool exp2f_fwd = std::getenv("HCP_ATTN_FWD_EXP2F") != nullptr;
     // D = 64 on 128-key tiles unless HCP_ATTN_FWD_BN64 keeps 64 (side-by-side runs).
     static const bool bn64 = std::getenv("HCP_ATTN_FWD_BN64") != nullptr;

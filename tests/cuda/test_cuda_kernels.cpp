@@ -283,6 +283,10 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
   // D 64 packed causal with several whole 128-key tiles before the diagonal (the D 64 forward's
   // 128-key tiles off the edge path) and a 300-token second sequence.
   cases.push_back({4, 2, 64, Mask::Causal, {{0, 520, 0, 520, 0, 0}, {520, 300, 520, 300, 0, 0}}, 820, 820});
+  // The same at D 128 (the warp-specialised forward: five 128-key tiles, so each two-stage ring wraps
+  // twice), and non-causal D 128 whose last key tile is partial (its V tile loaded without TMA).
+  cases.push_back({4, 2, 128, Mask::Causal, {{0, 520, 0, 520, 0, 0}, {520, 300, 520, 300, 0, 0}}, 820, 820});
+  cases.push_back({2, 1, 128, Mask::None, {{0, 150, 0, 260, 0, 0}}, 150, 260});
   for (DType d : kTypes)
     for (const auto& c : cases) {
       AttnParams p;
