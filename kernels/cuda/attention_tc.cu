@@ -458,9 +458,9 @@ __global__ void __launch_bounds__(256, 2) fwd_wg_k(bf16* o, float* lse, const bf
 // registers to the others (setmaxnreg) and one of its warps produces: Q once by TMA, then per K/V tile
 // of BN keys K and V by TMA into rings of S stages (2; 3 fit at D = 128, HCP_ATTN_FWD_STAGES3, and
 // measured the same), each stage guarded by a "full" and an "empty" mbarrier; K_t goes out with
-// V_{t-1}, which a consumer needs together. A segment's last V tile, when partial, is loaded by that warp with the keys past the
-// segment zeroed (their P is 0, which must not meet a non-finite value; K needs no care: S is masked
-// there). Warpgroups 1 and 2 consume 64 query rows each: in iteration t a consumer issues
+// V_{t-1}, which a consumer needs together. A segment's last V tile, when partial, is loaded by that
+// warp with the keys past the segment zeroed (their P is 0, which must not meet a non-finite value; K
+// needs no care: S is masked there). Warpgroups 1 and 2 consume 64 query rows each: in iteration t a consumer issues
 // S_t = Q·K_t^T and O += P_{t-1}·V_{t-1} back to back, works the softmax of S_t while the second
 // product still runs, and rescales O once it is done (P_{t-1} waits in registers as bf16); with
 // `turns` the two consumers take turns to issue (two named barriers), so that one's softmax runs under
@@ -514,8 +514,8 @@ __global__ void __launch_bounds__(384, 1)
       for (int w = 0; w < 2; ++w)
 #pragma unroll
         for (int hb = 0; hb < D / 64; ++hb)
-          wg::tma_load_2d(Qs + (w * (D / 64) + hb) * 64 * 64, &qmap, h * D + 64 * hb, static_cast<int>(g.q_start + i0 + 64 * w),
-                          q_full);
+          wg::tma_load_2d(Qs + (w * (D / 64) + hb) * 64 * 64, &qmap, h * D + 64 * hb,
+                          static_cast<int>(g.q_start + i0 + 64 * w), q_full);
     }
     const std::int64_t kld = static_cast<std::int64_t>(Hkv) * D;
     // Tile t's stage, its first key row, and the phase in which the consumers released the stage's
@@ -543,7 +543,8 @@ __global__ void __launch_bounds__(384, 1)
         if (lane == 0) {
           wg::mbar_arrive_expect_tx(&v_full[st], kTileBytes);
 #pragma unroll
-          for (int hb = 0; hb < D / 64; ++hb) wg::tma_load_2d(vt + hb * BN * 64, &vmap, hk * D + 64 * hb, row_of(tv), &v_full[st]);
+          for (int hb = 0; hb < D / 64; ++hb)
+            wg::tma_load_2d(vt + hb * BN * 64, &vmap, hk * D + 64 * hb, row_of(tv), &v_full[st]);
         } else {
           wg::mbar_arrive(&v_full[st]);
         }
@@ -1252,14 +1253,15 @@ template <int D> void fwd_d(const Fwd& a) {
     const Dims& d = a.dims;
     Plan plan(*d.segments, kWgRows, d.tkv, false);
     if (plan.nqtiles == 0) return;
-    // The warp-specialised kernel (TMA needs 16-byte aligned bases and int32 row coordinates):
+    // The warp-specialised kernel (TMA needs 16-byte aligned bases, int32 row coordinates and a
+    // non-empty K/V tensor):
     // the default; HCP_ATTN_FWD_TWO_BLOCKS keeps the two-blocks-per-SM kernel below (whose variants
     // HCP_ATTN_FWD_EXP2F and HCP_ATTN_FWD_BN64 select).
     static const bool ws_want = std::getenv("HCP_ATTN_FWD_TWO_BLOCKS") == nullptr;
     const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
     static const bool turns = std::getenv("HCP_ATTN_FWD_NO_TURNS") == nullptr;  // side-by-side runs
     static const bool stages3 = std::getenv("HCP_ATTN_FWD_STAGES3") != nullptr;
-    if (ws_want && aligned(a.q) && aligned(a.k) && aligned(a.v) && d.tq < (std::int64_t{1} << 31) &&
+    if (ws_want && aligned(a.q) && aligned(a.k) && aligned(a.v) && d.tq < (std::int64_t{1} << 31) && d.tkv > 0 &&
         d.tkv < (std::int64_t{1} << 31)) {
       constexpr int BN = 128;
       const TensorMap qmap = make_map(a.q, d.tq, d.H * D, d.H * D, 64, 64);
