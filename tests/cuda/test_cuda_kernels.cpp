@@ -287,6 +287,8 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
   // twice), and non-causal D 128 whose last key tile is partial (its V tile loaded without TMA).
   cases.push_back({4, 2, 128, Mask::Causal, {{0, 520, 0, 520, 0, 0}, {520, 300, 520, 300, 0, 0}}, 820, 820});
   cases.push_back({2, 1, 128, Mask::None, {{0, 150, 0, 260, 0, 0}}, 150, 260});
+  // Fewer tokens than one 128-key TMA box (the tensor maps' extents end inside the box).
+  cases.push_back({4, 2, 128, Mask::Causal, {{0, 50, 0, 50, 0, 0}, {50, 20, 50, 20, 0, 0}}, 70, 70});
   for (DType d : kTypes)
     for (const auto& c : cases) {
       AttnParams p;
