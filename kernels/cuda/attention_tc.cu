@@ -129,6 +129,18 @@ __device__ __forceinline__ void store_rows(bf16* out, std::int64_t ld, int valid
   }
 }
 
+// A cp.async double buffer's hand-over: issue the next fill (when there is one) as its own group, then
+// wait until every earlier group, the current buffer's, has landed.
+template <class Issue> __device__ __forceinline__ void cp_async_next_then_wait(bool next, Issue&& issue) {
+  if (next) {
+    issue();
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
 // The query tile of a (query tile, head) block of the forward and dQ kernels, and the K/V tiles of its
 // segment streamed through a double buffer in shared memory (cp.async, one tile ahead).
 // kSplit: tiles stored as D/64 blocks [rows][64] (the wgmma 128-byte-swizzle layout), and the async
@@ -178,13 +190,7 @@ template <int D, int NT, bool kSplit = false, int BN = kBN> struct QTileStream {
   // other buffer; returns t's buffer. The caller syncs again before the buffer is refilled.
   __device__ int acquire(int t) const {
     const int buf = t & 1;
-    if (t + 1 < ntiles) {
-      load_kv(t + 1, buf ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    cp_async_next_then_wait(t + 1 < ntiles, [&] { load_kv(t + 1, buf ^ 1); });
     if constexpr (kSplit) hcp::cuda::wg::fence_proxy_async();
     __syncthreads();
     return buf;
@@ -1044,13 +1050,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDqMode != kDqNone ? 128 : 0), kDqM
     if constexpr (kTma) {
       hcp::cuda::wg::mbar_wait(&mbar[buf], (jn >> 1) & 1);
     } else {
-      if (more) {
-        load_job(nxt, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
+      cp_async_next_then_wait(more, [&] { load_job(nxt, buf ^ 1); });
       if constexpr (kWg) hcp::cuda::wg::fence_proxy_async();
       sync_all();
     }
@@ -1242,6 +1242,12 @@ struct Plan {
   Plan& operator=(const Plan&) = delete;
 };
 
+// Whether a bf16 tensor of `rows` rows at p can back a TMA map here: 16-byte aligned base and
+// 1 <= rows < 2^31 (the maps' extents must be positive; the kernels pass int32 row coordinates).
+bool tma_ok(const void* p, std::int64_t rows) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && rows > 0 && rows < (std::int64_t{1} << 31);
+}
+
 template <class K> void set_smem(K kernel, std::size_t bytes) {
   HCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
@@ -1253,16 +1259,13 @@ template <int D> void fwd_d(const Fwd& a) {
     const Dims& d = a.dims;
     Plan plan(*d.segments, kWgRows, d.tkv, false);
     if (plan.nqtiles == 0) return;
-    // The warp-specialised kernel (TMA needs 16-byte aligned bases, int32 row coordinates and a
-    // non-empty K/V tensor):
+    // The warp-specialised kernel (Q, K and V as TMA maps, `tma_ok`):
     // the default; HCP_ATTN_FWD_TWO_BLOCKS keeps the two-blocks-per-SM kernel below (whose variants
     // HCP_ATTN_FWD_EXP2F and HCP_ATTN_FWD_BN64 select).
     static const bool ws_want = std::getenv("HCP_ATTN_FWD_TWO_BLOCKS") == nullptr;
-    const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
     static const bool turns = std::getenv("HCP_ATTN_FWD_NO_TURNS") == nullptr;  // side-by-side runs
     static const bool stages3 = std::getenv("HCP_ATTN_FWD_STAGES3") != nullptr;
-    if (ws_want && aligned(a.q) && aligned(a.k) && aligned(a.v) && d.tq < (std::int64_t{1} << 31) && d.tkv > 0 &&
-        d.tkv < (std::int64_t{1} << 31)) {
+    if (ws_want && tma_ok(a.q, d.tq) && tma_ok(a.k, d.tkv) && tma_ok(a.v, d.tkv)) {
       constexpr int BN = 128;
       const TensorMap qmap = make_map(a.q, d.tq, d.H * D, d.H * D, 64, 64);
       const TensorMap kmap = make_map(a.k, d.tkv, d.Hkv * D, d.Hkv * D, BN, 64);
@@ -1370,9 +1373,8 @@ template <int D> void bwd_d(const Bwd& a) {
       const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) +
                                128 * kBN * sizeof(bf16) + 2 * kBN * (D + 8) * sizeof(float) + 4 * sizeof(std::uint64_t) + align;
       TensorMap qmap{}, omap{};
-      // kDqTma: Q and dO as [tq][H·D] maps, boxes [64 rows][64 columns] (TMA needs 16-byte aligned bases).
-      const bool tma = !dq_cp_async && d.tq > 0 && d.tq < (std::int64_t{1} << 31) &&
-                       reinterpret_cast<std::uintptr_t>(a.q) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.dout) % 16 == 0;
+      // kDqTma: Q and dO as [tq][H·D] maps, boxes [64 rows][64 columns].
+      const bool tma = !dq_cp_async && tma_ok(a.q, d.tq) && tma_ok(a.dout, d.tq);
       if (tma) {
         qmap = make_map(a.q, d.tq, d.H * D, d.H * D, 64, 64);
         omap = make_map(a.dout, d.tq, d.H * D, d.H * D, 64, 64);
