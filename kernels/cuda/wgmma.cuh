@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/ptx.cuh"
 
 namespace hcp::cuda::wg {
 // raw (dynamic shared memory) rounded up to the next 1024-byte boundary, where the 128-byte swizzle
@@ -38,75 +39,6 @@ __device__ __forceinline__ std::uint64_t desc_mn128(const void* p, std::uint32_t
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Makes this thread's shared-memory writes (st.shared, cp.async) visible to the async proxy wgmma reads through.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// ---- shared-memory mbarriers (producer/consumer hand-over inside a block) ----
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(tc::smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(tc::smem_u32(bar)) : "memory");
-}
-// Arrives on bar once every cp.async this thread issued so far has landed (the arrival is counted in
-// the barrier's initial count: .noinc).
-__device__ __forceinline__ void mbar_arrive_cp_async(std::uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(tc::smem_u32(bar)) : "memory");
-}
-// Waits until the barrier's phase with the given parity has completed.
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(tc::smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
-// Arrives on bar (this thread's arrival) and adds `bytes` to the transaction count the phase waits for
-// (the TMA copies that name bar count down their bytes as they land).
-__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(tc::smem_u32(bar)), "r"(bytes) : "memory");
-}
-// TMA: the box of the 2-D tensor map `map` (in global memory) at coordinates (x innermost, y) into
-// shared memory at dst, completing `bar`'s transactions; out-of-bounds elements land as zeros.
-__device__ __forceinline__ void tma_load_2d(void* dst, const void* map, int x, int y, std::uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          tc::smem_u32(dst)),
-      "l"(map), "r"(x), "r"(y), "r"(tc::smem_u32(bar))
-      : "memory");
-}
-// TMA multicast: the box lands at dst's offset in every CTA of the cluster that `mask` names, each
-// completing the mbarrier at bar's offset in its own shared memory.
-__device__ __forceinline__ void tma_load_2d_mc(void* dst, const void* map, int x, int y, std::uint64_t* bar,
-                                               std::uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], "
-      "[%4], %5;\n" ::"r"(tc::smem_u32(dst)),
-      "l"(map), "r"(x), "r"(y), "r"(tc::smem_u32(bar)), "h"(mask)
-      : "memory");
-}
-// Arrives (release, cluster scope) on the mbarrier at bar's offset in the shared memory of cluster CTA `cta`.
-__device__ __forceinline__ void mbar_arrive_cluster(std::uint64_t* bar, unsigned cta) {
-  asm volatile(
-      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(
-          tc::smem_u32(bar)),
-      "r"(cta)
-      : "memory");
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA of the cluster (threads may arrive from divergent code).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// Moves registers between the warpgroups of a block (all warps of a warpgroup execute it).
-template <int N> __device__ __forceinline__ void reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N> __device__ __forceinline__ void reg_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
 // d += A (64 x 16 at descriptor a) · B (16 x N at descriptor b), N = 64, 128, 192 or 256; kTA / kTB: A is
 // M-major / B is N-major (the transpose immediates), else K-major; kZeroD: d = A · B (d not read).
 template <int N, bool kTA, bool kTB, bool kZeroD = false>

@@ -4,10 +4,10 @@
 // head), dk/dv with one warp per (key row, kv head) visiting every segment that holds the key, so
 // every output has one owner (no atomics: bitwise repeatable). Segments and masks exactly as the
 // host kernels (kernels.hpp). This is the general path (fp32, fp64, any head_dim); bf16 with head_dim
-// 64 or 128 goes to the tensor-core flash kernels of attention_tc.cu.
+// 64 or 128 goes to the tensor-core flash kernels of attention_tc.cu (this folder).
 #include <cmath>
 
-#include "kernels/cuda/attention_tc.hpp"
+#include "kernels/cuda/attention/attention_tc.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/kernels.hpp"
@@ -267,10 +267,11 @@ void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, con
   HCP_CHECK(p.head_dim <= kMaxD, "attention (CUDA): head_dim ", p.head_dim, " > ", kMaxD, " is not supported");
   const std::int64_t H = p.heads, Hkv = p.kv_heads, D = p.head_dim, tq = q.numel() / (H * D);
   if (tq == 0) return;
-  if (attn_tc::supported(q.dtype(), D, H, Hkv)) {
+  const std::int64_t tkv = k.numel() / (Hkv * D);
+  if (attn_tc::supported(q.dtype(), D, H, Hkv) && attn_tc::operands_ok({o.raw(), q.raw(), k.raw(), v.raw()}, tq, tkv)) {
     init_k<__nv_bfloat16, float><<<blocks_for(tq * H * D, 256), 256>>>(dptr<__nv_bfloat16>(o), dptr<float>(lse), tq * H, D);
     attn_tc::fwd({dptr<__nv_bfloat16>(o), dptr<float>(lse), dptr<__nv_bfloat16>(q), dptr<__nv_bfloat16>(k),
-                  dptr<__nv_bfloat16>(v), tc_dims(p, tq, k.numel() / (Hkv * D))});
+                  dptr<__nv_bfloat16>(v), tc_dims(p, tq, tkv)});
     return;
   }
   SegPlan plan(p);
@@ -292,7 +293,8 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
   HCP_CHECK(p.head_dim <= kMaxD, "attention (CUDA): head_dim ", p.head_dim, " > ", kMaxD, " is not supported");
   const std::int64_t H = p.heads, Hkv = p.kv_heads, D = p.head_dim, tq = q.numel() / (H * D), tkv = k.numel() / (Hkv * D);
   HCP_CUDA_CHECK(cudaMemsetAsync(dq.raw(), 0, dq.nbytes(), 0));
-  if (attn_tc::supported(q.dtype(), D, H, Hkv)) {
+  if (attn_tc::supported(q.dtype(), D, H, Hkv) &&
+      attn_tc::operands_ok({dq.raw(), dk.raw(), dv.raw(), q.raw(), k.raw(), v.raw(), o.raw(), dout.raw()}, tq, tkv)) {
     using B = __nv_bfloat16;
     attn_tc::bwd({dptr<B>(dq), dptr<B>(dk), dptr<B>(dv), dptr<B>(q), dptr<B>(k), dptr<B>(v), dptr<B>(o), dptr<float>(lse),
                   dptr<B>(dout), tc_dims(p, tq, tkv)});

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "core/tensor.hpp"
@@ -31,6 +32,10 @@ struct Bwd {
   Dims dims;
 };
 bool supported(DType dtype, std::int64_t head_dim, std::int64_t heads, std::int64_t kv_heads);
+// Whether these operands can take the tensor-core path: every tensor 16-byte aligned (cp.async and
+// TMA rows) and the token counts below 2^31 (the kernels' int32 row coordinates). Otherwise the
+// general kernels run.
+bool operands_ok(std::initializer_list<const void*> tensors, std::int64_t tq, std::int64_t tkv);
 void fwd(const Fwd& a);
 void bwd(const Bwd& a);
 }  // namespace hcp::kernels::cuda_impl::attn_tc
