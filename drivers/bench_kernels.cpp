@@ -1,7 +1,7 @@
 // bench_kernels: the time of every kernel on documented shapes, so regressions show.
 //   bench.device = host: the host kernels on small shapes (suite "small").
-//   bench.device = cuda: the CUDA kernels, suite "small" or "anchors" (the shapes of
-//     ../shared/design/BENCHMARKS.md: attention, Mamba2 SSD, the grouped expert GEMM beside one dense
+//   bench.device = cuda: the CUDA kernels, suite "small" or "anchors" (the anchor
+//     shapes of benchmarks/PERFORMANCE.md: attention, Mamba2 SSD, the grouped expert GEMM beside one dense
 //     cuBLAS GEMM of the same FLOPs, memory-bound kernels beside a device-to-device copy);
 //     jobs/bench/anchors.py times PyTorch / mamba_ssm on the same shapes and `hcp_post.py anchors`
 //     puts both into one ratio table.
@@ -57,7 +57,7 @@ Tensor rnd(const Shape& s, DType dt, std::uint64_t seed, double lo = -1, double 
 
 using Maker = std::function<std::shared_ptr<Tensor>(const Shape&, std::uint64_t, double, double)>;
 
-// The shapes of BENCHMARKS.md (GPU only). Inputs are made only for the groups whose op names `only`
+// The anchor shapes (GPU only). Inputs are made only for the groups whose op names `only`
 // matches (filling them all on the host takes minutes).
 void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt, const std::string& only) {
   const double es = static_cast<double>(dtype_size(dt));
@@ -88,7 +88,7 @@ void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt, const std::stri
   attention(2, 16, 8192, 128, true);
   attention(4, 32, 4096, 64, true);
   attention(1, 16, 32768, 128, false);
-  if (want({"ssd_fwd", "ssd_bwd"})) {  // Mamba2 SSD, the BENCHMARKS.md shape
+  if (want({"ssd_fwd", "ssd_bwd"})) {  // Mamba2 SSD, the anchor shape
     auto p = std::make_shared<k::SsdParams>();
     p->batch = 2;
     p->seqlen = 8192;
@@ -369,10 +369,10 @@ void run(DriverContext& ctx) {
 int main(int argc, char** argv) {
   DriverSpec spec;
   spec.name = "bench_kernels";
-  spec.description = "Time every kernel on documented shapes (host kernels, or CUDA kernels incl. the BENCHMARKS.md anchor shapes)";
+  spec.description = "Time every kernel on documented shapes (host kernels, or CUDA kernels incl. the anchor shapes)";
   spec.schema.add_string("bench.dtype", "fp32", "precision (bf16: cuda only)", {"fp32", "fp64", "bf16"})
       .add_string("bench.device", "host", "host (Kokkos kernels) or cuda", {"host", "cuda"})
-      .add_string("bench.suite", "small", "small (every kernel, small shapes) or anchors (BENCHMARKS.md shapes, cuda)",
+      .add_string("bench.suite", "small", "small (every kernel, small shapes) or anchors (the anchor shapes, cuda)",
                   {"small", "anchors"})
       .add_string("bench.only", "", "run only the ops whose name contains this text (empty: all)")
       .add_int("bench.warmup", 1, "untimed calls per op", 0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU benchmarks against the anchors (issue: CUDA kernel performance): bench_kernels on the anchor
+# GPU benchmarks against the anchors: bench_kernels on the anchor
 # shapes (bf16) and jobs/bench/anchors.py on the same shapes, in one run on one GPU, then the ratio
 # table. Usage: scripts/gpu_bench.sh [mamba_ssm source dir]   (HCP_BUILD_DIR default build-gpu,
 # HCP_CMAKE_ARGS, HCP_JOBS; results and logs to $HCP_LOG_DIR, default $build/gpu-bench).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time the performance anchors of ../shared/design/BENCHMARKS.md on the GPU, on the shapes that
+"""Time the performance anchors (benchmarks/PERFORMANCE.md) on the GPU, on the shapes that
 `bench_kernels --set bench.device=cuda --set bench.suite=anchors` uses, and write them as JSON.
 
   python3 jobs/bench/anchors.py --out anchors.json [--mamba-path DIR] [--repeats 20] [--warmup 5]

@@ -103,7 +103,9 @@ void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dou
 }
 
 // ---- ring p2p ---------------------------------------------------------------------------------
-// Segments of ring step i (K/V from rank j = r - i): the DCS rules of CP_ALGORITHMS.md, per sequence.
+// Segments of ring step i (K/V from rank j = r - i), per sequence, by the DualChunkSwap rules: the
+// diagonal block causal; K/V of an earlier rank: all queries against its first K/V half; of a later
+// rank: the second query half against all its K/V.
 static std::vector<k::AttnSegment> ring_segments(const SeqLayout& local, int r, int j, bool causal) {
   std::vector<k::AttnSegment> segs;
   for (std::int64_t s = 0; s < local.nseq(); ++s) {

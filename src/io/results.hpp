@@ -1,4 +1,4 @@
-// HDF5 results files (schema in README.md / ARCHITECTURE.md):
+// HDF5 results files (schema in README.md):
 //   /config        attributes: deck text, command line, git revision, sizes, strategy, backend, dtype
 //   /activations/<layer>/<name>, /gradients/<name>   tensors in global order, attrs `layout`, `units`
 //   /timings/<phase>   [ranks, repeats] in ms, per rank

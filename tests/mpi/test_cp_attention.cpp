@@ -104,7 +104,7 @@ TEST_P(CpAttentionGrid, MatchesCp1) {
          dk = Tensor::zeros(kl.shape(), cc.dtype), dv = Tensor::zeros(vl.shape(), cc.dtype);
   attn.forward(o, ql, kl, vl);
   attn.backward(dq, dk, dv, dol);
-  // fp64: 1e-10 relative; fp32: 1e-5 relative (issue's tolerances), with a small absolute floor.
+  // fp64: 1e-10 relative; fp32: 1e-5 relative (the drivers' tolerances), with a small absolute floor.
   const double rtol = cc.dtype == DType::F64 ? 1e-10 : 1e-5, atol = cc.dtype == DType::F64 ? 1e-12 : 1e-6;
   test::expect_close(dcs_gather(comm, o, c.global), ref.o, atol, rtol, "o");
   test::expect_close(dcs_gather(comm, dq, c.global), ref.dq, atol, rtol, "dq");
