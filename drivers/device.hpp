@@ -34,16 +34,18 @@ inline int local_rank_and_size(int* local_size) {
   return r;
 }
 
-// Validate phase: a clear error when run.device = cuda cannot be honoured; selects the GPU.
-inline void init_device(const Deck& d) {
-  if (space_of(d) == Space::Host) return;
+// Validate phase: selects this rank's GPU (by local rank) when `want`, or one clear error naming
+// `key` when that cannot be honoured.
+inline void init_gpu(bool want, const std::string& key) {
+  if (!want) return;
 #ifdef HCP_HAVE_CUDA
-  HCP_CHECK(cuda::device_count() > 0, "run.device = \"cuda\": no usable GPU on this node (", cuda::unavailable_reason(), ")");
+  HCP_CHECK(cuda::device_count() > 0, key, " = \"cuda\": no usable GPU on this node (", cuda::unavailable_reason(), ")");
   cuda::init(local_rank_and_size(nullptr));
 #else
-  HCP_FAIL("run.device = \"cuda\" needs a build with CUDA and NCCL (this build has none)");
+  HCP_FAIL(key, " = \"cuda\" needs a build with CUDA and NCCL (this build has none)");
 #endif
 }
+inline void init_device(const Deck& d) { init_gpu(space_of(d) == Space::Cuda, "run.device"); }
 
 // The communicator the CP group uses for device tensors: NCCL over `cp` when each local rank has
 // its own GPU, else `cp` itself (MPI, device buffers host-staged). `owned` keeps the NCCL one alive.

@@ -1,4 +1,5 @@
-// Deck keys, model configuration and synthetic data shared by cp_hybrid and train_hybrid.
+// Deck keys, model configuration and synthetic data shared by cp_hybrid and train_hybrid (step_batch:
+// train_hybrid's [data] keys seqs_per_step, min_len, max_len).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -7,6 +8,7 @@
 #include "common.hpp"
 #include "cp/layout.hpp"
 #include "io/deck.hpp"
+#include "layer_keys.hpp"
 #include "model/hybrid.hpp"
 
 namespace hcp::drivers {
@@ -24,17 +26,17 @@ inline std::string builtin_model_deck(std::int64_t vocab) {
 inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attention_choices, const std::string& attn_def) {
   s.add_string("model.pattern", "M*EM-E", "blocks: M Mamba2, * attention, E MoE, - MLP")
       .add_int("model.vocab", 64, "vocabulary size", 2)
-      .add_int("model.hidden", 32, "model width", 1)
-      .add_int("mamba.heads", 4, "SSM heads", 1)
-      .add_int("mamba.head_dim", 8, "head dimension P", 1)
-      .add_int("mamba.n_groups", 2, "B/C groups (divides heads)", 1)
-      .add_int("mamba.d_state", 8, "state size N", 1)
-      .add_int("mamba.conv", 4, "conv1d width", 1, 16)
-      .add_int("mamba.chunk", 16, "SSD chunk size", 1)
-      .add_int("attention.heads", 4, "query heads", 1)
-      .add_int("attention.kv_heads", 2, "key/value heads (divides heads)", 1)
-      .add_int("attention.head_dim", 8, "head dimension", 1, 1024)
-      .add_float("attention.rope_theta", 0.0, "RoPE base (0: no positional embedding, as NemotronH)", 0.0)
+      .add_int("model.hidden", 32, "model width", 1);
+  model::Mamba2Config mamba;
+  mamba.heads = 4;
+  mamba.head_dim = 8;
+  mamba.groups = 2;
+  mamba.d_state = 8;
+  mamba.conv = 4;
+  mamba.chunk = 16;
+  add_mamba_keys(s, mamba);
+  add_attention_keys(s, {4, 2, 8});
+  s.add_float("attention.rope_theta", 0.0, "RoPE base (0: no positional embedding, as NemotronH)", 0.0)
       .add_int("moe.experts", 8, "routed experts (divisible by cp with expert parallelism)", 1)
       .add_int("moe.topk", 2, "experts per token", 1)
       .add_int("moe.ffn", 16, "expert FFN width", 1)
@@ -52,16 +54,12 @@ inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strateg
   c.pattern = d.get_string("model.pattern");
   c.vocab = d.get_int("model.vocab");
   c.hidden = d.get_int("model.hidden");
-  c.mamba.heads = d.get_int("mamba.heads");
-  c.mamba.head_dim = d.get_int("mamba.head_dim");
-  c.mamba.groups = d.get_int("mamba.n_groups");
-  c.mamba.d_state = d.get_int("mamba.d_state");
-  c.mamba.conv = d.get_int("mamba.conv");
-  c.mamba.chunk = d.get_int("mamba.chunk");
+  c.mamba = mamba_from_deck(d, c.hidden);
   c.mamba_cp = model::mamba_cp_from_string(d.get_string("parallel.mamba_cp"));
-  c.attn.heads = d.get_int("attention.heads");
-  c.attn.kv_heads = d.get_int("attention.kv_heads");
-  c.attn.head_dim = d.get_int("attention.head_dim");
+  const AttnShape a = attention_from_deck(d);
+  c.attn.heads = a.heads;
+  c.attn.kv_heads = a.kv_heads;
+  c.attn.head_dim = a.head_dim;
   c.attn.rope_theta = d.get_float("attention.rope_theta");
   c.attn.strategy = strategy;
   c.moe.experts = d.get_int("moe.experts");
@@ -126,6 +124,26 @@ inline TokenBatch make_token_batch(const Deck& d, int cp, std::int64_t vocab, st
   cp::PackedBatch pb = cp::pack_sequences(synthetic_sequences(vocab, lens, seed), 2 * cp, 0);
   TokenBatch b;
   b.layout = bshd ? SeqLayout::bshd(static_cast<std::int64_t>(lens.size()), lens[0]) : pb.layout;
+  b.tokens = std::move(pb.tokens);
+  b.labels = std::move(pb.labels);
+  b.label_tokens = pb.label_tokens;
+  return b;
+}
+
+// The batch of step t: a pure function of (seed, t), so a resumed run sees the same data.
+inline TokenBatch step_batch(const Deck& d, int cp, std::int64_t vocab, std::int64_t t) {
+  const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
+  const std::int64_t n = d.get_int("data.seqs_per_step"), lo = d.get_int("data.min_len"), hi = d.get_int("data.max_len");
+  const bool bshd = d.get_string("data.format") == "bshd";
+  std::vector<std::int64_t> lens;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint64_t h = mix64(seed * 7919 + static_cast<std::uint64_t>(t) * 104729 + static_cast<std::uint64_t>(i));
+    lens.push_back(bshd ? hi : lo + static_cast<std::int64_t>(h % static_cast<std::uint64_t>(hi - lo + 1)));
+  }
+  cp::PackedBatch pb = cp::pack_sequences(synthetic_sequences(vocab, lens, seed * 1000003 + static_cast<std::uint64_t>(t)),
+                                          2 * cp, 0);
+  TokenBatch b;
+  b.layout = bshd ? SeqLayout::bshd(n, hi) : pb.layout;
   b.tokens = std::move(pb.tokens);
   b.labels = std::move(pb.labels);
   b.label_tokens = pb.label_tokens;

@@ -11,13 +11,13 @@
 #include <fstream>
 #include <memory>
 
+#include "checkpoint.hpp"
 #include "common.hpp"
-#include "device.hpp"
 #include "comm/process_grid.hpp"
+#include "device.hpp"
 #include "harness.hpp"
 #include "hybrid_common.hpp"
-#include "io/results.hpp"
-#include "model/optim.hpp"
+#include "study.hpp"
 
 using namespace hcp;
 
@@ -49,20 +49,13 @@ DeckSchema schema() {
       .add_string("data.dtype", "fp64", "precision of parameters and compute", {"fp32", "fp64"})
       .add_int("data.seed", 1, "seed of the corpus and the initial parameters", 0)
       .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
-      .add_int("train.steps", 30, "optimizer steps in total", 1)
-      .add_float("train.lr", 1e-2, "peak learning rate", 0.0)
-      .add_float("train.min_lr", 1e-3, "final learning rate of the cosine", 0.0)
-      .add_int("train.warmup", 5, "linear warm-up steps", 0)
-      .add_float("train.beta1", 0.9, "Adam beta1", 0.0, 1.0)
-      .add_float("train.beta2", 0.95, "Adam beta2", 0.0, 1.0)
-      .add_float("train.weight_decay", 0.01, "decoupled weight decay (matrices only)", 0.0)
-      .add_float("train.clip", 1.0, "global gradient-norm clip (0: off)", 0.0)
       .add_bool("train.reference", true, "train a cp=1 replica on rank 0 and compare the loss curves")
       .add_float("train.loss_rtol", 0.0, "largest allowed |loss_cp - loss_cp1| / loss_cp1 per step (0: 1e-9 fp64, 1e-5 fp32)", 0.0)
       .add_int("train.checkpoint_every", 0, "write a checkpoint every N steps (0: never)", 0)
       .add_string("train.checkpoint", "checkpoint.h5", "checkpoint file")
       .add_string("train.resume", "", "checkpoint to resume from (\"\": start fresh)")
       .add_int("train.stop_after", 0, "stop (with a checkpoint) after this many steps of this run (0: run to the end)", 0);
+  drivers::add_adamw_keys(s);
   drivers::add_device_key(s);
   return s;
 }
@@ -80,14 +73,7 @@ Setup make_setup(const DriverContext& ctx) {
   s.cp = drivers::cp_size_of(d, ctx.world->size());
   s.dt = dtype_from_string(d.get_string("data.dtype"));
   s.cfg = drivers::hybrid_config(d, cp::attn_strategy_from_string(d.get_string("parallel.attention")));
-  s.opt.lr = d.get_float("train.lr");
-  s.opt.min_lr = d.get_float("train.min_lr");
-  s.opt.beta1 = d.get_float("train.beta1");
-  s.opt.beta2 = d.get_float("train.beta2");
-  s.opt.weight_decay = d.get_float("train.weight_decay");
-  s.opt.clip = d.get_float("train.clip");
-  s.opt.warmup = d.get_int("train.warmup");
-  s.opt.total = d.get_int("train.steps");
+  s.opt = drivers::adamw_from_deck(d);
   HCP_CHECK(d.get_int("data.min_len") <= d.get_int("data.max_len"), "data.min_len (", d.get_int("data.min_len"),
             ") must be <= data.max_len (", d.get_int("data.max_len"), ")");
   if (d.get_string("data.format") == "bshd")
@@ -96,65 +82,17 @@ Setup make_setup(const DriverContext& ctx) {
   return s;
 }
 
-// The batch of step t: a pure function of (seed, t), so a resumed run sees the same data.
-drivers::TokenBatch step_batch(const Deck& d, int cp, std::int64_t vocab, std::int64_t t) {
-  const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
-  const std::int64_t n = d.get_int("data.seqs_per_step"), lo = d.get_int("data.min_len"), hi = d.get_int("data.max_len");
-  const bool bshd = d.get_string("data.format") == "bshd";
-  std::vector<std::int64_t> lens;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint64_t h = drivers::mix64(seed * 7919 + static_cast<std::uint64_t>(t) * 104729 + static_cast<std::uint64_t>(i));
-    lens.push_back(bshd ? hi : lo + static_cast<std::int64_t>(h % static_cast<std::uint64_t>(hi - lo + 1)));
-  }
-  cp::PackedBatch pb = cp::pack_sequences(drivers::synthetic_sequences(vocab, lens, seed * 1000003 + static_cast<std::uint64_t>(t)),
-                                          2 * cp, 0);
-  drivers::TokenBatch b;
-  b.layout = bshd ? SeqLayout::bshd(n, hi) : pb.layout;
-  b.tokens = std::move(pb.tokens);
-  b.labels = std::move(pb.labels);
-  b.label_tokens = pb.label_tokens;
-  return b;
-}
-
 void validate(DriverContext& ctx) {
   drivers::init_device(ctx.deck);
   Setup s = make_setup(ctx);
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
-  model::HybridModel m(*g.cp, s.cfg, step_batch(ctx.deck, s.cp, s.cfg.vocab, 1).layout);
+  model::HybridModel m(*g.cp, s.cfg, drivers::step_batch(ctx.deck, s.cp, s.cfg.vocab, 1).layout);
   const std::string resume = ctx.deck.get_string("train.resume");
   if (!resume.empty()) {
     HCP_CHECK(std::ifstream(resume).good(), "train.resume: cannot read checkpoint file '", resume, "'");
     ResultsReader r(resume);  // unreadable file: one clear error, before any work
     HCP_CHECK(r.exists("/checkpoint/step"), "train.resume: '", resume, "' is not a train_hybrid checkpoint (no /checkpoint/step)");
   }
-}
-
-void write_checkpoint(Communicator& world, const std::string& path, model::ParamMap& p, model::AdamW& opt,
-                      const std::vector<double>& loss, const std::vector<double>& ref_loss) {
-  ResultsWriter w(path, world);
-  w.tensor("/checkpoint/step", Tensor::from({static_cast<double>(opt.steps_done())}, {1}, DType::F64), "scalar", "steps");
-  for (auto& [n, t] : p) w.tensor("/checkpoint/params/" + n, t, "parameter shape", "1");
-  for (auto& [n, t] : opt.m()) w.tensor("/checkpoint/adam_m/" + n, t, "parameter shape", "1");
-  for (auto& [n, t] : opt.v()) w.tensor("/checkpoint/adam_v/" + n, t, "parameter shape", "1");
-  w.tensor("/checkpoint/loss", Tensor::from(loss, {static_cast<std::int64_t>(loss.size())}, DType::F64), "[step]", "nats");
-  if (!ref_loss.empty())
-    w.tensor("/checkpoint/loss_reference", Tensor::from(ref_loss, {static_cast<std::int64_t>(ref_loss.size())}, DType::F64),
-             "[step]", "nats");
-  w.finish();
-}
-
-void read_checkpoint(const std::string& path, model::ParamMap& p, model::AdamW& opt, std::vector<double>& loss,
-                     std::vector<double>* ref_loss) {
-  ResultsReader r(path);
-  const auto step = static_cast<std::int64_t>(r.read("/checkpoint/step").get(0));
-  for (auto& [n, t] : p) {
-    t.copy_from(r.read("/checkpoint/params/" + n, t.dtype()).view(t.shape()));
-    opt.m().at(n).copy_from(r.read("/checkpoint/adam_m/" + n, t.dtype()).view(t.shape()));
-    opt.v().at(n).copy_from(r.read("/checkpoint/adam_v/" + n, t.dtype()).view(t.shape()));
-  }
-  opt.set_steps_done(step);
-  loss = r.read("/checkpoint/loss").to_vector();
-  if (ref_loss && r.exists("/checkpoint/loss_reference")) *ref_loss = r.read("/checkpoint/loss_reference").to_vector();
 }
 
 void run(DriverContext& ctx) {
@@ -166,7 +104,7 @@ void run(DriverContext& ctx) {
   auto self = ctx.world->split(ctx.world->rank(), 0);
   const int r = grid.cp_rank;
   const bool with_ref = d.get_bool("train.reference");
-  const double rtol = d.get_float("train.loss_rtol") > 0 ? d.get_float("train.loss_rtol") : (s.dt == DType::F64 ? 1e-9 : 1e-5);
+  const double rtol = d.get_float("train.loss_rtol") > 0 ? d.get_float("train.loss_rtol") : drivers::train_loss_tolerance(s.dt);
   const std::int64_t steps = d.get_int("train.steps"), every = d.get_int("train.checkpoint_every"),
                      stop_after = d.get_int("train.stop_after");
   const std::string ck = d.get_string("train.checkpoint"), resume = d.get_string("train.resume");
@@ -177,13 +115,13 @@ void run(DriverContext& ctx) {
   model::ParamMap rp;  // the cp=1 replica (rank 0)
   std::unique_ptr<model::AdamW> ropt;
   std::vector<double> loss, ref_loss, lrs, gnorms, label_tokens, step_ms;
-  if (!resume.empty()) read_checkpoint(resume, p, opt, loss, with_ref ? &ref_loss : nullptr);
+  if (!resume.empty()) drivers::read_checkpoint(resume, p, opt, loss, with_ref ? &ref_loss : nullptr);
   if (with_ref && ctx.root()) {
     for (auto& [n, t] : p) rp[n] = t.clone();
     ropt = std::make_unique<model::AdamW>(s.opt, rp);
     if (!resume.empty()) {
       std::vector<double> dummy;
-      read_checkpoint(resume, rp, *ropt, dummy, nullptr);
+      drivers::read_checkpoint(resume, rp, *ropt, dummy, nullptr);
       // The checkpoint holds the CP run's state; the replica resumes from it too.
     }
   }
@@ -199,7 +137,7 @@ void run(DriverContext& ctx) {
   double worst = 0;
   std::int64_t done_here = 0;
   for (std::int64_t t = start + 1; t <= steps; ++t) {
-    const drivers::TokenBatch b = step_batch(d, s.cp, s.cfg.vocab, t);
+    const drivers::TokenBatch b = drivers::step_batch(d, s.cp, s.cfg.vocab, t);
     model::HybridModel m(cpc, s.cfg, b.layout);
     model::ParamMap g;
     cpc.barrier();
@@ -231,7 +169,7 @@ void run(DriverContext& ctx) {
     }
     ++done_here;
     const bool stop = stop_after > 0 && done_here >= stop_after && t < steps;
-    if ((every > 0 && t % every == 0) || stop) write_checkpoint(*ctx.world, ck, p, opt, loss, ref_loss);
+    if ((every > 0 && t % every == 0) || stop) drivers::write_checkpoint(*ctx.world, ck, p, opt, loss, ref_loss);
     if (stop) {
       if (ctx.root()) std::printf("# stopped after %lld steps; checkpoint %s at step %lld\n", static_cast<long long>(done_here), ck.c_str(), static_cast<long long>(t));
       break;
@@ -241,13 +179,9 @@ void run(DriverContext& ctx) {
   ctx.world->broadcast(&pass, 1, DType::F64, 0);
   if (!ctx.out.empty()) {
     ResultsWriter w(ctx.out, *ctx.world);
-    w.config({{"driver", "train_hybrid"}, {"deck", d.text()}, {"deck_resolved", d.resolved()}, {"command_line", ctx.cmdline},
-              {"git_revision", ctx.git_rev}, {"format", d.get_string("data.format")},
-              {"strategy", d.get_string("parallel.attention")}, {"mamba_cp", d.get_string("parallel.mamba_cp")},
-              {"pattern", s.cfg.pattern}, {"backend", drivers::device_desc(d, cpc)}, {"dtype", to_string(s.dt)},
-              {"resumed_from", resume}});
-    w.config_int("cp_size", s.cp);
-    w.config_int("world_size", ctx.world->size());
+    drivers::write_config(w, ctx, "train_hybrid", drivers::device_desc(d, cpc), s.dt, s.cp,
+                          {{"format", d.get_string("data.format")}, {"strategy", d.get_string("parallel.attention")},
+                           {"mamba_cp", d.get_string("parallel.mamba_cp")}, {"pattern", s.cfg.pattern}, {"resumed_from", resume}});
     auto vec = [](const std::vector<double>& v) { return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64); };
     w.tensor("/train/loss", vec(loss), "[step] (all steps since step 1)", "nats");
     if (with_ref) {

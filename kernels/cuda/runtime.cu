@@ -202,6 +202,20 @@ double time_ms(void (*fn)(void*), void* arg) {
   return static_cast<double>(ms);
 }
 
+void* event_mark() {
+  cudaEvent_t e;
+  HCP_CUDA_CHECK(cudaEventCreate(&e));
+  HCP_CUDA_CHECK(cudaEventRecord(e, 0));
+  return e;
+}
+double event_elapsed_ms(void* a, void* b) {
+  HCP_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(b)));
+  float ms = 0;
+  HCP_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)));
+  return static_cast<double>(ms);
+}
+void event_release(void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+
 std::size_t scratch_high_water(bool reset) {
   cudaMemPool_t pool;
   int dev = 0;

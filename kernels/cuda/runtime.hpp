@@ -24,6 +24,11 @@ double time_ms(void (*fn)(void*), void* arg);
 template <class F> double time_ms(F& f) {
   return time_ms([](void* a) { (*static_cast<F*>(a))(); }, &f);
 }
+// Time marks on the default stream (CUDA events), for phase timings that are the device's own:
+// event_mark records a new one; event_elapsed_ms waits for b and returns the ms from a to b.
+void* event_mark();
+double event_elapsed_ms(void* a, void* b);
+void event_release(void* e);
 // Device memory in use (all processes), bytes.
 std::size_t used_memory();
 

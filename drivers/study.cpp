@@ -1,0 +1,261 @@
+#include "study.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "common.hpp"
+#include "device.hpp"
+#include "overlap.hpp"
+#ifdef HCP_HAVE_CUDA
+#include "kernels/cuda/runtime.hpp"
+#endif
+
+namespace hcp::drivers {
+
+double layer_tolerance(DType dt) { return dt == DType::F64 ? 1e-10 : dt == DType::F32 ? 1e-5 : 2e-2; }
+double model_tolerance(DType dt) { return dt == DType::F64 ? 1e-10 : 2e-4; }
+double train_loss_tolerance(DType dt) { return dt == DType::F64 ? 1e-9 : 1e-5; }
+
+Selection select(const Deck& d, const std::string& key, const std::string& all_word, const std::vector<std::string>& all) {
+  const std::string v = d.get_string(key);
+  if (v == all_word) return {all, true};
+  return {{v}, false};
+}
+
+std::vector<std::string> runnable(Communicator& comm, const Selection& sel, const std::function<void(const std::string&)>& try_make,
+                                  std::vector<std::pair<std::string, std::string>>* skipped) {
+  std::vector<std::string> ok;
+  std::vector<std::pair<std::string, std::string>> failed;
+  for (const std::string& name : sel.names) {
+    if (!sel.all) {
+      try_make(name);  // a named case that cannot run is the deck's error
+      ok.push_back(name);
+      continue;
+    }
+    std::string why;
+    if (agree_on_errors(comm, [&] { try_make(name); }, &why, /*print=*/false)) ok.push_back(name);
+    else failed.emplace_back(name, why);
+  }
+  // No case can run: the first one's error is the deck's (e.g. a length that no strategy can split).
+  if (ok.empty()) throw Error(failed.front().second);
+  if (skipped) *skipped = std::move(failed);
+  return ok;
+}
+
+// ---- Clock ----------------------------------------------------------------------------------------
+Clock::Clock(Space space) : space_(space) {}
+Clock::~Clock() {
+#ifdef HCP_HAVE_CUDA
+  for (auto& [n, m] : marks_) cuda::event_release(m);
+  if (start_) cuda::event_release(start_);
+#endif
+}
+void Clock::start() {
+  host_.clear();
+  extra_.clear();
+#ifdef HCP_HAVE_CUDA
+  for (auto& [n, m] : marks_) cuda::event_release(m);
+  marks_.clear();
+  if (space_ == Space::Cuda) {
+    if (start_) cuda::event_release(start_);
+    start_ = cuda::event_mark();
+    return;
+  }
+#endif
+  t_ = MPI_Wtime();
+}
+void Clock::lap(const std::string& phase) {
+#ifdef HCP_HAVE_CUDA
+  if (space_ == Space::Cuda) {
+    marks_.emplace_back(phase, cuda::event_mark());
+    return;
+  }
+#endif
+  const double t = MPI_Wtime();
+  host_.emplace_back(phase, (t - t_) * 1e3);
+  t_ = t;
+}
+std::vector<std::pair<std::string, double>> Clock::read() {
+#ifdef HCP_HAVE_CUDA
+  if (space_ == Space::Cuda) {
+    std::vector<std::pair<std::string, double>> out;
+    void* prev = start_;
+    for (auto& [n, m] : marks_) {
+      out.emplace_back(n, cuda::event_elapsed_ms(prev, m));
+      prev = m;
+    }
+    out.insert(out.end(), extra_.begin(), extra_.end());
+    return out;
+  }
+#endif
+  std::vector<std::pair<std::string, double>> out = host_;
+  out.insert(out.end(), extra_.begin(), extra_.end());
+  return out;
+}
+
+// ---- Study ----------------------------------------------------------------------------------------
+Study::Study(DriverContext& c, std::string name, double (*tolerance)(DType))
+    : ctx(c),
+      deck(c.deck),
+      driver(std::move(name)),
+      cp(cp_size_of(c.deck, c.world->size())),
+      grid(ProcessGrid::make(*c.world, cp)),
+      comm(device_comm(c.deck, *grid.cp, device_comm_)),
+      self(*(self_ = c.world->split(c.world->rank(), 0))),
+      space(space_of(c.deck)),
+      dt(dtype_from_string(c.deck.get_string("data.dtype"))),
+      check(c.deck.get_bool("run.check")),
+      warmup(static_cast<int>(c.deck.get_int("run.warmup"))),
+      repeats(static_cast<int>(c.deck.get_int("run.repeats"))),
+      tol(tolerance(dt)) {
+  if (!ctx.out.empty()) writer_ = std::make_unique<ResultsWriter>(ctx.out, *ctx.world);
+}
+
+std::string Study::backend() const { return device_desc(deck, comm); }
+
+Samples Study::time(const std::function<void(Clock&)>& body, const std::function<void()>& before) {
+  Samples s;
+  Clock clock(space);
+  for (int it = 0; it < warmup + repeats; ++it) {
+    if (before) before();
+    if (it == warmup) comm.reset_counters();
+    comm.barrier();
+    const double rw0 = ring_wait_seconds(comm);
+    clock.start();
+    body(clock);
+    const auto laps = clock.read();
+    if (it < warmup) continue;
+    for (const auto& [phase, ms] : laps) s[phase].push_back(ms);
+    s["ring_wait"].push_back((ring_wait_seconds(comm) - rw0) * 1e3);
+  }
+  return s;
+}
+
+double Study::slowest(const std::vector<double>& ms) { return comm.all_reduce_scalar(median(ms), ReduceOp::Max); }
+
+std::int64_t Study::bytes_per_step(const std::vector<std::string>& ops) const {
+  std::int64_t b = 0;
+  for (const auto& [op, c] : comm.counters())
+    if (ops.empty() ? op != "barrier" : std::find(ops.begin(), ops.end(), op) != ops.end()) b += c.bytes_sent;
+  return b / repeats;
+}
+
+void Study::write_timings(const std::string& strategy, const Samples& s) {
+  if (!writer_) return;
+  writer_->comm(comm, strategy + "/");
+  for (const auto& [phase, v] : s)
+    if (phase != "ring_wait") writer_->timings(strategy + "/" + phase, v);
+}
+
+double Study::overlap(const std::string& strategy, const Samples& s) {
+  const Overlap o = measure_overlap(comm, s.at("ring_wait"), repeats, space);
+  if (!o.ring) return -1;
+  if (writer_) {
+    writer_->timings(strategy + "/ring_exposed", o.exposed_ms);
+    writer_->timings(strategy + "/ring_isolated", o.isolated_ms);
+  }
+  return o.fraction;
+}
+
+void Study::Errors::add(const std::string& name, double e) {
+  rel.emplace_back(name, e);
+  worst = std::max(worst, e);
+}
+void Study::compare(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref) const {
+  if (!check || !root()) return;
+  const ErrorStats s = hcp::compare(got, ref);
+  e.add(name, s.max_abs / std::max(s.ref_max, 1e-300));
+}
+bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
+  double pass = (!check || e.worst <= tol) && extra ? 1 : 0;
+  ctx.world->broadcast(&pass, 1, DType::F64, 0);
+  if (writer_ && check)
+    for (const auto& [n, v] : e.rel) writer_->summary(strategy + "/" + n, v, v, tol, v <= tol);
+  return pass == 1;
+}
+
+void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend, DType dt,
+                  int cp, std::map<std::string, std::string> attrs) {
+  attrs.merge(std::map<std::string, std::string>{{"driver", driver},
+                                                 {"deck", ctx.deck.text()},
+                                                 {"deck_resolved", ctx.deck.resolved()},
+                                                 {"command_line", ctx.cmdline},
+                                                 {"git_revision", ctx.git_rev},
+                                                 {"backend", backend},
+                                                 {"dtype", to_string(dt)}});
+  w.config(attrs);
+  w.config_int("cp_size", cp);
+  w.config_int("world_size", ctx.world->size());
+}
+
+void Study::config(std::map<std::string, std::string> attrs, const std::vector<std::pair<std::string, std::string>>& skipped) {
+  if (!writer_) return;
+  if (!skipped.empty()) {
+    std::string s;
+    for (const auto& [n, why] : skipped) s += (s.empty() ? "" : "; ") + n + ": " + why;
+    attrs["skipped"] = s;
+  }
+  write_config(*writer_, ctx, driver, backend(), dt, cp, std::move(attrs));
+}
+
+void Study::header(const std::string& fields, const std::vector<std::pair<std::string, std::string>>& skipped) {
+  if (!root()) return;
+  std::printf("# %s: ranks=%d cp=%d %s dtype=%s backend=%s\n", driver.c_str(), ctx.world->size(), cp, fields.c_str(),
+              to_string(dt).c_str(), backend().c_str());
+  for (const auto& [n, why] : skipped) std::printf("# skipped %s: %s\n", n.c_str(), why.c_str());
+}
+
+void Study::finish(bool pass, const std::string& why) {
+  if (writer_) writer_->finish();
+  if (root()) {
+    std::printf("RESULT %s %s%s%s\n", driver.c_str(), pass ? (check ? "PASS" : "UNCHECKED") : "FAIL",
+                ctx.out.empty() ? "" : " file=", ctx.out.c_str());
+    std::fflush(stdout);
+  }
+  if (!pass) throw Error(why);
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) {
+    if (!s.empty()) s += ',';
+    s += x;
+  }
+  return s;
+}
+std::string join(const std::vector<std::int64_t>& v) {
+  std::vector<std::string> t;
+  for (auto x : v) t.push_back(std::to_string(x));
+  return join(t);
+}
+
+// ---- Table ----------------------------------------------------------------------------------------
+Table::Table(std::vector<std::pair<std::string, int>> columns) : cols_(std::move(columns)) {}
+void Table::row(const std::vector<std::string>& cells) { rows_.push_back(cells); }
+void Table::print() const {
+  const auto line = [&](const std::vector<std::string>& cells, const char* lead) {
+    std::string s = lead;
+    for (std::size_t i = 0; i < cols_.size(); ++i) {
+      const int w = cols_[i].second;
+      const std::string& c = i < cells.size() ? cells[i] : std::string("-");
+      char b[256];
+      std::snprintf(b, sizeof b, i == 0 ? "%-*s" : " %*s", w, c.c_str());
+      s += b;
+    }
+    std::printf("%s\n", s.c_str());
+  };
+  std::vector<std::string> head;
+  for (const auto& [n, w] : cols_) head.push_back(n);
+  line(head, "# ");
+  for (const auto& r : rows_) line(r, "  ");
+}
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+std::string fmt_int(std::int64_t v) { return std::to_string(v); }
+
+}  // namespace hcp::drivers

@@ -1,0 +1,183 @@
+// The study every CP driver runs, in one place: the process grid and the communicator for
+// run.device, the cp=1 reference's own communicator, the timed loop (warm-up, a barrier before each
+// iteration, per-phase clocks — CUDA events on GPU ranks — and the median over repeats of the slowest
+// rank), the cases a deck's strategy choice names (a case that cannot run this shape is skipped and
+// reported when the deck asked for all of them), comparisons with the reference against the tolerance
+// table, /config, the run header, the table and RESULT. A driver declares its reference run, its
+// cases, the tensors it compares and its byte model.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/process_grid.hpp"
+#include "core/layout.hpp"
+#include "core/tensor.hpp"
+#include "harness.hpp"
+#include "io/results.hpp"
+
+namespace hcp::drivers {
+
+// Tolerances on max |cp - reference| / max |reference| per tensor (relative to the tensor's largest
+// magnitude, so tiny elements do not dominate).
+//   layer (one attention or Mamba layer):
+//     fp64 1e-10 — the same arithmetic in another summation order; 1e-15..1e-14 is what CP runs give,
+//                  the margin covers longer sums at larger shapes;
+//     fp32 1e-5  — the same, ~100 fp32 ulps of the largest magnitude;
+//     bf16 2e-2  — bf16 values are rounded at other points than in the cp=1 run (per ring step merges,
+//                  partial dK/dV sums, chunk-start states, group sums): a few ulps of bf16's 2^-8.
+//   model (a stack of blocks, cp_hybrid): fp64 1e-10; fp32 2e-4 — rounding differences compound
+//     through the blocks, the router's renormalisation and the loss's reductions.
+//   training (train_hybrid, |loss_cp - loss_cp1| / loss_cp1 per step, train.loss_rtol = 0): fp64 1e-9,
+//     fp32 1e-5 — the replica's parameters drift apart by rounding over the steps.
+double layer_tolerance(DType dt);
+double model_tolerance(DType dt);
+double train_loss_tolerance(DType dt);
+
+// The strategy names a choice key selects: the one it names, or every entry of `all` for `all_word`.
+struct Selection {
+  std::vector<std::string> names;
+  bool all = false;
+};
+Selection select(const Deck& d, const std::string& key, const std::string& all_word, const std::vector<std::string>& all);
+
+// The cases of `sel` that can run: try_make(name) throws (collectively agreed) when a case's shape
+// rules fail. With sel.all such a case is skipped and its reason kept in `skipped`; otherwise, or when
+// no case is left, the error stands. Collective over `comm`.
+std::vector<std::string> runnable(Communicator& comm, const Selection& sel, const std::function<void(const std::string&)>& try_make,
+                                  std::vector<std::pair<std::string, std::string>>* skipped = nullptr);
+
+// Per-phase milliseconds of one iteration: lap(name) ends the phase begun at the previous lap (or at
+// the start). GPU ranks time with CUDA events on the default stream, host ranks with MPI_Wtime.
+class Clock {
+ public:
+  explicit Clock(Space space);
+  ~Clock();
+  Clock(const Clock&) = delete;
+  Clock& operator=(const Clock&) = delete;
+  void start();
+  void lap(const std::string& phase);
+  // A figure the driver measured itself this iteration (e.g. a layer's own compute / wait split).
+  void add(const std::string& name, double ms) { extra_.emplace_back(name, ms); }
+  std::vector<std::pair<std::string, double>> read();  // the laps of this iteration, then the added figures
+
+ private:
+  Space space_;
+  double t_ = 0;
+  std::vector<std::pair<std::string, double>> host_, extra_;
+  std::vector<std::pair<std::string, void*>> marks_;
+  void* start_ = nullptr;
+};
+
+// Per-repeat samples of the timed iterations: phase -> ms; "ring_wait" is the time blocked in
+// ring_wait per iteration (for the overlap measurement).
+using Samples = std::map<std::string, std::vector<double>>;
+
+class Study {
+  // Declared first: the references below are bound to what these own.
+  std::unique_ptr<Communicator> device_comm_, self_;
+
+ public:
+  Study(DriverContext& ctx, std::string driver, double (*tolerance)(DType));
+  Study(const Study&) = delete;
+  Study& operator=(const Study&) = delete;
+
+  DriverContext& ctx;
+  const Deck& deck;
+  const std::string driver;
+  const int cp;
+  ProcessGrid grid;
+  Communicator& comm;   // the CP group on run.device (NCCL when each local rank has its own GPU)
+  Communicator& self;   // this rank alone: the cp=1 reference
+  const Space space;
+  const DType dt;
+  const bool check;
+  const int warmup, repeats;
+  const double tol;
+  ResultsWriter* out() { return writer_.get(); }
+  bool root() const { return ctx.root(); }
+  std::string backend() const;
+
+  // Runs body(clock) warmup + repeats times, a barrier before each; `before` runs untimed ahead of
+  // each iteration. Counters cover exactly the timed iterations.
+  Samples time(const std::function<void(Clock&)>& body, const std::function<void()>& before = {});
+  // Median over repeats, maximum over the CP group (the step time the slowest rank sets).
+  double slowest(const std::vector<double>& ms);
+  // Bytes sent per timed iteration by the ops `ops` (all but barrier when empty), this rank.
+  std::int64_t bytes_per_step(const std::vector<std::string>& ops = {}) const;
+  // /timings/<strategy>/<phase> of every sample but ring_wait, and /comm/<strategy>/ of the counters
+  // (call before overlap(): its replay adds to the counters).
+  void write_timings(const std::string& strategy, const Samples& s);
+  // The ring overlap of a strategy's timed iterations (p2p: ring_exposed / ring_isolated written);
+  // `fraction` < 0 where it posted no ring exchanges. Collective.
+  double overlap(const std::string& strategy, const Samples& s);
+
+  // Errors of one case against the reference (rank 0 compares; the others keep an empty list).
+  struct Errors {
+    std::vector<std::pair<std::string, double>> rel;
+    double worst = 0;
+    void add(const std::string& name, double e);
+  };
+  void compare(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref) const;
+  // Rank 0's verdict (errors within tolerance and `extra`), agreed by every rank; writes /summary.
+  bool verdict(const std::string& strategy, const Errors& e, bool extra = true);
+
+  // /config: driver, deck, command line, revision, format, backend, dtype, cp_size, world_size and
+  // `attrs`; the skipped cases, when any, as "skipped".
+  void config(std::map<std::string, std::string> attrs, const std::vector<std::pair<std::string, std::string>>& skipped = {});
+  // "# <driver>: ranks=.. cp=.. <fields> dtype=.. backend=.." (rank 0), and the skipped cases.
+  void header(const std::string& fields, const std::vector<std::pair<std::string, std::string>>& skipped = {});
+  // Writes the file, prints RESULT and throws `why` when !pass.
+  void finish(bool pass, const std::string& why);
+
+ private:
+  std::unique_ptr<ResultsWriter> writer_;
+};
+
+// /config of any driver: driver, deck, resolved deck, command line, revision, backend, dtype,
+// cp_size, world_size and `attrs`.
+void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend, DType dt,
+                  int cp, std::map<std::string, std::string> attrs);
+
+// A host copy (the tensor itself when it lives on the host).
+inline Tensor host(const Tensor& t) { return t.space() == Space::Host ? t : t.to(Space::Host); }
+// "0,10,20" for /config.
+std::string join(const std::vector<std::int64_t>& v);
+std::string join(const std::vector<std::string>& v);
+
+// A table of fixed-width columns printed by rank 0: the header line starts with "# ", rows with "  ".
+class Table {
+ public:
+  explicit Table(std::vector<std::pair<std::string, int>> columns);
+  void row(const std::vector<std::string>& cells);
+  void print() const;
+
+ private:
+  std::vector<std::pair<std::string, int>> cols_;
+  std::vector<std::vector<std::string>> rows_;
+};
+std::string fmt(const char* f, double v);
+// "k1=v1 k2=v2 ..." for run headers: fields("tokens", 760, "heads", 8). A key ending in ':' is
+// printed as it stands and its value after a space.
+inline void fields_to(std::string&) {}
+template <class V, class... R> void fields_to(std::string& s, const std::string& k, const V& v, const R&... rest) {
+  std::string val;
+  if constexpr (std::is_convertible_v<V, std::string>) val = v;
+  else val = std::to_string(v);
+  s += (s.empty() ? "" : " ") + k + (!k.empty() && k.back() == ':' ? " " : "=") + val;
+  fields_to(s, rest...);
+}
+template <class... A> std::string fields(const A&... a) {
+  std::string s;
+  fields_to(s, a...);
+  return s;
+}
+std::string fmt_int(std::int64_t v);
+
+}  // namespace hcp::drivers
