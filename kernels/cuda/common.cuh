@@ -115,6 +115,15 @@ inline void require_cuda(const Tensor& t, const char* what) {
   HCP_CHECK(t.defined() && t.space() == Space::Cuda, what, ": expected a CUDA tensor");
   HCP_CHECK(t.is_contiguous(), what, ": tensor must be contiguous, shape ", shape_str(t.shape()));
 }
+// Every non-null tensor on the GPU with dtype dt (the first input's), or an error naming `what`.
+inline void check_all(std::initializer_list<const Tensor*> ts, DType dt, const char* what) {
+  for (const Tensor* t : ts)
+    if (t) {
+      require_cuda(*t, what);
+      HCP_CHECK(t->dtype() == dt, what, ": every tensor must have the dtype of the first input (", to_string(dt), "), got ",
+                to_string(t->dtype()));
+    }
+}
 template <class S> S* dptr(Tensor& t) { return static_cast<S*>(t.raw()); }
 template <class S> const S* dptr(const Tensor& t) { return static_cast<const S*>(t.raw()); }
 

@@ -1,4 +1,5 @@
-// Linear (GEMM), RoPE, embedding, cross-entropy and elementwise helpers on the host.
+// Linear (GEMM), RoPE, embedding, cross-entropy and elementwise helpers on the host (CUDA twin:
+// kernels/cuda/dense.cu).
 #include <optional>
 #include <vector>
 
@@ -267,42 +268,6 @@ void axpy(Tensor& y, double alpha, const Tensor& x) {
     T* yb = y_.get();
     const T al = static_cast<T>(alpha);
     Kokkos::parallel_for("axpy", Range(0, x.numel()), [&](std::int64_t i) { yb[i] += al * xb[i]; });
-  });
-}
-
-double sum_squares(const Tensor& x) {
-#ifdef HCP_HAVE_CUDA
-  if (x.space() == Space::Cuda) return cuda_impl::sum_squares(x);
-#endif
-  double sq = 0;
-  HCP_DISPATCH_FLOAT(x, {
-    In<T> x_(x, "x");
-    const T* xb = x_.get();
-    for (std::int64_t i = 0; i < x.numel(); ++i) sq += static_cast<double>(xb[i]) * static_cast<double>(xb[i]);
-  });
-  return sq;
-}
-
-void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& s) {
-  HCP_CHECK(p.dtype() == DType::F64 || p.dtype() == DType::F32, "adamw_update: parameters must be fp32 or fp64, got ",
-            to_string(p.dtype()));
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&g, &m, &v})
-    HCP_CHECK(t->dtype() == p.dtype() && t->numel() == p.numel() && t->is_contiguous() && t->space() == p.space(),
-              "adamw_update: gradient and moments must match the parameter (dtype, size, memory space, contiguous)");
-  HCP_CHECK(p.is_contiguous(), "adamw_update: the parameter must be contiguous");
-  HCP_ROUTE_CUDA(p, cuda_impl::adamw_update(p, g, m, v, s));
-  HCP_DISPATCH_FLOAT(p, {
-    T *pb = p.data<T>(), *mb = m.data<T>(), *vb = v.data<T>();
-    const T* gb = g.data<T>();
-    Kokkos::parallel_for("adamw", Range(0, p.numel()), [&](std::int64_t i) {
-      const double gi = static_cast<double>(gb[i]) * s.grad_scale;
-      const double mi = s.beta1 * static_cast<double>(mb[i]) + (1 - s.beta1) * gi;
-      const double vi = s.beta2 * static_cast<double>(vb[i]) + (1 - s.beta2) * gi * gi;
-      mb[i] = static_cast<T>(mi);
-      vb[i] = static_cast<T>(vi);
-      const double upd = (mi / s.bc1) / (std::sqrt(vi / s.bc2) + s.eps) + s.weight_decay * static_cast<double>(pb[i]);
-      pb[i] = static_cast<T>(static_cast<double>(pb[i]) - s.lr * upd);
-    });
   });
 }
 
