@@ -160,13 +160,5 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  DriverSpec spec;
-  spec.name = "cp_attention";
-  spec.description = "Attention context parallelism (p2p ring, all-gather, Ulysses a2a) against cp=1";
-  spec.schema = schema();
-  spec.builtin_deck = kBuiltinDeck;
-  spec.default_out = "cp_attention.h5";
-  spec.validate = validate;
-  spec.run = run;
-  return run_driver(argc, argv, spec);
+  return run_driver(argc, argv, {"cp_attention", "Attention context parallelism (p2p ring, all-gather, Ulysses a2a) against cp=1", schema(), kBuiltinDeck, "cp_attention.h5", validate, run});
 }

@@ -143,13 +143,5 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  DriverSpec spec;
-  spec.name = "cp_hybrid";
-  spec.description = "hybrid Mamba2 + attention + MoE model, one step under CP for each attention strategy, against cp=1";
-  spec.schema = schema();
-  spec.builtin_deck = kDeck;
-  spec.default_out = "cp_hybrid.h5";
-  spec.validate = validate;
-  spec.run = run;
-  return run_driver(argc, argv, spec);
+  return run_driver(argc, argv, {"cp_hybrid", "hybrid Mamba2 + attention + MoE model, one step under CP for each attention strategy, against cp=1", schema(), kDeck, "cp_hybrid.h5", validate, run});
 }

@@ -46,14 +46,7 @@ check = true
 DeckSchema schema() {
   DeckSchema s;
   s.add_int("mamba.hidden", 64, "model width", 1);
-  model::Mamba2Config def;
-  def.heads = 8;
-  def.head_dim = 16;
-  def.groups = 2;
-  def.d_state = 16;
-  def.conv = 4;
-  def.chunk = 32;
-  drivers::add_mamba_keys(s, def);
+  drivers::add_mamba_keys(s, {.heads = 8, .head_dim = 16, .groups = 2, .d_state = 16, .conv = 4, .chunk = 32});
   drivers::add_cp_driver_keys(s, "100, 37, 250", 256, /*with_bf16=*/true);
   drivers::add_device_key(s);
   s.add_string("parallel.mamba_cp", "both", "Mamba CP strategy", {"hidden_parallel", "state_passing", "both"});
@@ -75,7 +68,7 @@ Setup make_setup(const Deck& d, int cp) {
 std::vector<std::string> cases(const Deck& d, Communicator& cpc, int cp, std::vector<std::pair<std::string, std::string>>* skipped) {
   const Setup s = make_setup(d, cp);
   return drivers::runnable(cpc, drivers::select(d, "parallel.mamba_cp", "both", {"hidden_parallel", "state_passing"}),
-                           [&](const std::string& n) { model::make_mamba2(model::mamba_cp_from_string(n), cpc, s.cfg, s.global); },
+                           [&](const std::string& n) { model::make_mamba2(cp::mamba_cp_from_string(n), cpc, s.cfg, s.global); },
                            skipped);
 }
 
@@ -127,7 +120,7 @@ void run(DriverContext& ctx) {
   std::vector<std::int64_t> moved;
   bool all_pass = true;
   for (const std::string& name : names) {
-    const model::MambaCp strat = model::mamba_cp_from_string(name);
+    const cp::MambaCp strat = cp::mamba_cp_from_string(name);
     auto layer = model::make_mamba2(strat, st.comm, s.cfg, s.global);
     Tensor y = Tensor::zeros(hl.shape(), s.dt, st.space), dh = Tensor::zeros(hl.shape(), s.dt, st.space);
     model::ParamMap grads;
@@ -142,7 +135,7 @@ void run(DriverContext& ctx) {
         [&] { layer->reset_phases(); });
     // Bytes per rank and step (max over ranks) against the model; state passing: the state
     // all-gather must equal its model on every rank, and the conv halos of all ranks together theirs.
-    const bool hp = strat == model::MambaCp::HiddenParallel;
+    const bool hp = strat == cp::MambaCp::HiddenParallel;
     const std::int64_t halo = hp ? 0 : st.bytes_per_step({"all_to_all_v"});
     const std::int64_t sent = hp ? st.bytes_per_step({"all_to_all"}) : halo + st.bytes_per_step({"all_gather"});
     const auto max_over = [&](std::int64_t v) { return static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(v), ReduceOp::Max)); };
@@ -195,13 +188,5 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  DriverSpec spec;
-  spec.name = "cp_mamba";
-  spec.description = "Mamba2 mixer under hidden-parallel and state-passing context parallelism against cp=1";
-  spec.schema = schema();
-  spec.builtin_deck = kDeck;
-  spec.default_out = "cp_mamba.h5";
-  spec.validate = validate;
-  spec.run = run;
-  return run_driver(argc, argv, spec);
+  return run_driver(argc, argv, {"cp_mamba", "Mamba2 mixer under hidden-parallel and state-passing context parallelism against cp=1", schema(), kDeck, "cp_mamba.h5", validate, run});
 }

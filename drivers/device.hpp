@@ -2,12 +2,12 @@
 // rank, and the CP communicator for device tensors, chosen automatically: NCCL when every rank of
 // the node has its own GPU, else MPI with host staging (several ranks per GPU, or no NCCL).
 #pragma once
-#include <mpi.h>
 
 #include <memory>
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "comm/process_grid.hpp"
 #include "io/deck.hpp"
 #ifdef HCP_HAVE_CUDA
 #include "comm/nccl_communicator.hpp"
@@ -23,24 +23,13 @@ inline void add_device_key(DeckSchema& s) {
 
 inline Space space_of(const Deck& d) { return d.get_string("run.device") == "cuda" ? Space::Cuda : Space::Host; }
 
-inline int local_rank_and_size(int* local_size) {
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int r = 0, n = 1;
-  MPI_Comm_rank(node, &r);
-  MPI_Comm_size(node, &n);
-  MPI_Comm_free(&node);
-  if (local_size) *local_size = n;
-  return r;
-}
-
 // Validate phase: selects this rank's GPU (by local rank) when `want`, or one clear error naming
 // `key` when that cannot be honoured.
 inline void init_gpu(bool want, const std::string& key) {
   if (!want) return;
 #ifdef HCP_HAVE_CUDA
   HCP_CHECK(cuda::device_count() > 0, key, " = \"cuda\": no usable GPU on this node (", cuda::unavailable_reason(), ")");
-  cuda::init(local_rank_and_size(nullptr));
+  cuda::init(node_local_rank());
 #else
   HCP_FAIL(key, " = \"cuda\" needs a build with CUDA and NCCL (this build has none)");
 #endif
@@ -53,7 +42,7 @@ inline Communicator& device_comm(const Deck& d, Communicator& cp, [[maybe_unused
   if (space_of(d) == Space::Host) return cp;
 #ifdef HCP_HAVE_CUDA
   int local = 1;
-  local_rank_and_size(&local);
+  node_local_rank(&local);
   if (local <= cuda::device_count()) {
     owned = std::make_unique<NcclCommunicator>(cp);
     return *owned;

@@ -27,14 +27,7 @@ inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attent
   s.add_string("model.pattern", "M*EM-E", "blocks: M Mamba2, * attention, E MoE, - MLP")
       .add_int("model.vocab", 64, "vocabulary size", 2)
       .add_int("model.hidden", 32, "model width", 1);
-  model::Mamba2Config mamba;
-  mamba.heads = 4;
-  mamba.head_dim = 8;
-  mamba.groups = 2;
-  mamba.d_state = 8;
-  mamba.conv = 4;
-  mamba.chunk = 16;
-  add_mamba_keys(s, mamba);
+  add_mamba_keys(s, {.heads = 4, .head_dim = 8, .groups = 2, .d_state = 8, .conv = 4, .chunk = 16});
   add_attention_keys(s, {4, 2, 8});
   s.add_float("attention.rope_theta", 0.0, "RoPE base (0: no positional embedding, as NemotronH)", 0.0)
       .add_int("moe.experts", 8, "routed experts (divisible by cp with expert parallelism)", 1)
@@ -55,7 +48,7 @@ inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strateg
   c.vocab = d.get_int("model.vocab");
   c.hidden = d.get_int("model.hidden");
   c.mamba = mamba_from_deck(d, c.hidden);
-  c.mamba_cp = model::mamba_cp_from_string(d.get_string("parallel.mamba_cp"));
+  c.mamba_cp = cp::mamba_cp_from_string(d.get_string("parallel.mamba_cp"));
   const AttnShape a = attention_from_deck(d);
   c.attn.heads = a.heads;
   c.attn.kv_heads = a.kv_heads;

@@ -206,13 +206,5 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  DriverSpec spec;
-  spec.name = "train_hybrid";
-  spec.description = "train the hybrid model under CP (AdamW, schedule, clipping, checkpoints) against a cp=1 replica";
-  spec.schema = schema();
-  spec.builtin_deck = kDeck;
-  spec.default_out = "train_hybrid.h5";
-  spec.validate = validate;
-  spec.run = run;
-  return run_driver(argc, argv, spec);
+  return run_driver(argc, argv, {"train_hybrid", "train the hybrid model under CP (AdamW, schedule, clipping, checkpoints) against a cp=1 replica", schema(), kDeck, "train_hybrid.h5", validate, run});
 }

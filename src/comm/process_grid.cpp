@@ -1,5 +1,7 @@
 #include "comm/process_grid.hpp"
 
+#include <mpi.h>
+
 namespace hcp {
 
 ProcessGrid ProcessGrid::make(const Communicator& world, int cp_size, int ep_size) {
@@ -20,6 +22,17 @@ ProcessGrid ProcessGrid::make(const Communicator& world, int cp_size, int ep_siz
   g.dp_rank = g.dp->rank();
   g.ep_rank = g.ep->rank();
   return g;
+}
+
+int node_local_rank(int* local_size) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int r = 0, n = 1;
+  MPI_Comm_rank(node, &r);
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  if (local_size) *local_size = n;
+  return r;
 }
 
 }  // namespace hcp

@@ -16,4 +16,8 @@ struct ProcessGrid {
   static ProcessGrid make(const Communicator& world, int cp_size, int ep_size = 1);
 };
 
+// This process's rank among the ranks of its node (MPI_COMM_TYPE_SHARED over MPI_COMM_WORLD), and
+// their number in *local_size: the one way drivers and tests pick a GPU per rank.
+int node_local_rank(int* local_size = nullptr);
+
 }  // namespace hcp

@@ -9,20 +9,6 @@
 namespace hcp::cp {
 namespace k = hcp::kernels;
 
-AttnStrategy attn_strategy_from_string(const std::string& s) {
-  if (s == "p2p") return AttnStrategy::P2P;
-  if (s == "allgather") return AttnStrategy::AllGather;
-  if (s == "a2a") return AttnStrategy::A2A;
-  HCP_FAIL("unknown attention CP strategy '", s, "' (expected p2p, allgather or a2a)");
-}
-std::string to_string(AttnStrategy s) {
-  switch (s) {
-    case AttnStrategy::P2P: return "p2p";
-    case AttnStrategy::AllGather: return "allgather";
-    case AttnStrategy::A2A: return "a2a";
-  }
-  return "?";
-}
 
 namespace {
 struct Clock {

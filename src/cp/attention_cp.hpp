@@ -7,13 +7,10 @@
 
 #include "comm/communicator.hpp"
 #include "core/layout.hpp"
+#include "cp/strategy.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::cp {
-
-enum class AttnStrategy { P2P, AllGather, A2A };
-AttnStrategy attn_strategy_from_string(const std::string& s);  // "p2p" | "allgather" | "a2a"
-std::string to_string(AttnStrategy s);
 
 struct CpAttnConfig {
   AttnStrategy strategy = AttnStrategy::P2P;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "cp/hidden_parallel.hpp"
 #include "cp/layout.hpp"
 #include "kernels/kernels.hpp"
 
@@ -37,44 +38,8 @@ ParamMap zeros_like(const ParamMap& p) {
 namespace {
 // `t` in dtype `d` (itself when it already is).
 Tensor as(const Tensor& t, DType d) { return t.dtype() == d ? t : t.to(d); }
-// Columns [c0, c0+n) of a [T, C] tensor, contiguous copy.
-Tensor cols(const Tensor& x, std::int64_t c0, std::int64_t n) { return x.slice(1, c0, n).clone(); }
-// Rows [r0, r0+n) of a parameter (first axis), contiguous copy.
-Tensor rows(const Tensor& x, std::int64_t r0, std::int64_t n) { return x.slice(0, r0, n).clone(); }
-// Add `part` into rows [r0, r0+n) of `full`.
-void add_rows(Tensor& full, std::int64_t r0, const Tensor& part) {
-  Tensor dst = full.slice(0, r0, part.size(0));
-  Tensor sum = dst.clone();
-  k::axpy(sum, 1.0, part);
-  dst.copy_from(sum);
-}
-// [Tl, G*N] -> [Tl, G*rep*N]: each group repeated rep times (consecutive copies).
-Tensor repeat_groups(const Tensor& x, std::int64_t G, std::int64_t N, std::int64_t rep) {
-  if (rep == 1) return x;
-  const std::int64_t t = x.size(0);
-  Tensor out = Tensor::empty({t, G * rep * N}, x.dtype());
-  for (std::int64_t e = 0; e < G * rep; ++e) out.slice(1, e * N, N).copy_from(x.slice(1, (e / rep) * N, N));
-  return out;
-}
-Tensor sum_groups(const Tensor& x, std::int64_t G, std::int64_t N, std::int64_t rep) {
-  if (rep == 1) return x;
-  const std::int64_t t = x.size(0);
-  Tensor out = Tensor::zeros({t, G * N}, x.dtype());
-  for (std::int64_t e = 0; e < G * rep; ++e) {
-    Tensor d = out.slice(1, (e / rep) * N, N).clone();
-    k::axpy(d, 1.0, x.slice(1, e * N, N).clone());
-    out.slice(1, (e / rep) * N, N).copy_from(d);
-  }
-  return out;
-}
 }  // namespace
 
-std::string to_string(MambaCp m) { return m == MambaCp::HiddenParallel ? "hidden_parallel" : "state_passing"; }
-MambaCp mamba_cp_from_string(const std::string& s) {
-  if (s == "hidden_parallel") return MambaCp::HiddenParallel;
-  if (s == "state_passing") return MambaCp::StatePassing;
-  throw Error("mamba_cp '" + s + "' is not one of hidden_parallel, state_passing");
-}
 
 template <class F> void Mamba2Layer::timed(const std::string& name, F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -105,7 +70,7 @@ void Mamba2Layer::out_fwd(Tensor& y, const Tensor& yl, const ParamMap& p) {
     const std::int64_t Di = c_.d_inner();
     const DType dt = yl.dtype();
     yl_ = yl;
-    Tensor z = cols(zxbcdt_, 0, Di), g = Tensor::zeros({tl_, Di}, dt);
+    Tensor z = cp::cols(zxbcdt_, 0, Di), g = Tensor::zeros({tl_, Di}, dt);
     rstd_ = Tensor::zeros({tl_, c_.groups}, dt);
     k::gated_rmsnorm_fwd(g, rstd_, yl_, z, p.at("norm_w"), c_.groups, c_.eps);
     Tensor out = Tensor::zeros({tl_, c_.hidden}, dt);
@@ -125,7 +90,7 @@ Tensor Mamba2Layer::out_bwd(Tensor& dz, ParamMap& grads, const Tensor& dy, const
     Tensor dyv = dy.view({tl_, c_.hidden});
     Tensor dg = Tensor::zeros({tl_, Di}, dt);
     k::linear_bwd(&dg, &grads["out_proj"], nullptr, gated_, p.at("out_proj"), dyv);
-    Tensor z = cols(zxbcdt_, 0, Di);
+    Tensor z = cp::cols(zxbcdt_, 0, Di);
     dyl = Tensor::zeros({tl_, Di}, dt);
     dz = Tensor::zeros({tl_, Di}, dt);
     k::gated_rmsnorm_bwd(dyl, dz, grads["norm_w"], yl_, z, p.at("norm_w"), rstd_, c_.groups, dg);
@@ -147,18 +112,8 @@ void Mamba2Layer::in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt
 
 Mamba2HP::Mamba2HP(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)
     : Mamba2Layer(comm, cfg, std::move(global), part) {
-  HCP_CHECK(c_.heads % cp_ == 0, "hidden-parallel Mamba CP needs mamba.heads (", c_.heads, ") divisible by cp (", cp_, ")");
-  if (c_.groups >= cp_) {
-    HCP_CHECK(c_.groups % cp_ == 0, "hidden-parallel Mamba CP needs mamba.n_groups (", c_.groups,
-              ") divisible by cp (", cp_, ") when n_groups >= cp");
-    gl_ = c_.groups / cp_;
-  } else {
-    HCP_CHECK(cp_ % c_.groups == 0, "hidden-parallel Mamba CP with mamba.n_groups (", c_.groups, ") < cp (", cp_,
-              ") repeats groups and needs cp % n_groups == 0");
-    rep_ = cp_ / c_.groups;
-    gl_ = 1;
-  }
-  hl_ = c_.heads / cp_;
+  share_ = cp::HpShare::of(c_.heads, c_.groups, cp_, rank_);
+  slices_ = cp::hp_slices(share_, c_.d_inner(), c_.groups, c_.d_state, c_.head_dim);
   if (global_.format == Format::BSHD) {
     batch_ = global_.nseq();
     seqlen_ = global_.nseq() ? global_.len(0) : 0;
@@ -172,9 +127,9 @@ Mamba2HP::Mamba2HP(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::P
 void Mamba2HP::ssd_setup(kernels::SsdParams& sp, kernels::SsdInputs& in) {
   sp.batch = batch_;
   sp.seqlen = seqlen_;
-  sp.heads = hl_;
+  sp.heads = share_.hl;
   sp.head_dim = c_.head_dim;
-  sp.groups = gl_;
+  sp.groups = share_.gl;
   sp.d_state = c_.d_state;
   sp.chunk = c_.chunk;
   in.x = &xc_;
@@ -195,36 +150,26 @@ void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   in_proj_fwd(h, p);
   // cp2hp of x, B, C (groups repeated when G < cp) and dt.
   timed("fwd/all_to_all", [&] {
-    xpre_ = cp::cp2hp(comm_, cols(zxbcdt_, Di, Di), global_, part_);                                   // [T, Hl*P]
-    Bpre_ = cp::cp2hp(comm_, repeat_groups(cols(zxbcdt_, 2 * Di, G * N), G, N, rep_), global_, part_);  // [T, Gl*N]
-    Cpre_ = cp::cp2hp(comm_, repeat_groups(cols(zxbcdt_, 2 * Di + G * N, G * N), G, N, rep_), global_, part_);
-    dt_ = cp::cp2hp(comm_, cols(zxbcdt_, 2 * Di + 2 * G * N, H), global_, part_);                       // [T, Hl]
+    xpre_ = cp::cp2hp(comm_, cp::cols(zxbcdt_, Di, Di), global_, part_);                                   // [T, Hl*P]
+    Bpre_ = cp::cp2hp(comm_, cp::repeat_groups(cp::cols(zxbcdt_, 2 * Di, G * N), G, N, share_.rep), global_, part_);  // [T, Gl*N]
+    Cpre_ = cp::cp2hp(comm_, cp::repeat_groups(cp::cols(zxbcdt_, 2 * Di + G * N, G * N), G, N, share_.rep), global_, part_);
+    dt_ = cp::cp2hp(comm_, cp::cols(zxbcdt_, 2 * Di + 2 * G * N, H), global_, part_);                       // [T, Hl]
   });
   const std::vector<std::int64_t>* seq = seq_idx_.empty() ? nullptr : &seq_idx_;
   timed("fwd/conv1d", [&] {
-    // Parameter slices of this rank: its heads, and its group (or group copy).
-    const std::int64_t h0 = rank_ * hl_, g0 = rep_ > 1 ? rank_ / rep_ : rank_ * gl_;
-    sl_["conv_wx"] = rows(p.at("conv_w"), h0 * P, hl_ * P);
-    sl_["conv_bx"] = rows(p.at("conv_b"), h0 * P, hl_ * P);
-    sl_["conv_wB"] = rows(p.at("conv_w"), Di + g0 * N, gl_ * N);
-    sl_["conv_bB"] = rows(p.at("conv_b"), Di + g0 * N, gl_ * N);
-    sl_["conv_wC"] = rows(p.at("conv_w"), Di + G * N + g0 * N, gl_ * N);
-    sl_["conv_bC"] = rows(p.at("conv_b"), Di + G * N + g0 * N, gl_ * N);
-    sl_["A_log"] = rows(p.at("A_log"), h0, hl_);
-    sl_["D"] = rows(p.at("D"), h0, hl_);
-    sl_["dt_bias"] = rows(p.at("dt_bias"), h0, hl_);
-    xc_ = Tensor::zeros({batch_, seqlen_, hl_ * P}, dt);
-    Bc_ = Tensor::zeros({batch_, seqlen_, gl_ * N}, dt);
-    Cc_ = Tensor::zeros({batch_, seqlen_, gl_ * N}, dt);
-    k::conv1d_fwd(xc_, xpre_.view({batch_, seqlen_, hl_ * P}), sl_["conv_wx"], &sl_["conv_bx"], seq, true);
-    k::conv1d_fwd(Bc_, Bpre_.view({batch_, seqlen_, gl_ * N}), sl_["conv_wB"], &sl_["conv_bB"], seq, true);
-    k::conv1d_fwd(Cc_, Cpre_.view({batch_, seqlen_, gl_ * N}), sl_["conv_wC"], &sl_["conv_bC"], seq, true);
+    sl_ = cp::take_slices(slices_, p);  // this rank's heads, and its group (or group copy)
+    xc_ = Tensor::zeros({batch_, seqlen_, share_.hl * P}, dt);
+    Bc_ = Tensor::zeros({batch_, seqlen_, share_.gl * N}, dt);
+    Cc_ = Tensor::zeros({batch_, seqlen_, share_.gl * N}, dt);
+    k::conv1d_fwd(xc_, xpre_.view({batch_, seqlen_, share_.hl * P}), sl_["conv_wx"], &sl_["conv_bx"], seq, true);
+    k::conv1d_fwd(Bc_, Bpre_.view({batch_, seqlen_, share_.gl * N}), sl_["conv_wB"], &sl_["conv_bB"], seq, true);
+    k::conv1d_fwd(Cc_, Cpre_.view({batch_, seqlen_, share_.gl * N}), sl_["conv_wC"], &sl_["conv_bC"], seq, true);
   });
   timed("fwd/ssd", [&] {
     k::SsdParams sp;
     k::SsdInputs in;
     ssd_setup(sp, in);
-    yh_ = Tensor::zeros({T, hl_ * P}, dt);
+    yh_ = Tensor::zeros({T, share_.hl * P}, dt);
     k::ssd_fwd(yh_, nullptr, in, sp);
   });
   Tensor yl;
@@ -242,9 +187,9 @@ void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   Tensor dyh;
   timed("bwd/all_to_all", [&] { dyh = cp::cp2hp(comm_, dyl, global_, part_); });  // backward of hp2cp
   const std::vector<std::int64_t>* seq = seq_idx_.empty() ? nullptr : &seq_idx_;
-  Tensor dxc = Tensor::zeros(xc_.shape(), dt), ddt = Tensor::zeros(dt_.shape(), dt), dA = Tensor::zeros({hl_}, dt),
-         dBc = Tensor::zeros(Bc_.shape(), dt), dCc = Tensor::zeros(Cc_.shape(), dt), dD = Tensor::zeros({hl_}, dt),
-         ddb = Tensor::zeros({hl_}, dt);
+  Tensor dxc = Tensor::zeros(xc_.shape(), dt), ddt = Tensor::zeros(dt_.shape(), dt), dA = Tensor::zeros({share_.hl}, dt),
+         dBc = Tensor::zeros(Bc_.shape(), dt), dCc = Tensor::zeros(Cc_.shape(), dt), dD = Tensor::zeros({share_.hl}, dt),
+         ddb = Tensor::zeros({share_.hl}, dt);
   timed("bwd/ssd", [&] {
     k::SsdParams sp;
     k::SsdInputs in;
@@ -255,34 +200,24 @@ void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   Tensor dxpre = Tensor::zeros(xc_.shape(), dt), dBpre = Tensor::zeros(Bc_.shape(), dt),
          dCpre = Tensor::zeros(Cc_.shape(), dt);
   timed("bwd/conv1d", [&] {
-    Tensor dwx = Tensor::zeros(sl_["conv_wx"].shape(), dt), dbx = Tensor::zeros(sl_["conv_bx"].shape(), dt);
-    Tensor dwB = Tensor::zeros(sl_["conv_wB"].shape(), dt), dbB = Tensor::zeros(sl_["conv_bB"].shape(), dt);
-    Tensor dwC = Tensor::zeros(sl_["conv_wC"].shape(), dt), dbC = Tensor::zeros(sl_["conv_bC"].shape(), dt);
-    k::conv1d_bwd(dxpre, dwx, &dbx, xpre_.view(xc_.shape()), sl_["conv_wx"], &sl_["conv_bx"], seq, true, dxc);
-    k::conv1d_bwd(dBpre, dwB, &dbB, Bpre_.view(Bc_.shape()), sl_["conv_wB"], &sl_["conv_bB"], seq, true, dBc);
-    k::conv1d_bwd(dCpre, dwC, &dbC, Cpre_.view(Cc_.shape()), sl_["conv_wC"], &sl_["conv_bC"], seq, true, dCc);
-    // Slice gradients into the full parameters (other ranks fill the other slices).
-    const std::int64_t h0 = rank_ * hl_, g0 = rep_ > 1 ? rank_ / rep_ : rank_ * gl_;
-    add_rows(grads["conv_w"], h0 * P, dwx);
-    add_rows(grads["conv_b"], h0 * P, dbx);
-    add_rows(grads["conv_w"], Di + g0 * N, dwB);
-    add_rows(grads["conv_b"], Di + g0 * N, dbB);
-    add_rows(grads["conv_w"], Di + G * N + g0 * N, dwC);
-    add_rows(grads["conv_b"], Di + G * N + g0 * N, dbC);
-    add_rows(grads["A_log"], h0, dA);
-    add_rows(grads["D"], h0, dD);
-    add_rows(grads["dt_bias"], h0, ddb);
+    ParamMap dsl{{"A_log", dA}, {"D", dD}, {"dt_bias", ddb}};
+    for (const char* n : {"conv_wx", "conv_bx", "conv_wB", "conv_bB", "conv_wC", "conv_bC"})
+      dsl[n] = Tensor::zeros(sl_.at(n).shape(), dt);
+    k::conv1d_bwd(dxpre, dsl["conv_wx"], &dsl["conv_bx"], xpre_.view(xc_.shape()), sl_["conv_wx"], &sl_["conv_bx"], seq, true, dxc);
+    k::conv1d_bwd(dBpre, dsl["conv_wB"], &dsl["conv_bB"], Bpre_.view(Bc_.shape()), sl_["conv_wB"], &sl_["conv_bB"], seq, true, dBc);
+    k::conv1d_bwd(dCpre, dsl["conv_wC"], &dsl["conv_bC"], Cpre_.view(Cc_.shape()), sl_["conv_wC"], &sl_["conv_bC"], seq, true, dCc);
+    cp::add_slice_grads(grads, slices_, dsl);  // the other ranks' slices arrive through the all-reduce
   });
   // hp2cp: the backward of cp2hp (group copies summed back).
   Tensor dzxbcdt = Tensor::zeros({tl_, c_.d_in_proj()}, dt);
   dzxbcdt.slice(1, 0, Di).copy_from(dz);
   timed("bwd/all_to_all", [&] {
-    dzxbcdt.slice(1, Di, Di).copy_from(cp::hp2cp(comm_, dxpre.view({T, hl_ * P}), global_, part_));
+    dzxbcdt.slice(1, Di, Di).copy_from(cp::hp2cp(comm_, dxpre.view({T, share_.hl * P}), global_, part_));
     dzxbcdt.slice(1, 2 * Di, G * N)
-        .copy_from(sum_groups(cp::hp2cp(comm_, dBpre.view({T, gl_ * N}), global_, part_), G, N, rep_));
+        .copy_from(cp::sum_groups(cp::hp2cp(comm_, dBpre.view({T, share_.gl * N}), global_, part_), G, N, share_.rep));
     dzxbcdt.slice(1, 2 * Di + G * N, G * N)
-        .copy_from(sum_groups(cp::hp2cp(comm_, dCpre.view({T, gl_ * N}), global_, part_), G, N, rep_));
-    dzxbcdt.slice(1, 2 * Di + 2 * G * N, H).copy_from(cp::hp2cp(comm_, ddt.view({T, hl_}), global_, part_));
+        .copy_from(cp::sum_groups(cp::hp2cp(comm_, dCpre.view({T, share_.gl * N}), global_, part_), G, N, share_.rep));
+    dzxbcdt.slice(1, 2 * Di + 2 * G * N, H).copy_from(cp::hp2cp(comm_, ddt.view({T, share_.hl}), global_, part_));
   });
   in_proj_bwd(dh, grads, dzxbcdt, p);
 }
@@ -334,15 +269,15 @@ void Mamba2SP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   const DType dt = h.dtype();
   in_proj_fwd(h, p);
   // 1. conv1d with the w-1 tokens before each piece (halo) fetched from their owners.
-  timed("fwd/halo", [&] { ext_ = halo_.gather(comm_, cols(zxbcdt_, Di, CD)); });
+  timed("fwd/halo", [&] { ext_ = halo_.gather(comm_, cp::cols(zxbcdt_, Di, CD)); });
   timed("fwd/conv1d", [&] {
     Tensor conv = Tensor::zeros({1, halo_.ext_rows(), CD}, dt);
     k::conv1d_fwd(conv, ext_.view({1, halo_.ext_rows(), CD}), p.at("conv_w"), &p.at("conv_b"), &halo_.ext_seq(), true);
     Tensor xbc = halo_.own_rows(conv.view({halo_.ext_rows(), CD}));
-    xl_ = cols(xbc, 0, Di);
-    Bl_ = cols(xbc, Di, G * N);
-    Cl_ = cols(xbc, Di + G * N, G * N);
-    dtl_ = cols(zxbcdt_, 2 * Di + 2 * G * N, H);
+    xl_ = cp::cols(xbc, 0, Di);
+    Bl_ = cp::cols(xbc, Di, G * N);
+    Cl_ = cp::cols(xbc, Di + G * N, G * N);
+    dtl_ = cp::cols(zxbcdt_, 2 * Di + 2 * G * N, H);
   });
   // 2. every piece from a zero state: local output, final state S_k and total decay a_k.
   Tensor yl = Tensor::zeros({tl_, Di}, dt), S = Tensor::zeros({np, H, P, N}, dt), a = Tensor::zeros({np, H}, dt);

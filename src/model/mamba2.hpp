@@ -15,6 +15,8 @@
 #include "comm/communicator.hpp"
 #include "core/layout.hpp"
 #include "core/tensor.hpp"
+#include "cp/hidden_parallel.hpp"
+#include "cp/strategy.hpp"
 #include "cp/layout.hpp"
 #include "cp/state_passing.hpp"
 #include "kernels/kernels.hpp"
@@ -36,15 +38,8 @@ using ParamMap = std::map<std::string, Tensor>;
 ParamMap mamba2_init(const Mamba2Config& c, DType dt, std::uint64_t seed);
 ParamMap zeros_like(const ParamMap& p);
 
-// How a Mamba2 layer runs under CP (deck key `mamba_cp`):
-//   hidden_parallel: all-to-all to every token / heads/cp heads and back (needs heads % cp == 0 and
-//                    n_groups vs cp divisibility);
-//   state_passing:   each rank scans its own chunks from a zero state; conv halos and the chunks'
-//                    final states are exchanged, the true initial states follow from a scan along
-//                    each sequence and correct the outputs (any heads / n_groups).
-enum class MambaCp { HiddenParallel, StatePassing };
-std::string to_string(MambaCp m);
-MambaCp mamba_cp_from_string(const std::string& s);  // "hidden_parallel" | "state_passing"
+// How a Mamba2 layer runs under CP: cp::MambaCp (src/cp/strategy.hpp).
+using cp::MambaCp;
 
 // The strategy-independent parts of a Mamba2 mixer on local tokens: in_proj, the gated group
 // RMSNorm and out_proj, the parameter all-reduce, and wall time per phase.
@@ -96,7 +91,9 @@ class Mamba2HP : public Mamba2Layer {
 
  private:
   void ssd_setup(kernels::SsdParams& sp, kernels::SsdInputs& in);  // this rank's SSD problem
-  std::int64_t hl_ = 1, gl_ = 1, rep_ = 1, batch_ = 1, seqlen_ = 1;
+  cp::HpShare share_;                 // this rank's heads and groups
+  std::vector<cp::HpSlice> slices_;  // its parameter slices
+  std::int64_t batch_ = 1, seqlen_ = 1;
   std::vector<std::int64_t> seq_idx_;  // empty for BSHD
   // saved by forward
   Tensor xpre_, Bpre_, Cpre_, dt_, xc_, Bc_, Cc_, yh_;

@@ -1,17 +1,15 @@
-// GPU test helpers: initialise CUDA on this rank's GPU (by local rank) or skip the test.
+// GPU test helpers: initialise CUDA on this rank's GPU (by node-local rank, as the drivers do) or
+// skip the test.
 #pragma once
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-
+#include "comm/process_grid.hpp"
 #include "kernels/cuda/runtime.hpp"
 
 namespace hcp::test {
 inline bool gpu() {
   if (cuda::device_count() == 0) return false;
-  int local = 0;
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) local = std::atoi(s);
-  cuda::init(local);
+  cuda::init(node_local_rank());
   return true;
 }
 }  // namespace hcp::test

@@ -99,7 +99,7 @@ void mamba_device_equals_host(model::MambaCp strategy, const model::Mamba2Config
       Tensor Y = Tensor::zeros(hl.shape(), dt, Space::Cuda), DH = Tensor::zeros(hl.shape(), dt, Space::Cuda);
       dev->forward(Y, hl.to(Space::Cuda), P);
       dev->backward(DH, gd, dyl.to(Space::Cuda), P);
-      const std::string tag = model::to_string(strategy) + " " + f;
+      const std::string tag = cp::to_string(strategy) + " " + f;
       expect_match(Y, y, dt, "y " + tag);
       expect_match(DH, dh, dt, "dh " + tag);
       for (auto& [nm, t] : gh) expect_match(gd.at(nm), t, dt, "d" + nm + " " + tag);
@@ -109,26 +109,15 @@ void mamba_device_equals_host(model::MambaCp strategy, const model::Mamba2Config
 
 TEST(GpuMambaCp, StatePassingDeviceEqualsHost) {
   REQUIRE_GPU();
-  model::Mamba2Config c;
-  c.hidden = 12;
-  c.heads = 6;  // not divisible by 4: hidden parallel could not run this at cp 4
-  c.head_dim = 4;
-  c.groups = 3;
-  c.d_state = 8;
-  c.chunk = 5;
-  mamba_device_equals_host(model::MambaCp::StatePassing, c);
+  // heads 6, not divisible by 4: hidden parallel could not run this at cp 4
+  mamba_device_equals_host(model::MambaCp::StatePassing,
+                           {.hidden = 12, .heads = 6, .head_dim = 4, .groups = 3, .d_state = 8, .chunk = 5});
 }
 
 TEST(GpuMambaCp, HiddenParallelDeviceEqualsHost) {
   REQUIRE_GPU();
-  model::Mamba2Config c;
-  c.hidden = 12;
-  c.heads = 8;
-  c.head_dim = 4;
-  c.groups = 2;
-  c.d_state = 8;
-  c.chunk = 8;
-  mamba_device_equals_host(model::MambaCp::HiddenParallel, c);
+  mamba_device_equals_host(model::MambaCp::HiddenParallel,
+                           {.hidden = 12, .heads = 8, .head_dim = 4, .groups = 2, .d_state = 8, .chunk = 8});
 }
 
 TEST(GpuHybrid, DeviceEqualsHost) {
@@ -173,7 +162,7 @@ TEST(GpuHybrid, DeviceEqualsHost) {
       model::ParamMap gh, gd;
       const auto rh = host.step(p, local(b.tokens), local(b.labels), gh);
       const auto rd = dev.step(P, local(b.tokens), local(b.labels), gd);
-      const std::string tag = cp::to_string(strat) + " " + model::to_string(mcp);
+      const std::string tag = cp::to_string(strat) + " " + cp::to_string(mcp);
       EXPECT_NEAR(rd.loss, rh.loss, 1e-12 * rh.loss) << tag;
       expect_match(dev.dlogits(), host.dlogits(), DType::F64, "dlogits " + tag);
       for (auto& [nm, t] : gh) expect_match(gd.at(nm), t, DType::F64, "d" + nm + " " + tag);

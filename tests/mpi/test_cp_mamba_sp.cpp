@@ -161,6 +161,6 @@ TEST(MambaSpErrors, LayoutRules) {
   EXPECT_NE(test::error_of([&] { Mamba2SP m(world, small(6, 4), SeqLayout::bshd(1, 8 * cp)); })
                 .find("mamba.n_groups (4) must divide mamba.heads (6)"),
             std::string::npos);
-  EXPECT_EQ(mamba_cp_from_string("state_passing"), MambaCp::StatePassing);
-  EXPECT_NE(test::error_of([] { mamba_cp_from_string("ring"); }).find("not one of"), std::string::npos);
+  EXPECT_EQ(cp::mamba_cp_from_string("state_passing"), MambaCp::StatePassing);
+  EXPECT_NE(test::error_of([] { cp::mamba_cp_from_string("ring"); }).find("not one of"), std::string::npos);
 }
