@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 
@@ -330,6 +331,39 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
       attention_merge(o2, l2, o, lse);
       expect_match(O2, o2, d, "attention merge" + tag);
     }
+}
+
+// Operands the tensor-core path cannot take (a bf16 tensor 2 bytes past a 16-byte boundary: no
+// cp.async / TMA rows) run the general kernels, and still match the host.
+TEST(CudaKernels, AttentionUnalignedOperandsMatchHost) {
+  REQUIRE_GPU();
+  const std::int64_t T = 96, H = 4, Hkv = 2, D = 64;
+  AttnParams p;
+  p.heads = H;
+  p.kv_heads = Hkv;
+  p.head_dim = D;
+  p.mask = Mask::Causal;
+  p.segments = {{0, 60, 0, 60, 0, 0}, {60, 36, 60, 36, 0, 0}};
+  Tensor q = rnd({T, H, D}, 70, DType::BF16), k = rnd({T, Hkv, D}, 71, DType::BF16), v = rnd({T, Hkv, D}, 72, DType::BF16),
+         dout = rnd({T, H, D}, 73, DType::BF16);
+  Tensor o = Tensor::zeros(q.shape(), DType::BF16), lse = Tensor::zeros({T, H}, DType::F32), dq = Tensor::zeros(q.shape(), DType::BF16),
+         dk = Tensor::zeros(k.shape(), DType::BF16), dv = Tensor::zeros(v.shape(), DType::BF16);
+  attention_fwd(o, lse, q, k, v, p);
+  attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, p);
+  // The device copy of q one element into a larger buffer: a contiguous, misaligned view.
+  Tensor qbuf = Tensor::zeros({q.numel() + 1}, DType::BF16, Space::Cuda);
+  Tensor Q = qbuf.slice(0, 1, q.numel()).view(q.shape());
+  Q.copy_from(dev(q));
+  ASSERT_NE(reinterpret_cast<std::uintptr_t>(Q.raw()) % 16, 0u);
+  Tensor K = dev(k), V = dev(v), DO = dev(dout), O = zeros_like_on(o, Space::Cuda), L = zeros_like_on(lse, Space::Cuda),
+         DQ = zeros_like_on(dq, Space::Cuda), DK = zeros_like_on(dk, Space::Cuda), DV = zeros_like_on(dv, Space::Cuda);
+  attention_fwd(O, L, Q, K, V, p);
+  attention_bwd(DQ, DK, DV, Q, K, V, O, L, DO, p);
+  expect_match(O, o, DType::BF16, "attention o (unaligned q)");
+  expect_match(L, lse, DType::F32, "attention lse (unaligned q)");
+  expect_match(DQ, dq, DType::BF16, "attention dq (unaligned q)");
+  expect_match(DK, dk, DType::BF16, "attention dk (unaligned q)");
+  expect_match(DV, dv, DType::BF16, "attention dv (unaligned q)");
 }
 
 namespace {
