@@ -11,13 +11,11 @@
 #include <fstream>
 #include <memory>
 
-#include "checkpoint.hpp"
 #include "common.hpp"
-#include "comm/process_grid.hpp"
 #include "device.hpp"
-#include "harness.hpp"
 #include "hybrid_common.hpp"
 #include "study.hpp"
+#include "train_io.hpp"
 
 using namespace hcp;
 
@@ -114,26 +112,26 @@ void run(DriverContext& ctx) {
   model::AdamW opt(s.opt, p);
   model::ParamMap rp;  // the cp=1 replica (rank 0)
   std::unique_ptr<model::AdamW> ropt;
-  std::vector<double> loss, ref_loss, lrs, gnorms, label_tokens, step_ms;
+  drivers::TrainSeries ts;
+  std::vector<double>& loss = ts.loss;
+  std::vector<double>& ref_loss = ts.loss_reference;
   if (!resume.empty()) drivers::read_checkpoint(resume, p, opt, loss, with_ref ? &ref_loss : nullptr);
   if (with_ref && ctx.root()) {
     for (auto& [n, t] : p) rp[n] = t.clone();
     ropt = std::make_unique<model::AdamW>(s.opt, rp);
-    if (!resume.empty()) {
-      std::vector<double> dummy;
-      drivers::read_checkpoint(resume, rp, *ropt, dummy, nullptr);
-      // The checkpoint holds the CP run's state; the replica resumes from it too.
-    }
+    std::vector<double> unused;  // the checkpoint holds the CP run's state; the replica resumes from it too
+    if (!resume.empty()) drivers::read_checkpoint(resume, rp, *ropt, unused, nullptr);
   }
   const std::int64_t start = opt.steps_done();
   HCP_CHECK(start < steps, "train.resume: the checkpoint is at step ", start, ", not before train.steps = ", steps);
   if (ctx.root())
-    std::printf("# train_hybrid: ranks=%d cp=%d pattern=%s hidden=%lld vocab=%lld attention=%s mamba_cp=%s dtype=%s "
-                "steps %lld..%lld backend=%s%s\n",
-                ctx.world->size(), s.cp, s.cfg.pattern.c_str(), static_cast<long long>(s.cfg.hidden),
-                static_cast<long long>(s.cfg.vocab), d.get_string("parallel.attention").c_str(),
-                d.get_string("parallel.mamba_cp").c_str(), to_string(s.dt).c_str(), static_cast<long long>(start + 1),
-                static_cast<long long>(steps), drivers::device_desc(d, cpc).c_str(), resume.empty() ? "" : (" (resumed from " + resume + ")").c_str());
+    std::printf("# train_hybrid: %s\n",
+                drivers::fields("ranks", ctx.world->size(), "cp", s.cp, "pattern", s.cfg.pattern, "hidden", s.cfg.hidden,
+                                "vocab", s.cfg.vocab, "attention", d.get_string("parallel.attention"), "mamba_cp",
+                                d.get_string("parallel.mamba_cp"), "dtype", to_string(s.dt), "steps",
+                                std::to_string(start + 1) + ".." + std::to_string(steps), "backend",
+                                drivers::device_desc(d, cpc), "resumed_from", resume.empty() ? "-" : resume)
+                    .c_str());
   double worst = 0;
   std::int64_t done_here = 0;
   for (std::int64_t t = start + 1; t <= steps; ++t) {
@@ -147,10 +145,10 @@ void run(DriverContext& ctx) {
     const double gn = opt.step(p, g, model::is_buffer);
     const double ms = cpc.all_reduce_scalar((MPI_Wtime() - t0) * 1e3, ReduceOp::Max);
     loss.push_back(res.loss);
-    lrs.push_back(opt.last_lr());
-    gnorms.push_back(gn);
-    label_tokens.push_back(static_cast<double>(res.label_tokens));
-    step_ms.push_back(ms);
+    ts.lr.push_back(opt.last_lr());
+    ts.grad_norm.push_back(gn);
+    ts.label_tokens.push_back(static_cast<double>(res.label_tokens));
+    ts.step_ms.push_back(ms);
     double rl = 0;
     if (ropt) {
       model::HybridModel mr(*self, s.cfg, b.layout);
@@ -170,10 +168,10 @@ void run(DriverContext& ctx) {
     ++done_here;
     const bool stop = stop_after > 0 && done_here >= stop_after && t < steps;
     if ((every > 0 && t % every == 0) || stop) drivers::write_checkpoint(*ctx.world, ck, p, opt, loss, ref_loss);
-    if (stop) {
-      if (ctx.root()) std::printf("# stopped after %lld steps; checkpoint %s at step %lld\n", static_cast<long long>(done_here), ck.c_str(), static_cast<long long>(t));
-      break;
-    }
+    if (stop && ctx.root())
+      std::printf("# stopped after %lld steps; checkpoint %s at step %lld\n", static_cast<long long>(done_here), ck.c_str(),
+                  static_cast<long long>(t));
+    if (stop) break;
   }
   double pass = !with_ref || worst <= rtol ? 1 : 0;
   ctx.world->broadcast(&pass, 1, DType::F64, 0);
@@ -182,17 +180,7 @@ void run(DriverContext& ctx) {
     drivers::write_config(w, ctx, "train_hybrid", drivers::device_desc(d, cpc), s.dt, s.cp,
                           {{"format", d.get_string("data.format")}, {"strategy", d.get_string("parallel.attention")},
                            {"mamba_cp", d.get_string("parallel.mamba_cp")}, {"pattern", s.cfg.pattern}, {"resumed_from", resume}});
-    auto vec = [](const std::vector<double>& v) { return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64); };
-    w.tensor("/train/loss", vec(loss), "[step] (all steps since step 1)", "nats");
-    if (with_ref) {
-      w.tensor("/train/loss_reference", vec(ref_loss), "[step] cp=1 replica", "nats");
-      w.summary("train/loss", worst, worst, rtol, pass == 1);
-    }
-    w.tensor("/train/lr", vec(lrs), "[step] (this run)", "1");
-    w.tensor("/train/grad_norm", vec(gnorms), "[step] (this run), before clipping", "1");
-    w.tensor("/train/label_tokens", vec(label_tokens), "[step] (this run)", "tokens");
-    w.timings("train/step", step_ms);
-    for (auto& [n, t] : p) w.tensor("/params/" + n, t, "parameter shape (final)", "1");
+    drivers::write_train_results(w, ts, p, with_ref, worst, rtol, pass == 1);
     w.finish();
   }
   if (ctx.root()) {
@@ -206,5 +194,7 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return run_driver(argc, argv, {"train_hybrid", "train the hybrid model under CP (AdamW, schedule, clipping, checkpoints) against a cp=1 replica", schema(), kDeck, "train_hybrid.h5", validate, run});
+  return run_driver(argc, argv,
+                    {"train_hybrid", "train the hybrid model under CP (AdamW, schedule, clipping, checkpoints) against a cp=1 replica",
+                     schema(), kDeck, "train_hybrid.h5", validate, run});
 }

@@ -448,7 +448,7 @@ TEST(CudaKernels, SsdForwardBackwardResetsStates) {
 }
 
 // bf16 with head_dim 64 and chunk 128: the C·B^T, chunk-state and chunk-scan phases run on the tensor
-// cores (kernels/cuda/ssd_tc.cu). Ragged last chunks, d_state 128 and 64, 8 heads per group, and a
+// cores (kernels/cuda/ssd/ssd_tc.cu). Ragged last chunks, d_state 128 and 64, 8 heads per group, and a
 // packed row whose resets fall inside a chunk, on a chunk boundary and one token after one.
 TEST(CudaKernels, SsdTensorCorePhasesMatchHost) {
   REQUIRE_GPU();

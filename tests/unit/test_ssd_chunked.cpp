@@ -1,4 +1,4 @@
-// The GPU's chunked SSD algorithm (kernels/cuda/ssd_chunked.hpp), run here element by element on the
+// The GPU's chunked SSD algorithm (kernels/cuda/ssd/chunked.hpp), run here element by element on the
 // host, against the host oracle: forward, final states and every gradient, with seq_idx resets inside
 // and across chunk boundaries, initial states, a ragged last chunk and chunks longer than the row.
 // This is what lets CI (no GPU) check the GPU kernels' mathematics.
@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/cuda/ssd_chunked.hpp"
+#include "kernels/cuda/ssd/chunked.hpp"
 #include "unit/ssd_case.hpp"
 
 using namespace hcp;

@@ -1,11 +1,11 @@
 // Mamba2 SSD on the GPU: the chunked (state-space duality) forward and backward of
-// kernels/cuda/ssd_chunked.hpp, one thread per output element and one launch per phase (dt cumsum,
+// kernels/cuda/ssd/chunked.hpp, one thread per output element and one launch per phase (dt cumsum,
 // C.B, chunk states, state passing, chunk scan; the backward adds local state gradients, reverse state
 // passing, dy.x, dx, dB, dC, per-token dt terms and a per-chunk reduction); seq_idx resets, initial and
 // final states, D, dt_bias, softplus and clamp. The same element functions run on the host in
 // tests/unit/test_ssd_chunked.cpp. For bf16 at the Mamba2 sizes (head_dim 64, chunk 128, d_state 64 or
 // 128), with every tensor 16-byte aligned, the exec hands every phase to the kernels of
-// kernels/cuda/ssd_tc.cu (tensor cores, warp scans, vectorised state passing).
+// kernels/cuda/ssd/ssd_tc.cu (tensor cores, warp scans, vectorised state passing).
 // Also the state-passing kernels (run decay, initial-state term and its backward). Per-head parameter
 // gradients are reduced in a fixed order: bitwise repeatable.
 #include <cmath>
@@ -13,8 +13,8 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
-#include "kernels/cuda/ssd_chunked.hpp"
-#include "kernels/cuda/ssd_tc.hpp"
+#include "kernels/cuda/ssd/chunked.hpp"
+#include "kernels/cuda/ssd/ssd_tc.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::kernels::cuda_impl {
@@ -187,7 +187,7 @@ template <class F> __global__ void each_k(F f, std::int64_t n) {
 }
 struct CudaExec {
   std::vector<void*> bufs;
-  bool tc = false;  // every phase on the tensor cores (kernels/cuda/ssd_tc.cu), decided once per call
+  bool tc = false;  // every phase on the tensor cores (kernels/cuda/ssd/ssd_tc.cu), decided once per call
   ssd_tc::Scratch scratch{[this](std::size_t n) { return static_cast<void*>(alloc<unsigned char>(static_cast<std::int64_t>(n))); }};
   explicit CudaExec(bool use_tc = false) : tc(use_tc) {}
   CudaExec(const CudaExec&) = delete;

@@ -1,5 +1,5 @@
 // Mamba2 SSD, chunked (state-space duality) forward and backward, written as element functions
-// shared by the CUDA kernels (kernels/cuda/ssd.cu launches one thread per element) and a host
+// shared by the CUDA kernels (kernels/cuda/ssd/ssd.cu launches one thread per element) and a host
 // emulation that runs the very same functions serially (tests/unit/test_ssd_chunked.cpp checks it
 // against the host oracle on every CI run, no GPU needed).
 //
@@ -415,7 +415,7 @@ template <class S, class A> struct ChunkReduce {
 // outputs). An exec may also offer `bool replace(Phase, const BwdCtx&, const Io&)`, running a phase its
 // own way and returning false where it does not cover the shape or type. A replaced phase writes the
 // Io outputs listed below; its Work / BwdCtx outputs only where an element phase may read them, so an
-// exec that replaces every phase of a call (kernels/cuda/ssd_tc.cu) may hand over between its phases
+// exec that replaces every phase of a call (kernels/cuda/ssd/ssd_tc.cu) may hand over between its phases
 // in buffers of its own. The forward phases see a BwdCtx whose backward buffers are null.
 enum class Phase {
   DtCumsum,     // k.w.dtv, k.w.ddtv, k.w.cs

@@ -1,12 +1,12 @@
-// Mamba2 SSD chunk products on the tensor cores (kernels/cuda/ssd_tc.cu): bf16 replacements for the
-// phases of the chunked SSD (kernels/cuda/ssd_chunked.hpp) that are matrix products.
+// Mamba2 SSD chunk products on the tensor cores (kernels/cuda/ssd/ssd_tc.cu): bf16 replacements for the
+// phases of the chunked SSD (kernels/cuda/ssd/chunked.hpp) that are matrix products.
 #pragma once
 #include <cuda_bf16.h>
 
 #include <cstddef>
 #include <functional>
 
-#include "kernels/cuda/ssd_chunked.hpp"
+#include "kernels/cuda/ssd/chunked.hpp"
 
 namespace hcp::kernels::cuda_impl::ssd_tc {
 // True when the tensor-core kernels cover these sizes (head_dim 64, chunk 128, d_state 64 or 128); the

@@ -1,5 +1,6 @@
-// train_hybrid's checkpoints: parameters, AdamW moments, step and the loss history in one HDF5 file
-// (/checkpoint/...), written collectively and read back on every rank.
+// train_hybrid's files: checkpoints (parameters, AdamW moments, step and the loss history under
+// /checkpoint/, written collectively and read back on every rank) and the per-step series and final
+// parameters of the results file (/train/*, /params/*).
 #pragma once
 #include <string>
 #include <vector>
@@ -36,6 +37,25 @@ inline void read_checkpoint(const std::string& path, model::ParamMap& p, model::
   opt.set_steps_done(step);
   loss = r.read("/checkpoint/loss").to_vector();
   if (ref_loss && r.exists("/checkpoint/loss_reference")) *ref_loss = r.read("/checkpoint/loss_reference").to_vector();
+}
+
+struct TrainSeries {
+  std::vector<double> loss, loss_reference;             // every step since step 1 (a resumed run continues them)
+  std::vector<double> lr, grad_norm, label_tokens, step_ms;  // this run's steps
+};
+inline void write_train_results(ResultsWriter& w, const TrainSeries& s, const model::ParamMap& p, bool with_ref, double worst,
+                                double rtol, bool pass) {
+  auto vec = [](const std::vector<double>& v) { return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64); };
+  w.tensor("/train/loss", vec(s.loss), "[step] (all steps since step 1)", "nats");
+  if (with_ref) {
+    w.tensor("/train/loss_reference", vec(s.loss_reference), "[step] cp=1 replica", "nats");
+    w.summary("train/loss", worst, worst, rtol, pass);
+  }
+  w.tensor("/train/lr", vec(s.lr), "[step] (this run)", "1");
+  w.tensor("/train/grad_norm", vec(s.grad_norm), "[step] (this run), before clipping", "1");
+  w.tensor("/train/label_tokens", vec(s.label_tokens), "[step] (this run)", "tokens");
+  w.timings("train/step", s.step_ms);
+  for (auto& [n, t] : p) w.tensor("/params/" + n, t, "parameter shape (final)", "1");
 }
 
 }  // namespace hcp::drivers
