@@ -61,23 +61,16 @@ cp::CpAttnConfig config(const Deck& d, int cp, const std::string& strategy) {
   return c;
 }
 
-// The strategies to run; constructing one checks its divisibility rules (e.g. a2a: heads % cp).
-std::vector<std::string> cases(const Deck& d, Communicator& cpc, int cp, std::vector<std::pair<std::string, std::string>>* skipped) {
-  return drivers::runnable(cpc, drivers::select(d, "parallel.strategy", "all", {"p2p", "allgather", "a2a"}),
-                           [&](const std::string& n) { cp::CpAttention a(cpc, config(d, cp, n)); }, skipped);
-}
-
-void validate(DriverContext& ctx) {
-  drivers::init_device(ctx.deck);
-  const int cp = drivers::cp_size_of(ctx.deck, ctx.world->size());
-  ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
-  cases(ctx.deck, *grid.cp, cp, nullptr);
+// The strategies; constructing one checks its divisibility rules (e.g. a2a: heads % cp).
+drivers::Cases cases() {
+  return {"parallel.strategy", "all", {"p2p", "allgather", "a2a"},
+          [](const Deck& d, Communicator& c, int cp, const std::string& n) { cp::CpAttention a(c, config(d, cp, n)); }};
 }
 
 void run(DriverContext& ctx) {
   drivers::Study st(ctx, "cp_attention", drivers::layer_tolerance);
   std::vector<std::pair<std::string, std::string>> skipped;
-  const std::vector<std::string> names = cases(st.deck, st.comm, st.cp, &skipped);
+  const std::vector<std::string> names = st.cases(cases(), &skipped);
   const cp::CpAttnConfig base = config(st.deck, st.cp, names.front());
   const SeqLayout& g = base.global;
   const std::int64_t T = g.total(), H = base.heads, Hkv = base.kv_heads, D = base.head_dim;
@@ -160,5 +153,12 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return run_driver(argc, argv, {"cp_attention", "Attention context parallelism (p2p ring, all-gather, Ulysses a2a) against cp=1", schema(), kBuiltinDeck, "cp_attention.h5", validate, run});
+  const DriverSpec spec{"cp_attention",
+                        "Attention context parallelism (p2p ring, all-gather, Ulysses a2a) against cp=1",
+                        schema(),
+                        kBuiltinDeck,
+                        "cp_attention.h5",
+                        [](DriverContext& c) { drivers::validate_cases(c, cases()); },
+                        run};
+  return run_driver(argc, argv, spec);
 }

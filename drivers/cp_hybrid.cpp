@@ -36,28 +36,20 @@ DeckSchema schema() {
   return s;
 }
 
-// The attention strategies to run; building the model checks every layer's divisibility rules.
-std::vector<std::string> cases(const Deck& d, Communicator& cpc, int cp, std::vector<std::pair<std::string, std::string>>* skipped) {
-  return drivers::runnable(cpc, drivers::select(d, "parallel.attention", "all", {"p2p", "allgather", "a2a"}),
-                           [&](const std::string& n) {
-                             const model::HybridConfig c = drivers::hybrid_config(d, cp::attn_strategy_from_string(n));
-                             model::HybridModel m(cpc, c, drivers::make_token_batch(d, cp, c.vocab, 1).layout);
-                           },
-                           skipped);
-}
-
-void validate(DriverContext& ctx) {
-  drivers::init_device(ctx.deck);
-  const int cp = drivers::cp_size_of(ctx.deck, ctx.world->size());
-  ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
-  cases(ctx.deck, *grid.cp, cp, nullptr);
+// The attention strategies; building the model checks every layer's divisibility rules.
+drivers::Cases cases() {
+  return {"parallel.attention", "all", {"p2p", "allgather", "a2a"},
+          [](const Deck& d, Communicator& c, int cp, const std::string& n) {
+            const model::HybridConfig h = drivers::hybrid_config(d, cp::attn_strategy_from_string(n));
+            model::HybridModel m(c, h, drivers::make_token_batch(d, cp, h.vocab, 1).layout);
+          }};
 }
 
 void run(DriverContext& ctx) {
   drivers::Study st(ctx, "cp_hybrid", drivers::model_tolerance);
   const Deck& d = st.deck;
   std::vector<std::pair<std::string, std::string>> skipped;
-  const std::vector<std::string> names = cases(d, st.comm, st.cp, &skipped);
+  const std::vector<std::string> names = st.cases(cases(), &skipped);
   const int r = st.grid.cp_rank;
   const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
   const model::HybridConfig c0 = drivers::hybrid_config(d, cp::attn_strategy_from_string(names.front()));
@@ -143,5 +135,12 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return run_driver(argc, argv, {"cp_hybrid", "hybrid Mamba2 + attention + MoE model, one step under CP for each attention strategy, against cp=1", schema(), kDeck, "cp_hybrid.h5", validate, run});
+  const DriverSpec spec{"cp_hybrid",
+                        "hybrid Mamba2 + attention + MoE model, one step under CP for each attention strategy, against cp=1",
+                        schema(),
+                        kDeck,
+                        "cp_hybrid.h5",
+                        [](DriverContext& c) { drivers::validate_cases(c, cases()); },
+                        run};
+  return run_driver(argc, argv, spec);
 }

@@ -64,25 +64,19 @@ Setup make_setup(const Deck& d, int cp) {
           dtype_from_string(d.get_string("data.dtype"))};
 }
 
-// The strategies to run; constructing a layer checks its divisibility rules.
-std::vector<std::string> cases(const Deck& d, Communicator& cpc, int cp, std::vector<std::pair<std::string, std::string>>* skipped) {
-  const Setup s = make_setup(d, cp);
-  return drivers::runnable(cpc, drivers::select(d, "parallel.mamba_cp", "both", {"hidden_parallel", "state_passing"}),
-                           [&](const std::string& n) { model::make_mamba2(cp::mamba_cp_from_string(n), cpc, s.cfg, s.global); },
-                           skipped);
-}
-
-void validate(DriverContext& ctx) {
-  drivers::init_device(ctx.deck);
-  const int cp = drivers::cp_size_of(ctx.deck, ctx.world->size());
-  ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
-  cases(ctx.deck, *grid.cp, cp, nullptr);
+// The strategies; constructing a layer checks its divisibility rules.
+drivers::Cases cases() {
+  return {"parallel.mamba_cp", "both", {"hidden_parallel", "state_passing"},
+          [](const Deck& d, Communicator& c, int cp, const std::string& n) {
+            const Setup s = make_setup(d, cp);
+            model::make_mamba2(cp::mamba_cp_from_string(n), c, s.cfg, s.global);
+          }};
 }
 
 void run(DriverContext& ctx) {
   drivers::Study st(ctx, "cp_mamba", drivers::layer_tolerance);
   std::vector<std::pair<std::string, std::string>> skipped;
-  const std::vector<std::string> names = cases(st.deck, st.comm, st.cp, &skipped);
+  const std::vector<std::string> names = st.cases(cases(), &skipped);
   const Setup s = make_setup(st.deck, st.cp);
   const int r = st.grid.cp_rank;
   const std::int64_t T = s.global.total(), C = s.cfg.hidden;
@@ -188,5 +182,12 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return run_driver(argc, argv, {"cp_mamba", "Mamba2 mixer under hidden-parallel and state-passing context parallelism against cp=1", schema(), kDeck, "cp_mamba.h5", validate, run});
+  const DriverSpec spec{"cp_mamba",
+                        "Mamba2 mixer under hidden-parallel and state-passing context parallelism against cp=1",
+                        schema(),
+                        kDeck,
+                        "cp_mamba.h5",
+                        [](DriverContext& c) { drivers::validate_cases(c, cases()); },
+                        run};
+  return run_driver(argc, argv, spec);
 }

@@ -42,6 +42,18 @@ std::vector<std::string> runnable(Communicator& comm, const Selection& sel, cons
 }
 
 // ---- Study ----------------------------------------------------------------------------------------
+void validate_cases(DriverContext& ctx, const Cases& c) {
+  init_device(ctx.deck);
+  const int cp = cp_size_of(ctx.deck, ctx.world->size());
+  ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
+  runnable(*grid.cp, select(ctx.deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(ctx.deck, *grid.cp, cp, n); });
+}
+
+std::vector<std::string> Study::cases(const Cases& c, std::vector<std::pair<std::string, std::string>>* skipped) {
+  return runnable(comm, select(deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(deck, comm, cp, n); },
+                  skipped);
+}
+
 Study::Study(DriverContext& c, std::string name, double (*tolerance)(DType))
     : ctx(c),
       deck(c.deck),

@@ -53,6 +53,17 @@ Selection select(const Deck& d, const std::string& key, const std::string& all_w
 std::vector<std::string> runnable(Communicator& comm, const Selection& sel, const std::function<void(const std::string&)>& try_make,
                                   std::vector<std::pair<std::string, std::string>>* skipped = nullptr);
 
+// A driver's cases: the choice key and its word for "all of them", every case name, and make(deck,
+// comm, cp, name), which builds the case (its constructor checks the shape rules) or throws.
+struct Cases {
+  std::string key, all_word;
+  std::vector<std::string> all;
+  std::function<void(const Deck&, Communicator&, int, const std::string&)> make;
+};
+// The validate phase of a CP driver: the GPU of run.device, the process grid, and the cases the
+// deck names (a skipped case is no error; runnable's rules).
+void validate_cases(DriverContext& ctx, const Cases& c);
+
 // Per-phase milliseconds of one iteration: lap(name) ends the phase begun at the previous lap (or at
 // the start). GPU ranks time with CUDA events on the default stream, host ranks with MPI_Wtime.
 class Clock {
@@ -103,6 +114,9 @@ class Study {
   ResultsWriter* out() { return writer_.get(); }
   bool root() const { return ctx.root(); }
   std::string backend() const;
+
+  // The cases of `c` that run on this shape; the skipped ones, with their reasons, in `skipped`.
+  std::vector<std::string> cases(const Cases& c, std::vector<std::pair<std::string, std::string>>* skipped);
 
   // Runs body(clock) warmup + repeats times, a barrier before each; `before` runs untimed ahead of
   // each iteration. Counters cover exactly the timed iterations.
