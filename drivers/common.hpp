@@ -65,7 +65,8 @@ inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_defaul
 }
 
 // The global, padded token layout from the [data] section: BSHD (data.batch x data.seqlen, the
-// length a multiple of 2*cp) or THD (data.seq_lens, each padded up to a multiple of 2*cp).
+// length a multiple of 2*cp) or THD (data.seq_lens, each padded up to a multiple of 2*cp; the real
+// lengths kept in real_lens).
 inline SeqLayout global_layout(const Deck& d, int cp) {
   if (d.get_string("data.format") == "bshd") {
     const std::int64_t L = d.get_int("data.seqlen");
@@ -73,9 +74,11 @@ inline SeqLayout global_layout(const Deck& d, int cp) {
     return SeqLayout::bshd(d.get_int("data.batch"), L);
   }
   std::vector<std::int64_t> cu{0};
-  for (auto n : parse_lengths(d.get_string("data.seq_lens"), "data.seq_lens"))
-    cu.push_back(cu.back() + (n + 2 * cp - 1) / (2 * cp) * (2 * cp));
-  return SeqLayout::thd(cu);
+  const std::vector<std::int64_t> lens = parse_lengths(d.get_string("data.seq_lens"), "data.seq_lens");
+  for (auto n : lens) cu.push_back(cu.back() + (n + 2 * cp - 1) / (2 * cp) * (2 * cp));
+  SeqLayout l = SeqLayout::thd(cu);
+  l.real_lens = lens;  // the pads at each sequence's end are neither keys nor outputs
+  return l;
 }
 
 // CP size from parallel.cp_size (0: every rank), checked against the world size.

@@ -86,20 +86,23 @@ void run(DriverContext& ctx) {
   fill_uniform(h, seed * 7 + 1);
   fill_uniform(dy, seed * 7 + 2);
 
-  // cp=1 reference on rank 0: the state-passing layer on host tensors (it runs any heads / n_groups).
+  // cp=1 reference on rank 0: the state-passing layer on host tensors (it runs any heads / n_groups),
+  // on the unpadded problem (each sequence at its real length).
   Tensor ry, rdh;
   model::ParamMap rg;
   if (st.check && st.root()) {
-    model::Mamba2SP ref(st.self, s.cfg, s.global);
-    ry = Tensor::zeros({T, C}, s.dt);
-    rdh = Tensor::zeros({T, C}, s.dt);
-    ref.forward(ry, h, p);
-    ref.backward(rdh, rg, dy, p);
+    const SeqLayout u = s.global.unpadded();
+    const std::vector<std::int64_t> real = cp::real_rows(s.global);
+    model::Mamba2SP ref(st.self, s.cfg, u, cp::Partition::Contiguous);  // one rank: any length
+    ry = Tensor::zeros({u.total(), C}, s.dt);
+    rdh = Tensor::zeros({u.total(), C}, s.dt);
+    ref.forward(ry, cp::take_rows(h, real), p);
+    ref.backward(rdh, rg, cp::take_rows(dy, real), p);
   }
   st.config({{"format", st.deck.get_string("data.format")}, {"strategy", drivers::join(names)}}, skipped);
   if (st.out() && st.check) {
-    st.out()->tensor("/activations/reference/out", ry, "[T,hidden] global order", "1");
-    st.out()->tensor("/gradients/reference/input", rdh, "[T,hidden] global order", "1");
+    st.out()->tensor("/activations/reference/out", ry, "[T,hidden] real tokens, global order", "1");
+    st.out()->tensor("/gradients/reference/input", rdh, "[T,hidden] real tokens, global order", "1");
   }
   st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", s.global.nseq(), "hidden",
                             C, "heads", s.cfg.heads, "head_dim", s.cfg.head_dim, "n_groups", s.cfg.groups, "d_state",
@@ -146,17 +149,16 @@ void run(DriverContext& ctx) {
     }
     moved.push_back(bytes);
     st.write_timings(name, smp);
-    const Tensor gy = drivers::host(cp::dcs_gather(st.comm, y, s.global)), gdh = drivers::host(cp::dcs_gather(st.comm, dh, s.global));
     for (auto& [n, t] : grads) t = drivers::host(t);
-    drivers::Study::Errors e;
-    st.compare(e, "y", gy, ry);
-    st.compare(e, "dh", gdh, rdh);
+    drivers::Study::Errors e;  // real rows against the unpadded oracle, pad rows against zero
+    const Tensor gy = st.compare_real(e, "y", drivers::host(cp::dcs_gather(st.comm, y, s.global)), ry, s.global, true);
+    const Tensor gdh = st.compare_real(e, "dh", drivers::host(cp::dcs_gather(st.comm, dh, s.global)), rdh, s.global, true);
     if (st.check && st.root())
       for (auto& [n, t] : rg) st.compare(e, "d" + n, grads.at(n), t);
     all_pass = st.verdict(name, e, bytes_ok) && all_pass;
     if (st.out()) {
-      st.out()->tensor("/activations/" + name + "/out", gy, "[T,hidden] global order", "1");
-      st.out()->tensor("/gradients/" + name + "/input", gdh, "[T,hidden] global order", "1");
+      st.out()->tensor("/activations/" + name + "/out", gy, "[T,hidden] real tokens, global order", "1");
+      st.out()->tensor("/gradients/" + name + "/input", gdh, "[T,hidden] real tokens, global order", "1");
       for (auto& [n, t] : grads) st.out()->tensor("/gradients/" + name + "/" + n, t, "parameter shape", "1");
     }
     std::string phases = "# " + name + " phases (ms, median, slowest rank):";

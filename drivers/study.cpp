@@ -3,9 +3,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "common.hpp"
+#include "cp/layout.hpp"
 #include "device.hpp"
 #include "overlap.hpp"
 
@@ -126,6 +128,24 @@ void Study::compare(Errors& e, const std::string& name, const Tensor& got, const
   const ErrorStats s = hcp::compare(got, ref);
   e.add(name, s.max_abs / std::max(s.ref_max, 1e-300));
 }
+Tensor Study::compare_real(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref, const SeqLayout& global,
+                           bool pads_zero) const {
+  if (!global.padded()) {
+    compare(e, name, got, ref);
+    return got;
+  }
+  const Tensor real = cp::take_rows(got, cp::real_rows(global));
+  compare(e, name, real, ref);
+  if (pads_zero && check && root()) {
+    const Tensor pads = cp::take_rows(got, cp::pad_rows(global));
+    const ErrorStats r = hcp::compare(ref, Tensor::zeros(ref.shape(), ref.dtype()));
+    double mx = 0;
+    for (std::int64_t i = 0; i < pads.numel(); ++i) mx = std::max(mx, std::abs(pads.get(i)));
+    e.add(name + "_pads", mx / std::max(r.max_abs, 1e-300));
+  }
+  return real;
+}
+
 bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
   double pass = (!check || e.worst <= tol) && extra ? 1 : 0;
   ctx.world->broadcast(&pass, 1, DType::F64, 0);

@@ -139,6 +139,11 @@ class Study {
     void add(const std::string& name, double e);
   };
   void compare(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref) const;
+  // A CP result gathered in the padded global order against the unpadded problem's `ref`: its real
+  // rows are compared (and returned, in the unpadded order); with `pads_zero` every pad row must be
+  // zero (entry "<name>_pads": max |pad| / max |ref|).
+  Tensor compare_real(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref, const SeqLayout& global,
+                      bool pads_zero) const;
   // Rank 0's verdict (errors within tolerance and `extra`), agreed by every rank; writes /summary.
   bool verdict(const std::string& strategy, const Errors& e, bool extra = true);
 

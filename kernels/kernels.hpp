@@ -35,7 +35,8 @@ struct AttnParams {
   std::int64_t kv_tile = 64;  // keys per tile of the online softmax
 };
 
-// Segments of a layout: sequence s of q_layout with sequence s of kv_layout. With `bottom_right`,
+// Segments of a layout: sequence s of q_layout with sequence s of kv_layout, at their real lengths
+// (a padded layout's pads are neither queries nor keys). With `bottom_right`,
 // a causal diagonal is aligned to the end of both blocks (query i sees keys j <= i + lk - lq).
 std::vector<AttnSegment> segments_from_layout(const SeqLayout& q_layout, const SeqLayout& kv_layout,
                                               bool bottom_right = false);

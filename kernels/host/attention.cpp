@@ -201,9 +201,9 @@ std::vector<AttnSegment> segments_from_layout(const SeqLayout& ql, const SeqLayo
   for (std::int64_t s = 0; s < ql.nseq(); ++s) {
     AttnSegment g;
     g.q_start = ql.cu_seqlens[s];
-    g.q_len = ql.len(s);
+    g.q_len = ql.real(s);  // pads are neither queries nor keys
     g.kv_start = kl.cu_seqlens[s];
-    g.kv_len = kl.len(s);
+    g.kv_len = kl.real(s);
     g.q_pos0 = bottom_right ? g.kv_len - g.q_len : 0;
     g.kv_pos0 = 0;
     segs.push_back(g);

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "cp/layout.hpp"
@@ -88,21 +89,28 @@ void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dou
   }
 }
 
+// A segment with at least one (query, key) pair.
+static void keep(std::vector<k::AttnSegment>& segs, const k::AttnSegment& g) {
+  if (g.q_len > 0 && g.kv_len > 0) segs.push_back(g);
+}
+
 // ---- ring p2p ---------------------------------------------------------------------------------
 // Segments of ring step i (K/V from rank j = r - i), per sequence, by the DualChunkSwap rules: the
 // diagonal block causal; K/V of an earlier rank: all queries against its first K/V half; of a later
-// rank: the second query half against all its K/V.
-static std::vector<k::AttnSegment> ring_segments(const SeqLayout& local, int r, int j, bool causal) {
+// rank: the second query half against all its K/V. Pads (at the end of a sequence, so a suffix of
+// every rank's rows: cp::local_real) are neither queries nor keys.
+static std::vector<k::AttnSegment> ring_segments(const SeqLayout& global, const SeqLayout& local, int cp, int r, int j,
+                                                 bool causal) {
   std::vector<k::AttnSegment> segs;
   for (std::int64_t s = 0; s < local.nseq(); ++s) {
     const std::int64_t lo = local.cu_seqlens[s], n = local.len(s), half = n / 2;
-    if (n == 0) continue;
+    const std::int64_t rq = local_real(global, s, cp, r), rk = local_real(global, s, cp, j);
     if (!causal || j == r) {
-      segs.push_back({lo, n, lo, n, 0, 0});  // j == r with causal: local order is increasing
+      keep(segs, {lo, rq, lo, rk, 0, 0});  // j == r with causal: local order is increasing
     } else if (j < r) {
-      segs.push_back({lo, n, lo, half, 0, 0});  // all Q vs the first K/V chunk (c_j), no mask
+      keep(segs, {lo, rq, lo, std::min(half, rk), 0, 0});  // all Q vs the first K/V chunk (c_j), no mask
     } else {
-      segs.push_back({lo + half, n - half, lo, n, 0, 0});  // second Q chunk vs all K/V, no mask
+      keep(segs, {lo + half, rq - half, lo, rk, 0, 0});  // second Q chunk vs all K/V, no mask
     }
   }
   return segs;
@@ -120,7 +128,7 @@ k::AttnParams CpAttention::ring_params(int i) const {
   const int j = ((rank_ - i) % cp_ + cp_) % cp_;  // owner of the K/V held at step i
   auto p = base_params(cfg_.heads, cfg_.kv_heads);
   p.mask = (cfg_.causal && i == 0) ? k::Mask::Causal : k::Mask::None;
-  p.segments = ring_segments(local_, rank_, j, cfg_.causal);
+  p.segments = ring_segments(cfg_.global, local_, cp_, rank_, j, cfg_.causal);
   return p;
 }
 
@@ -196,14 +204,15 @@ void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
 }
 
 // ---- all-gather ---------------------------------------------------------------------------------
-// Local Q chunk segments against the global K/V of the same sequence, masked by global position.
+// Local Q chunk segments against the global K/V of the same sequence, masked by global position;
+// the pads (positions >= the real length) are neither queries nor keys.
 static std::vector<k::AttnSegment> allgather_segments(const SeqLayout& global, const SeqLayout& local, int cp, int r) {
   std::vector<k::AttnSegment> segs;
   for (std::int64_t s = 0; s < global.nseq(); ++s) {
-    const std::int64_t c = global.len(s) / (2 * cp), lo = local.cu_seqlens[s];
-    if (c == 0) continue;
-    segs.push_back({lo, c, global.cu_seqlens[s], global.len(s), r * c, 0});
-    segs.push_back({lo + c, c, global.cu_seqlens[s], global.len(s), (2 * cp - 1 - r) * c, 0});
+    const std::int64_t c = global.len(s) / (2 * cp), lo = local.cu_seqlens[s], R = global.real(s);
+    const auto real_rows = [&](std::int64_t pos0) { return std::clamp<std::int64_t>(R - pos0, 0, c); };
+    keep(segs, {lo, real_rows(r * c), global.cu_seqlens[s], R, r * c, 0});
+    keep(segs, {lo + c, real_rows((2 * cp - 1 - r) * c), global.cu_seqlens[s], R, (2 * cp - 1 - r) * c, 0});
   }
   return segs;
 }

@@ -21,7 +21,50 @@ SeqLayout local_layout(const SeqLayout& global, int cp, Partition part) {
   require_dcs_divisible(global, cp, "local_layout", part);
   SeqLayout l = global;
   for (auto& c : l.cu_seqlens) c /= cp;
+  l.real_lens.clear();  // a rank's real tokens differ by rank: local_real
   return l;
+}
+
+std::int64_t local_real(const SeqLayout& global, std::int64_t s, int cp, int rank, Partition part) {
+  const std::int64_t R = global.real(s), n = global.len(s);
+  const auto in = [R](std::int64_t lo, std::int64_t len) { return std::clamp<std::int64_t>(R - lo, 0, len); };
+  if (part == Partition::Contiguous) return in(rank * (n / cp), n / cp);
+  const std::int64_t c = n / (2 * cp);
+  return in(rank * c, c) + in((2 * cp - 1 - rank) * c, c);
+}
+
+void zero_pad_rows(Tensor& local, const SeqLayout& global, int cp, int rank, Partition part) {
+  if (!global.padded()) return;
+  const SeqLayout l = local_layout(global, cp, part);
+  for (std::int64_t s = 0; s < l.nseq(); ++s) {
+    const std::int64_t real = local_real(global, s, cp, rank, part), pads = l.len(s) - real;
+    if (pads == 0) continue;
+    Tensor rows = local.slice(0, l.cu_seqlens[s] + real, pads);
+    Shape shp = rows.shape();
+    rows.copy_from(Tensor::zeros(shp, local.dtype(), local.space()));
+  }
+}
+
+std::vector<std::int64_t> real_rows(const SeqLayout& global) {
+  std::vector<std::int64_t> r;
+  for (std::int64_t s = 0; s < global.nseq(); ++s)
+    for (std::int64_t i = 0; i < global.real(s); ++i) r.push_back(global.cu_seqlens[s] + i);
+  return r;
+}
+std::vector<std::int64_t> pad_rows(const SeqLayout& global) {
+  std::vector<std::int64_t> r;
+  for (std::int64_t s = 0; s < global.nseq(); ++s)
+    for (std::int64_t i = global.real(s); i < global.len(s); ++i) r.push_back(global.cu_seqlens[s] + i);
+  return r;
+}
+Tensor take_rows(const Tensor& t, const std::vector<std::int64_t>& rows) {
+  Shape shp = t.shape();
+  shp[0] = static_cast<std::int64_t>(rows.size());
+  Tensor out = Tensor::zeros(shp, t.dtype(), t.space());
+  std::vector<std::int64_t> dst(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) dst[i] = static_cast<std::int64_t>(i);
+  if (!rows.empty()) copy_rows(out, t, dst, rows);
+  return out;
 }
 
 std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank, Partition part) {
@@ -178,6 +221,7 @@ PackedBatch pack_sequences(const std::vector<std::vector<std::int64_t>>& seqs, s
     cu.push_back(cu.back() + padded);
   }
   b.layout = SeqLayout::thd(cu);
+  b.layout.real_lens = b.seq_lens;
   return b;
 }
 

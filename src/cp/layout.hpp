@@ -24,6 +24,17 @@ void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& w
 SeqLayout local_layout(const SeqLayout& global, int cp,
                 Partition part = Partition::DCS);
 
+// Real (unpadded) tokens of sequence s on `rank`: always a prefix of its local rows, since pads sit at
+// the end of the sequence and a rank's chunks are in increasing position order.
+std::int64_t local_real(const SeqLayout& global, std::int64_t s, int cp, int rank, Partition part = Partition::DCS);
+// Zeros the pad rows of a local [Tl, ...] tensor of `rank` (no-op for an unpadded layout).
+void zero_pad_rows(Tensor& local, const SeqLayout& global, int cp, int rank, Partition part = Partition::DCS);
+// Global rows of the real tokens (in order), and of the pads.
+std::vector<std::int64_t> real_rows(const SeqLayout& global);
+std::vector<std::int64_t> pad_rows(const SeqLayout& global);
+// The rows `rows` of a [T, ...] tensor (host or device), as a new contiguous tensor.
+Tensor take_rows(const Tensor& t, const std::vector<std::int64_t>& rows);
+
 // For each local token of `rank` (in local order), its index in the global token order. Rank r
 // keeps chunks r and 2cp-1-r (of 2cp equal chunks) of every sequence, in that order.
 std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank,

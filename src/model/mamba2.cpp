@@ -75,6 +75,7 @@ void Mamba2Layer::out_fwd(Tensor& y, const Tensor& yl, const ParamMap& p) {
     k::gated_rmsnorm_fwd(g, rstd_, yl_, z, p.at("norm_w"), c_.groups, c_.eps);
     Tensor out = Tensor::zeros({tl_, c_.hidden}, dt);
     k::linear_fwd(out, g, p.at("out_proj"), nullptr);
+    cp::zero_pad_rows(out, global_, cp_, rank_, part_);  // pads: zero outputs
     y.copy_from(out.view(y.shape()));
     gated_ = g;
   });
@@ -88,6 +89,10 @@ Tensor Mamba2Layer::out_bwd(Tensor& dz, ParamMap& grads, const Tensor& dy, const
     const DType dt = h_.dtype();
     grads = zeros_like(p);
     Tensor dyv = dy.view({tl_, c_.hidden});
+    if (global_.padded()) {  // a pad's output is zero: its upstream gradient does not flow back
+      dyv = dyv.clone();
+      cp::zero_pad_rows(dyv, global_, cp_, rank_, part_);
+    }
     Tensor dg = Tensor::zeros({tl_, Di}, dt);
     k::linear_bwd(&dg, &grads["out_proj"], nullptr, gated_, p.at("out_proj"), dyv);
     Tensor z = cp::cols(zxbcdt_, 0, Di);
@@ -102,6 +107,7 @@ void Mamba2Layer::in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt
   timed("bwd/in_proj", [&] {
     Tensor dhl = Tensor::zeros({tl_, c_.hidden}, h_.dtype());
     k::linear_bwd(&dhl, &grads["in_proj"], nullptr, h_, p.at("in_proj"), dzxbcdt);
+    cp::zero_pad_rows(dhl, global_, cp_, rank_, part_);  // pads: zero input gradients
     dh.copy_from(dhl.view(dh.shape()));
   });
   // Parameter gradients: sum over the CP group (token partial sums and head/group slices alike).
