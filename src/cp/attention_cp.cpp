@@ -207,6 +207,7 @@ void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
 // Local Q chunk segments against the global K/V of the same sequence, masked by global position;
 // the pads (positions >= the real length) are neither queries nor keys.
 static std::vector<k::AttnSegment> allgather_segments(const SeqLayout& global, const SeqLayout& local, int cp, int r) {
+  if (cp == 1) return k::segments_from_layout(global, global);  // one rank: the whole sequences, any length
   std::vector<k::AttnSegment> segs;
   for (std::int64_t s = 0; s < global.nseq(); ++s) {
     const std::int64_t c = global.len(s) / (2 * cp), lo = local.cu_seqlens[s], R = global.real(s);

@@ -8,6 +8,7 @@
 namespace hcp::cp {
 
 void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& what, Partition part) {
+  part = effective_partition(part, cp);
   HCP_CHECK(cp >= 1, what, ": cp size must be >= 1");
   global.validate(what.c_str());
   const std::int64_t m = part == Partition::DCS ? 2 * cp : cp;
@@ -18,6 +19,7 @@ void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& w
 }
 
 SeqLayout local_layout(const SeqLayout& global, int cp, Partition part) {
+  part = effective_partition(part, cp);
   require_dcs_divisible(global, cp, "local_layout", part);
   SeqLayout l = global;
   for (auto& c : l.cu_seqlens) c /= cp;
@@ -26,6 +28,7 @@ SeqLayout local_layout(const SeqLayout& global, int cp, Partition part) {
 }
 
 std::int64_t local_real(const SeqLayout& global, std::int64_t s, int cp, int rank, Partition part) {
+  part = effective_partition(part, cp);
   const std::int64_t R = global.real(s), n = global.len(s);
   const auto in = [R](std::int64_t lo, std::int64_t len) { return std::clamp<std::int64_t>(R - lo, 0, len); };
   if (part == Partition::Contiguous) return in(rank * (n / cp), n / cp);
@@ -34,6 +37,7 @@ std::int64_t local_real(const SeqLayout& global, std::int64_t s, int cp, int ran
 }
 
 void zero_pad_rows(Tensor& local, const SeqLayout& global, int cp, int rank, Partition part) {
+  part = effective_partition(part, cp);
   if (!global.padded()) return;
   const SeqLayout l = local_layout(global, cp, part);
   for (std::int64_t s = 0; s < l.nseq(); ++s) {
@@ -68,6 +72,7 @@ Tensor take_rows(const Tensor& t, const std::vector<std::int64_t>& rows) {
 }
 
 std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank, Partition part) {
+  part = effective_partition(part, cp);
   require_dcs_divisible(global, cp, "dcs_global_index", part);
   HCP_CHECK(rank >= 0 && rank < cp, "dcs: rank ", rank, " outside [0, ", cp, ")");
   std::vector<std::int64_t> idx;
@@ -94,6 +99,7 @@ std::vector<std::int64_t> dcs_positions(const SeqLayout& global, int cp, int ran
 }
 
 std::vector<std::int64_t> dcs_rank_major_index(const SeqLayout& global, int cp, Partition part) {
+  part = effective_partition(part, cp);
   std::vector<std::int64_t> all;
   for (int r = 0; r < cp; ++r) {
     auto i = dcs_global_index(global, cp, r, part);
@@ -141,6 +147,7 @@ void copy_rows(Tensor& out, const Tensor& in, const std::vector<std::int64_t>& d
 }
 
 Tensor dcs_partition(const Tensor& g, const SeqLayout& global, int cp, int rank, Partition part) {
+  part = effective_partition(part, cp);
   HCP_CHECK(g.dim() >= 1 && g.size(0) == global.total(), "dcs_partition: tensor has ", g.dim() ? g.size(0) : 0,
             " tokens, layout ", global.total());
   auto idx = dcs_global_index(global, cp, rank, part);
@@ -150,6 +157,7 @@ Tensor dcs_partition(const Tensor& g, const SeqLayout& global, int cp, int rank,
 }
 
 Tensor dcs_undo(const Tensor& rm, const SeqLayout& global, int cp, Partition part) {
+  part = effective_partition(part, cp);
   HCP_CHECK(rm.dim() >= 1 && rm.size(0) == global.total(), "dcs_undo: token count mismatch");
   auto idx = dcs_rank_major_index(global, cp, part);
   Tensor out = Tensor::empty(rm.shape(), rm.dtype(), rm.space());
@@ -158,6 +166,7 @@ Tensor dcs_undo(const Tensor& rm, const SeqLayout& global, int cp, Partition par
 }
 
 Tensor dcs_redo(const Tensor& g, const SeqLayout& global, int cp, Partition part) {
+  part = effective_partition(part, cp);
   HCP_CHECK(g.dim() >= 1 && g.size(0) == global.total(), "dcs_redo: token count mismatch");
   auto idx = dcs_rank_major_index(global, cp, part);
   Tensor out = Tensor::empty(g.shape(), g.dtype(), g.space());

@@ -16,7 +16,11 @@ namespace hcp::cp {
 // r-th of cp equal pieces, as a plain all-gather attention layer leaves the tokens).
 enum class Partition { DCS, Contiguous };
 
-// Throws hcp::Error naming `what` unless every sequence length is a multiple of 2*cp.
+// At cp = 1 both partitions are the identity: every function below then takes any lengths (the
+// unpadded problem, each sequence at its real length, runs as the cp=1 reference).
+inline Partition effective_partition(Partition p, int cp) { return cp == 1 ? Partition::Contiguous : p; }
+
+// Throws hcp::Error naming `what` unless every sequence length is a multiple of 2*cp (cp at cp = 1).
 void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& what,
                 Partition part = Partition::DCS);
 

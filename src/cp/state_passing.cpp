@@ -10,6 +10,7 @@ namespace hcp::cp {
 
 namespace {
 int owner_of_chunk(std::int64_t chunk, int cp, Partition part) {
+  part = effective_partition(part, cp);
   if (part == Partition::Contiguous) return static_cast<int>(chunk);
   return static_cast<int>(chunk < cp ? chunk : 2 * cp - 1 - chunk);
 }
@@ -35,6 +36,7 @@ std::vector<std::int64_t> iota_rows(std::int64_t n) {
 }  // namespace
 
 std::vector<Piece> local_pieces(const SeqLayout& global, int cp, int rank, Partition part) {
+  part = effective_partition(part, cp);
   require_dcs_divisible(global, cp, "state-passing layout", part);
   HCP_CHECK(rank >= 0 && rank < cp, "state passing: rank ", rank, " outside [0, ", cp, ")");
   const std::int64_t nch = chunks_per_seq(cp, part);
@@ -55,6 +57,7 @@ std::vector<Piece> local_pieces(const SeqLayout& global, int cp, int rank, Parti
 // ------------------------------------------------------------------------------------------------
 ConvHalo::ConvHalo(const SeqLayout& global, int cp, int rank, Partition part, std::int64_t halo)
     : halo_(halo), cp_(cp), rank_(rank) {
+  part = effective_partition(part, cp);
   HCP_CHECK(halo >= 0, "conv halo must be >= 0");
   std::vector<std::vector<Piece>> all(static_cast<std::size_t>(cp));
   for (int q = 0; q < cp; ++q) all[static_cast<std::size_t>(q)] = local_pieces(global, cp, q, part);
@@ -164,6 +167,7 @@ Tensor ConvHalo::scatter_back(Communicator& comm, const Tensor& dext) const {
 }
 
 std::int64_t model_halo_rows(const SeqLayout& global, int cp, Partition part, std::int64_t halo) {
+  part = effective_partition(part, cp);
   const std::int64_t nch = chunks_per_seq(cp, part);
   std::int64_t rows = 0;
   for (std::int64_t s = 0; s < global.nseq(); ++s) {
@@ -180,6 +184,7 @@ std::int64_t model_halo_rows(const SeqLayout& global, int cp, Partition part, st
 
 // ------------------------------------------------------------------------------------------------
 StateScan::StateScan(const SeqLayout& global, int cp, int rank, Partition part) : cp_(cp), rank_(rank) {
+  part = effective_partition(part, cp);
   const auto mine = local_pieces(global, cp, rank, part);
   np_ = static_cast<std::int64_t>(mine.size());
   slot_.assign(static_cast<std::size_t>(global.nseq()), std::vector<std::int64_t>(
