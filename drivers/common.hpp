@@ -20,14 +20,18 @@ inline double median(std::vector<double> v) {
 }
 
 // "100, 37,5" -> {100, 37, 5}; every entry a positive integer.
-inline std::vector<std::int64_t> parse_lengths(const std::string& s, const std::string& key) {
+inline std::vector<std::int64_t> parse_lengths(const Deck& d, const std::string& key) {
+  const std::string& s = d.get_string(key);
+  const std::string where = d.where(key);
   std::vector<std::int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  std::size_t begin = 0;
+  while (true) {  // every comma separates two lengths: "7,,15", "7," and ",7" are refused
+    const std::size_t comma = s.find(',', begin);
+    std::string item = s.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
-    if (item.empty()) continue;
+    HCP_INPUT_CHECK(!item.empty(), where, "key '", key, "' = \"", s, "\": empty length at character ", begin + 1,
+              " (lengths are positive integers separated by single commas)");
     std::size_t pos = 0;
     long long v = 0;
     try {
@@ -35,10 +39,11 @@ inline std::vector<std::int64_t> parse_lengths(const std::string& s, const std::
     } catch (const std::exception&) {
       pos = 0;
     }
-    HCP_CHECK(pos == item.size() && v > 0, "key '", key, "': '", item, "' is not a positive integer length");
+    HCP_INPUT_CHECK(pos == item.size() && v > 0, where, "key '", key, "': '", item, "' is not a positive integer length");
     out.push_back(v);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
   }
-  HCP_CHECK(!out.empty(), "key '", key, "' must list at least one sequence length");
   return out;
 }
 
@@ -74,7 +79,7 @@ inline SeqLayout global_layout(const Deck& d, int cp) {
     return SeqLayout::bshd(d.get_int("data.batch"), L);
   }
   std::vector<std::int64_t> cu{0};
-  const std::vector<std::int64_t> lens = parse_lengths(d.get_string("data.seq_lens"), "data.seq_lens");
+  const std::vector<std::int64_t> lens = parse_lengths(d, "data.seq_lens");
   for (auto n : lens) cu.push_back(cu.back() + (n + 2 * cp - 1) / (2 * cp) * (2 * cp));
   SeqLayout l = SeqLayout::thd(cu);
   l.real_lens = lens;  // the pads at each sequence's end are neither keys nor outputs

@@ -130,15 +130,17 @@ void run(DriverContext& ctx) {
           for (auto& [ph, ms] : layer->phase_ms()) c.add(ph, ms);
         },
         [&] { layer->reset_phases(); });
-    // Bytes per rank and step (max over ranks) against the model; state passing: the state
-    // all-gather must equal its model on every rank, and the conv halos of all ranks together theirs.
+    // Bytes per rank and step against the model, on every rank (the table shows the max over
+    // ranks). State passing: state all-gather plus conv halos (all_to_all_v); the halos of all ranks
+    // together must also equal the chunk-by-chunk total.
     const bool hp = strat == cp::MambaCp::HiddenParallel;
     const std::int64_t halo = hp ? 0 : st.bytes_per_step({"all_to_all_v"});
     const std::int64_t sent = hp ? st.bytes_per_step({"all_to_all"}) : halo + st.bytes_per_step({"all_gather"});
+    const std::int64_t mine = model::mamba_cp_model_bytes(strat, s.cfg, s.global, s.cp, r, s.dt);
     const auto max_over = [&](std::int64_t v) { return static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(v), ReduceOp::Max)); };
-    const std::int64_t bytes = max_over(sent), model = max_over(model::mamba_cp_model_bytes(strat, s.cfg, s.global, s.cp, r, s.dt) + halo);
+    const std::int64_t bytes = max_over(sent), model = max_over(mine);
     const std::int64_t allreduce = st.bytes_per_step({"all_reduce"});
-    bool bytes_ok = bytes == model;
+    bool bytes_ok = st.comm.all_reduce_scalar(sent == mine ? 0.0 : 1.0, ReduceOp::Max) == 0.0;
     std::string halo_note;
     if (!hp) {
       const auto halo_all = static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(halo)));

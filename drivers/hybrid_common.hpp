@@ -112,7 +112,7 @@ inline TokenBatch make_token_batch(const Deck& d, int cp, std::int64_t vocab, st
     HCP_CHECK(L % (2 * cp) == 0, "data.seqlen = ", L, " must be a multiple of 2*cp = ", 2 * cp, " (DualChunkSwap)");
     lens.assign(static_cast<std::size_t>(d.get_int("data.batch")), L);
   } else {
-    lens = parse_lengths(d.get_string("data.seq_lens"), "data.seq_lens");
+    lens = parse_lengths(d, "data.seq_lens");
   }
   cp::PackedBatch pb = cp::pack_sequences(synthetic_sequences(vocab, lens, seed), 2 * cp, 0);
   TokenBatch b;

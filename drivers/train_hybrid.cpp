@@ -72,11 +72,12 @@ Setup make_setup(const DriverContext& ctx) {
   s.dt = dtype_from_string(d.get_string("data.dtype"));
   s.cfg = drivers::hybrid_config(d, cp::attn_strategy_from_string(d.get_string("parallel.attention")));
   s.opt = drivers::adamw_from_deck(d);
-  HCP_CHECK(d.get_int("data.min_len") <= d.get_int("data.max_len"), "data.min_len (", d.get_int("data.min_len"),
-            ") must be <= data.max_len (", d.get_int("data.max_len"), ")");
-  if (d.get_string("data.format") == "bshd")
-    HCP_CHECK(d.get_int("data.max_len") % (2 * s.cp) == 0, "data.max_len = ", d.get_int("data.max_len"),
-              " (the BSHD row length) must be a multiple of 2*cp = ", 2 * s.cp);
+  if (d.get_string("data.format") == "bshd")  // BSHD rows are max_len long; min_len is a THD key
+    HCP_INPUT_CHECK(d.get_int("data.max_len") % (2 * s.cp) == 0, d.where("data.max_len"), "data.max_len = ",
+              d.get_int("data.max_len"), " (the BSHD row length) must be a multiple of 2*cp = ", 2 * s.cp);
+  else
+    HCP_INPUT_CHECK(d.get_int("data.min_len") <= d.get_int("data.max_len"), d.where("data.min_len"), "data.min_len (",
+              d.get_int("data.min_len"), ") must be <= data.max_len (", d.get_int("data.max_len"), ")");
   return s;
 }
 

@@ -48,7 +48,7 @@ void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, con
 void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& o, const Tensor& lse, const Tensor& dout, const AttnParams& p);
 // In place: (o, lse) <- LSE-weighted merge of (o, lse) and (o_b, lse_b). Shapes [T,H,D] / [T,H].
-// Rows with lse_b = -inf are left unchanged.
+// Rows with lse_b = -inf are left unchanged. o may be an fp32 accumulator for a bf16 o_b.
 void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& lse_b);
 
 // =============================== Mamba2 SSD scan ================================================
@@ -161,7 +161,7 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<
                        std::int64_t ignore, double scale);
 // Elementwise helpers used by the layers: y = a + b; y = act(x) and its backward.
 void add(Tensor& y, const Tensor& a, const Tensor& b);
-void axpy(Tensor& y, double alpha, const Tensor& x);  // y += alpha x
+void axpy(Tensor& y, double alpha, const Tensor& x);  // y += alpha x (y may be fp32 for a bf16 x)
 // Sum of squares in fp64, in a fixed order (the same value for the same tensor and backend).
 double sum_squares(const Tensor& x);
 // One AdamW update of p (fp32 or fp64; m, v, g alike), in fp64 arithmetic per element:

@@ -19,8 +19,9 @@ template <class S> __global__ void add_k(S* y, const S* a, const S* b, std::int6
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) st(y + i, ld(a + i) + ld(b + i));
 }
-template <class S> __global__ void axpy_k(S* y, double alpha, const S* x, std::int64_t n) {
-  using A = typename Acc<S>::type;
+// y may be a wider accumulator than x (fp32 y += bf16 x).
+template <class SY, class SX> __global__ void axpy_k(SY* y, double alpha, const SX* x, std::int64_t n) {
+  using A = typename Acc<SY>::type;
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) st(y + i, ld(y + i) + A(alpha) * ld(x + i));
 }
@@ -305,9 +306,15 @@ void add(Tensor& y, const Tensor& a, const Tensor& b) {
 }
 
 void axpy(Tensor& y, double alpha, const Tensor& x) {
-  check_all({&y, &x}, x.dtype(), "axpy");
   const std::int64_t n = x.numel();
-  if (n) HCP_CUDA_DISPATCH(x, axpy_k<S><<<blocks_for(n, kThreads), kThreads>>>(dptr<S>(y), alpha, dptr<S>(x), n));
+  if (y.dtype() == DType::F32 && x.dtype() == DType::BF16) {  // fp32 accumulator, bf16 addend
+    check_all({&y}, DType::F32, "axpy");
+    check_all({&x}, DType::BF16, "axpy");
+    if (n) axpy_k<float, __nv_bfloat16><<<blocks_for(n, kThreads), kThreads>>>(dptr<float>(y), alpha, dptr<__nv_bfloat16>(x), n);
+  } else {
+    check_all({&y, &x}, x.dtype(), "axpy");
+    if (n) HCP_CUDA_DISPATCH(x, axpy_k<S, S><<<blocks_for(n, kThreads), kThreads>>>(dptr<S>(y), alpha, dptr<S>(x), n));
+  }
   check_launch("axpy");
 }
 

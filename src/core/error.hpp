@@ -14,6 +14,7 @@ class Error : public std::runtime_error {
 
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& msg);
+[[noreturn]] void throw_input_error(const std::string& where, const std::string& msg);
 
 template <class... Args>
 std::string concat(Args&&... args) {
@@ -31,6 +32,14 @@ std::string concat(Args&&... args) {
   } while (0)
 
 #define HCP_FAIL(...) ::hcp::detail::throw_error(__FILE__, __LINE__, ::hcp::detail::concat(__VA_ARGS__))
+
+// Bad input: the message opens with where the value came from (the deck's "file:line", or the
+// "--set k=v" that gave it), not with a source location the user cannot act on.
+#define HCP_INPUT_FAIL(where, ...) ::hcp::detail::throw_input_error(where, ::hcp::detail::concat(__VA_ARGS__))
+#define HCP_INPUT_CHECK(cond, where, ...)                                                         \
+  do {                                                                                            \
+    if (!(cond)) ::hcp::detail::throw_input_error(where, ::hcp::detail::concat(__VA_ARGS__));    \
+  } while (0)
 
 // MPI: every call returning an error code goes through this.
 #define HCP_MPI_CHECK(call)                                                             \

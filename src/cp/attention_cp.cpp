@@ -34,14 +34,20 @@ CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg) : comm_(comm), cf
   tl_ = local_.total();
   if (cfg_.strategy == AttnStrategy::A2A) {
     HCP_CHECK(cfg_.heads % cp_ == 0, "a2a attention needs attention.heads (", cfg_.heads, ") divisible by cp (", cp_, ")");
-    if (cfg_.kv_heads >= cp_) {
-      HCP_CHECK(cfg_.kv_heads % cp_ == 0, "a2a attention needs attention.kv_heads (", cfg_.kv_heads,
-                ") divisible by cp (", cp_, ") when kv_heads >= cp");
-    } else {
-      HCP_CHECK(cp_ % cfg_.kv_heads == 0, "a2a attention with kv_heads (", cfg_.kv_heads, ") < cp (", cp_,
-                ") replicates K/V heads and needs cp % kv_heads == 0");
-      kv_rep_ = cp_ / cfg_.kv_heads;
+    const std::int64_t Hl = cfg_.heads / cp_, g = cfg_.heads / cfg_.kv_heads;
+    for (int r = 0; r < cp_; ++r) {
+      const std::int64_t lo = r * Hl / g, hi = ((r + 1) * Hl - 1) / g + 1;
+      kv_lo_.push_back(lo);
+      kv_n_.push_back(hi - lo);
     }
+    const std::int64_t n = kv_n_[static_cast<std::size_t>(rank_)], lo = kv_lo_[static_cast<std::size_t>(rank_)];
+    bool gqa = Hl % n == 0;
+    std::vector<std::int64_t> map;
+    for (std::int64_t i = 0; i < Hl; ++i) {
+      map.push_back((rank_ * Hl + i) / g - lo);
+      gqa = gqa && map.back() == i / (Hl / n);
+    }
+    if (!gqa) kv_map_ = std::move(map);
   }
 }
 
@@ -141,14 +147,15 @@ RingRequest CpAttention::ring_post_next(Tensor& send, Tensor& recv, int i, int t
 }
 
 void CpAttention::fwd_p2p(Tensor& o) {
-  const DType dt = q_.dtype();
+  const DType dt = q_.dtype(), acc_dt = lse_dtype(q_);
   const std::int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
-  // K and V travel together in one buffer [2, Tl, Hkv, D]; double buffered.
+  // K and V travel together in one buffer [2, Tl, Hkv, D]; double buffered. The output is merged in
+  // fp32 for bf16 (fp64/fp32 otherwise) and rounded once at the end, as the cp=1 kernel does.
   Tensor cur = ring_kv_buffer(), nxt = Tensor::empty(cur.shape(), dt);
-  o_ = Tensor::zeros({tl_, H, D}, dt);
-  lse_ = Tensor::zeros({tl_, H}, lse_dtype(q_));
+  Tensor oacc = Tensor::zeros({tl_, H, D}, acc_dt);
+  lse_ = Tensor::zeros({tl_, H}, acc_dt);
   lse_.fill(-INFINITY);
-  Tensor op = Tensor::zeros({tl_, H, D}, dt), lp = Tensor::zeros({tl_, H}, lse_dtype(q_));
+  Tensor op = Tensor::zeros({tl_, H, D}, dt), lp = Tensor::zeros({tl_, H}, acc_dt);
   Clock c;
   for (int i = 0; i < cp_; ++i) {
     RingRequest req = ring_post_next(cur, nxt, i);
@@ -156,7 +163,7 @@ void CpAttention::fwd_p2p(Tensor& o) {
     const auto p = ring_params(i);
     Tensor kb = cur.slice(0, 0, 1).view({tl_, Hkv, D}), vb = cur.slice(0, 1, 1).view({tl_, Hkv, D});
     k::attention_fwd(op, lp, q_, kb, vb, p);
-    k::attention_merge(o_, lse_, op, lp);
+    k::attention_merge(oacc, lse_, op, lp);
     fwd_t_.compute += c.lap();
     if (req.active) {
       comm_.ring_wait(req);
@@ -164,18 +171,22 @@ void CpAttention::fwd_p2p(Tensor& o) {
       std::swap(cur, nxt);
     }
   }
+  o_ = acc_dt == dt ? oacc : oacc.to(dt);
   o.copy_from(o_.view(o.shape()));
 }
 
 void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  const DType dt = q_.dtype();
+  const DType dt = q_.dtype(), acc_dt = lse_dtype(q_);
   const std::int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
-  // K/V travel as in the forward; their gradient accumulator [2, Tl, Hkv, D] travels with them and
-  // reaches the block's owner after the last step.
+  // K/V travel as in the forward. Their gradient accumulator [2, Tl, Hkv, D] (fp32 for bf16, so it
+  // is rounded once, at its owner) travels one step behind: the accumulator of the block held at
+  // step i arrives while step i computes, is waited for after it, and goes on to the next rank;
+  // after the last step it reaches the block's owner.
   Tensor cur = ring_kv_buffer(), nxt = Tensor::empty(cur.shape(), dt);
-  Tensor acc = Tensor::zeros({2, tl_, Hkv, D}, dt), acc_in = Tensor::zeros({2, tl_, Hkv, D}, dt);
-  Tensor dq_acc = Tensor::zeros({tl_, H, D}, dt), dq_p = Tensor::zeros({tl_, H, D}, dt);
+  Tensor acc = Tensor::zeros({2, tl_, Hkv, D}, acc_dt), acc_in = Tensor::zeros({2, tl_, Hkv, D}, acc_dt);
+  Tensor dq_acc = Tensor::zeros({tl_, H, D}, acc_dt), dq_p = Tensor::zeros({tl_, H, D}, dt);
   Tensor dk_p = Tensor::zeros({tl_, Hkv, D}, dt), dv_p = Tensor::zeros({tl_, Hkv, D}, dt);
+  RingRequest ra;  // the accumulator in flight
   Clock c;
   for (int i = 0; i < cp_; ++i) {
     RingRequest req = ring_post_next(cur, nxt, i);
@@ -184,23 +195,30 @@ void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
     Tensor kb = cur.slice(0, 0, 1).view({tl_, Hkv, D}), vb = cur.slice(0, 1, 1).view({tl_, Hkv, D});
     k::attention_bwd(dq_p, dk_p, dv_p, q_, kb, vb, o_, lse_, dout, p);
     k::axpy(dq_acc, 1.0, dq_p);
+    bwd_t_.compute += c.lap();
+    if (ra.active) {  // this block's accumulator, from the previous rank
+      comm_.ring_wait(ra);
+      std::swap(acc, acc_in);
+      bwd_t_.comm_wait += c.lap();
+    }
     Tensor ak = acc.slice(0, 0, 1).view({tl_, Hkv, D}), av = acc.slice(0, 1, 1).view({tl_, Hkv, D});
     k::axpy(ak, 1.0, dk_p);
     k::axpy(av, 1.0, dv_p);
     bwd_t_.compute += c.lap();
-    // The accumulator goes on to the next rank (after the last step: to the block's owner).
-    RingRequest ra = ring_post_next(acc, acc_in, -1, 9);
-    comm_.ring_wait(ra);
-    std::swap(acc, acc_in);
+    ra = ring_post_next(acc, acc_in, -1, 9);  // on to the next rank (after the last step: the owner)
     if (req.active) {
       comm_.ring_wait(req);
       std::swap(cur, nxt);
+      bwd_t_.comm_wait += c.lap();
     }
-    bwd_t_.comm_wait += c.lap();
   }
-  dq.copy_from(dq_acc.view(dq.shape()));
-  dk.copy_from(acc.slice(0, 0, 1).view(dk.shape()));
-  dv.copy_from(acc.slice(0, 1, 1).view(dv.shape()));
+  comm_.ring_wait(ra);
+  std::swap(acc, acc_in);
+  bwd_t_.comm_wait += c.lap();
+  const auto out = [&](const Tensor& t) { return acc_dt == dt ? t : t.to(dt); };
+  dq.copy_from(out(dq_acc).view(dq.shape()));
+  dk.copy_from(out(acc.slice(0, 0, 1)).view(dk.shape()));
+  dv.copy_from(out(acc.slice(0, 1, 1)).view(dv.shape()));
 }
 
 // ---- all-gather ---------------------------------------------------------------------------------
@@ -261,36 +279,77 @@ Tensor head_to_seq(Communicator& comm, const Tensor& xh, const SeqLayout& global
   const std::int64_t hb = xh.size(1), D = xh.size(2);
   return hp2cp(comm, xh, global).view({global.total() / comm.size(), hb * comm.size(), D});
 }
-// Repeat each K/V head `rep` times along the head axis (rep = 1: unchanged).
-Tensor repeat_heads(const Tensor& x, std::int64_t rep) {
-  if (rep == 1) return x;
-  const std::int64_t t = x.size(0), h = x.size(1), D = x.size(2);
-  Tensor out = Tensor::empty({t, h * rep, D}, x.dtype());
-  for (std::int64_t e = 0; e < h * rep; ++e) out.slice(1, e, 1).copy_from(x.slice(1, e / rep, 1));
+// out[:, i] = x[:, map[i]] (one K/V head per query head), and its adjoint: dx[:, m] = sum of the
+// dout[:, i] with map[i] = m.
+Tensor gather_heads(const Tensor& x, const std::vector<std::int64_t>& map) {
+  const auto h = static_cast<std::int64_t>(map.size());
+  Tensor out = Tensor::empty({x.size(0), h, x.size(2)}, x.dtype());
+  for (std::int64_t i = 0; i < h; ++i) out.slice(1, i, 1).copy_from(x.slice(1, map[static_cast<std::size_t>(i)], 1));
   return out;
 }
-// Gradient of repeat_heads: sum the copies.
-Tensor sum_heads(const Tensor& x, std::int64_t rep) {
-  if (rep == 1) return x;
-  const std::int64_t t = x.size(0), hr = x.size(1), D = x.size(2);
-  Tensor out = Tensor::zeros({t, hr / rep, D}, x.dtype());
-  for (std::int64_t e = 0; e < hr; ++e) {
-    Tensor dst = out.slice(1, e / rep, 1).clone();
-    k::axpy(dst, 1.0, x.slice(1, e, 1).clone());
-    out.slice(1, e / rep, 1).copy_from(dst);
+Tensor gather_heads_adjoint(const Tensor& dout, const std::vector<std::int64_t>& map, std::int64_t n) {
+  Tensor dx = Tensor::zeros({dout.size(0), n, dout.size(2)}, dout.dtype());
+  for (std::size_t i = 0; i < map.size(); ++i) {
+    Tensor acc = dx.slice(1, map[i], 1).clone();
+    k::axpy(acc, 1.0, dout.slice(1, static_cast<std::int64_t>(i), 1).clone());
+    dx.slice(1, map[i], 1).copy_from(acc);
   }
-  return out;
+  return dx;
 }
 }  // namespace
 
+Tensor CpAttention::kv_to_heads(const Tensor& x) const {
+  const std::int64_t tl = x.size(0), D = x.size(2), n = kv_n_[static_cast<std::size_t>(rank_)];
+  std::vector<std::int64_t> sc, rc;
+  std::int64_t total = 0;
+  for (int r = 0; r < cp_; ++r) {
+    sc.push_back(tl * kv_n_[static_cast<std::size_t>(r)] * D);
+    rc.push_back(tl * n * D);
+    total += sc.back();
+  }
+  Tensor send = Tensor::empty({total}, x.dtype()), recv = Tensor::empty({cp_ * tl, n * D}, x.dtype());
+  for (std::int64_t r = 0, off = 0; r < cp_; off += sc[static_cast<std::size_t>(r)], ++r) {
+    const std::int64_t nr = kv_n_[static_cast<std::size_t>(r)];
+    send.slice(0, off, tl * nr * D).view({tl, nr, D}).copy_from(x.slice(1, kv_lo_[static_cast<std::size_t>(r)], nr));
+  }
+  comm_.all_to_all_v(send.raw(), sc, recv.raw(), rc, x.dtype());
+  return dcs_undo(recv, cfg_.global, cp_).view({cfg_.global.total(), n, D});
+}
+
+Tensor CpAttention::dkv_to_seq(const Tensor& dxh) const {
+  const std::int64_t T = dxh.size(0), n = dxh.size(1), D = dxh.size(2), tl = T / cp_;
+  Tensor send = dcs_redo(dxh.view({T, n * D}), cfg_.global, cp_);  // [cp * tl, n D]: block s to rank s
+  std::vector<std::int64_t> sc(static_cast<std::size_t>(cp_), tl * n * D), rc;
+  std::int64_t total = 0;
+  for (int r = 0; r < cp_; ++r) {
+    rc.push_back(tl * kv_n_[static_cast<std::size_t>(r)] * D);
+    total += rc.back();
+  }
+  Tensor recv = Tensor::empty({total}, dxh.dtype());
+  comm_.all_to_all_v(send.raw(), sc, recv.raw(), rc, dxh.dtype());
+  // Several ranks may have read the same K/V head: their gradients add up at its owner.
+  Tensor dx = Tensor::zeros({tl, cfg_.kv_heads, D}, dxh.dtype());
+  for (std::int64_t r = 0, off = 0; r < cp_; off += rc[static_cast<std::size_t>(r)], ++r) {
+    const std::int64_t lo = kv_lo_[static_cast<std::size_t>(r)], nr = kv_n_[static_cast<std::size_t>(r)];
+    Tensor acc = dx.slice(1, lo, nr).clone();
+    k::axpy(acc, 1.0, recv.slice(0, off, tl * nr * D).view({tl, nr, D}));
+    dx.slice(1, lo, nr).copy_from(acc);
+  }
+  return dx;
+}
+
 void CpAttention::fwd_a2a(Tensor& o) {
   Clock c;
-  const std::int64_t Hl = cfg_.heads / cp_, Hkvl = cfg_.kv_heads * kv_rep_ / cp_;
+  const std::int64_t Hl = cfg_.heads / cp_;
   qh_ = seq_to_head(comm_, q_, cfg_.global);
-  kh_ = seq_to_head(comm_, repeat_heads(k_, kv_rep_), cfg_.global);
-  vh_ = seq_to_head(comm_, repeat_heads(v_, kv_rep_), cfg_.global);
+  kh_ = kv_to_heads(k_);
+  vh_ = kv_to_heads(v_);
   fwd_t_.comm_wait += c.lap();
-  auto p = base_params(Hl, Hkvl);
+  if (!kv_map_.empty()) {
+    kh_ = gather_heads(kh_, kv_map_);
+    vh_ = gather_heads(vh_, kv_map_);
+  }
+  auto p = base_params(Hl, kh_.size(1));
   p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
   oh_ = Tensor::zeros(qh_.shape(), q_.dtype());
   lse_ = Tensor::zeros({cfg_.global.total(), Hl}, lse_dtype(q_));
@@ -303,17 +362,20 @@ void CpAttention::fwd_a2a(Tensor& o) {
 
 void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
   Clock c;
-  const std::int64_t Hl = cfg_.heads / cp_, Hkvl = cfg_.kv_heads * kv_rep_ / cp_;
+  const std::int64_t Hl = cfg_.heads / cp_, n = kv_n_[static_cast<std::size_t>(rank_)];
   Tensor doh = seq_to_head(comm_, dout, cfg_.global);
   bwd_t_.comm_wait += c.lap();
-  auto p = base_params(Hl, Hkvl);
+  auto p = base_params(Hl, kh_.size(1));
   p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
   Tensor dqh = zeros_like(qh_), dkh = zeros_like(kh_), dvh = zeros_like(vh_);
   k::attention_bwd(dqh, dkh, dvh, qh_, kh_, vh_, oh_, lse_, doh, p);
+  if (!kv_map_.empty()) {
+    dkh = gather_heads_adjoint(dkh, kv_map_, n);
+    dvh = gather_heads_adjoint(dvh, kv_map_, n);
+  }
   bwd_t_.compute += c.lap();
   Tensor dql = head_to_seq(comm_, dqh, cfg_.global);
-  Tensor dkl = sum_heads(head_to_seq(comm_, dkh, cfg_.global), kv_rep_);
-  Tensor dvl = sum_heads(head_to_seq(comm_, dvh, cfg_.global), kv_rep_);
+  Tensor dkl = dkv_to_seq(dkh), dvl = dkv_to_seq(dvh);
   bwd_t_.comm_wait += c.lap();
   dq.copy_from(dql.view(dq.shape()));
   dk.copy_from(dkl.view(dk.shape()));
@@ -325,9 +387,11 @@ std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
   switch (cfg_.strategy) {
     case AttnStrategy::P2P: return (cp_ - 1) * kv * es;             // cp-1 ring steps of local K/V
     case AttnStrategy::AllGather: return (cp_ - 1) * kv * es;       // every other rank gets local K/V
-    case AttnStrategy::A2A: {
-      const std::int64_t q = tl_ * cfg_.heads * cfg_.head_dim, kvr = kv * kv_rep_;
-      return (cp_ - 1) * (2 * q + kvr) / cp_ * es;                   // q, k, v in; o out
+    case AttnStrategy::A2A: {  // q in, o out: (cp-1)/cp of each; K and V: each rank its heads
+      const std::int64_t q = tl_ * cfg_.heads * cfg_.head_dim;
+      std::int64_t heads_out = 0;
+      for (int r = 0; r < cp_; ++r) heads_out += r == rank_ ? 0 : kv_n_[static_cast<std::size_t>(r)];
+      return ((cp_ - 1) * 2 * q / cp_ + 2 * tl_ * heads_out * cfg_.head_dim) * es;
     }
   }
   return 0;
@@ -336,11 +400,14 @@ std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
 std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt)), kv = 2 * tl_ * cfg_.kv_heads * cfg_.head_dim;
   switch (cfg_.strategy) {
-    case AttnStrategy::P2P: return ((cp_ - 1) + cp_) * kv * es;  // K/V ring + dK/dV accumulator ring
+    case AttnStrategy::P2P: {  // K/V ring + dK/dV accumulator ring (the accumulator fp32 for bf16)
+      const auto acc_es = static_cast<std::int64_t>(dtype_size(dt == DType::BF16 ? DType::F32 : dt));
+      return (cp_ - 1) * kv * es + cp_ * kv * acc_es;
+    }
     case AttnStrategy::AllGather: return (cp_ - 1) * kv * es;     // reduce-scatter of dK/dV
-    case AttnStrategy::A2A: {
-      const std::int64_t q = tl_ * cfg_.heads * cfg_.head_dim, kvr = kv * kv_rep_;
-      return (cp_ - 1) * (2 * q + kvr) / cp_ * es;                 // dout in; dq, dk, dv out
+    case AttnStrategy::A2A: {  // dout in, dq out; dK/dV of this rank's heads back to every owner
+      const std::int64_t q = tl_ * cfg_.heads * cfg_.head_dim;
+      return ((cp_ - 1) * 2 * q / cp_ + 2 * (cp_ - 1) * tl_ * kv_n_[static_cast<std::size_t>(rank_)] * cfg_.head_dim) * es;
     }
   }
   return 0;

@@ -61,7 +61,12 @@ class CpAttention {
   Tensor q_, k_, v_, o_, lse_;
   Tensor kg_, vg_;            // all-gather: global K/V
   Tensor qh_, kh_, vh_, oh_;  // a2a: head-sharded, global order
-  std::int64_t kv_rep_ = 1;   // a2a: K/V head replication factor (kv_heads < cp)
+  // a2a: rank r's query heads [r H/cp, (r+1) H/cp) read K/V heads [kv_lo_[r], kv_lo_[r] + kv_n_[r]);
+  // exactly those travel. kv_map_ (empty when the local heads are plain GQA): the local K/V head of
+  // each local query head, the received heads expanded to one per query head for the kernel.
+  std::vector<std::int64_t> kv_lo_, kv_n_, kv_map_;
+  Tensor kv_to_heads(const Tensor& x) const;   // local [Tl, Hkv, D] -> [T, n_mine, D], global order
+  Tensor dkv_to_seq(const Tensor& dxh) const;  // its adjoint: contributions summed at the owner
   CpAttnTimes fwd_t_, bwd_t_;
 };
 

@@ -166,19 +166,35 @@ Tensor ConvHalo::scatter_back(Communicator& comm, const Tensor& dext) const {
   return dlocal;
 }
 
-std::int64_t model_halo_rows(const SeqLayout& global, int cp, Partition part, std::int64_t halo) {
+namespace {
+// Calls f(sender, receiver) for every halo row that crosses ranks in one gather().
+template <class F>
+void for_each_remote_halo_row(const SeqLayout& global, int cp, Partition part, std::int64_t halo, F&& f) {
   part = effective_partition(part, cp);
   const std::int64_t nch = chunks_per_seq(cp, part);
-  std::int64_t rows = 0;
   for (std::int64_t s = 0; s < global.nseq(); ++s) {
     const std::int64_t lc = global.len(s) / nch;
     for (std::int64_t k = 1; k < nch; ++k) {
       // Tokens [k*lc - need, k*lc) of the sequence, owned by the chunk each falls in.
       const std::int64_t need = std::min(halo, k * lc);
-      for (std::int64_t o = k * lc - need; o < k * lc; ++o)
-        rows += owner_of_chunk(o / lc, cp, part) != owner_of_chunk(k, cp, part) ? 1 : 0;
+      for (std::int64_t o = k * lc - need; o < k * lc; ++o) {
+        const int from = owner_of_chunk(o / lc, cp, part), to = owner_of_chunk(k, cp, part);
+        if (from != to) f(from, to);
+      }
     }
   }
+}
+}  // namespace
+
+std::int64_t model_halo_rows(const SeqLayout& global, int cp, Partition part, std::int64_t halo) {
+  std::int64_t rows = 0;
+  for_each_remote_halo_row(global, cp, part, halo, [&](int, int) { ++rows; });
+  return rows;
+}
+
+std::int64_t model_halo_rows_sent(const SeqLayout& global, int cp, Partition part, std::int64_t halo, int rank) {
+  std::int64_t rows = 0;
+  for_each_remote_halo_row(global, cp, part, halo, [&](int from, int to) { rows += (from == rank) + (to == rank); });
   return rows;
 }
 

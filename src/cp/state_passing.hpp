@@ -70,6 +70,10 @@ class ConvHalo {
 // Total rows moved between different ranks by one ConvHalo::gather() over the whole CP group,
 // counted chunk by chunk (the cost model the measured bytes are checked against).
 std::int64_t model_halo_rows(const SeqLayout& global, int cp, Partition part, std::int64_t halo);
+// Rows rank `rank` sends per forward and backward: its own rows to the ranks whose chunks need them
+// (gather), plus the gradients of the halo rows it received, back to their owners (scatter_back).
+// Summed over ranks this is 2 * model_halo_rows.
+std::int64_t model_halo_rows_sent(const SeqLayout& global, int cp, Partition part, std::int64_t halo, int rank);
 
 // Precision of the state scan for a layer of dtype `layer`: fp32 for bf16 (states are widened for the
 // exchange and the scan, and rounded once after), else the layer's own.

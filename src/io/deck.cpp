@@ -40,9 +40,9 @@ void check_rules(const DeckKey& k, const DeckValue& v, const std::string& where)
   if (auto p = std::get_if<double>(&v)) num = *p, numeric = true;
   if (numeric) {
     if (k.min && num < *k.min)
-      HCP_FAIL(where, ": key '", k.key, "' = ", fmt_value(v), " is out of range: must be >= ", *k.min);
+      HCP_INPUT_FAIL(where, "key '", k.key, "' = ", fmt_value(v), " is out of range: must be >= ", *k.min);
     if (k.max && num > *k.max)
-      HCP_FAIL(where, ": key '", k.key, "' = ", fmt_value(v), " is out of range: must be <= ", *k.max);
+      HCP_INPUT_FAIL(where, "key '", k.key, "' = ", fmt_value(v), " is out of range: must be <= ", *k.max);
   }
   if (auto p = std::get_if<std::string>(&v); p && !k.choices.empty()) {
     bool ok = false;
@@ -51,7 +51,7 @@ void check_rules(const DeckKey& k, const DeckValue& v, const std::string& where)
       ok = ok || c == *p;
       all += (all.empty() ? "" : ", ") + c;
     }
-    if (!ok) HCP_FAIL(where, ": key '", k.key, "' = \"", *p, "\" is not one of: ", all);
+    if (!ok) HCP_INPUT_FAIL(where, "key '", k.key, "' = \"", *p, "\" is not one of: ", all);
   }
 }
 
@@ -71,7 +71,7 @@ DeckValue from_node(const DeckKey& k, const toml::node& n, const std::string& wh
       if (auto v = n.value_exact<bool>()) return *v;
       break;
   }
-  HCP_FAIL(where, ": key '", k.key, "' must be ", type_name(k.type));
+  HCP_INPUT_FAIL(where, "key '", k.key, "' must be ", type_name(k.type));
 }
 
 DeckValue from_text(const DeckKey& k, const std::string& s, const std::string& where) {
@@ -100,24 +100,24 @@ DeckValue from_text(const DeckKey& k, const std::string& s, const std::string& w
     }
   } catch (const std::exception&) {
   }
-  HCP_FAIL(where, ": key '", k.key, "' must be ", type_name(k.type), ", got '", s, "'");
+  HCP_INPUT_FAIL(where, "key '", k.key, "' must be ", type_name(k.type), ", got '", s, "'");
 }
 
 void walk(const toml::table& tbl, const std::string& prefix, const DeckSchema& schema, const std::string& source,
-          std::map<std::string, DeckValue>& values, std::map<std::string, bool>& set) {
+          std::map<std::string, DeckValue>& values, std::map<std::string, std::string>& where_set) {
   for (auto&& [name, node] : tbl) {
     std::string key = prefix.empty() ? std::string(name.str()) : prefix + "." + std::string(name.str());
     std::string where = source + ":" + std::to_string(node.source().begin.line);
     if (auto sub = node.as_table()) {
-      walk(*sub, key, schema, source, values, set);
+      walk(*sub, key, schema, source, values, where_set);
       continue;
     }
     const DeckKey* k = schema.find(key);
-    if (!k) HCP_FAIL(where, ": unknown key '", key, "' (see --help-deck for the keys this driver reads)");
+    if (!k) HCP_INPUT_FAIL(where, "unknown key '", key, "' (see --help-deck for the keys this driver reads)");
     DeckValue v = from_node(*k, node, where);
     check_rules(*k, v, where);
     values[key] = v;
-    set[key] = true;
+    where_set[key] = where;
   }
 }
 
@@ -173,20 +173,20 @@ Deck Deck::parse(const DeckSchema& schema, const std::string& text, const std::s
   try {
     tbl = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
-    HCP_FAIL(source, ":", e.source().begin.line, ": TOML syntax error: ", e.description());
+    HCP_INPUT_FAIL(source + ":" + std::to_string(e.source().begin.line), "TOML syntax error: ", e.description());
   }
-  walk(tbl, "", schema, source, d.values_, d.set_);
+  walk(tbl, "", schema, source, d.values_, d.where_);
   for (auto& o : overrides) {
     auto eq = o.find('=');
     if (eq == std::string::npos || eq == 0)
-      HCP_FAIL("--set ", o, ": expected section.key=value");
+      HCP_INPUT_FAIL("--set " + o, "expected section.key=value");
     std::string key = o.substr(0, eq), val = o.substr(eq + 1);
     const DeckKey* k = schema.find(key);
-    if (!k) HCP_FAIL("--set ", o, ": unknown key '", key, "' (see --help-deck)");
+    if (!k) HCP_INPUT_FAIL("--set " + o, "unknown key '", key, "' (see --help-deck)");
     DeckValue v = from_text(*k, val, "--set " + o);
     check_rules(*k, v, "--set " + o);
     d.values_[key] = v;
-    d.set_[key] = true;
+    d.where_[key] = "--set " + o;
   }
   return d;
 }
@@ -213,7 +213,11 @@ const std::string& Deck::get_string(const std::string& key) const {
   return std::get<std::string>(value(key, DeckKey::Type::String));
 }
 bool Deck::get_bool(const std::string& key) const { return std::get<bool>(value(key, DeckKey::Type::Bool)); }
-bool Deck::is_set(const std::string& key) const { return set_.count(key) > 0; }
+bool Deck::is_set(const std::string& key) const { return where_.count(key) > 0; }
+std::string Deck::where(const std::string& key) const {
+  auto it = where_.find(key);
+  return it != where_.end() ? it->second : source_ + " (default)";
+}
 
 std::string Deck::resolved() const {
   // One table per section, in the order sections first appear in the schema (a section whose keys

@@ -52,6 +52,9 @@ class Deck {
   const std::string& get_string(const std::string& key) const;
   bool get_bool(const std::string& key) const;
   bool is_set(const std::string& key) const;  // given in the deck or by --set (not a default)
+  // Where a key's value came from, to open a message about it: "deck.toml:12", "--set k=v", or
+  // "deck.toml (default)".
+  std::string where(const std::string& key) const;
 
   const std::string& source() const { return source_; }
   const std::string& text() const { return text_; }  // deck text as read
@@ -61,7 +64,7 @@ class Deck {
   const DeckValue& value(const std::string& key, DeckKey::Type t) const;
   const DeckSchema* schema_ = nullptr;
   std::map<std::string, DeckValue> values_;
-  std::map<std::string, bool> set_;
+  std::map<std::string, std::string> where_;  // key -> file:line or --set, for keys given
   std::string source_, text_;
 };
 

@@ -164,6 +164,11 @@ void ResultsWriter::comm(const Communicator& c, const std::string& prefix) {
     write_dataset(g, "calls", Tensor::wrap(calls.data(), {p}, DType::F64));
     string_attr(g, "layout", "[rank]");
     string_attr(g, "units", "bytes_sent: bytes, seconds: s, calls: count");
+    // What the counters count: the payload each rank hands to the communicator per call (for a
+    // collective, the bytes that leave this rank in its logical exchange; an all-reduce counts as a
+    // ring's 2 (n-1)/n of the buffer), not bytes on the wire (no protocol headers, no relaying by
+    // NCCL rings or trees, no host staging).
+    string_attr(g, "bytes_sent", "logical payload sent by this rank (all_reduce: 2(n-1)/n of the buffer), not wire bytes");
     H5Gclose(g);
   }
 }

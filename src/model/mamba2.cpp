@@ -387,16 +387,18 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   in_proj_bwd(dh, grads, dzxbcdt, p);
 }
 
-std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt) {
+std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
+                                  cp::Partition part) {
   const std::int64_t Tl = global.total() / cp, G = c.groups, es = static_cast<std::int64_t>(dtype_size(dt));
   if (strategy == MambaCp::HiddenParallel) {
     const std::int64_t rep = G < cp ? cp / G : 1;
     const std::int64_t per_tok = 2 * c.d_inner() + 2 * G * rep * c.d_state + c.heads;
     return 2 * (cp - 1) * Tl * per_tok / cp * es;
   }
-  const auto np = static_cast<std::int64_t>(cp::local_pieces(global, cp, rank).size());
+  const auto np = static_cast<std::int64_t>(cp::local_pieces(global, cp, rank, part).size());
   const auto ss = static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(dt)));
-  return (cp - 1) * np * c.heads * (2 * c.head_dim * c.d_state + 1) * ss;
+  const std::int64_t halo = cp::model_halo_rows_sent(global, cp, part, c.conv - 1, rank) * c.conv_dim() * es;
+  return (cp - 1) * np * c.heads * (2 * c.head_dim * c.d_state + 1) * ss + halo;
 }
 
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& comm, Mamba2Config cfg, SeqLayout global,

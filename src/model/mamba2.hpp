@@ -130,9 +130,11 @@ class Mamba2SP : public Mamba2Layer {
 //   hidden_parallel: the all-to-alls of x, B, C (G*N each, times the repeat factor), dt in, y out:
 //                    (cp-1)/cp of the local tensors, forward and backward alike;
 //   state_passing:   the all-gather of the pieces' states and decays (forward) and of the state
-//                    gradients (backward): (cp-1) x pieces x H (2 P N + 1) values in the scan dtype;
-//                    the conv halos are counted by cp::model_halo_rows.
-std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt);
+//                    gradients (backward): (cp-1) x pieces x H (2 P N + 1) values in the scan dtype,
+//                    plus the conv halos this rank sends (cp::model_halo_rows_sent x conv channels).
+// Logical payload handed to the communicator (what it counts), not wire bytes.
+std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
+                                  cp::Partition part = cp::Partition::DCS);
 
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg, SeqLayout global,
                                          cp::Partition part = cp::Partition::DCS);

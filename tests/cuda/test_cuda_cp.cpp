@@ -3,6 +3,8 @@
 // the one GPU here; NCCL needs one GPU per rank), against the same CP code on host tensors.
 // Skips without a GPU.
 #include <gtest/gtest.h>
+
+#include <functional>
 #include <mpi.h>
 
 #include "comm/mpi_communicator.hpp"
@@ -17,7 +19,9 @@
 using namespace hcp;
 
 namespace {
-double tol(DType d) { return d == DType::F64 ? 1e-12 : 2e-5; }
+// Relative to the host result's largest magnitude. bf16: storage rounding (2^-8) in different orders
+// on host and device, through a whole layer.
+double tol(DType d) { return d == DType::F64 ? 1e-12 : d == DType::F32 ? 2e-5 : 2e-2; }
 void expect_match(const Tensor& dev, const Tensor& host, DType d, const std::string& what) {
   ErrorStats e = compare(dev.to(Space::Host), host);
   EXPECT_LE(e.max_abs, tol(d) * std::max(e.ref_max, 1e-30)) << what << ": max abs " << e.max_abs << ", ref max " << e.ref_max;
@@ -78,14 +82,61 @@ INSTANTIATE_TEST_SUITE_P(Grid, GpuAttentionCp,
                                   hcp::to_string(std::get<2>(info.param));
                          });
 
-namespace {
-// One Mamba2 layer on host tensors and on device tensors (same ranks, same code), every output compared.
-void mamba_device_equals_host(model::MambaCp strategy, const model::Mamba2Config& c) {
+// bf16 with head_dim 64 and 128 runs the tensor-core attention kernels (forward, dQ, dK/dV) under each
+// strategy: 64-row tiles, several per sequence, ragged at the ends, against the host in bf16.
+class GpuAttentionCpBf16 : public ::testing::TestWithParam<std::tuple<cp::AttnStrategy, std::int64_t>> {};
+
+TEST_P(GpuAttentionCpBf16, TensorCoreKernelsEqualHost) {
+  REQUIRE_GPU();
+  auto [strategy, D] = GetParam();
   MpiCommunicator world(MPI_COMM_WORLD);
   const int n = world.size(), r = world.rank();
-  for (DType dt : {DType::F64, DType::F32})
+  const DType dt = DType::BF16;
+  cp::CpAttnConfig c;
+  c.strategy = strategy;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = D;
+  c.global = SeqLayout::thd({0, 40 * 2 * n, 56 * 2 * n});
+  const std::int64_t T = c.global.total();
+  Tensor q = test::rand({T, 4, D}, 1, -1, 1, dt), k = test::rand({T, 2, D}, 2, -1, 1, dt),
+         v = test::rand({T, 2, D}, 3, -1, 1, dt), dout = test::rand({T, 4, D}, 4, -1, 1, dt);
+  auto local = [&](const Tensor& t) { return cp::dcs_partition(t, c.global, n, r); };
+  Tensor ql = local(q), kl = local(k), vl = local(v), dol = local(dout);
+  cp::CpAttention host(world, c), gpu_attn(world, c);
+  Tensor o = Tensor::zeros(ql.shape(), dt), dq = Tensor::zeros(ql.shape(), dt), dk = Tensor::zeros(kl.shape(), dt),
+         dv = Tensor::zeros(vl.shape(), dt);
+  host.forward(o, ql, kl, vl);
+  host.backward(dq, dk, dv, dol);
+  Tensor O = Tensor::zeros(ql.shape(), dt, Space::Cuda), DQ = Tensor::zeros(ql.shape(), dt, Space::Cuda),
+         DK = Tensor::zeros(kl.shape(), dt, Space::Cuda), DV = Tensor::zeros(vl.shape(), dt, Space::Cuda);
+  gpu_attn.forward(O, ql.to(Space::Cuda), kl.to(Space::Cuda), vl.to(Space::Cuda));
+  gpu_attn.backward(DQ, DK, DV, dol.to(Space::Cuda));
+  const std::string tag = cp::to_string(strategy) + " bf16 D" + std::to_string(D);
+  expect_match(O, o, dt, "o " + tag);
+  expect_match(DQ, dq, dt, "dq " + tag);
+  expect_match(DK, dk, dt, "dk " + tag);
+  expect_match(DV, dv, dt, "dv " + tag);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, GpuAttentionCpBf16,
+                         ::testing::Combine(::testing::Values(cp::AttnStrategy::P2P, cp::AttnStrategy::AllGather,
+                                                              cp::AttnStrategy::A2A),
+                                            ::testing::Values(64, 128)),
+                         [](const auto& info) {
+                           return cp::to_string(std::get<0>(info.param)) + "_D" + std::to_string(std::get<1>(info.param));
+                         });
+
+namespace {
+// One Mamba2 layer on host tensors and on device tensors (same ranks, same code), every output compared.
+void mamba_device_equals_host(model::MambaCp strategy, const model::Mamba2Config& c,
+                              std::initializer_list<DType> dts = {DType::F64, DType::F32},
+                              std::function<SeqLayout(const std::string&, int)> layout = layout_of) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int n = world.size(), r = world.rank();
+  for (DType dt : dts)
     for (const std::string f : {"bshd", "thdpacked"}) {
-      const SeqLayout g = layout_of(f, n);
+      const SeqLayout g = layout(f, n);
       const std::int64_t T = g.total();
       model::ParamMap p = model::mamba2_init(c, dt, 3), P;
       for (auto& [nm, t] : p) P[nm] = t.to(Space::Cuda);
@@ -118,6 +169,27 @@ TEST(GpuMambaCp, HiddenParallelDeviceEqualsHost) {
   REQUIRE_GPU();
   mamba_device_equals_host(model::MambaCp::HiddenParallel,
                            {.hidden = 12, .heads = 8, .head_dim = 4, .groups = 2, .d_state = 8, .chunk = 8});
+}
+
+// bf16 at head_dim 64, chunk 128, d_state 64: the SSD runs on the tensor cores (ssd_tc.cu) in both
+// strategies: whole sequences of several chunks (hidden parallel), pieces shorter than a chunk with
+// passed states (state passing).
+namespace {
+SeqLayout long_layout(const std::string& f, int cp) {
+  const std::int64_t m = 2 * cp;
+  return f == "bshd" ? SeqLayout::bshd(2, 48 * m) : SeqLayout::thd({0, 40 * m, 56 * m});
+}
+const model::Mamba2Config kTcMamba{.hidden = 64, .heads = 4, .head_dim = 64, .groups = 2, .d_state = 64, .chunk = 128};
+}  // namespace
+
+TEST(GpuMambaCp, Bf16TensorCoreHiddenParallelEqualsHost) {
+  REQUIRE_GPU();
+  mamba_device_equals_host(model::MambaCp::HiddenParallel, kTcMamba, {DType::BF16}, long_layout);
+}
+
+TEST(GpuMambaCp, Bf16TensorCoreStatePassingEqualsHost) {
+  REQUIRE_GPU();
+  mamba_device_equals_host(model::MambaCp::StatePassing, kTcMamba, {DType::BF16}, long_layout);
 }
 
 TEST(GpuHybrid, DeviceEqualsHost) {

@@ -9,6 +9,7 @@
 #include "cp/layout.hpp"
 #include "cp/state_passing.hpp"
 #include "model/mamba2.hpp"
+#include "mpi/mamba_bytes.hpp"
 #include "unit/fd.hpp"
 
 using namespace hcp;
@@ -36,8 +37,10 @@ Result run(MambaCp strategy, Communicator& comm, const Mamba2Config& c, const Se
   Tensor hl = cp::dcs_partition(h, g, cp, r, part), dyl = cp::dcs_partition(dy, g, cp, r, part);
   Tensor y = Tensor::zeros(hl.shape(), h.dtype()), dh = Tensor::zeros(hl.shape(), h.dtype());
   Result out;
+  comm.reset_counters();
   layer->forward(y, hl, p);
   layer->backward(dh, out.grads, dyl, p);
+  test::expect_mamba_bytes(comm, strategy, c, g, part, h.dtype(), out.grads);
   out.y = cp::dcs_gather(comm, y, g, part);
   out.dh = cp::dcs_gather(comm, dh, g, part);
   return out;

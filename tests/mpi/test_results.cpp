@@ -36,7 +36,8 @@ TEST(Results, RoundTripBitForBit) {
     c.all_reduce_scalar(1.0);
     w.comm(c);
     w.summary("out", 1e-7, 2e-7, 1e-5, true);
-    EXPECT_FALSE(fs::exists(path));  // not visible before finish()
+    EXPECT_FALSE(fs::exists(path));  // not visible before finish() (on any rank: the barrier keeps
+    c.barrier();                     // rank 0 from finishing while another rank still looks)
     w.finish();
   }
   if (c.rank() == 0) {

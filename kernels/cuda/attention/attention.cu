@@ -199,15 +199,16 @@ __global__ void dkv_k(S* dk, S* dv, const S* q, const S* k, const S* v, const A*
   }
 }
 
-template <class S, class A>
-__global__ void merge_k(S* o, A* lse, const S* ob, const A* lseb, std::int64_t rows, std::int64_t D) {
+// o may be a wider accumulator than o_b (fp32 o, bf16 o_b: CP's ring merges without rounding).
+template <class SO, class SB, class A>
+__global__ void merge_k(SO* o, A* lse, const SB* ob, const A* lseb, std::int64_t rows, std::int64_t D) {
   const std::int64_t r = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (r >= rows) return;
   const A b = lseb[r], a = lse[r];
   if (isinf(b) && b < 0) return;
   if (isinf(a) && a < 0) {
     lse[r] = b;
-    for (std::int64_t d = 0; d < D; ++d) o[r * D + d] = ob[r * D + d];
+    for (std::int64_t d = 0; d < D; ++d) st(o + r * D + d, ld(ob + r * D + d));
     return;
   }
   const A mx = max(a, b), mn = min(a, b);
@@ -321,12 +322,19 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
 }
 
 void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& lse_b) {
-  check_types(o, {&o_b}, {&lse, &lse_b}, "attention_merge");
   const std::int64_t rows = lse.numel(), D = o.numel() / rows;
-  HCP_CUDA_DISPATCH(o, {
-    using A = typename Acc<S>::type;
-    merge_k<S, A><<<blocks_for(rows, 256), 256>>>(dptr<S>(o), dptr<A>(lse), dptr<S>(o_b), dptr<A>(lse_b), rows, D);
-  });
+  if (o.dtype() == DType::F32 && o_b.dtype() == DType::BF16) {  // fp32 accumulator, bf16 partial result
+    check_types(o, {}, {&lse, &lse_b}, "attention_merge");
+    require_cuda(o_b, "attention_merge");
+    merge_k<float, __nv_bfloat16, float><<<blocks_for(rows, 256), 256>>>(
+        dptr<float>(o), dptr<float>(lse), dptr<__nv_bfloat16>(o_b), dptr<float>(lse_b), rows, D);
+  } else {
+    check_types(o, {&o_b}, {&lse, &lse_b}, "attention_merge");
+    HCP_CUDA_DISPATCH(o, {
+      using A = typename Acc<S>::type;
+      merge_k<S, S, A><<<blocks_for(rows, 256), 256>>>(dptr<S>(o), dptr<A>(lse), dptr<S>(o_b), dptr<A>(lse_b), rows, D);
+    });
+  }
   check_launch("attention_merge");
 }
 
