@@ -1,7 +1,9 @@
 // The GPU's chunked SSD algorithm (kernels/cuda/ssd/chunked.hpp), run here element by element on the
 // host, against the host oracle: forward, final states and every gradient, with seq_idx resets inside
 // and across chunk boundaries, initial states, a ragged last chunk and chunks longer than the row.
-// This is what lets CI (no GPU) check the GPU kernels' mathematics.
+// This lets CI (no GPU) check the element phases' mathematics (the fp64/fp32 kernels and the general
+// bf16 path); the bf16 tensor-core phases (ssd_tc.cu: wgmma tiles, their layouts and pipelines) are
+// not covered here and are tested only on a GPU (tests/cuda/test_cuda_kernels.cpp, test_cuda_cp.cpp).
 #include <gtest/gtest.h>
 
 #include <memory>
