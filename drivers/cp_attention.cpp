@@ -64,7 +64,8 @@ cp::CpAttnConfig config(const Deck& d, int cp, const std::string& strategy) {
 // The strategies; constructing one checks its divisibility rules (e.g. a2a: heads % cp).
 drivers::Cases cases() {
   return {"parallel.strategy", "all", {"p2p", "allgather", "a2a"},
-          [](const Deck& d, Communicator& c, int cp, const std::string& n) { cp::CpAttention a(c, config(d, cp, n)); }};
+          [](const Deck& d, Communicator& c, int cp, const std::string& n) { cp::CpAttention a(c, config(d, cp, n)); },
+          drivers::attention_footprint};
 }
 
 void run(DriverContext& ctx) {
@@ -146,7 +147,7 @@ void run(DriverContext& ctx) {
       const Tensor gt = st.compare_real(e, names4[i], drivers::host(cp::dcs_gather(st.comm, got[i], g)), ref[i], g, true);
       if (st.out()) st.out()->tensor((i ? "/gradients/" : "/activations/") + name + "/" + names4[i], gt, shapes4[i], "1");
       double worst = -1;
-      for (std::size_t j = n0; j < e.rel.size(); ++j) worst = std::max(worst, e.rel[j].second);
+      for (std::size_t j = n0; j < e.rel.size(); ++j) worst = nan_max(worst, e.rel[j].second);
       errs.push_back(worst < 0 ? "-" : drivers::fmt("%.2e", worst));
     }
     const bool pass = st.verdict(name, e, bytes_ok);

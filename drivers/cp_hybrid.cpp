@@ -42,6 +42,11 @@ drivers::Cases cases() {
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
             const model::HybridConfig h = drivers::hybrid_config(d, cp::attn_strategy_from_string(n));
             model::HybridModel m(c, h, drivers::make_token_batch(d, cp, h.vocab, 1).layout);
+          },
+          [](const Deck& d, int cp) {
+            drivers::Footprint t("data.seqlen/data.batch/data.seq_lens");
+            return drivers::hybrid_footprint(drivers::hybrid_config(d, cp::AttnStrategy::P2P), drivers::footprint_tokens(d, cp, t),
+                                             drivers::dtype_bytes(d), "data.seqlen/data.batch/data.seq_lens and the model sizes");
           }};
 }
 

@@ -70,7 +70,8 @@ drivers::Cases cases() {
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
             const Setup s = make_setup(d, cp);
             model::make_mamba2(cp::mamba_cp_from_string(n), c, s.cfg, s.global);
-          }};
+          },
+          [](const Deck& d, int cp) { return drivers::mamba_footprint(d, cp, drivers::mamba_from_deck(d, d.get_int("mamba.hidden"))); }};
 }
 
 void run(DriverContext& ctx) {

@@ -4,7 +4,12 @@
 
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include "comm/mpi_communicator.hpp"
@@ -42,6 +47,19 @@ bool agree_on_errors(Communicator& comm, const std::function<void()>& fn, std::s
   if (message) *message = text;
   if (print && comm.rank() == 0) std::fprintf(stderr, "error: %s\n", text.c_str());
   return false;
+}
+
+// The results file can be created where --out points: checked before any work, so that a long run
+// does not end on "cannot create results file".
+static void check_output_path(const std::string& out) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string where = "--out " + out;
+  HCP_INPUT_CHECK(!fs::is_directory(out, ec), where, "is a directory (give a file name)");
+  const fs::path dir = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : fs::path(".");
+  HCP_INPUT_CHECK(fs::is_directory(dir, ec), where, "folder '", dir.string(), "' does not exist");
+  HCP_INPUT_CHECK(::access(dir.c_str(), W_OK) == 0, where, "folder '", dir.string(), "' is not writable (",
+                  std::strerror(errno), ")");
 }
 
 int run_driver(int argc, char** argv, const DriverSpec& spec) {
@@ -90,6 +108,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
           exit_now = true;
           return;
         }
+        if (!ctx.out.empty()) check_output_path(ctx.out);
         if (spec.validate) spec.validate(ctx);
       });
       if (!ok) {

@@ -47,6 +47,7 @@ std::vector<std::string> runnable(Communicator& comm, const Selection& sel, cons
 void validate_cases(DriverContext& ctx, const Cases& c) {
   init_device(ctx.deck);
   const int cp = cp_size_of(ctx.deck, ctx.world->size());
+  if (c.footprint) c.footprint(ctx.deck, cp).require_fits(space_of(ctx.deck));
   ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
   runnable(*grid.cp, select(ctx.deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(ctx.deck, *grid.cp, cp, n); });
 }
@@ -121,7 +122,7 @@ double Study::overlap(const std::string& strategy, const Samples& s) {
 
 void Study::Errors::add(const std::string& name, double e) {
   rel.emplace_back(name, e);
-  worst = std::max(worst, e);
+  worst = nan_max(worst, e);
 }
 void Study::compare(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref) const {
   if (!check || !root()) return;
@@ -140,7 +141,7 @@ Tensor Study::compare_real(Errors& e, const std::string& name, const Tensor& got
     const Tensor pads = cp::take_rows(got, cp::pad_rows(global));
     const ErrorStats r = hcp::compare(ref, Tensor::zeros(ref.shape(), ref.dtype()));
     double mx = 0;
-    for (std::int64_t i = 0; i < pads.numel(); ++i) mx = std::max(mx, std::abs(pads.get(i)));
+    for (std::int64_t i = 0; i < pads.numel(); ++i) mx = nan_max(mx, std::abs(pads.get(i)));
     e.add(name + "_pads", mx / std::max(r.max_abs, 1e-300));
   }
   return real;

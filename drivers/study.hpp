@@ -19,6 +19,7 @@
 #include "comm/process_grid.hpp"
 #include "core/layout.hpp"
 #include "core/tensor.hpp"
+#include "footprint.hpp"
 #include "harness.hpp"
 #include "io/results.hpp"
 
@@ -59,6 +60,8 @@ struct Cases {
   std::string key, all_word;
   std::vector<std::string> all;
   std::function<void(const Deck&, Communicator&, int, const std::string&)> make;
+  // The run's memory per rank from the deck (footprint.hpp), refused before make() when it cannot fit.
+  std::function<Footprint(const Deck&, int)> footprint;
 };
 // The validate phase of a CP driver: the GPU of run.device, the process grid, and the cases the
 // deck names (a skipped case is no error; runnable's rules).

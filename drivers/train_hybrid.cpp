@@ -84,6 +84,11 @@ Setup make_setup(const DriverContext& ctx) {
 void validate(DriverContext& ctx) {
   drivers::init_device(ctx.deck);
   Setup s = make_setup(ctx);
+  const Deck& d = ctx.deck;  // a step's tokens are at most seqs_per_step rows of max_len (+ padding)
+  drivers::Footprint t("data.seqs_per_step, data.max_len");
+  const std::int64_t T = t.mul(d.get_int("data.seqs_per_step"), d.get_int("data.max_len") + 2 * s.cp);
+  drivers::hybrid_footprint(s.cfg, T, static_cast<std::int64_t>(dtype_size(s.dt)), "data.seqs_per_step, data.max_len and the model sizes")
+      .require_fits(drivers::space_of(d));
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
   model::HybridModel m(*g.cp, s.cfg, drivers::step_batch(ctx.deck, s.cp, s.cfg.vocab, 1).layout);
   const std::string resume = ctx.deck.get_string("train.resume");
@@ -143,7 +148,12 @@ void run(DriverContext& ctx) {
     const double t0 = MPI_Wtime();
     const model::StepResult res = m.step(p, drivers::local_ids(b.tokens, b.layout, s.cp, r),
                                          drivers::local_ids(b.labels, b.layout, s.cp, r), g);
+    // A non-finite loss or gradient norm (both the same on every rank) ends the run before the
+    // update: nothing after it could be compared, and a checkpoint of it could not be resumed.
+    HCP_CHECK(std::isfinite(res.loss), "step ", t, ": the loss is ", res.loss,
+              " (not finite); lower train.lr or enable train.clip");
     const double gn = opt.step(p, g, model::is_buffer);
+    HCP_CHECK(std::isfinite(gn), "step ", t, ": the gradient norm is ", gn, " (not finite); lower train.lr or enable train.clip");
     const double ms = cpc.all_reduce_scalar((MPI_Wtime() - t0) * 1e3, ReduceOp::Max);
     loss.push_back(res.loss);
     ts.lr.push_back(opt.last_lr());
@@ -157,7 +167,7 @@ void run(DriverContext& ctx) {
       rl = mr.step(rp, b.tokens, b.labels, rg).loss;
       ropt->step(rp, rg, model::is_buffer);
       ref_loss.push_back(rl);
-      worst = std::max(worst, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300));
+      worst = nan_max(worst, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300));
     }
     if (ctx.root()) {
       std::printf("step %4lld/%lld  loss %.6f", static_cast<long long>(t), static_cast<long long>(steps), res.loss);
@@ -168,6 +178,7 @@ void run(DriverContext& ctx) {
     }
     ++done_here;
     const bool stop = stop_after > 0 && done_here >= stop_after && t < steps;
+    if ((every > 0 && t % every == 0) || stop || t == steps) drivers::require_finite(p, t);
     if ((every > 0 && t % every == 0) || stop) drivers::write_checkpoint(*ctx.world, ck, p, opt, loss, ref_loss);
     if (stop && ctx.root())
       std::printf("# stopped after %lld steps; checkpoint %s at step %lld\n", static_cast<long long>(done_here), ck.c_str(),

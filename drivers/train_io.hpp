@@ -2,6 +2,7 @@
 // /checkpoint/, written collectively and read back on every rank) and the per-step series and final
 // parameters of the results file (/train/*, /params/*).
 #pragma once
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,17 @@
 #include "model/optim.hpp"
 
 namespace hcp::drivers {
+
+// Parameters are checked where they leave the run (checkpoint, results): an update can overflow
+// them while the loss and gradient norm of its step were finite.
+inline void require_finite(const model::ParamMap& p, std::int64_t step) {
+  for (const auto& [n, t] : p) {
+    const Tensor h = t.to(Space::Host);
+    for (std::int64_t i = 0; i < h.numel(); ++i)
+      HCP_CHECK(std::isfinite(h.get(i)), "step ", step, ": parameter '", n, "' element ", i, " is ", h.get(i),
+                " (not finite) after the update; lower train.lr or enable train.clip");
+  }
+}
 
 inline void write_checkpoint(Communicator& world, const std::string& path, model::ParamMap& p, model::AdamW& opt,
                       const std::vector<double>& loss, const std::vector<double>& ref_loss) {

@@ -6,7 +6,8 @@
       pass/fail against atol + rtol * max|B|); exit 1 if any fails or nothing is comparable.
       --pair compares A's datasets under PA with B's under PB instead (e.g. two strategies of
       one file: compare F.h5 F.h5 --pair /gradients/p2p /gradients/a2a).
-  hcp_post.py summary [--brief] F.h5 ...  the /summary entries (errors against cp=1) with pass/fail; exit 1 on a fail
+  hcp_post.py summary [--brief] F.h5 ...  the /summary entries (errors against cp=1) with pass/fail; exit 1 on a
+      fail or when no file holds any entry (nothing was checked)
   hcp_post.py table F.h5 ...        timings: per file, strategy and phase, median over repeats of the slowest rank
   hcp_post.py plot-scaling --out S.png F.h5 ...   time per step against cp size, one line per strategy
   hcp_post.py plot-breakdown --out B.png F.h5     stacked per-phase time per strategy
@@ -14,6 +15,8 @@
   hcp_post.py anchors --anchors A.json F.h5   bench_kernels (suite anchors) against jobs/bench/anchors.py of
       the same run: our time, anchor time, ratio (anchor time / ours: >= 1 means at least as fast),
       TFLOP/s or GB/s, and the fraction of the copy ceiling for memory-bound kernels
+Exit 2, with one error line, on a file that cannot be read, is unfinished (<out>.tmp-<pid>) or is
+damaged (groups or attributes missing).
 """
 import argparse
 import sys
@@ -74,7 +77,7 @@ def _config(f):
 
 
 def cmd_summary(a):
-    bad = 0
+    bad = checked = 0
     for path in a.files:
         with h5py.File(path, "r") as f:
             cfg = _config(f)
@@ -85,6 +88,7 @@ def cmd_summary(a):
             rows = []
             f["summary"].visititems(lambda n, o: rows.append((n, o)) if "pass" in o.attrs else None)
             worst = {}
+            checked += len(rows)
             for n, o in rows:
                 ok = bool(o.attrs["pass"])
                 bad += 0 if ok else 1
@@ -100,6 +104,9 @@ def cmd_summary(a):
             if a.brief:
                 for g, (mx, n, nb, tol) in sorted(worst.items()):
                     print(f"  {g:<16} {n:4d} tensors  worst max_rel {mx:9.2e}  tol {tol:8.1e}  {'pass' if nb == 0 else 'FAIL'}")
+    if checked == 0:
+        print("RESULT summary NOTHING-TO-CHECK (no /summary entries: the runs did not compare against cp=1)")
+        return 1
     print(f"RESULT summary {'PASS' if bad == 0 else 'FAIL'}")
     return 0 if bad == 0 else 1
 
@@ -332,12 +339,23 @@ def main(argv=None):
     pa.set_defaults(fn=cmd_anchors)
     a = p.parse_args(argv)
     for path in [getattr(a, k) for k in ("a", "b", "file") if hasattr(a, k)] + list(getattr(a, "files", [])):
+        if ".tmp-" in path.rsplit("/", 1)[-1]:
+            print(f"error: '{path}' is an unfinished results file (a run writes <out>.tmp-<pid> and renames "
+                  "it when complete)", file=sys.stderr)
+            return 2
         try:
             h5py.File(path, "r").close()
         except OSError as e:
             print(f"error: cannot read HDF5 file '{path}': {e}", file=sys.stderr)
             return 2
-    return a.fn(a)
+    try:
+        return a.fn(a)
+    except (KeyError, OSError, ValueError, TypeError, IndexError) as e:
+        # A file that opens but whose groups or attributes are not what a driver writes: one line, exit 2
+        # (exit 1 means "compared, and a check failed").
+        print(f"error: {a.cmd}: a results file is damaged or not from a hybridcp driver: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

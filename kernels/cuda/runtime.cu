@@ -234,6 +234,11 @@ std::size_t used_memory() {
   HCP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   return total_b - free_b;
 }
+std::size_t free_memory() {
+  std::size_t free_b = 0, total_b = 0;
+  HCP_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return free_b;
+}
 cublasHandle_t cublas() {
   HCP_CHECK(g_init, "CUDA kernels called before hcp::cuda::init()");
   return g_cublas;

@@ -29,7 +29,8 @@ template <class F> double time_ms(F& f) {
 void* event_mark();
 double event_elapsed_ms(void* a, void* b);
 void event_release(void* e);
-// Device memory in use (all processes), bytes.
+// Device memory in use (all processes), bytes; and free now.
 std::size_t used_memory();
+std::size_t free_memory();
 
 }  // namespace hcp::cuda

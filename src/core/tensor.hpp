@@ -100,8 +100,15 @@ class Tensor {
 };
 
 // Max |a-b| and max |a-b| / max(|b|, floor) over all elements (shapes must match).
+// The larger of a and b, NaN when either is NaN (std::max(a, NaN) returns a, which would let a NaN
+// through a "worst error <= tolerance" check).
+inline double nan_max(double a, double b) { return (a != a || b != b) ? a + b : (a < b ? b : a); }
+
+// Largest differences of `a` from `ref`. Any NaN, in either, or an infinity not matched by the same
+// infinity, counts as an infinite difference: a NaN never passes a tolerance.
 struct ErrorStats {
   double max_abs = 0, max_rel = 0, ref_max = 0;
+  std::int64_t nonfinite = 0;  // elements where a or ref is NaN or where only one is infinite
 };
 ErrorStats compare(const Tensor& a, const Tensor& ref, double rel_floor = 1e-6);
 

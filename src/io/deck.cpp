@@ -1,5 +1,6 @@
 #include "io/deck.hpp"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <toml++/toml.h>
@@ -192,6 +193,8 @@ Deck Deck::parse(const DeckSchema& schema, const std::string& text, const std::s
 }
 
 Deck Deck::load(const DeckSchema& schema, const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  HCP_CHECK(!std::filesystem::is_directory(path, ec), "deck file '", path, "' is a directory");
   std::ifstream in(path);
   HCP_CHECK(in.good(), "cannot read deck file '", path, "'");
   std::stringstream ss;

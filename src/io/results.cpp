@@ -3,7 +3,9 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 
 namespace hcp {
 namespace {
@@ -32,6 +34,32 @@ std::pair<std::string, std::string> split_path(const std::string& p) {
   return {pos == 0 ? "/" : p.substr(0, pos), p.substr(pos + 1)};
 }
 
+// The unfinished results file of this process, removed when SIGTERM or SIGINT ends it (a SIGKILL
+// cannot be caught: a `.tmp-<pid>` that remains is an unfinished file, and hcp_post refuses it).
+char g_tmp_path[4096] = {0};
+struct sigaction g_old_term, g_old_int;
+
+extern "C" void remove_tmp_and_reraise(int sig) {
+  if (g_tmp_path[0]) unlink(g_tmp_path);  // async-signal-safe
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+void guard_tmp(const std::string& path) {
+  if (path.size() >= sizeof(g_tmp_path)) return;
+  std::memcpy(g_tmp_path, path.c_str(), path.size() + 1);
+  struct sigaction sa {};
+  sa.sa_handler = remove_tmp_and_reraise;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, &g_old_term);
+  sigaction(SIGINT, &sa, &g_old_int);
+}
+void unguard_tmp() {
+  if (!g_tmp_path[0]) return;
+  sigaction(SIGTERM, &g_old_term, nullptr);
+  sigaction(SIGINT, &g_old_int, nullptr);
+  g_tmp_path[0] = 0;
+}
+
 }  // namespace
 
 ResultsWriter::ResultsWriter(const std::string& path, Communicator& comm) : comm_(comm), path_(path) {
@@ -42,6 +70,7 @@ ResultsWriter::ResultsWriter(const std::string& path, Communicator& comm) : comm
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     ok = file_ >= 0 ? 1 : 0;
+    if (ok == 1) guard_tmp(tmp_);
   }
   comm_.broadcast(&ok, 1, DType::F64, 0);
   HCP_CHECK(ok == 1, "cannot create results file '", path, "' (is the folder there and writable?)");
@@ -50,6 +79,7 @@ ResultsWriter::ResultsWriter(const std::string& path, Communicator& comm) : comm
 ResultsWriter::~ResultsWriter() {
   if (file_ >= 0) H5Fclose(file_);
   if (!done_ && !tmp_.empty()) std::remove(tmp_.c_str());
+  if (!tmp_.empty()) unguard_tmp();
 }
 
 long long ResultsWriter::group(const std::string& path) {
@@ -189,6 +219,7 @@ void ResultsWriter::finish() {
     if (H5Fclose(file_) < 0) ok = 0;
     file_ = -1;
     if (ok == 1 && std::rename(tmp_.c_str(), path_.c_str()) != 0) ok = 0;
+    unguard_tmp();
   }
   comm_.broadcast(&ok, 1, DType::F64, 0);
   HCP_CHECK(ok == 1, "could not complete results file '", path_, "'");

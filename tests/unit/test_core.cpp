@@ -59,6 +59,25 @@ TEST(Tensor, DeterministicFill) {
   for (double v : a.to_vector()) EXPECT_TRUE(v >= -1 && v < 1);
 }
 
+// NaN is never within a tolerance: in the result, in the reference, or in both.
+TEST(Tensor, CompareCountsNanAsInfiniteDifference) {
+  const double nan = std::nan(""), inf = INFINITY;
+  Tensor a = Tensor::zeros({4}, DType::F64), b = Tensor::zeros({4}, DType::F64);
+  for (auto [x, y] : {std::pair<double, double>{nan, 1.0}, {1.0, nan}, {nan, nan}, {inf, 1.0}, {inf, -inf}}) {
+    a.set(1, x);
+    b.set(1, y);
+    const ErrorStats e = compare(a, b);
+    EXPECT_FALSE(e.max_abs <= 1e-3) << x << " vs " << y;
+    EXPECT_EQ(e.nonfinite, 1) << x << " vs " << y;
+  }
+  a.set(1, -inf);
+  b.set(1, -inf);  // the same infinity matches (a row with no key has LSE -inf on both sides)
+  EXPECT_EQ(compare(a, b).max_abs, 0.0);
+  EXPECT_TRUE(std::isnan(nan_max(0.5, nan)));
+  EXPECT_TRUE(std::isnan(nan_max(nan, 0.5)));
+  EXPECT_EQ(nan_max(0.5, 2.0), 2.0);
+}
+
 TEST(Layout, BshdAndThd) {
   auto l = SeqLayout::bshd(3, 8);
   EXPECT_EQ(l.cu_seqlens, (std::vector<std::int64_t>{0, 8, 16, 24}));
