@@ -73,6 +73,7 @@ void CpAttention::forward(Tensor& o, const Tensor& q, const Tensor& kk, const Te
   k_ = kk.view({tl_, Hkv, D});
   v_ = v.view({tl_, Hkv, D});
   fwd_t_ = {};
+  if (cp_ == 1) return fwd_local(o);
   switch (cfg_.strategy) {
     case AttnStrategy::P2P: fwd_p2p(o); break;
     case AttnStrategy::AllGather: fwd_allgather(o); break;
@@ -88,11 +89,43 @@ void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dou
             "cp attention backward: gradient shapes do not match the forward's inputs");
   bwd_t_ = {};
   Tensor dov = dout.view(q_.shape());
+  if (cp_ == 1) return bwd_local(dq, dk, dv, dov);
   switch (cfg_.strategy) {
     case AttnStrategy::P2P: bwd_p2p(dq, dk, dv, dov); break;
     case AttnStrategy::AllGather: bwd_allgather(dq, dk, dv, dov); break;
     case AttnStrategy::A2A: bwd_a2a(dq, dk, dv, dov); break;
   }
+}
+
+// ---- one rank --------------------------------------------------------------------------------
+// cp = 1, whatever the strategy: the kernels on the local tensors (the whole problem), with no ring,
+// gather or all-to-all and no staging copy; the gradients are written in place.
+void CpAttention::fwd_local(Tensor& o) {
+  Clock c;
+  auto p = base_params(cfg_.heads, cfg_.kv_heads);
+  p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
+  o_ = Tensor::zeros(q_.shape(), q_.dtype());
+  lse_ = Tensor::zeros({tl_, cfg_.heads}, lse_dtype(q_));
+  k::attention_fwd(o_, lse_, q_, k_, v_, p);
+  o.copy_from(o_.view(o.shape()));
+  fwd_t_.compute += c.lap();
+}
+
+void CpAttention::bwd_local(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
+  Clock c;
+  auto p = base_params(cfg_.heads, cfg_.kv_heads);
+  p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
+  if (dq.is_contiguous() && dk.is_contiguous() && dv.is_contiguous()) {
+    Tensor dqv = dq.view(q_.shape()), dkv = dk.view(k_.shape()), dvv = dv.view(v_.shape());
+    k::attention_bwd(dqv, dkv, dvv, q_, k_, v_, o_, lse_, dout, p);
+  } else {
+    Tensor dql = zeros_like(q_), dkl = zeros_like(k_), dvl = zeros_like(v_);
+    k::attention_bwd(dql, dkl, dvl, q_, k_, v_, o_, lse_, dout, p);
+    dq.copy_from(dql.view(dq.shape()));
+    dk.copy_from(dkl.view(dk.shape()));
+    dv.copy_from(dvl.view(dv.shape()));
+  }
+  bwd_t_.compute += c.lap();
 }
 
 // A segment with at least one (query, key) pair.
@@ -383,6 +416,7 @@ void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
 }
 
 std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
+  if (cp_ == 1) return 0;  // one rank runs locally
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt)), kv = 2 * tl_ * cfg_.kv_heads * cfg_.head_dim;
   switch (cfg_.strategy) {
     case AttnStrategy::P2P: return (cp_ - 1) * kv * es;             // cp-1 ring steps of local K/V
@@ -398,6 +432,7 @@ std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
 }
 
 std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
+  if (cp_ == 1) return 0;
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt)), kv = 2 * tl_ * cfg_.kv_heads * cfg_.head_dim;
   switch (cfg_.strategy) {
     case AttnStrategy::P2P: {  // K/V ring + dK/dV accumulator ring (the accumulator fp32 for bf16)

@@ -39,6 +39,8 @@ class CpAttention {
   std::int64_t model_bwd_bytes(DType dt) const;
 
  private:
+  void fwd_local(Tensor& o);
+  void bwd_local(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   void fwd_p2p(Tensor& o);
   void bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   void fwd_allgather(Tensor& o);

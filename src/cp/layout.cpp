@@ -190,6 +190,7 @@ Tensor cp2hp(Communicator& comm, const Tensor& x, const SeqLayout& global, Parti
   const std::int64_t tl = x.size(0), C = x.numel() / tl;
   HCP_CHECK(C % cp == 0, "cp2hp: ", C, " channels are not divisible by cp = ", cp);
   HCP_CHECK(tl * cp == global.total(), "cp2hp: ", tl, " local tokens x cp ", cp, " != ", global.total());
+  if (cp == 1) return x.view({tl, C});  // one rank: local order is global order, nothing moves
   const std::int64_t cb = C / cp;
   Tensor x2 = x.view({tl, cp, cb});
   Tensor send = Tensor::empty({cp, tl, cb}, x.dtype(), x.space()), recv = Tensor::empty({cp, tl, cb}, x.dtype(), x.space());
@@ -202,6 +203,7 @@ Tensor hp2cp(Communicator& comm, const Tensor& xh, const SeqLayout& global, Part
   const int cp = comm.size();
   HCP_CHECK(xh.dim() >= 2 && xh.size(0) == global.total(), "hp2cp: need [T, C/cp] with T = ", global.total());
   const std::int64_t T = xh.size(0), cb = xh.numel() / T, tl = T / cp;
+  if (cp == 1) return xh.is_contiguous() ? xh.view({T, cb}) : xh.clone().view({T, cb});
   Tensor send = dcs_redo(xh.view({T, cb}), global, cp, part).view({cp, tl, cb});
   Tensor recv = Tensor::empty({cp, tl, cb}, xh.dtype(), xh.space());
   comm.all_to_all(send, recv);

@@ -69,7 +69,8 @@ Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& glob
 // Sequence-parallel <-> hidden-parallel all-to-all (every channel block to its rank):
 // cp2hp: local [Tl, C] (DCS order) -> [T, C/cp] in global token order, channels of block `rank`;
 // for packed THD the de-interleave of sequences is part of the same permutation.
-// hp2cp is its exact inverse; the backward of each is the other.
+// hp2cp is its exact inverse; the backward of each is the other. At cp = 1 both return a view of
+// their input (no copy, no communication).
 Tensor cp2hp(Communicator& comm, const Tensor& local, const SeqLayout& global,
                 Partition part = Partition::DCS);
 Tensor hp2cp(Communicator& comm, const Tensor& hp, const SeqLayout& global,
