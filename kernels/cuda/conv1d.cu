@@ -124,29 +124,48 @@ __global__ void conv_dx_k(S* dx, const A* du, const S* w, const std::int64_t* se
   }
   st(dx + i, acc);
 }
-// One block per channel: dw[c, k] and dbias[c] by block reductions over (b, t).
+// dw[c, k] and dbias[c]. A block holds 32 channels (the lanes, so that du and x are read coalesced)
+// by kSlices slices of the (b, t) rows; each thread sums its slice in row order, and the slices are
+// added in a fixed order: deterministic. Widths up to kMaxConvW (the deck's limit).
+constexpr int kDwLanes = 32, kMaxConvW = 16;
+template <class A> constexpr int kDwSlices = sizeof(A) == 8 ? 8 : 16;  // shared memory <= 35 KB
 template <class S, class A>
-__global__ void conv_dw_k(S* dw, S* db, const A* du, const S* x, const std::int64_t* seq, std::int64_t B, std::int64_t L,
-                          std::int64_t C, std::int64_t W) {
-  const std::int64_t c = blockIdx.x;
-  for (std::int64_t k = 0; k <= W; ++k) {  // k == W: the bias
-    A acc = 0;
-    for (std::int64_t bt = threadIdx.x; bt < B * L; bt += blockDim.x) {
+__global__ void __launch_bounds__(kDwLanes * kDwSlices<A>) conv_dw_k(S* dw, S* db, const A* du, const S* x,
+                                                                     const std::int64_t* seq, std::int64_t B,
+                                                                     std::int64_t L, std::int64_t C, std::int64_t W) {
+  constexpr int NS = kDwSlices<A>;
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kDwLanes + threadIdx.x;
+  A acc[kMaxConvW + 1];  // [k < W]: dw, [kMaxConvW]: bias
+#pragma unroll
+  for (int k = 0; k <= kMaxConvW; ++k) acc[k] = 0;
+  if (c < C) {
+    const std::int64_t BL = B * L, per = (BL + NS - 1) / NS, lo = threadIdx.y * per, hi = min(BL, lo + per);
+    for (std::int64_t bt = lo; bt < hi; ++bt) {
       const std::int64_t b = bt / L, t = bt % L;
       const A d = du[bt * C + c];
-      if (k == W) {
-        acc += d;
-        continue;
+      acc[kMaxConvW] += d;
+      const std::int64_t sq = seq ? seq[bt] : 0;
+#pragma unroll
+      for (int k = 0; k < kMaxConvW; ++k) {
+        if (k >= W) break;
+        const std::int64_t src = t - (W - 1) + k;
+        if (src < 0 || (seq && seq[b * L + src] != sq)) continue;
+        acc[k] += ld(x + (b * L + src) * C + c) * d;
       }
-      const std::int64_t src = t - (W - 1) + k;
-      if (src < 0 || (seq && seq[b * L + src] != seq[b * L + t])) continue;
-      acc += ld(x + (b * L + src) * C + c) * d;
     }
-    acc = block_sum(acc);
-    if (threadIdx.x == 0) {
-      if (k < W) st(dw + c * W + k, acc);
-      else if (db) st(db + c, acc);
-    }
+  }
+  __shared__ A part[NS][kMaxConvW + 1][kDwLanes];
+#pragma unroll
+  for (int k = 0; k <= kMaxConvW; ++k) part[threadIdx.y][k][threadIdx.x] = acc[k];
+  __syncthreads();
+  // Thread (lane, y) finishes output k = y, y + NS, ... of its channel (k == W: the bias).
+  if (c >= C) return;
+  for (std::int64_t k = threadIdx.y; k <= W; k += NS) {
+    const int slot = k == W ? kMaxConvW : static_cast<int>(k);
+    A sum = 0;
+    for (int j = 0; j < NS; ++j) sum += part[j][slot][threadIdx.x];
+    if (k < W) st(dw + c * W + k, sum);
+    else if (db) st(db + c, sum);
   }
 }
 
@@ -181,6 +200,7 @@ void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Te
                 const std::vector<std::int64_t>* seq_idx, bool silu, const Tensor& dy) {
   check_all({&dx, &dw, dbias, &x, &w, bias, &dy}, x.dtype(), "conv1d_bwd");
   const std::int64_t B = x.size(0), L = x.size(1), C = x.size(2), W = w.size(1), n = B * L * C;
+  HCP_CHECK(W >= 1 && W <= kMaxConvW, "conv1d_bwd (CUDA): width ", W, " outside 1..", kMaxConvW);
   DeviceIndex seq(seq_idx);
   HCP_CUDA_DISPATCH(x, {
     using A = typename Acc<S>::type;
@@ -190,8 +210,8 @@ void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Te
     conv_du_k<S, A><<<blocks_for(n, kThreads), kThreads>>>(du, dptr<S>(x), dptr<S>(w), bp, seq.p, dptr<S>(dy), B, L, C,
                                                            W, silu);
     conv_dx_k<S, A><<<blocks_for(n, kThreads), kThreads>>>(dptr<S>(dx), du, dptr<S>(w), seq.p, B, L, C, W);
-    conv_dw_k<S, A><<<static_cast<unsigned>(C), kThreads>>>(dptr<S>(dw), dbias ? dptr<S>(*dbias) : nullptr, du,
-                                                             dptr<S>(x), seq.p, B, L, C, W);
+    conv_dw_k<S, A><<<static_cast<unsigned>((C + kDwLanes - 1) / kDwLanes), dim3(kDwLanes, kDwSlices<A>)>>>(
+        dptr<S>(dw), dbias ? dptr<S>(*dbias) : nullptr, du, dptr<S>(x), seq.p, B, L, C, W);
     check_launch("conv1d_bwd");
     HCP_CUDA_CHECK(cudaFreeAsync(du, 0));
   });

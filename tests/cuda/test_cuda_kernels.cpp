@@ -79,28 +79,32 @@ TEST(CudaKernels, GatedRmsNormForwardBackward) {
 
 TEST(CudaKernels, Conv1dForwardBackwardWithSeqIdx) {
   REQUIRE_GPU();
+  // Widths 2, 4 (the vectorised forward), 7 and 16 (the deck's limit); rows of 45 and 700 tokens (the
+  // weight-gradient reduction splits the rows into slices); 96 channels (a partial 32-channel block).
   for (DType d : kTypes)
-    for (bool packed : {false, true})
-      for (bool with_bias : {false, true}) {
-        const std::int64_t B = packed ? 1 : 2, L = 45, C = 96, Wd = 4;
-        std::vector<std::int64_t> seq;
-        for (std::int64_t t = 0; t < B * L; ++t) seq.push_back(t < 10 ? 0 : t < 11 ? 1 : t < 30 ? 2 : 3);
-        const std::vector<std::int64_t>* sp = packed ? &seq : nullptr;
-        Tensor x = rnd({B, L, C}, 8, d), w = rnd({C, Wd}, 9, d), b = rnd({C}, 10, d), dy = rnd({B, L, C}, 11, d);
-        Tensor y = Tensor::zeros(x.shape(), d), dx = Tensor::zeros(x.shape(), d), dw = Tensor::zeros(w.shape(), d),
-               db = Tensor::zeros({C}, d);
-        conv1d_fwd(y, x, w, with_bias ? &b : nullptr, sp, true);
-        conv1d_bwd(dx, dw, with_bias ? &db : nullptr, x, w, with_bias ? &b : nullptr, sp, true, dy);
-        Tensor X = dev(x), Wt = dev(w), Bt = dev(b), DY = dev(dy), Y = zeros_like_on(y, Space::Cuda),
-               DX = zeros_like_on(dx, Space::Cuda), DW = zeros_like_on(dw, Space::Cuda), DB = zeros_like_on(db, Space::Cuda);
-        conv1d_fwd(Y, X, Wt, with_bias ? &Bt : nullptr, sp, true);
-        conv1d_bwd(DX, DW, with_bias ? &DB : nullptr, X, Wt, with_bias ? &Bt : nullptr, sp, true, DY);
-        const std::string tag = std::string(packed ? " packed" : "") + (with_bias ? " bias" : "");
-        expect_match(Y, y, d, "conv y" + tag);
-        expect_match(DX, dx, d, "conv dx" + tag);
-        expect_match(DW, dw, d, "conv dw" + tag);
-        if (with_bias) expect_match(DB, db, d, "conv db" + tag);
-      }
+    for (auto [Wd, L] : {std::pair<std::int64_t, std::int64_t>{4, 45}, {2, 45}, {7, 700}, {16, 45}, {4, 700}})
+      for (bool packed : {false, true})
+        for (bool with_bias : {false, true}) {
+          const std::int64_t B = packed ? 1 : 2, C = 96;
+          std::vector<std::int64_t> seq;
+          for (std::int64_t t = 0; t < B * L; ++t) seq.push_back(t < 10 ? 0 : t < 11 ? 1 : t < 30 ? 2 : 3);
+          const std::vector<std::int64_t>* sp = packed ? &seq : nullptr;
+          Tensor x = rnd({B, L, C}, 8, d), w = rnd({C, Wd}, 9, d), b = rnd({C}, 10, d), dy = rnd({B, L, C}, 11, d);
+          Tensor y = Tensor::zeros(x.shape(), d), dx = Tensor::zeros(x.shape(), d), dw = Tensor::zeros(w.shape(), d),
+                 db = Tensor::zeros({C}, d);
+          conv1d_fwd(y, x, w, with_bias ? &b : nullptr, sp, true);
+          conv1d_bwd(dx, dw, with_bias ? &db : nullptr, x, w, with_bias ? &b : nullptr, sp, true, dy);
+          Tensor X = dev(x), Wt = dev(w), Bt = dev(b), DY = dev(dy), Y = zeros_like_on(y, Space::Cuda),
+                 DX = zeros_like_on(dx, Space::Cuda), DW = zeros_like_on(dw, Space::Cuda), DB = zeros_like_on(db, Space::Cuda);
+          conv1d_fwd(Y, X, Wt, with_bias ? &Bt : nullptr, sp, true);
+          conv1d_bwd(DX, DW, with_bias ? &DB : nullptr, X, Wt, with_bias ? &Bt : nullptr, sp, true, DY);
+          const std::string tag = std::string(packed ? " packed" : "") + (with_bias ? " bias" : "") + " W" +
+                                  std::to_string(Wd) + " L" + std::to_string(L);
+          expect_match(Y, y, d, "conv y" + tag);
+          expect_match(DX, dx, d, "conv dx" + tag);
+          expect_match(DW, dw, d, "conv dw" + tag);
+          if (with_bias) expect_match(DB, db, d, "conv db" + tag);
+        }
 }
 
 TEST(CudaKernels, LinearForwardBackward) {
