@@ -94,8 +94,7 @@ void validate(DriverContext& ctx) {
   const std::string resume = ctx.deck.get_string("train.resume");
   if (!resume.empty()) {
     HCP_CHECK(std::ifstream(resume).good(), "train.resume: cannot read checkpoint file '", resume, "'");
-    ResultsReader r(resume);  // unreadable file: one clear error, before any work
-    HCP_CHECK(r.exists("/checkpoint/step"), "train.resume: '", resume, "' is not a train_hybrid checkpoint (no /checkpoint/step)");
+    drivers::check_resume(resume, schema(), ctx.deck);  // whole, same run, before any work
   }
 }
 
@@ -179,7 +178,7 @@ void run(DriverContext& ctx) {
     ++done_here;
     const bool stop = stop_after > 0 && done_here >= stop_after && t < steps;
     if ((every > 0 && t % every == 0) || stop || t == steps) drivers::require_finite(p, t);
-    if ((every > 0 && t % every == 0) || stop) drivers::write_checkpoint(*ctx.world, ck, p, opt, loss, ref_loss);
+    if ((every > 0 && t % every == 0) || stop) drivers::write_checkpoint(*ctx.world, ck, d, p, opt, loss, ref_loss);
     if (stop && ctx.root())
       std::printf("# stopped after %lld steps; checkpoint %s at step %lld\n", static_cast<long long>(done_here), ck.c_str(),
                   static_cast<long long>(t));

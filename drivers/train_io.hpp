@@ -3,10 +3,12 @@
 // parameters of the results file (/train/*, /params/*).
 #pragma once
 #include <cmath>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "io/deck.hpp"
 #include "io/results.hpp"
 #include "model/optim.hpp"
 
@@ -23,28 +25,105 @@ inline void require_finite(const model::ParamMap& p, std::int64_t step) {
   }
 }
 
-inline void write_checkpoint(Communicator& world, const std::string& path, model::ParamMap& p, model::AdamW& opt,
-                      const std::vector<double>& loss, const std::vector<double>& ref_loss) {
+// Checkpoints prove themselves: /checkpoint carries the resolved deck of the run that wrote it
+// ("deck_resolved") and one checksum per dataset ("checksums": lines "<path> <16 hex digits>").
+inline void write_checkpoint(Communicator& world, const std::string& path, const Deck& deck, model::ParamMap& p,
+                             model::AdamW& opt, const std::vector<double>& loss, const std::vector<double>& ref_loss) {
   ResultsWriter w(path, world);
-  w.tensor("/checkpoint/step", Tensor::from({static_cast<double>(opt.steps_done())}, {1}, DType::F64), "scalar", "steps");
-  for (auto& [n, t] : p) w.tensor("/checkpoint/params/" + n, t, "parameter shape", "1");
-  for (auto& [n, t] : opt.m()) w.tensor("/checkpoint/adam_m/" + n, t, "parameter shape", "1");
-  for (auto& [n, t] : opt.v()) w.tensor("/checkpoint/adam_v/" + n, t, "parameter shape", "1");
-  w.tensor("/checkpoint/loss", Tensor::from(loss, {static_cast<std::int64_t>(loss.size())}, DType::F64), "[step]", "nats");
-  if (!ref_loss.empty())
-    w.tensor("/checkpoint/loss_reference", Tensor::from(ref_loss, {static_cast<std::int64_t>(ref_loss.size())}, DType::F64),
-             "[step]", "nats");
+  std::string sums;
+  const auto put = [&](const std::string& name, const Tensor& t, const std::string& layout, const std::string& units) {
+    w.tensor(name, t, layout, units);
+    if (world.rank() == 0) sums += name + " " + checksum(t) + "\n";
+  };
+  const auto vec = [](const std::vector<double>& v) { return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64); };
+  put("/checkpoint/step", Tensor::from({static_cast<double>(opt.steps_done())}, {1}, DType::F64), "scalar", "steps");
+  for (auto& [n, t] : p) put("/checkpoint/params/" + n, t, "parameter shape", "1");
+  for (auto& [n, t] : opt.m()) put("/checkpoint/adam_m/" + n, t, "parameter shape", "1");
+  for (auto& [n, t] : opt.v()) put("/checkpoint/adam_v/" + n, t, "parameter shape", "1");
+  put("/checkpoint/loss", vec(loss), "[step]", "nats");
+  if (!ref_loss.empty()) put("/checkpoint/loss_reference", vec(ref_loss), "[step]", "nats");
+  w.attribute("/checkpoint", "deck_resolved", deck.resolved());
+  w.attribute("/checkpoint", "checksums", sums);
   w.finish();
 }
 
+// Keys a resumed run may change (how long it runs, where it checkpoints, how it is checked, the rank
+// count); every other key changes the run, so it must be the checkpoint's.
+inline bool resume_may_change(const std::string& k) {
+  return k == "train.steps" || k == "train.resume" || k == "train.checkpoint" || k == "train.checkpoint_every" ||
+         k == "train.stop_after" || k == "train.reference" || k == "train.loss_rtol" || k == "parallel.cp_size";
+}
+inline std::string deck_value(const Deck& d, const DeckKey& k) {
+  switch (k.type) {
+    case DeckKey::Type::Int: return std::to_string(d.get_int(k.key));
+    case DeckKey::Type::Float: {
+      std::ostringstream os;
+      os.precision(17);
+      os << d.get_float(k.key);
+      return os.str();
+    }
+    case DeckKey::Type::String: return "\"" + d.get_string(k.key) + "\"";
+    case DeckKey::Type::Bool: return d.get_bool(k.key) ? "true" : "false";
+  }
+  return "";
+}
+
+// Before any work: the checkpoint at `path` is whole (every dataset matches its checksum) and was
+// written by a run with the same values of every key that changes the run.
+inline void check_resume(const std::string& path, const DeckSchema& schema, const Deck& deck) {
+  ResultsReader r(path);
+  HCP_INPUT_CHECK(r.exists("/checkpoint/step"), deck.where("train.resume"), "train.resume: '", path,
+                  "' is not a train_hybrid checkpoint (no /checkpoint/step)");
+  std::string sums, text;
+  try {
+    sums = r.string_attr("/checkpoint", "checksums");
+    text = r.string_attr("/checkpoint", "deck_resolved");
+  } catch (const Error&) {
+    HCP_INPUT_FAIL(deck.where("train.resume"), "train.resume: checkpoint '", path,
+                   "' carries no checksums or deck (not written by this version, or damaged)");
+  }
+  std::istringstream in(sums);
+  std::string name, want;
+  int n = 0;
+  while (in >> name >> want) {
+    ++n;
+    std::string got;
+    try {
+      got = checksum(r.read(name));
+    } catch (const Error&) {
+      got = "(unreadable)";
+    }
+    HCP_INPUT_CHECK(got == want, deck.where("train.resume"), "train.resume: checkpoint '", path, "' is damaged: dataset ",
+                    name, " fails its checksum (", got, " != ", want, ")");
+  }
+  HCP_INPUT_CHECK(n > 0, deck.where("train.resume"), "train.resume: checkpoint '", path, "' lists no datasets");
+  const auto step = static_cast<std::int64_t>(r.read("/checkpoint/step").get(0));
+  HCP_INPUT_CHECK(step < deck.get_int("train.steps"), deck.where("train.steps"), "train.resume: checkpoint '", path,
+                  "' is at step ", step, ", not before train.steps = ", deck.get_int("train.steps"));
+  const Deck then = Deck::parse(schema, text, path + ":/checkpoint/deck_resolved");
+  for (const DeckKey& k : schema.keys()) {
+    if (resume_may_change(k.key)) continue;
+    const std::string a = deck_value(then, k), b = deck_value(deck, k);
+    HCP_INPUT_CHECK(a == b, deck.where(k.key), "train.resume: key '", k.key, "' = ", b, " but checkpoint '", path,
+                    "' was written with ", a, " (a resumed run keeps every key that changes the run; it may change ",
+                    "train.steps, the checkpoint keys, train.reference/loss_rtol and the rank count)");
+  }
+}
+
 inline void read_checkpoint(const std::string& path, model::ParamMap& p, model::AdamW& opt, std::vector<double>& loss,
-                     std::vector<double>* ref_loss) {
+                            std::vector<double>* ref_loss) {
   ResultsReader r(path);
   const auto step = static_cast<std::int64_t>(r.read("/checkpoint/step").get(0));
+  const auto load = [&](Tensor& dst, const std::string& name) {
+    const Tensor t = r.read(name, dst.dtype());
+    HCP_CHECK(t.numel() == dst.numel(), "train.resume: ", name, " in '", path, "' has ", t.numel(),
+              " elements, the model's parameter ", shape_str(dst.shape()));
+    dst.copy_from(t.view(dst.shape()));
+  };
   for (auto& [n, t] : p) {
-    t.copy_from(r.read("/checkpoint/params/" + n, t.dtype()).view(t.shape()));
-    opt.m().at(n).copy_from(r.read("/checkpoint/adam_m/" + n, t.dtype()).view(t.shape()));
-    opt.v().at(n).copy_from(r.read("/checkpoint/adam_v/" + n, t.dtype()).view(t.shape()));
+    load(t, "/checkpoint/params/" + n);
+    load(opt.m().at(n), "/checkpoint/adam_m/" + n);
+    load(opt.v().at(n), "/checkpoint/adam_v/" + n);
   }
   opt.set_steps_done(step);
   loss = r.read("/checkpoint/loss").to_vector();

@@ -7,7 +7,7 @@
       --pair compares A's datasets under PA with B's under PB instead (e.g. two strategies of
       one file: compare F.h5 F.h5 --pair /gradients/p2p /gradients/a2a).
   hcp_post.py summary [--brief] F.h5 ...  the /summary entries (errors against cp=1) with pass/fail; exit 1 on a
-      fail or when no file holds any entry (nothing was checked)
+      fail, 3 when no file holds any entry (nothing was checked: not a pass)
   hcp_post.py table F.h5 ...        timings: per file, strategy and phase, median over repeats of the slowest rank
   hcp_post.py plot-scaling --out S.png F.h5 ...   time per step against cp size, one line per strategy
   hcp_post.py plot-breakdown --out B.png F.h5     stacked per-phase time per strategy
@@ -106,7 +106,7 @@ def cmd_summary(a):
                     print(f"  {g:<16} {n:4d} tensors  worst max_rel {mx:9.2e}  tol {tol:8.1e}  {'pass' if nb == 0 else 'FAIL'}")
     if checked == 0:
         print("RESULT summary NOTHING-TO-CHECK (no /summary entries: the runs did not compare against cp=1)")
-        return 1
+        return 3
     print(f"RESULT summary {'PASS' if bad == 0 else 'FAIL'}")
     return 0 if bad == 0 else 1
 

@@ -103,6 +103,28 @@ long long ResultsWriter::group(const std::string& path) {
   return g;
 }
 
+void ResultsWriter::attribute(const std::string& path, const std::string& name, const std::string& value) {
+  if (comm_.rank() != 0) return;
+  hid_t o = HCP_H5_CHECK(H5Oopen(file_, path.c_str(), H5P_DEFAULT));
+  string_attr(o, name, value);
+  H5Oclose(o);
+}
+
+std::string checksum(const Tensor& t) {
+  const Tensor h = t.space() == Space::Cuda ? t.to(Space::Host) : t;
+  std::uint64_t acc = 0x243f6a8885a308d3ull ^ static_cast<std::uint64_t>(h.numel());
+  for (std::int64_t i = 0; i < h.numel(); ++i) {
+    const double v = h.get(i);
+    std::uint64_t b = 0;
+    std::memcpy(&b, &v, sizeof b);
+    acc = (acc ^ b) * 0x100000001b3ull;  // FNV-1a step over 64-bit words
+    acc ^= acc >> 29;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(acc));
+  return buf;
+}
+
 void ResultsWriter::string_attr(long long obj, const std::string& name, const std::string& v) {
   hid_t type = HCP_H5_CHECK(H5Tcopy(H5T_C_S1));
   HCP_H5_CHECK(H5Tset_size(type, H5T_VARIABLE));

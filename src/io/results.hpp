@@ -35,6 +35,8 @@ class ResultsWriter {
   void comm(const Communicator& c, const std::string& prefix = "");
   // /summary/<name> with max_abs, max_rel, tolerance and pass (1/0).
   void summary(const std::string& name, double max_abs, double max_rel, double tol, bool pass);
+  // A string attribute of the group or dataset at `path` (written before; rank 0's value).
+  void attribute(const std::string& path, const std::string& name, const std::string& value);
   void finish();  // close and rename; collective
 
   const std::string& path() const { return path_; }
@@ -48,6 +50,10 @@ class ResultsWriter {
   long long file_ = -1;
   bool done_ = false;
 };
+
+// Order-dependent 64-bit checksum of a tensor's values (each as the bits of its double value), as
+// 16 hex digits: the same for a tensor and for what a ResultsReader reads back of it.
+std::string checksum(const Tensor& t);
 
 // Reading back (single process): datasets as double tensors, string/double attributes.
 class ResultsReader {
