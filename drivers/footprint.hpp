@@ -144,4 +144,11 @@ inline Footprint hybrid_footprint(const model::HybridConfig& h, std::int64_t T, 
   return f;
 }
 
+// train_hybrid: a step's tokens are at most seqs_per_step rows of max_len (+ padding to 2*cp).
+inline Footprint train_footprint(const Deck& d, const model::HybridConfig& h, int cp) {
+  Footprint t("data.seqs_per_step, data.max_len");
+  const std::int64_t T = t.mul(d.get_int("data.seqs_per_step"), d.get_int("data.max_len") + 2 * cp);
+  return hybrid_footprint(h, T, dtype_bytes(d), "data.seqs_per_step, data.max_len and the model sizes");
+}
+
 }  // namespace hcp::drivers

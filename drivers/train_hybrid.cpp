@@ -84,11 +84,7 @@ Setup make_setup(const DriverContext& ctx) {
 void validate(DriverContext& ctx) {
   drivers::init_device(ctx.deck);
   Setup s = make_setup(ctx);
-  const Deck& d = ctx.deck;  // a step's tokens are at most seqs_per_step rows of max_len (+ padding)
-  drivers::Footprint t("data.seqs_per_step, data.max_len");
-  const std::int64_t T = t.mul(d.get_int("data.seqs_per_step"), d.get_int("data.max_len") + 2 * s.cp);
-  drivers::hybrid_footprint(s.cfg, T, static_cast<std::int64_t>(dtype_size(s.dt)), "data.seqs_per_step, data.max_len and the model sizes")
-      .require_fits(drivers::space_of(d));
+  drivers::train_footprint(ctx.deck, s.cfg, s.cp).require_fits(drivers::space_of(ctx.deck));
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
   model::HybridModel m(*g.cp, s.cfg, drivers::step_batch(ctx.deck, s.cp, s.cfg.vocab, 1).layout);
   const std::string resume = ctx.deck.get_string("train.resume");
@@ -147,12 +143,9 @@ void run(DriverContext& ctx) {
     const double t0 = MPI_Wtime();
     const model::StepResult res = m.step(p, drivers::local_ids(b.tokens, b.layout, s.cp, r),
                                          drivers::local_ids(b.labels, b.layout, s.cp, r), g);
-    // A non-finite loss or gradient norm (both the same on every rank) ends the run before the
-    // update: nothing after it could be compared, and a checkpoint of it could not be resumed.
-    HCP_CHECK(std::isfinite(res.loss), "step ", t, ": the loss is ", res.loss,
-              " (not finite); lower train.lr or enable train.clip");
+    drivers::require_finite("the loss", res.loss, t);  // before the update (the same on every rank)
     const double gn = opt.step(p, g, model::is_buffer);
-    HCP_CHECK(std::isfinite(gn), "step ", t, ": the gradient norm is ", gn, " (not finite); lower train.lr or enable train.clip");
+    drivers::require_finite("the gradient norm", gn, t);
     const double ms = cpc.all_reduce_scalar((MPI_Wtime() - t0) * 1e3, ReduceOp::Max);
     loss.push_back(res.loss);
     ts.lr.push_back(opt.last_lr());

@@ -14,6 +14,12 @@
 
 namespace hcp::drivers {
 
+// A non-finite loss or gradient norm ends the run at that step: nothing after it could be compared,
+// and a checkpoint of it could not be resumed.
+inline void require_finite(const char* what, double v, std::int64_t step) {
+  HCP_CHECK(std::isfinite(v), "step ", step, ": ", what, " is ", v, " (not finite); lower train.lr or enable train.clip");
+}
+
 // Parameters are checked where they leave the run (checkpoint, results): an update can overflow
 // them while the loss and gradient norm of its step were finite.
 inline void require_finite(const model::ParamMap& p, std::int64_t step) {

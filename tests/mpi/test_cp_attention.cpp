@@ -6,6 +6,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/layout.hpp"
+#include "mpi/comm_bytes.hpp"
 #include "unit/fd.hpp"
 
 using namespace hcp;
@@ -107,10 +108,7 @@ TEST_P(CpAttentionGrid, MatchesCp1) {
   attn.forward(o, ql, kl, vl);
   attn.backward(dq, dk, dv, dol);
   // The payload this rank handed to the communicator equals the strategy's model, every strategy.
-  std::int64_t sent = 0;
-  for (const auto& [op, c] : comm.counters())
-    if (op != "barrier") sent += c.bytes_sent;
-  EXPECT_EQ(sent, attn.model_fwd_bytes(cc.dtype) + attn.model_bwd_bytes(cc.dtype)) << "rank " << r;
+  EXPECT_EQ(test::payload_sent(comm), attn.model_fwd_bytes(cc.dtype) + attn.model_bwd_bytes(cc.dtype)) << "rank " << r;
   // fp64: 1e-10 relative; fp32: 1e-5 relative (the drivers' tolerances), with a small absolute floor.
   const double rtol = cc.dtype == DType::F64 ? 1e-10 : 1e-5, atol = cc.dtype == DType::F64 ? 1e-12 : 1e-6;
   test::expect_close(dcs_gather(comm, o, c.global), ref.o, atol, rtol, "o");
@@ -162,11 +160,8 @@ TEST(CpAttentionA2A, AnyKvHeadsMatchesCp1AndModel) {
     comm.reset_counters();
     attn.forward(o, ql, kl, vl);
     attn.backward(dq, dk, dv, dol);
-    std::int64_t sent = 0;
-    for (const auto& [op, cnt] : comm.counters())
-      if (op != "barrier") sent += cnt.bytes_sent;
     const std::string tag = "heads " + std::to_string(H) + " kv " + std::to_string(Hkv) + " rank " + std::to_string(r);
-    EXPECT_EQ(sent, attn.model_fwd_bytes(DType::F64) + attn.model_bwd_bytes(DType::F64)) << tag;
+    EXPECT_EQ(test::payload_sent(comm), attn.model_fwd_bytes(DType::F64) + attn.model_bwd_bytes(DType::F64)) << tag;
     test::expect_close(dcs_gather(comm, o, c.global), ref.o, 1e-12, 1e-10, "o " + tag);
     test::expect_close(dcs_gather(comm, dq, c.global), ref.dq, 1e-12, 1e-10, "dq " + tag);
     test::expect_close(dcs_gather(comm, dk, c.global), ref.dk, 1e-12, 1e-10, "dk " + tag);

@@ -8,7 +8,7 @@
 #include "cp/layout.hpp"
 #include "kernels/kernels.hpp"
 #include "model/mamba2.hpp"
-#include "mpi/mamba_bytes.hpp"
+#include "mpi/comm_bytes.hpp"
 #include "unit/fd.hpp"
 
 using namespace hcp;

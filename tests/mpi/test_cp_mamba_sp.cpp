@@ -9,7 +9,7 @@
 #include "cp/layout.hpp"
 #include "cp/state_passing.hpp"
 #include "model/mamba2.hpp"
-#include "mpi/mamba_bytes.hpp"
+#include "mpi/comm_bytes.hpp"
 #include "unit/fd.hpp"
 
 using namespace hcp;

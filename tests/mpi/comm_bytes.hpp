@@ -1,6 +1,7 @@
-// Payload checks shared by the Mamba2 CP tests, on this rank: the CP exchange (hidden parallel:
-// all-to-all; state passing: state all-gather and conv-halo all-to-all-v) against the strategy's
-// model, and the parameter-gradient all-reduce against the gradients' sizes.
+// Payload checks shared by the CP tests, on this rank: the bytes handed to the communicator since its
+// counters were reset, and for Mamba2 the CP exchange (hidden parallel: all-to-all; state passing:
+// state all-gather and conv-halo all-to-all-v) against the strategy's model and the parameter-gradient
+// all-reduce against the gradients' sizes.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -11,14 +12,19 @@
 
 namespace hcp::test {
 
+// Bytes this rank sent by every op but barrier (and all_reduce unless `with_allreduce`).
+inline std::int64_t payload_sent(const Communicator& comm, bool with_allreduce = true) {
+  std::int64_t sent = 0;
+  for (const auto& [op, cnt] : comm.counters())
+    if (op != "barrier" && (with_allreduce || op != "all_reduce")) sent += cnt.bytes_sent;
+  return sent;
+}
+
 inline void expect_mamba_bytes(const Communicator& comm, cp::MambaCp strategy, const model::Mamba2Config& c,
                                const SeqLayout& g, cp::Partition part, DType dt, const model::ParamMap& grads) {
   const int cp = comm.size(), r = comm.rank();
-  std::int64_t exchange = 0, allreduce = 0, want_allreduce = 0;
-  for (const auto& [op, cnt] : comm.counters()) {
-    if (op == "all_reduce") allreduce += cnt.bytes_sent;
-    else if (op != "barrier") exchange += cnt.bytes_sent;
-  }
+  const std::int64_t exchange = payload_sent(comm, false), allreduce = payload_sent(comm) - exchange;
+  std::int64_t want_allreduce = 0;
   // The communicator counts an all-reduce as a ring's 2 (n-1)/n of the buffer per rank.
   for (const auto& [n, t] : grads)
     want_allreduce += cp > 1 ? 2 * t.numel() * (cp - 1) / cp * static_cast<std::int64_t>(dtype_size(t.dtype())) : 0;
