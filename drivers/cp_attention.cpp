@@ -135,9 +135,7 @@ void run(DriverContext& ctx) {
     // Logical payload this rank handed to the communicator per step, against the strategy's model,
     // on every rank (the table shows the max over ranks).
     const std::int64_t sent = st.bytes_per_step(), mine = attn.model_fwd_bytes(st.dt) + attn.model_bwd_bytes(st.dt);
-    const bool bytes_ok = st.comm.all_reduce_scalar(sent == mine ? 0.0 : 1.0, ReduceOp::Max) == 0.0;
-    const auto bytes = static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(sent), ReduceOp::Max));
-    const auto model = static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(mine), ReduceOp::Max));
+    const auto [bytes_ok, bytes, model] = st.check_bytes(sent, mine);
     st.write_timings(name, s);
     const double ov = st.overlap(name, s);
     drivers::Study::Errors e;

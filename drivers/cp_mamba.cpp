@@ -138,10 +138,10 @@ void run(DriverContext& ctx) {
     const std::int64_t halo = hp ? 0 : st.bytes_per_step({"all_to_all_v"});
     const std::int64_t sent = hp ? st.bytes_per_step({"all_to_all"}) : halo + st.bytes_per_step({"all_gather"});
     const std::int64_t mine = model::mamba_cp_model_bytes(strat, s.cfg, s.global, s.cp, r, s.dt);
-    const auto max_over = [&](std::int64_t v) { return static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(v), ReduceOp::Max)); };
-    const std::int64_t bytes = max_over(sent), model = max_over(mine);
+    const drivers::Study::BytesCheck bc = st.check_bytes(sent, mine);
+    const std::int64_t bytes = bc.max_sent, model = bc.max_model;
     const std::int64_t allreduce = st.bytes_per_step({"all_reduce"});
-    bool bytes_ok = st.comm.all_reduce_scalar(sent == mine ? 0.0 : 1.0, ReduceOp::Max) == 0.0;
+    bool bytes_ok = bc.ok;
     std::string halo_note;
     if (!hp) {
       const auto halo_all = static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(halo)));

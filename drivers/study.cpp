@@ -120,6 +120,11 @@ double Study::overlap(const std::string& strategy, const Samples& s) {
   return o.fraction;
 }
 
+Study::BytesCheck Study::check_bytes(std::int64_t sent, std::int64_t mine) {
+  const auto max_over = [&](double v) { return static_cast<std::int64_t>(comm.all_reduce_scalar(v, ReduceOp::Max)); };
+  return {max_over(sent == mine ? 0.0 : 1.0) == 0, max_over(static_cast<double>(sent)), max_over(static_cast<double>(mine))};
+}
+
 void Study::Errors::add(const std::string& name, double e) {
   rel.emplace_back(name, e);
   worst = nan_max(worst, e);

@@ -128,6 +128,12 @@ class Study {
   double slowest(const std::vector<double>& ms);
   // Bytes sent per timed iteration by the ops `ops` (all but barrier when empty), this rank.
   std::int64_t bytes_per_step(const std::vector<std::string>& ops = {}) const;
+  // This rank's bytes `sent` against its model `mine`: ok on every rank, and both maxima over ranks.
+  struct BytesCheck {
+    bool ok;
+    std::int64_t max_sent, max_model;
+  };
+  BytesCheck check_bytes(std::int64_t sent, std::int64_t mine);
   // /timings/<strategy>/<phase> of every sample but ring_wait, and /comm/<strategy>/ of the counters
   // (call before overlap(): its replay adds to the counters).
   void write_timings(const std::string& strategy, const Samples& s);
