@@ -194,9 +194,10 @@ Deck Deck::parse(const DeckSchema& schema, const std::string& text, const std::s
 
 Deck Deck::load(const DeckSchema& schema, const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
-  HCP_CHECK(!std::filesystem::is_directory(path, ec), "deck file '", path, "' is a directory");
+  HCP_INPUT_CHECK(!std::filesystem::is_directory(path, ec), "--deck " + path, "deck file '", path,
+                  "' is a directory, not a TOML file");
   std::ifstream in(path);
-  HCP_CHECK(in.good(), "cannot read deck file '", path, "'");
+  HCP_INPUT_CHECK(in.good(), "--deck " + path, "cannot read deck file '", path, "'");
   std::stringstream ss;
   ss << in.rdbuf();
   return parse(schema, ss.str(), path, overrides);

@@ -3,8 +3,10 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace hcp {
@@ -12,7 +14,33 @@ namespace {
 
 hid_t h5_type(DType dt) { return dt == DType::F64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT; }
 
-void write_dataset(hid_t loc, const std::string& name, const Tensor& t) {
+// The reason the last HDF5 call failed, as the system said it: HDF5's file driver records the errno
+// of a failed write in its error stack ("errno = 28, error message = 'No space left on device'").
+herr_t find_errno(unsigned, const H5E_error2_t* e, void* out) {
+  const char* at = e->desc ? std::strstr(e->desc, "errno = ") : nullptr;
+  if (at != nullptr && *static_cast<int*>(out) == 0) *static_cast<int*>(out) = std::atoi(at + 8);
+  return 0;
+}
+std::string h5_reason() {
+  int code = 0;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, find_errno, &code);
+  if (code == 0) code = errno;
+  return code != 0 ? std::strerror(code) : "the HDF5 library refused the call";
+}
+
+// Checks an HDF5 call made while writing `what` to `file`; a failure names both and the reason.
+#define HCP_H5_WRITE(call, file, what)                                                                    \
+  ([&]() {                                                                                                \
+    errno = 0;                                                                                            \
+    auto hcp_rc_ = (call);                                                                                \
+    if (hcp_rc_ < 0)                                                                                      \
+      throw ::hcp::Error(::hcp::detail::concat("cannot write ", what, " to results file '", file, "': ",   \
+                                               h5_reason()));                                             \
+    return hcp_rc_;                                                                                       \
+  }())
+
+void write_dataset(hid_t loc, const std::string& name, const Tensor& t, const std::string& file,
+                   const std::string& what) {
   // Device tensors are copied to the host; bf16 is widened to fp32; strided views are made contiguous.
   Tensor c = t.space() == Space::Cuda ? t.to(Space::Host) : t;
   if (c.dtype() == DType::BF16) c = c.to(DType::F32);
@@ -21,11 +49,11 @@ void write_dataset(hid_t loc, const std::string& name, const Tensor& t) {
   for (auto d : c.shape()) dims.push_back(static_cast<hsize_t>(d));
   if (dims.empty()) dims.push_back(1);
   hid_t space = HCP_H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
-  hid_t ds = HCP_H5_CHECK(
-      H5Dcreate2(loc, name.c_str(), h5_type(c.dtype()), space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-  HCP_H5_CHECK(H5Dwrite(ds, h5_type(c.dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT, c.raw()));
-  H5Dclose(ds);
+  hid_t ds = HCP_H5_WRITE(
+      H5Dcreate2(loc, name.c_str(), h5_type(c.dtype()), space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), file, what);
   H5Sclose(space);
+  HCP_H5_WRITE(H5Dwrite(ds, h5_type(c.dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT, c.raw()), file, what);
+  H5Dclose(ds);
 }
 
 std::pair<std::string, std::string> split_path(const std::string& p) {
@@ -62,19 +90,9 @@ void unguard_tmp() {
 
 }  // namespace
 
-ResultsWriter::ResultsWriter(const std::string& path, Communicator& comm) : comm_(comm), path_(path) {
-  double ok = 1;
-  std::string err;
-  if (comm_.rank() == 0) {
-    tmp_ = path + ".tmp-" + std::to_string(getpid());
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    ok = file_ >= 0 ? 1 : 0;
-    if (ok == 1) guard_tmp(tmp_);
-  }
-  comm_.broadcast(&ok, 1, DType::F64, 0);
-  HCP_CHECK(ok == 1, "cannot create results file '", path, "' (is the folder there and writable?)");
-}
+// The output folder was checked before any work (run_driver); the file itself is created when the
+// first result is written, so that a run which fails or is killed before then leaves nothing.
+ResultsWriter::ResultsWriter(const std::string& path, Communicator& comm) : comm_(comm), path_(path) {}
 
 ResultsWriter::~ResultsWriter() {
   if (file_ >= 0) H5Fclose(file_);
@@ -82,7 +100,22 @@ ResultsWriter::~ResultsWriter() {
   if (!tmp_.empty()) unguard_tmp();
 }
 
+void ResultsWriter::open() {
+  if (file_ >= 0) return;
+  tmp_ = path_ + ".tmp-" + std::to_string(getpid());
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  errno = 0;
+  file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (file_ < 0) {
+    const std::string why = h5_reason();
+    tmp_.clear();
+    throw Error(detail::concat("cannot create results file '", path_, "': ", why));
+  }
+  guard_tmp(tmp_);
+}
+
 long long ResultsWriter::group(const std::string& path) {
+  open();
   hid_t g = HCP_H5_CHECK(H5Gopen2(file_, "/", H5P_DEFAULT));
   std::size_t start = 1;
   while (start <= path.size()) {
@@ -94,7 +127,8 @@ long long ResultsWriter::group(const std::string& path) {
       if (H5Lexists(g, name.c_str(), H5P_DEFAULT) > 0)
         next = HCP_H5_CHECK(H5Gopen2(g, name.c_str(), H5P_DEFAULT));
       else
-        next = HCP_H5_CHECK(H5Gcreate2(g, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+        next = HCP_H5_WRITE(H5Gcreate2(g, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path_,
+                            "group " + path.substr(0, end));
       H5Gclose(g);
       g = next;
     }
@@ -131,9 +165,10 @@ void ResultsWriter::string_attr(long long obj, const std::string& name, const st
   HCP_H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8));
   hid_t space = HCP_H5_CHECK(H5Screate(H5S_SCALAR));
   if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
-  hid_t a = HCP_H5_CHECK(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT));
+  hid_t a = HCP_H5_WRITE(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), path_,
+                         "attribute " + name);
   const char* s = v.c_str();
-  HCP_H5_CHECK(H5Awrite(a, type, &s));
+  HCP_H5_WRITE(H5Awrite(a, type, &s), path_, "attribute " + name);
   H5Aclose(a);
   H5Sclose(space);
   H5Tclose(type);
@@ -142,8 +177,9 @@ void ResultsWriter::string_attr(long long obj, const std::string& name, const st
 void ResultsWriter::double_attr(long long obj, const std::string& name, double v) {
   hid_t space = HCP_H5_CHECK(H5Screate(H5S_SCALAR));
   if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
-  hid_t a = HCP_H5_CHECK(H5Acreate2(obj, name.c_str(), H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT));
-  HCP_H5_CHECK(H5Awrite(a, H5T_NATIVE_DOUBLE, &v));
+  hid_t a = HCP_H5_WRITE(H5Acreate2(obj, name.c_str(), H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT),
+                         path_, "attribute " + name);
+  HCP_H5_WRITE(H5Awrite(a, H5T_NATIVE_DOUBLE, &v), path_, "attribute " + name);
   H5Aclose(a);
   H5Sclose(space);
 }
@@ -167,7 +203,7 @@ void ResultsWriter::tensor(const std::string& path, const Tensor& t, const std::
   if (comm_.rank() != 0) return;
   auto [dir, name] = split_path(path);
   hid_t g = group(dir);
-  write_dataset(g, name, t);
+  write_dataset(g, name, t, path_, "dataset " + path);
   hid_t ds = HCP_H5_CHECK(H5Dopen2(g, name.c_str(), H5P_DEFAULT));
   string_attr(ds, "layout", layout);
   string_attr(ds, "units", units);
@@ -187,7 +223,7 @@ void ResultsWriter::timings(const std::string& phase, const std::vector<double>&
   if (comm_.rank() != 0) return;
   auto [dir, name] = split_path("/timings/" + phase);
   hid_t g = group(dir);
-  write_dataset(g, name, all);
+  write_dataset(g, name, all, path_, "dataset /timings/" + phase);
   hid_t ds = HCP_H5_CHECK(H5Dopen2(g, name.c_str(), H5P_DEFAULT));
   string_attr(ds, "units", "ms");
   string_attr(ds, "layout", "[rank, repeat]");
@@ -210,10 +246,11 @@ void ResultsWriter::comm(const Communicator& c, const std::string& prefix) {
     auto calls = comm_.gather_to_root(static_cast<double>(cc.calls));
     if (comm_.rank() != 0) continue;
     const auto p = static_cast<std::int64_t>(bytes.size());
-    hid_t g = group("/comm/" + prefix + op);
-    write_dataset(g, "bytes_sent", Tensor::wrap(bytes.data(), {p}, DType::F64));
-    write_dataset(g, "seconds", Tensor::wrap(secs.data(), {p}, DType::F64));
-    write_dataset(g, "calls", Tensor::wrap(calls.data(), {p}, DType::F64));
+    const std::string base = "/comm/" + prefix + op;
+    hid_t g = group(base);
+    write_dataset(g, "bytes_sent", Tensor::wrap(bytes.data(), {p}, DType::F64), path_, "dataset " + base + "/bytes_sent");
+    write_dataset(g, "seconds", Tensor::wrap(secs.data(), {p}, DType::F64), path_, "dataset " + base + "/seconds");
+    write_dataset(g, "calls", Tensor::wrap(calls.data(), {p}, DType::F64), path_, "dataset " + base + "/calls");
     string_attr(g, "layout", "[rank]");
     string_attr(g, "units", "bytes_sent: bytes, seconds: s, calls: count");
     // What the counters count: the payload each rank hands to the communicator per call (for a
@@ -237,14 +274,21 @@ void ResultsWriter::summary(const std::string& name, double max_abs, double max_
 
 void ResultsWriter::finish() {
   double ok = 1;
+  std::string why;
   if (comm_.rank() == 0) {
-    if (H5Fclose(file_) < 0) ok = 0;
+    open();  // a run that wrote nothing still leaves a (nearly empty) file
+    errno = 0;
+    if (H5Fclose(file_) < 0) ok = 0, why = h5_reason();
     file_ = -1;
-    if (ok == 1 && std::rename(tmp_.c_str(), path_.c_str()) != 0) ok = 0;
+    if (ok == 1 && std::rename(tmp_.c_str(), path_.c_str()) != 0) ok = 0, why = std::strerror(errno);
     unguard_tmp();
   }
   comm_.broadcast(&ok, 1, DType::F64, 0);
-  HCP_CHECK(ok == 1, "could not complete results file '", path_, "'");
+  if (ok != 1) {
+    if (comm_.rank() == 0) std::remove(tmp_.c_str());
+    throw Error(detail::concat("could not complete results file '", path_, "'",
+                               why.empty() ? std::string(" (see rank 0)") : ": " + why));
+  }
   done_ = true;
 }
 

@@ -4,8 +4,9 @@
 //   /timings/<phase>   [ranks, repeats] in ms, per rank
 //   /comm/<op>         per-rank bytes_sent, seconds, calls ([ranks] datasets in a group per op)
 //   /summary/<name>    attributes max_abs, max_rel, tolerance, pass
-// Every rank calls every method (collective); rank 0 writes. The file is written to
-// "<path>.tmp-<pid>" and renamed to <path> by finish(); an abandoned writer removes its temp file.
+// Every rank calls every method (collective); rank 0 writes. The file is created at the first write
+// as "<path>.tmp-<pid>" and renamed to <path> by finish(); an abandoned writer, SIGTERM or SIGINT
+// removes it. A failed write names the file, the dataset or attribute and the system's reason.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -42,6 +43,7 @@ class ResultsWriter {
   const std::string& path() const { return path_; }
 
  private:
+  void open();                               // creates the temporary file on first use (rank 0)
   long long group(const std::string& path);  // creates intermediate groups, returns hid_t
   void string_attr(long long obj, const std::string& name, const std::string& v);
   void double_attr(long long obj, const std::string& name, double v);

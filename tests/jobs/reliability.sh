@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# What a run promises on failure, replayed one class at a time; each asserts the exit code, the
+# message and the files left behind.
+#
+#   reliability.sh CLASS WORKDIR BINDIR MPIRUN [MPIRUN ARGS...]
+#
+# CLASS is one of
+#   huge        sizes that cannot fit: refused from the estimate in < 5 s, exit 2, no file
+#   nan         a non-finite loss stops training: exit 3, the step named, no results file
+#   checkpoint  damaged or mismatched checkpoints refused before any step (exit 2, key or dataset named)
+#   kill9       kill -9 of one rank: every rank gone in < 30 s, no finished-looking results file
+#   sigterm     SIGTERM while the results file is being written: non-zero exit, no .tmp-* left
+#   fulldisk    a full file system (a 64 KiB tmpfs; needs root, else skipped with exit 77): exit 3,
+#               "No space left on device" with the file and dataset named, nothing left
+#   unwritable  --out in a missing, read-only or non-folder place, --deck a folder: exit 2 up front
+#   post        hcp_post.py on damaged and unfinished files: one error line, exit 2, no traceback
+# BINDIR holds the drivers. Prints "RESULT reliability CLASS PASS" when every assertion holds.
+set -uo pipefail
+class="$1"; work="$2"; bin="$3"; shift 3
+mpirun=("$@")
+here="$(cd "$(dirname "$0")" && pwd)"
+py=/usr/bin/python3
+post="$here/../../jobs/post/hcp_post.py"
+rm -rf "$work"; mkdir -p "$work"
+fail=0
+
+# expect RC REGEX CMD...: CMD exits with RC, its output matches REGEX, it took SECONDS (printed).
+expect() {
+  local want="$1" regex="$2"; shift 2
+  local t0 t1 out rc
+  t0=$(date +%s.%N)
+  out=$("$@" 2>&1); rc=$?
+  t1=$(date +%s.%N)
+  elapsed=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+  echo "exit $rc in ${elapsed} s: $(grep -m1 -E "error|RESULT" <<<"$out")"
+  if [ "$rc" -ne "$want" ]; then echo "FAILED: exit $rc, expected $want"; echo "$out" | tail -5; fail=1; return 1; fi
+  if ! grep -Eq -- "$regex" <<<"$out"; then echo "FAILED: output does not match /$regex/"; echo "$out" | tail -5; fail=1; return 1; fi
+  if grep -q "Traceback" <<<"$out"; then echo "FAILED: a Python traceback"; fail=1; return 1; fi
+  return 0
+}
+# nothing_left DIR: no results file and no .tmp-* in DIR.
+nothing_left() {
+  local left
+  left=$(ls "$1" | grep -E "\.h5($|\.tmp-)" || true)
+  [ -z "$left" ] || { echo "FAILED: left behind in $1: $left"; fail=1; }
+}
+# under SECONDS: the last expect took less than SECONDS.
+under() { awk -v e="$elapsed" -v l="$1" 'BEGIN { exit !(e < l) }' || { echo "FAILED: took ${elapsed} s (limit $1 s)"; fail=1; }; }
+
+# start_long DRIVER: a run that writes its reference results, then times for a long while.
+start_long() {
+  "${mpirun[@]}" -n 2 "$bin/$1" --set run.repeats=100000 --out "$work/run.h5" > "$work/log.txt" 2>&1 &
+  job=$!
+  for _ in $(seq 1 300); do ls "$work"/run.h5.tmp-* > /dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "FAILED: no results file was started"; kill -9 $job; cat "$work/log.txt"; exit 1
+}
+
+case "$class" in
+huge)
+  out="$work/never.h5"
+  expect 2 "^error: data.seqlen.*: the run needs about .* GiB per rank" \
+    "${mpirun[@]}" -n 2 "$bin/cp_mamba" --set data.format=bshd --set data.seqlen=1000000000000 --out "$out" && under 5
+  expect 2 "^error: data.seqlen.*: the run needs about .* GiB per rank" \
+    "${mpirun[@]}" -n 2 "$bin/cp_attention" --set data.seq_lens=1000000000000 --out "$out" && under 5
+  expect 2 "^error: data.seqlen.*: the run needs about .* GiB per rank" \
+    "${mpirun[@]}" -n 2 "$bin/cp_hybrid" --set data.format=bshd --set data.seqlen=4294967296 --out "$out" && under 5
+  expect 2 "^error: data.seqs_per_step, data.max_len.*: the run needs about" \
+    "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set data.max_len=1000000000000 --out "$out" && under 5
+  expect 2 "^error: data.seqlen.*: these sizes give a tensor size that overflows 64 bits" \
+    "${mpirun[@]}" -n 2 "$bin/cp_attention" --set data.format=bshd --set data.batch=4000000000000 \
+    --set data.seqlen=4000000000 --out "$out" && under 5
+  nothing_left "$work" ;;
+nan)
+  expect 3 "\[rank 0\] error: .*step 2: the loss is nan \(not finite\)" \
+    "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set train.lr=1e12 --set train.min_lr=1e12 --set train.clip=0 \
+    --set train.warmup=0 --set train.steps=6 --out "$work/never.h5"
+  nothing_left "$work" ;;
+checkpoint)
+  common=(--set train.steps=4 --set data.dtype=fp32 --set train.warmup=1)
+  "${mpirun[@]}" -n 2 "$bin/train_hybrid" "${common[@]}" --set train.stop_after=2 --set "train.checkpoint=$work/ck.h5" \
+    --out "$work/part.h5" > "$work/part.log" 2>&1 || { echo "FAILED: the checkpointing run"; cat "$work/part.log"; exit 1; }
+  cp "$work/ck.h5" "$work/damaged.h5"
+  $py - "$work/damaged.h5" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    g = f["/checkpoint/adam_m"]
+    d = g[sorted(g.keys())[0]]
+    v = d[...]; v.flat[0] = v.flat[0] * 1.5 + 1e-3; d[...] = v
+PY
+  resume() { "${mpirun[@]}" -n 2 "$bin/train_hybrid" "${common[@]}" "$@" --out "$work/never.h5"; }
+  expect 2 "^error: .*damaged.h5' is damaged: dataset /checkpoint/adam_m/.* fails its checksum" \
+    resume --set "train.resume=$work/damaged.h5"
+  expect 2 "^error: --set data.seed=7: train.resume: key 'data.seed' = 7 but checkpoint .* was written with 1" \
+    resume --set data.seed=7 --set "train.resume=$work/ck.h5"
+  expect 2 "^error: .*key 'data.dtype' = \"fp64\" but checkpoint .* was written with \"fp32\"" \
+    resume --set data.dtype=fp64 --set "train.resume=$work/ck.h5"
+  expect 2 "^error: --set train.steps=2: train.resume: checkpoint .* is at step 2, not before train.steps = 2" \
+    resume --set train.steps=2 --set "train.resume=$work/ck.h5"
+  [ ! -e "$work/never.h5" ] || { echo "FAILED: a refused resume wrote a results file"; fail=1; }
+  # Allowed: more steps, another rank count.
+  expect 0 "RESULT train_hybrid PASS" "${mpirun[@]}" -n 1 "$bin/train_hybrid" "${common[@]}" --set train.steps=5 \
+    --set "train.resume=$work/ck.h5" --out "$work/resumed.h5" ;;
+kill9)
+  start_long cp_attention
+  ranks=$(pgrep -P $job)
+  victim=$(echo "$ranks" | tail -1)
+  [ -n "$victim" ] || { echo "FAILED: no rank processes under mpirun"; kill -9 $job; exit 1; }
+  t0=$(date +%s.%N)
+  kill -9 "$victim"
+  for _ in $(seq 1 300); do
+    alive=0; for r in $ranks $job; do kill -0 "$r" 2> /dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && break; sleep 0.1
+  done
+  wait $job; rc=$?
+  elapsed=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  echo "kill -9 of one rank: mpirun exit $rc, every rank gone after ${elapsed} s"
+  [ "$alive" -eq 0 ] || { echo "FAILED: ranks still alive after 30 s"; kill -9 $ranks 2> /dev/null; fail=1; }
+  [ "$rc" -ne 0 ] || { echo "FAILED: mpirun exited 0"; fail=1; }
+  [ ! -e "$work/run.h5" ] || { echo "FAILED: a finished-looking results file exists"; fail=1; }
+  # An unfinished .tmp-* may remain after a SIGKILL of rank 0; the post-processor refuses it.
+  for t in "$work"/run.h5.tmp-*; do
+    [ -e "$t" ] && expect 2 "is an unfinished results file" $py "$post" summary "$t"
+  done ;;
+sigterm)
+  start_long cp_attention
+  sleep 0.5
+  kill -TERM $job
+  wait $job; rc=$?
+  echo "SIGTERM: mpirun exit $rc"
+  [ "$rc" -ne 0 ] || { echo "FAILED: a terminated run exited 0"; fail=1; }
+  nothing_left "$work" ;;
+fulldisk)
+  [ "$(id -u)" -eq 0 ] || { echo "SKIP: mounting a small tmpfs needs root"; exit 77; }
+  mkdir -p "$work/full"
+  mount -t tmpfs -o size=64k tmpfs "$work/full" 2> "$work/mount.log" || { echo "SKIP: cannot mount a tmpfs: $(cat "$work/mount.log")"; exit 77; }
+  trap 'umount "$work/full"' EXIT
+  expect 3 "error: cannot write dataset /.* to results file '$work/full/run.h5': No space left on device" \
+    "${mpirun[@]}" -n 2 "$bin/cp_attention" --out "$work/full/run.h5"
+  nothing_left "$work/full" ;;
+unwritable)
+  expect 2 "^error: --out /nonexistent/x.h5: folder '/nonexistent' does not exist" \
+    "${mpirun[@]}" -n 2 "$bin/train_hybrid" --out /nonexistent/x.h5 && under 5
+  expect 2 "^error: --out $work: is a directory" "${mpirun[@]}" -n 2 "$bin/train_hybrid" --out "$work" && under 5
+  expect 2 "^error: --deck $work: deck file '$work' is a directory" "${mpirun[@]}" -n 2 "$bin/cp_mamba" --deck "$work"
+  mkdir -p "$work/ro"
+  if [ "$(id -u)" -eq 0 ]; then  # root writes through file modes: a read-only mount instead
+    mount -t tmpfs -o ro,size=64k tmpfs "$work/ro" 2> /dev/null && trap 'umount "$work/ro"' EXIT || rmdir "$work/ro"
+  else
+    chmod 555 "$work/ro"
+  fi
+  if [ -d "$work/ro" ]; then
+    expect 2 "^error: --out $work/ro/x.h5: folder '$work/ro' is not writable" \
+      "${mpirun[@]}" -n 2 "$bin/cp_attention" --out "$work/ro/x.h5" && under 5
+  else
+    echo "read-only folder: not checked (no read-only mount as root here)"
+  fi ;;
+post)
+  "${mpirun[@]}" -n 2 "$bin/cp_attention" --set run.repeats=1 --out "$work/good.h5" > "$work/good.log" 2>&1 \
+    || { echo "FAILED: the run that makes a results file"; cat "$work/good.log"; exit 1; }
+  cp "$work/good.h5" "$work/damaged.h5"
+  $py - "$work/damaged.h5" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    names = []
+    f["summary"].visititems(lambda n, o: names.append(n) if "max_rel" in o.attrs else None)
+    del f["summary"][names[0]].attrs["max_rel"]
+PY
+  expect 2 "^error: summary: a results file is damaged" $py "$post" summary "$work/damaged.h5"
+  cp "$work/good.h5" "$work/run.h5.tmp-1234"
+  expect 2 "^error: .*is an unfinished results file" $py "$post" summary "$work/run.h5.tmp-1234"
+  head -c 3000 "$work/good.h5" > "$work/truncated.h5"
+  expect 2 "^error: " $py "$post" summary "$work/truncated.h5" ;;
+*) echo "unknown class '$class'"; exit 2 ;;
+esac
+[ "$fail" -eq 0 ] && echo "RESULT reliability $class PASS"
+exit "$fail"
