@@ -44,8 +44,6 @@ void run(DriverContext& ctx) {
   const DType dt = dtype_from_string(ctx.deck.get_string("bench.dtype"));
   const Space sp = ctx.deck.get_string("bench.device") == "cuda" ? Space::Cuda : Space::Host;
   const bool anchors = ctx.deck.get_string("bench.suite") == "anchors";
-  HCP_CHECK(!anchors || sp == Space::Cuda, "bench.suite = \"anchors\" needs bench.device = \"cuda\" (the shapes are GPU-sized)");
-  HCP_CHECK(sp == Space::Cuda || dt != DType::BF16, "bench.dtype = \"bf16\" needs bench.device = \"cuda\" (the host kernels have no bf16)");
   const auto sync = [sp] {
 #ifdef HCP_HAVE_CUDA
     if (sp == Space::Cuda) return cuda::synchronize();
@@ -146,7 +144,15 @@ int main(int argc, char** argv) {
       .add_int("bench.scale", 1, "multiplies the token count of every shape", 1, 64);
   spec.builtin_deck = kDeck;
   spec.default_out = "bench_kernels.h5";
-  spec.validate = [](DriverContext& ctx) { drivers::init_gpu(ctx.deck.get_string("bench.device") == "cuda", "bench.device"); };
+  spec.validate = [](DriverContext& ctx) {
+    const Deck& d = ctx.deck;
+    const bool cuda = d.get_string("bench.device") == "cuda";
+    HCP_INPUT_CHECK(cuda || d.get_string("bench.suite") != "anchors", d.where("bench.suite"),
+                    "bench.suite = \"anchors\" needs bench.device = \"cuda\" (the shapes are GPU-sized)");
+    HCP_INPUT_CHECK(cuda || d.get_string("bench.dtype") != "bf16", d.where("bench.dtype"),
+                    "bench.dtype = \"bf16\" needs bench.device = \"cuda\" (the host kernels have no bf16)");
+    drivers::init_gpu(cuda, "bench.device");
+  };
   spec.run = run;
   return run_driver(argc, argv, spec);
 }
