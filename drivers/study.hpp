@@ -114,6 +114,10 @@ class Study {
   const bool check;
   const int warmup, repeats;
   const double tol;
+  // How compare() measures a tensor's error: max|got - ref| / max|ref| (the default), or, with
+  // norm_wise, ||got - ref||_2 / ||ref||_2 (bf16 models, where a flipped top-k choice moves a few
+  // elements by O(1) while the tensor as a whole agrees). Written to /config as error_metric.
+  bool norm_wise = false;
   ResultsWriter* out() { return writer_.get(); }
   bool root() const { return ctx.root(); }
   std::string backend() const;

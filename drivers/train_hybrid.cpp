@@ -44,7 +44,10 @@ DeckSchema schema() {
       .add_int("data.seqs_per_step", 4, "sequences per step (THD packed) or batch rows (BSHD)", 1)
       .add_int("data.min_len", 24, "shortest sequence (THD)", 2)
       .add_int("data.max_len", 72, "longest sequence (THD; BSHD row length, a multiple of 2*cp)", 2)
-      .add_string("data.dtype", "fp64", "precision of parameters and compute", {"fp32", "fp64"})
+      .add_string("data.dtype", "fp64",
+                  "precision of compute (bf16: bf16 parameters and activations from fp32 master weights; fp32 "
+                  "AdamW moments and update, fp32 router)",
+                  {"fp32", "fp64", "bf16"})
       .add_int("data.seed", 1, "seed of the corpus and the initial parameters", 0)
       .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
       .add_bool("train.reference", true, "train a cp=1 replica on rank 0 and compare the loss curves")
@@ -107,7 +110,20 @@ void run(DriverContext& ctx) {
   const std::int64_t steps = d.get_int("train.steps"), every = d.get_int("train.checkpoint_every"),
                      stop_after = d.get_int("train.stop_after");
   const std::string ck = d.get_string("train.checkpoint"), resume = d.get_string("train.resume");
-  model::ParamMap p = model::hybrid_init(s.cfg, s.dt, static_cast<std::uint64_t>(d.get_int("data.seed")));
+  // Master weights, AdamW moments and the update in `mt`; the model steps in s.dt (a bf16 copy of
+  // the master weights, its gradients widened back before the update).
+  const DType mt = s.dt == DType::BF16 ? DType::F32 : s.dt;
+  const auto compute_params = [&](const model::ParamMap& master) {
+    if (mt == s.dt) return master;
+    model::ParamMap c;
+    for (const auto& [n, t] : master) c[n] = t.to(s.dt);
+    return c;
+  };
+  const auto widen = [&](model::ParamMap& g) {
+    for (auto& [n, t] : g)
+      if (t.dtype() != mt) t = t.to(mt);
+  };
+  model::ParamMap p = model::hybrid_init(s.cfg, mt, static_cast<std::uint64_t>(d.get_int("data.seed")));
   if (drivers::space_of(d) == Space::Cuda)
     for (auto& [n, t] : p) t = t.to(Space::Cuda);  // model, gradients and optimizer state live on the GPU
   model::AdamW opt(s.opt, p);
@@ -141,9 +157,10 @@ void run(DriverContext& ctx) {
     model::ParamMap g;
     cpc.barrier();
     const double t0 = MPI_Wtime();
-    const model::StepResult res = m.step(p, drivers::local_ids(b.tokens, b.layout, s.cp, r),
+    const model::StepResult res = m.step(compute_params(p), drivers::local_ids(b.tokens, b.layout, s.cp, r),
                                          drivers::local_ids(b.labels, b.layout, s.cp, r), g);
     drivers::require_finite("the loss", res.loss, t);  // before the update (the same on every rank)
+    widen(g);
     const double gn = opt.step(p, g, model::is_buffer);
     drivers::require_finite("the gradient norm", gn, t);
     const double ms = cpc.all_reduce_scalar((MPI_Wtime() - t0) * 1e3, ReduceOp::Max);
@@ -156,7 +173,8 @@ void run(DriverContext& ctx) {
     if (ropt) {
       model::HybridModel mr(*self, s.cfg, b.layout);
       model::ParamMap rg;
-      rl = mr.step(rp, b.tokens, b.labels, rg).loss;
+      rl = mr.step(compute_params(rp), b.tokens, b.labels, rg).loss;
+      widen(rg);
       ropt->step(rp, rg, model::is_buffer);
       ref_loss.push_back(rl);
       worst = nan_max(worst, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300));

@@ -19,6 +19,7 @@ Exit 2, with one error line, on a file that cannot be read, is unfinished (<out>
 damaged (groups or attributes missing).
 """
 import argparse
+import os
 import sys
 
 import h5py
@@ -228,12 +229,24 @@ def cmd_loss(a):
             return 1
         loss = np.asarray(f["train/loss"][()])
         ref = np.asarray(f["train/loss_reference"][()]) if "train/loss_reference" in f else None
+    other = None
+    if a.against:
+        with h5py.File(a.against, "r") as g:
+            if "train/loss" not in g:
+                print(f"error: --against {a.against} has no /train/loss (not a train_hybrid file)", file=sys.stderr)
+                return 2
+            other = np.asarray(g["train/loss"][()])
+        if len(other) != len(loss):
+            print(f"error: --against {a.against} has {len(other)} steps, {a.file} has {len(loss)}", file=sys.stderr)
+            return 2
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     steps = np.arange(1, len(loss) + 1)
     ax.plot(steps, loss, label="CP run")
     if ref is not None and len(ref):
         ax.plot(steps[-len(ref):], ref, "--", label="cp=1 replica")
+    if other is not None:
+        ax.plot(steps, other, ":", label=os.path.basename(a.against))
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats / label token)")
     ax.legend()
@@ -245,6 +258,14 @@ def cmd_loss(a):
     if a.min_drop > 0 and first - last < a.min_drop:
         print(f"RESULT loss FAIL: fell by {first - last:.4f} < {a.min_drop}")
         return 1
+    if other is not None:
+        # NaN anywhere is a departure, never within the band.
+        dev = np.abs(loss - other) / np.maximum(np.abs(other), 1e-300)
+        worst = float(np.max(np.where(np.isfinite(dev), dev, np.inf)))
+        print(f"max |loss - against| / against = {worst:.2e} over {len(loss)} steps (band {a.band:g})")
+        if not worst <= a.band:
+            print(f"RESULT loss FAIL: departs from {a.against} beyond the band")
+            return 1
     print("RESULT loss PASS")
     return 0
 
@@ -331,6 +352,8 @@ def main(argv=None):
     pl = sub.add_parser("loss")
     pl.add_argument("--out", required=True)
     pl.add_argument("--min-drop", type=float, default=0.0)
+    pl.add_argument("--against", help="another train_hybrid file of the same steps (e.g. the fp32 run of a bf16 run)")
+    pl.add_argument("--band", type=float, default=0.05, help="largest relative loss difference per step with --against")
     pl.add_argument("file")
     pl.set_defaults(fn=cmd_loss)
     pa = sub.add_parser("anchors")

@@ -292,6 +292,10 @@ ErrorStats compare(const Tensor& a, const Tensor& ref, double rel_floor) {
     e.max_abs = std::max(e.max_abs, d);
     e.max_rel = std::max(e.max_rel, d / std::max(std::abs(y), rel_floor));
     if (std::isfinite(y)) e.ref_max = std::max(e.ref_max, std::abs(y));
+    if (std::isfinite(d)) {
+      e.sq_diff += d * d;
+      e.sq_ref += y * y;
+    }
   }
   return e;
 }

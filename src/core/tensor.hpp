@@ -108,7 +108,8 @@ inline double nan_max(double a, double b) { return (a != a || b != b) ? a + b : 
 // infinity, counts as an infinite difference: a NaN never passes a tolerance.
 struct ErrorStats {
   double max_abs = 0, max_rel = 0, ref_max = 0;
-  std::int64_t nonfinite = 0;  // elements where a or ref is NaN or where only one is infinite
+  double sq_diff = 0, sq_ref = 0;  // sums of (a - ref)^2 and ref^2 over the finite elements
+  std::int64_t nonfinite = 0;      // elements where a or ref is NaN or where only one is infinite
 };
 ErrorStats compare(const Tensor& a, const Tensor& ref, double rel_floor = 1e-6);
 

@@ -1,5 +1,6 @@
 #include "model/hybrid.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -86,6 +87,20 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global)
     }
     blocks_.push_back(std::move(b));
   }
+}
+
+std::vector<Tensor> HybridModel::routing() const {
+  std::vector<Tensor> out;
+  for (const Block& b : blocks_) {
+    if (!b.moe) continue;
+    const std::vector<std::int64_t>& sel = b.moe->selection();
+    const std::int64_t K = b.moe->topk();
+    Tensor t = Tensor::zeros({tl_, K}, DType::F64);
+    for (std::int64_t i = 0; i < std::min<std::int64_t>(tl_ * K, static_cast<std::int64_t>(sel.size())); ++i)
+      t.set(i, static_cast<double>(sel[static_cast<std::size_t>(i)]));
+    out.push_back(t);
+  }
+  return out;
 }
 
 std::int64_t HybridModel::attention_model_bytes(DType dt) const {

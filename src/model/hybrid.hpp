@@ -53,6 +53,9 @@ class HybridModel {
   const std::vector<Tensor>& block_outputs() const { return outs_; }
   const Tensor& logits() const { return logits_; }
   const Tensor& dlogits() const { return dlogits_; }
+  // After a forward: per MoE block (in pattern order), the experts each local token chose, as a
+  // host fp64 tensor [Tl, topk] (DCS order, like the block outputs).
+  std::vector<Tensor> routing() const;
   // Milliseconds per phase, summed since reset: fwd/<kind>, bwd/<kind> (kind: embed, M, *, E, -, head).
   const std::map<std::string, double>& phase_ms() const { return phase_ms_; }
   void reset_phases() { phase_ms_.clear(); }

@@ -175,6 +175,9 @@ namespace {
 ParamMap shared_params(const ParamMap& p) {
   return {{"W1", p.at("shared_W1")}, {"W2", p.at("shared_W2")}};
 }
+DType router_dtype(DType dt) { return dt == DType::BF16 ? DType::F32 : dt; }
+// `t` in dtype `dt`: itself when it already is, else a converted copy.
+Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
 }  // namespace
 
 void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
@@ -182,12 +185,17 @@ void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
   const DType dt = x.dtype();
   const std::int64_t C = c_.hidden, E = c_.experts, K = c_.topk, T = x.numel() / C;
   x_ = x.view({T, C});
-  Tensor logits = Tensor::zeros({T, E}, dt);
-  k::linear_fwd(logits, x_, p.at("router"), nullptr);
-  scores_ = Tensor::zeros({T, E}, dt);
-  topk_w_ = Tensor::zeros({T, K}, dt);
+  // bf16 runs route in fp32 (logits, scores, top-k weights), as Megatron does: the expert choice
+  // is then as stable as the input allows. The combine takes the weights in the run's dtype.
+  const DType rt = router_dtype(dt);
+  Tensor logits = Tensor::zeros({T, E}, rt);
+  k::linear_fwd(logits, as_dtype(x_, rt), as_dtype(p.at("router"), rt), nullptr);
+  scores_ = Tensor::zeros({T, E}, rt);
+  Tensor topk_w = Tensor::zeros({T, K}, rt);
   const auto rp = c_.router();
-  k::router_fwd(scores_, idx_, topk_w_, logits, &p.at("e_bias"), rp);
+  const Tensor e_bias = as_dtype(p.at("e_bias"), rt);
+  k::router_fwd(scores_, idx_, topk_w, logits, &e_bias, rp);
+  topk_w_ = as_dtype(topk_w, dt);
   Tensor xp = Tensor::zeros({T * K, C}, dt);
   std::vector<std::int64_t> counts;
   if (T > 0) k::moe_permute(xp, counts, src_, x_, idx_, E);
@@ -234,10 +242,13 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   if (T > 0) {
     k::moe_permute_bwd(dxl, dxp, src_, K);
     // Router: top-k weights -> scores -> logits -> router weight and x.
-    Tensor dlogits = Tensor::zeros({T, E}, dt), dxr = Tensor::zeros({T, C}, dt);
-    k::router_bwd(dlogits, scores_, idx_, dw, nullptr, c_.router());
-    k::linear_bwd(&dxr, &grads["router"], nullptr, x_, p.at("router"), dlogits);
-    k::axpy(dxl, 1.0, dxr);
+    const DType rt = router_dtype(dt);
+    Tensor dlogits = Tensor::zeros({T, E}, rt), dxr = Tensor::zeros({T, C}, rt);
+    Tensor dWr = Tensor::zeros(p.at("router").shape(), rt);
+    k::router_bwd(dlogits, scores_, idx_, as_dtype(dw, rt), nullptr, c_.router());
+    k::linear_bwd(&dxr, &dWr, nullptr, as_dtype(x_, rt), as_dtype(p.at("router"), rt), dlogits);
+    grads["router"] = as_dtype(dWr, dt);
+    k::axpy(dxl, 1.0, as_dtype(dxr, dt));
   }
   // Routed-expert and router gradients: partial sums (tokens, or this rank's experts) over the group.
   for (const char* n : {"router", "W1", "W2"}) grad_.all_reduce(grads[n]);

@@ -86,6 +86,9 @@ class MoeLayer {
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
   // Token copies each local expert received in the last forward.
   const std::vector<std::int64_t>& local_counts() const { return disp_->local_counts(); }
+  // The experts each local token chose in the last forward, [T, topk] row-major.
+  const std::vector<std::int64_t>& selection() const { return idx_; }
+  std::int64_t topk() const { return c_.topk; }
 
  private:
   Communicator &ep_, &grad_;
