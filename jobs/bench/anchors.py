@@ -70,14 +70,7 @@ def dense_and_copy(res, warmup, repeats):
 
 def mamba(res, path, warmup, repeats):
     import torch
-    # Load only the Triton SSD modules: a bare package object keeps the package __init__ (which needs
-    # the compiled selective-scan extension) from running.
-    sys.path.insert(0, path)
-    for name in ("mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton", "mamba_ssm.utils"):
-        m = types.ModuleType(name)
-        m.__path__ = [path + "/" + name.replace(".", "/")]
-        sys.modules[name] = m
-    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    mamba_chunk_scan_combined = load_mamba_triton(path)
     b, L, H, P, G, N = 2, 8192, 128, 64, 8, 128
     x = torch.randn(b, L, H, P, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dt = (torch.rand(b, L, H, device="cuda", dtype=torch.float32) * 3 - 4).requires_grad_()
@@ -93,6 +86,127 @@ def mamba(res, path, warmup, repeats):
     res["ssd_fwdbwd/mamba_ssm_triton"] = timed(lambda: f().backward(dy), warmup, repeats)
 
 
+def load_mamba_triton(path):
+    # Load only the Triton SSD modules: a bare package object keeps the package __init__ (which needs
+    # the compiled selective-scan extension) from running.
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    for name in ("mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton", "mamba_ssm.utils"):
+        if name not in sys.modules:
+            m = types.ModuleType(name)
+            m.__path__ = [path + "/" + name.replace(".", "/")]
+            sys.modules[name] = m
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    return mamba_chunk_scan_combined
+
+
+def blocks(res, path, L, warmup, repeats):
+    """The hybrid model's blocks as a PyTorch user would write them, at Nemotron-3-Nano sizes, bf16,
+    one sequence of L tokens: each block is RMSNorm -> mixer -> residual add. Mamba2 (in_proj,
+    causal depthwise conv1d + SiLU, mamba_ssm Triton SSD, gated group RMSNorm, out_proj), attention
+    (GQA projections, SDPA causal, cuDNN and flash), MoE (fp32 sigmoid router with selection bias,
+    top-6 renormalised and scaled, sort-permute, torch._grouped_mm experts with relu^2, weighted
+    combine, shared expert) and the stack M*E. Forward and forward+backward; peak memory of the
+    forward+backward (torch.cuda.max_memory_allocated above what was allocated before)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dev, bf = "cuda", torch.bfloat16
+    C = 2688
+    H, P, G, N, K, chunk = 64, 64, 8, 128, 4, 128
+    DI = H * P
+    QH, KVH, D = 32, 2, 128
+    E, TOPK, FF, SFF, SCALE = 128, 6, 1856, 3712, 2.5
+    ssd = load_mamba_triton(path) if path else None
+
+    def W(o, i):
+        return (torch.randn(o, i, device=dev, dtype=bf) / i ** 0.5).requires_grad_()
+
+    def rms(x, w, eps=1e-5):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+    norm_w = torch.ones(C, device=dev, dtype=bf, requires_grad=True)
+    mp = dict(in_proj=W(2 * DI + 2 * G * N + H, C), conv_w=(torch.randn(DI + 2 * G * N, 1, K, device=dev, dtype=bf) * 0.3).requires_grad_(),
+              conv_b=torch.zeros(DI + 2 * G * N, device=dev, dtype=bf, requires_grad=True),
+              A_log=torch.log(torch.rand(H, device=dev) * 15 + 1).requires_grad_(), D=torch.ones(H, device=dev, requires_grad=True),
+              dt_bias=(torch.rand(H, device=dev) - 0.5).requires_grad_(), gn_w=torch.ones(DI, device=dev, dtype=bf, requires_grad=True),
+              out_proj=W(C, DI))
+
+    def mamba_mixer(h):
+        zxbcdt = F.linear(h, mp["in_proj"])
+        z, xBC, dt = torch.split(zxbcdt, [DI, DI + 2 * G * N, H], dim=-1)
+        xBC = F.silu(F.conv1d(xBC.transpose(1, 2), mp["conv_w"], mp["conv_b"], padding=K - 1, groups=DI + 2 * G * N)[..., :L]).transpose(1, 2)
+        x, Bm, Cm = torch.split(xBC, [DI, G * N, G * N], dim=-1)
+        y = ssd(x.reshape(1, L, H, P), dt, -torch.exp(mp["A_log"]), Bm.reshape(1, L, G, N), Cm.reshape(1, L, G, N),
+                chunk_size=chunk, D=mp["D"], dt_bias=mp["dt_bias"], dt_softplus=True).reshape(1, L, DI)
+        g = (y * F.silu(z)).reshape(1, L, G, DI // G)
+        g = rms(g, 1.0).reshape(1, L, DI) * mp["gn_w"]
+        return F.linear(g, mp["out_proj"])
+
+    ap_ = dict(Wq=W(QH * D, C), Wk=W(KVH * D, C), Wv=W(KVH * D, C), Wo=W(C, QH * D))
+
+    def attn_mixer(h, backend):
+        q = F.linear(h, ap_["Wq"]).view(1, L, QH, D).transpose(1, 2)
+        k = F.linear(h, ap_["Wk"]).view(1, L, KVH, D).transpose(1, 2)
+        v = F.linear(h, ap_["Wv"]).view(1, L, KVH, D).transpose(1, 2)
+        with sdpa_kernel(backend):
+            if backend == SDPBackend.FLASH_ATTENTION:  # flash has no GQA: repeat K/V heads
+                k, v = k.repeat_interleave(QH // KVH, 1), v.repeat_interleave(QH // KVH, 1)
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return F.linear(o.transpose(1, 2).reshape(1, L, QH * D), ap_["Wo"])
+
+    ep = dict(router=(torch.randn(E, C, device=dev) / C ** 0.5).requires_grad_(), e_bias=torch.zeros(E, device=dev),
+              W1=(torch.randn(E, FF, C, device=dev, dtype=bf) / C ** 0.5).requires_grad_(),
+              W2=(torch.randn(E, C, FF, device=dev, dtype=bf) / FF ** 0.5).requires_grad_(), sW1=W(SFF, C), sW2=W(C, SFF))
+
+    def moe_mixer(h):
+        x = h.reshape(L, C)
+        scores = torch.sigmoid(F.linear(x.float(), ep["router"]))
+        _, idx = torch.topk(scores + ep["e_bias"], TOPK, dim=-1)
+        w = scores.gather(1, idx)
+        w = (w / w.sum(-1, keepdim=True) * SCALE).to(bf)
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=E)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        xs = x[order // TOPK]
+        h1 = torch._grouped_mm(xs, ep["W1"].transpose(1, 2), offs=offs)
+        h1 = torch.relu(h1).square()
+        y = torch._grouped_mm(h1, ep["W2"].transpose(1, 2), offs=offs)
+        out = torch.zeros(L * TOPK, C, device=dev, dtype=bf).index_copy(0, order, y)
+        out = (out.view(L, TOPK, C) * w.unsqueeze(-1)).sum(1)
+        out = out + F.linear(torch.relu(F.linear(x, ep["sW1"])).square(), ep["sW2"])
+        return out.view(1, L, C)
+
+    def block(mixer):
+        return lambda x: x + mixer(rms(x, norm_w))
+
+    kinds = {"moe": block(moe_mixer), "attention_cudnn": block(lambda h: attn_mixer(h, SDPBackend.CUDNN_ATTENTION)),
+             "attention_flash": block(lambda h: attn_mixer(h, SDPBackend.FLASH_ATTENTION))}
+    if ssd is not None:
+        kinds["mamba"] = block(mamba_mixer)
+        kinds["stack_M*E"] = lambda x: kinds["moe"](kinds["attention_cudnn"](kinds["mamba"](x)))
+    x0 = torch.randn(1, L, C, device=dev, dtype=bf)
+    for name, f in kinds.items():
+        tag = f"block_{name}_l{L}"
+        try:
+            with torch.no_grad():
+                res[f"{tag}/fwd"] = timed(lambda: f(x0), warmup, repeats)
+            xg = x0.clone().requires_grad_()
+            dy = torch.randn_like(x0)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            res[f"{tag}/fwdbwd"] = timed(lambda: f(xg).backward(dy), warmup, repeats)
+            res[f"{tag}/fwdbwd"]["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        except Exception as e:
+            res[f"{tag}/fwd"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -100,12 +214,13 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--only", default="attention,dense,ssd",
-                    help="comma-separated anchor families to time: attention, dense (GEMM and copy), ssd")
+                    help="comma-separated anchor families to time: attention, dense (GEMM and copy), ssd, blocks")
+    ap.add_argument("--block-lens", default="8192", help="sequence lengths of the blocks family, comma-separated")
     a = ap.parse_args()
     only = {f.strip() for f in a.only.split(",") if f.strip()}
-    unknown = only - {"attention", "dense", "ssd"}
+    unknown = only - {"attention", "dense", "ssd", "blocks"}
     if unknown:
-        print(f"anchors.py: --only: unknown family {sorted(unknown)} (allowed: attention, dense, ssd)", file=sys.stderr)
+        print(f"anchors.py: --only: unknown family {sorted(unknown)} (allowed: attention, dense, ssd, blocks)", file=sys.stderr)
         return 2
     import torch
     if not torch.cuda.is_available():
@@ -121,11 +236,15 @@ def main():
             mamba(res, a.mamba_path, a.warmup, a.repeats)
         except Exception as e:
             res["ssd_fwd/mamba_ssm_triton"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    if "blocks" in only:
+        for L in (int(x) for x in a.block_lens.split(",")):
+            blocks(res, a.mamba_path, L, a.warmup, a.repeats)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     for k, v in res.items():
         if not k.startswith("_"):
-            print(f"{k:55s} " + (f"{v['median_ms']:10.3f} ms" if "median_ms" in v else v.get("error", "")))
+            print(f"{k:55s} " + (f"{v['median_ms']:10.3f} ms" if "median_ms" in v else v.get("error", ""))
+                  + (f"  peak {v['peak_mib']:.0f} MiB" if "peak_mib" in v else ""))
     return 0
 
 
