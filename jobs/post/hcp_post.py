@@ -8,9 +8,11 @@
       one file: compare F.h5 F.h5 --pair /gradients/p2p /gradients/a2a).
   hcp_post.py summary [--brief] F.h5 ...  the /summary entries (errors against cp=1) with pass/fail; exit 1 on a
       fail, 3 when no file holds any entry (nothing was checked: not a pass)
-  hcp_post.py table F.h5 ...        timings: per file, strategy and phase, median over repeats of the slowest rank
+  hcp_post.py table [--csv|--json] F.h5 ...   timings: per file, strategy and phase, median over repeats of
+      the slowest rank (as text, CSV or JSON)
   hcp_post.py plot-scaling --out S.png F.h5 ...   time per step against cp size, one line per strategy
-  hcp_post.py plot-breakdown --out B.png F.h5     stacked per-phase time per strategy
+  hcp_post.py plot-breakdown --out B.png F.h5 ...  stacked per-phase time per strategy (and cp)
+  hcp_post.py plot-errors --out E.png F.h5 ...     worst error against cp=1 per strategy and cp, with tolerance
   hcp_post.py loss --out L.png F.h5 [--min-drop X] training loss curve(s); exit 1 unless the loss fell by X
   hcp_post.py anchors --anchors A.json F.h5   bench_kernels (suite anchors) against jobs/bench/anchors.py of
       the same run: our time, anchor time, ratio (anchor time / ours: >= 1 means at least as fast),
@@ -148,17 +150,41 @@ def _overlap(phases):
     return min(1.0, max(0.0, 1.0 - e / i))
 
 
-def cmd_table(a):
-    print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'step_ms':>10} {'overlap':>8}  phases (ms)")
-    for path in a.files:
+def _table_rows(files):
+    """One dict per (file, strategy): file, cp, strategy, step_ms, overlap and every phase (ms)."""
+    rows = []
+    for path in files:
         with h5py.File(path, "r") as f:
             cfg = _config(f)
             for strat, ph in sorted(_timings(f).items()):
-                detail = " ".join(f"{k}={v:.2f}" for k, v in sorted(ph.items()) if k not in ("step", "forward", "backward"))
-                ov = _overlap(ph)
-                ovs = "-" if ov is None else f"{ov:.2f}"
-                print(f"  {path.split('/')[-1]:<40} {int(cfg.get('cp_size', 0)):>3} {strat:<16} {_step_ms(ph):10.2f} "
-                      f"{ovs:>8}  {detail}")
+                rows.append({"file": path.split("/")[-1], "cp": int(cfg.get("cp_size", 0)), "strategy": strat,
+                             "step_ms": _step_ms(ph), "overlap": _overlap(ph),
+                             "phases": {k: v for k, v in sorted(ph.items()) if k not in ("step", "forward", "backward")}})
+    return rows
+
+
+def cmd_table(a):
+    rows = _table_rows(a.files)
+    if a.json:
+        import json
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+        return 0
+    if a.csv:
+        import csv
+        phases = sorted({k for r in rows for k in r["phases"]})
+        w = csv.writer(sys.stdout)
+        w.writerow(["file", "cp", "strategy", "step_ms", "overlap"] + phases)
+        for r in rows:
+            w.writerow([r["file"], r["cp"], r["strategy"], f"{r['step_ms']:.6g}",
+                        "" if r["overlap"] is None else f"{r['overlap']:.4f}"]
+                       + ["" if k not in r["phases"] else f"{r['phases'][k]:.6g}" for k in phases])
+        return 0
+    print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'step_ms':>10} {'overlap':>8}  phases (ms)")
+    for r in rows:
+        detail = " ".join(f"{k}={v:.2f}" for k, v in r["phases"].items())
+        ovs = "-" if r["overlap"] is None else f"{r['overlap']:.2f}"
+        print(f"  {r['file']:<40} {r['cp']:>3} {r['strategy']:<16} {r['step_ms']:10.2f} {ovs:>8}  {detail}")
     return 0
 
 
@@ -197,28 +223,70 @@ def cmd_plot_scaling(a):
 
 
 def cmd_plot_breakdown(a):
-    with h5py.File(a.file, "r") as f:
-        t = _timings(f)
-    t = {s: {k: v for k, v in ph.items() if "/" in k and k != "train/step"} for s, ph in t.items()}
-    t = {s: ph for s, ph in t.items() if ph}
-    if not t:
-        print(f"error: {a.file} has no per-phase timings", file=sys.stderr)
+    bars = {}
+    for path in a.files:
+        with h5py.File(path, "r") as f:
+            cp = int(_config(f).get("cp_size", 1))
+            dtype = _config(f).get("dtype", "")
+            t = _timings(f)
+        for s_, ph in t.items():
+            ph = {k: v for k, v in ph.items() if "/" in k and k != "train/step"}
+            if ph:
+                bars[s_ if len(a.files) == 1 else f"{s_}\ncp={cp} {dtype}"] = (cp, s_, ph)
+    if not bars:
+        print(f"error: {' '.join(a.files)}: no per-phase timings", file=sys.stderr)
         return 1
     plt = _plt()
-    phases = sorted({k for ph in t.values() for k in ph})
-    strats = sorted(t)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bottom = np.zeros(len(strats))
-    for k in phases:
-        vals = np.array([t[s].get(k, 0.0) for s in strats])
-        ax.bar(strats, vals, bottom=bottom, label=k)
+    names = sorted(bars, key=lambda n: (bars[n][0], bars[n][1]))
+    phases = sorted({k for (_, _, ph) in bars.values() for k in ph})
+    fig, ax = plt.subplots(figsize=(max(7, 0.8 * len(names) + 3), 4))
+    bottom = np.zeros(len(names))
+    colors = plt.cm.tab20(np.linspace(0, 1, max(len(phases), 2)))
+    for k, c in zip(phases, colors):
+        vals = np.array([bars[n][2].get(k, 0.0) for n in names])
+        ax.bar(names, vals, bottom=bottom, label=k, color=c)
         bottom += vals
     ax.set_ylabel("ms (median, slowest rank)")
-    ax.set_title(a.title or a.file.split("/")[-1])
+    ax.set_title(a.title or (a.files[0].split("/")[-1] if len(a.files) == 1 else "per-phase time"))
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
-    print(f"wrote {a.out} ({len(strats)} strategies, {len(phases)} phases)")
+    print(f"wrote {a.out} ({len(names)} strategies, {len(phases)} phases)")
+    return 0
+
+
+def cmd_plot_errors(a):
+    """Worst error against cp=1 of each (file, strategy), on a log axis beside its tolerance."""
+    bars = []
+    for path in a.files:
+        with h5py.File(path, "r") as f:
+            cp = int(_config(f).get("cp_size", 1))
+            if "summary" not in f:
+                continue
+            for strat in sorted(f["summary"]):
+                g = f["summary"][strat]
+                if not isinstance(g, h5py.Group):
+                    continue
+                vals = [(float(o.attrs["max_rel"]), float(o.attrs["tolerance"])) for o in g.values() if "max_rel" in o.attrs]
+                if vals:
+                    bars.append((cp, f"{strat}\ncp={cp} {_config(f).get('dtype', '')}", max(v for v, _ in vals),
+                                 max(t for _, t in vals)))
+    if not bars:
+        print(f"error: {' '.join(a.files)}: no /summary entries (the runs did not compare against cp=1)", file=sys.stderr)
+        return 1
+    bars.sort()
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(bars) + 2), 4))
+    names = [label for _, label, _, _ in bars]
+    ax.bar(names, [max(b[2], 1e-300) for b in bars], color=["tab:green" if b[2] <= b[3] else "tab:red" for b in bars])
+    ax.plot(names, [b[3] for b in bars], "k_", markersize=30, label="tolerance")
+    ax.set_yscale("log")
+    ax.set_ylabel("worst error against cp=1")
+    ax.set_title(a.title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=120)
+    print(f"wrote {a.out} ({len(bars)} runs, {sum(b[2] > b[3] for b in bars)} beyond tolerance)")
     return 0
 
 
@@ -337,6 +405,9 @@ def main(argv=None):
     s.add_argument("files", nargs="+")
     s.set_defaults(fn=cmd_summary)
     t = sub.add_parser("table")
+    fmt = t.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="CSV on stdout: one row per file and strategy, a column per phase")
+    fmt.add_argument("--json", action="store_true", help="JSON on stdout: a list of rows with their phases")
     t.add_argument("files", nargs="+")
     t.set_defaults(fn=cmd_table)
     ps = sub.add_parser("plot-scaling")
@@ -347,8 +418,13 @@ def main(argv=None):
     pb = sub.add_parser("plot-breakdown")
     pb.add_argument("--out", required=True)
     pb.add_argument("--title", default="")
-    pb.add_argument("file")
+    pb.add_argument("files", nargs="+")
     pb.set_defaults(fn=cmd_plot_breakdown)
+    pe = sub.add_parser("plot-errors")
+    pe.add_argument("--out", required=True)
+    pe.add_argument("--title", default="errors against cp=1")
+    pe.add_argument("files", nargs="+")
+    pe.set_defaults(fn=cmd_plot_errors)
     pl = sub.add_parser("loss")
     pl.add_argument("--out", required=True)
     pl.add_argument("--min-drop", type=float, default=0.0)
