@@ -9,6 +9,7 @@
 #include "core/error.hpp"
 #include "core/layout.hpp"
 #include "io/deck.hpp"
+#include "io/results.hpp"
 
 namespace hcp::drivers {
 
@@ -66,7 +67,32 @@ inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_defaul
       .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
       .add_int("run.warmup", 1, "untimed iterations", 0)
       .add_int("run.repeats", 3, "timed iterations", 1)
-      .add_bool("run.check", true, "compare with a cp=1 run and fail on mismatch");
+      .add_bool("run.check", true, "compare with a cp=1 run and fail on mismatch")
+      .add_string("run.save", "auto",
+                  "what the results file keeps, comma-separated: all | auto (all but tensors over 2^27 elements) | "
+                  "activations | gradients | timings | comm | summary (errors, statistics of every tensor) | tensor names")
+      .add_string("run.hdf5_io", "auto",
+                  "how tensors are written: collective (parallel HDF5, each rank its rows), gather (rank 0 writes), "
+                  "auto (collective when HDF5 has MPI)",
+                  {"auto", "collective", "gather"});
+}
+
+// run.save, checked (the deck's file:line and the key name a bad item).
+inline SaveSet save_set(const Deck& d) {
+  try {
+    return SaveSet(d.get_string("run.save"));
+  } catch (const Error& e) {
+    HCP_INPUT_CHECK(false, d.where("run.save"), "key 'run.save': ", e.what());
+  }
+  return {};
+}
+
+// run.hdf5_io: collective writes need HDF5 built with MPI.
+inline H5Io hdf5_io(const Deck& d) {
+  const std::string& v = d.get_string("run.hdf5_io");
+  HCP_INPUT_CHECK(v != "collective" || hdf5_parallel(), d.where("run.hdf5_io"),
+                  "key 'run.hdf5_io' = \"collective\" needs HDF5 built with MPI; this build's HDF5 is serial (use gather or auto)");
+  return v == "gather" || (v == "auto" && !hdf5_parallel()) ? H5Io::Gather : H5Io::Collective;
 }
 
 // The global, padded token layout from the [data] section: BSHD (data.batch x data.seqlen, the

@@ -142,8 +142,8 @@ void run(DriverContext& ctx) {
     std::vector<std::string> errs;
     for (int i = 0; i < 4; ++i) {  // each tensor's real rows against the oracle, its pad rows against zero
       const std::size_t n0 = e.rel.size();
-      const Tensor gt = st.compare_real(e, names4[i], drivers::host(cp::dcs_gather(st.comm, got[i], g)), ref[i], g, true);
-      if (st.out()) st.out()->tensor((i ? "/gradients/" : "/activations/") + name + "/" + names4[i], gt, shapes4[i], "1");
+      st.result(e, names4[i], (i ? "/gradients/" : "/activations/") + name + "/" + names4[i], got[i], ref[i], g, true,
+                shapes4[i], "1");
       double worst = -1;
       for (std::size_t j = n0; j < e.rel.size(); ++j) worst = nan_max(worst, e.rel[j].second);
       errs.push_back(worst < 0 ? "-" : drivers::fmt("%.2e", worst));

@@ -66,8 +66,9 @@ double routing_flips(drivers::Study& st, const model::HybridModel& m, const std:
   const std::vector<Tensor> mine = m.routing();
   std::int64_t flipped = 0, total = 0;
   for (std::size_t b = 0; b < mine.size(); ++b) {
+    if (!st.check) break;
     const Tensor all = drivers::host(cp::dcs_gather(st.comm, mine[b].to(st.space), global));
-    if (!st.check || !st.root()) continue;
+    if (!st.root()) continue;
     const Tensor got = global.padded() ? cp::take_rows(all, cp::real_rows(global)) : all;
     const std::int64_t T = got.size(0), K = got.size(1);
     for (std::int64_t t = 0; t < T; ++t) {
@@ -158,13 +159,11 @@ void run(DriverContext& ctx) {
     drivers::Study::Errors e;
     const double loss_err = std::abs(res.loss - ref.loss) / std::max(std::abs(ref.loss), 1e-300);
     if (st.check && st.root()) e.add("loss", loss_err);
-    const Tensor dlogits = st.compare_real(e, "logits_grad", drivers::host(cp::dcs_gather(st.comm, m.dlogits(), batch.layout)),
-                                           ref_dlogits, batch.layout, true);
-    std::vector<Tensor> blocks;
+    st.result(e, "logits_grad", "/gradients/" + name + "/logits", m.dlogits(), ref_dlogits, batch.layout, true,
+              "[T,vocab] real tokens, global order", "1/token");
     for (std::size_t i = 0; i < m.block_outputs().size(); ++i)
-      blocks.push_back(st.compare_real(e, "block_" + std::to_string(i),
-                                       drivers::host(cp::dcs_gather(st.comm, m.block_outputs()[i], batch.layout)),
-                                       st.check && st.root() ? ref_blocks[i] : Tensor(), batch.layout, false));
+      st.result(e, "block_" + std::to_string(i), "/activations/" + name + "/block_" + std::to_string(i), m.block_outputs()[i],
+                st.check && st.root() ? ref_blocks[i] : Tensor(), batch.layout, false, "[T,hidden] real tokens, global order", "1");
     if (st.check && st.root())
       for (auto& [n, t] : rg) st.compare(e, "d" + n, grads.at(n), t);
     const double flips = routing_flips(st, m, ref_routing, batch.layout);
@@ -172,10 +171,6 @@ void run(DriverContext& ctx) {
     all_pass = st.verdict(name, e, flips <= kMaxFlips && loss_ok) && all_pass;
     if (st.out() && st.check) st.out()->attribute("/summary/" + name, "routing_flips", drivers::fmt("%.6f", flips));
     if (st.out()) {
-      for (std::size_t i = 0; i < blocks.size(); ++i)
-        st.out()->tensor("/activations/" + name + "/block_" + std::to_string(i), blocks[i], "[T,hidden] real tokens, global order",
-                         "1");
-      st.out()->tensor("/gradients/" + name + "/logits", dlogits, "[T,vocab] real tokens, global order", "1/token");
       for (auto& [n, t] : grads) st.out()->tensor("/gradients/" + name + "/" + n, t, "parameter shape", "1");
     }
     st.write_timings(name, s);

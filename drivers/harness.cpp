@@ -84,7 +84,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       app.add_option("--out", ctx.out, "results file (HDF5)");
       app.add_flag("--print-deck", print_deck, "print the resolved deck and exit");
       app.add_flag("--help-deck", help_deck, "list the deck keys this driver reads and exit");
-      app.add_flag("--quiet", ctx.quiet, "print only the summary");
+      app.add_flag("--quiet", ctx.quiet, "no progress lines on stderr during long runs");
       bool exit_now = false;
       bool ok = agree_on_errors(world, [&] {
         try {

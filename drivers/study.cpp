@@ -45,6 +45,8 @@ std::vector<std::string> runnable(Communicator& comm, const Selection& sel, cons
 
 // ---- Study ----------------------------------------------------------------------------------------
 void validate_cases(DriverContext& ctx, const Cases& c) {
+  save_set(ctx.deck);
+  hdf5_io(ctx.deck);
   init_device(ctx.deck);
   const int cp = cp_size_of(ctx.deck, ctx.world->size());
   if (c.footprint) c.footprint(ctx.deck, cp).require_fits(space_of(ctx.deck));
@@ -71,7 +73,7 @@ Study::Study(DriverContext& c, std::string name, double (*tolerance)(DType))
       warmup(static_cast<int>(c.deck.get_int("run.warmup"))),
       repeats(static_cast<int>(c.deck.get_int("run.repeats"))),
       tol(tolerance(dt)) {
-  if (!ctx.out.empty()) writer_ = std::make_unique<ResultsWriter>(ctx.out, *ctx.world);
+  if (!ctx.out.empty()) writer_ = std::make_unique<ResultsWriter>(ctx.out, *ctx.world, hdf5_io(deck), save_set(deck));
 }
 
 std::string Study::backend() const { return device_desc(deck, comm); }
@@ -79,7 +81,18 @@ std::string Study::backend() const { return device_desc(deck, comm); }
 Samples Study::time(const std::function<void(Clock&)>& body, const std::function<void()>& before) {
   Samples s;
   Clock clock(space);
-  for (int it = 0; it < warmup + repeats; ++it) {
+  // Progress on long runs: a line to stderr (tables stay clean on stdout) at most every 2 s, on
+  // rank 0, unless --quiet. A short run prints none.
+  const double t_start = MPI_Wtime();
+  double t_last = t_start;
+  const int n = warmup + repeats;
+  for (int it = 0; it < n; ++it) {
+    if (!ctx.quiet && root() && it > 0 && MPI_Wtime() - t_last >= 2.0) {
+      const double el = MPI_Wtime() - t_start;
+      std::fprintf(stderr, "# %s: iteration %d/%d (%s)  elapsed %.1f s  remaining ~%.1f s\n", driver.c_str(), it + 1, n,
+                   it < warmup ? "warm-up" : "timed", el, el / it * (n - it));
+      t_last = MPI_Wtime();
+    }
     if (before) before();
     if (it == warmup) comm.reset_counters();
     comm.barrier();
@@ -155,11 +168,24 @@ Tensor Study::compare_real(Errors& e, const std::string& name, const Tensor& got
   return real;
 }
 
+void Study::result(Errors& e, const std::string& name, const std::string& path, const Tensor& local, const Tensor& ref,
+                   const SeqLayout& global, bool pads_zero, const std::string& layout, const std::string& units) {
+  if (check) compare_real(e, name, host(cp::dcs_gather(comm, local, global)), ref, global, pads_zero);
+  if (!writer_) return;
+  // Row of each local token in the file: its index among the real tokens in global order; -1 for a
+  // pad and on the ranks of other CP groups (data-parallel replicas hold the same rows).
+  const std::vector<std::int64_t> real = cp::real_rows(global);
+  std::vector<std::int64_t> real_of(static_cast<std::size_t>(global.total()), -1);
+  for (std::size_t k = 0; k < real.size(); ++k) real_of[static_cast<std::size_t>(real[k])] = static_cast<std::int64_t>(k);
+  std::vector<std::int64_t> rows = cp::dcs_global_index(global, cp, grid.cp_rank);
+  for (auto& r : rows) r = grid.dp_rank == 0 ? real_of[static_cast<std::size_t>(r)] : -1;
+  writer_->rows(path, local, rows, static_cast<std::int64_t>(real.size()), layout, units);
+}
+
 bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
   double pass = (!check || e.worst <= tol) && extra ? 1 : 0;
   ctx.world->broadcast(&pass, 1, DType::F64, 0);
-  if (writer_ && check)
-    for (const auto& [n, v] : e.rel) writer_->summary(strategy + "/" + n, v, v, tol, v <= tol);
+  if (writer_ && check) writer_->summaries(strategy, e.rel, tol);
   return pass == 1;
 }
 

@@ -157,6 +157,11 @@ class Study {
   // zero (entry "<name>_pads": max |pad| / max |ref|).
   Tensor compare_real(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref, const SeqLayout& global,
                       bool pads_zero) const;
+  // A CP result [Tl, ...] of this rank (DualChunkSwap order, pads included): checked as compare_real
+  // does (gathered, on every CP rank, only when the run checks), and written to `path` as the real
+  // tokens in global order, each rank its own rows (the first CP group's), when the file keeps it.
+  void result(Errors& e, const std::string& name, const std::string& path, const Tensor& local, const Tensor& ref,
+              const SeqLayout& global, bool pads_zero, const std::string& layout, const std::string& units);
   // Rank 0's verdict (errors within tolerance and `extra`), agreed by every rank; writes /summary.
   bool verdict(const std::string& strategy, const Errors& e, bool extra = true);
 

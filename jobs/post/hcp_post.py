@@ -5,7 +5,9 @@
       tensor-by-tensor comparison of the datasets both files hold (max abs / max rel error,
       pass/fail against atol + rtol * max|B|); exit 1 if any fails or nothing is comparable.
       --pair compares A's datasets under PA with B's under PB instead (e.g. two strategies of
-      one file: compare F.h5 F.h5 --pair /gradients/p2p /gradients/a2a).
+      one file: compare F.h5 F.h5 --pair /gradients/p2p /gradients/a2a). A tensor that one file does
+      not keep (run.save) is compared by the statistics both files store for it (/stats: L2 norm,
+      max |x|, mean, count; each within atol + rtol * B's value): a necessary check, not element-wise.
   hcp_post.py summary [--brief] F.h5 ...  the /summary entries (errors against cp=1) with pass/fail; exit 1 on a
       fail, 3 when no file holds any entry (nothing was checked: not a pass)
   hcp_post.py table [--csv|--json] F.h5 ...   timings: per file, strategy and phase, median over repeats of
@@ -13,6 +15,9 @@
   hcp_post.py plot-scaling --out S.png F.h5 ...   time per step against cp size, one line per strategy
   hcp_post.py plot-breakdown --out B.png F.h5 ...  stacked per-phase time per strategy (and cp)
   hcp_post.py plot-errors --out E.png F.h5 ...     worst error against cp=1 per strategy and cp, with tolerance
+  hcp_post.py study DIR [--title T]   a study directory (e.g. a Slurm job's HCP_OUTDIR) in one command:
+      the timing table, DIR/timings.csv, DIR/scaling.png, DIR/breakdown.png, DIR/errors.png and the
+      error summary of every finished *.h5 in DIR; exit as summary does
   hcp_post.py loss --out L.png F.h5 [--min-drop X] training loss curve(s); exit 1 unless the loss fell by X
   hcp_post.py anchors --anchors A.json F.h5   bench_kernels (suite anchors) against jobs/bench/anchors.py of
       the same run: our time, anchor time, ratio (anchor time / ours: >= 1 means at least as fast),
@@ -39,16 +44,55 @@ def _datasets(f, prefixes):
     return out
 
 
+_STATS = ("l2", "max_abs", "mean", "count", "nonfinite")
+
+
+def _stats(f, prefixes):
+    """{tensor path: {l2, max_abs, mean, count, nonfinite}} from /stats, for tensors under `prefixes`."""
+    out = {}
+    if "stats" not in f:
+        return out
+
+    def visit(name, obj):
+        path = "/stats/" + name
+        if isinstance(obj, h5py.Group) and "l2" in obj.attrs and any(path.startswith(p) for p in prefixes):
+            out[path] = {k: float(obj.attrs[k]) for k in _STATS}
+
+    f["stats"].visititems(visit)
+    return out
+
+
+def _compare_stats(n, x, y, a):
+    """One tensor by its statistics: counts equal, no non-finite value, and L2 norm, max |x| and mean
+    each within atol + rtol * (B's L2 norm or max |x|)."""
+    if x["count"] != y["count"] or x["nonfinite"] > 0 or y["nonfinite"] > 0:
+        print(f"  {n:<48} {'count/nonfinite':>21} {int(x['count'])}/{int(x['nonfinite'])} vs "
+              f"{int(y['count'])}/{int(y['nonfinite'])} FAIL")
+        return False
+    errs = [abs(x["l2"] - y["l2"]) / max(y["l2"], 1e-300), abs(x["max_abs"] - y["max_abs"]) / max(y["max_abs"], 1e-300),
+            abs(x["mean"] - y["mean"]) / max(y["max_abs"], 1e-300)]
+    ok = (abs(x["l2"] - y["l2"]) <= a.atol + a.rtol * y["l2"]
+          and abs(x["max_abs"] - y["max_abs"]) <= a.atol + a.rtol * y["max_abs"]
+          and abs(x["mean"] - y["mean"]) <= a.atol + a.rtol * y["max_abs"])
+    print(f"  {n:<48} {'(stats)':>10} {max(errs):10.3e} {'pass' if ok else 'FAIL':>6}")
+    return ok
+
+
 def cmd_compare(a):
     fa, fb = h5py.File(a.a, "r"), h5py.File(a.b, "r")
     if a.pair:
         pa, pb = (p.rstrip("/") + "/" for p in a.pair)
         da = {n[len(pa):]: d for n, d in _datasets(fa, [pa]).items()}
         db = {n[len(pb):]: d for n, d in _datasets(fb, [pb]).items()}
+        sa = {n[len("/stats" + pa):]: v for n, v in _stats(fa, ["/stats" + pa]).items()}
+        sb = {n[len("/stats" + pb):]: v for n, v in _stats(fb, ["/stats" + pb]).items()}
     else:
         da, db = _datasets(fa, a.prefix), _datasets(fb, a.prefix)
+        sa = {n[len("/stats"):]: v for n, v in _stats(fa, ["/stats" + p for p in a.prefix]).items()}
+        sb = {n[len("/stats"):]: v for n, v in _stats(fb, ["/stats" + p for p in a.prefix]).items()}
     common = sorted(set(da) & set(db))
-    if not common:
+    by_stats = sorted((set(sa) & set(sb)) - set(common))
+    if not common and not by_stats:
         where = " vs ".join(a.pair) if a.pair else ", ".join(a.prefix)
         print(f"error: {a.a} and {a.b} have no dataset in common under {where}", file=sys.stderr)
         return 1
@@ -67,10 +111,16 @@ def cmd_compare(a):
         ok = mabs <= a.atol + a.rtol * ref
         bad += 0 if ok else 1
         print(f"  {n:<48} {mabs:10.3e} {mrel:10.3e} {'pass' if ok else 'FAIL':>6}")
-    only = sorted(set(da) ^ set(db))
+    if by_stats:
+        print(f"# {len(by_stats)} tensors not kept by both files: compared by their statistics (L2 norm, max |x|, "
+              "mean; max relative difference shown)")
+    for n in by_stats:
+        bad += 0 if _compare_stats(n, sa[n], sb[n], a) else 1
+    only = sorted((set(da) | set(sa)) ^ (set(db) | set(sb)))
     if only:
-        print(f"# {len(only)} datasets in one file only (not compared), e.g. {only[0]}")
-    print(f"RESULT compare {'PASS' if bad == 0 else 'FAIL'} {len(common) - bad}/{len(common)}")
+        print(f"# {len(only)} tensors in one file only (not compared), e.g. {only[0]}")
+    total = len(common) + len(by_stats)
+    print(f"RESULT compare {'PASS' if bad == 0 else 'FAIL'} {total - bad}/{total}")
     return 0 if bad == 0 else 1
 
 
@@ -290,6 +340,54 @@ def cmd_plot_errors(a):
     return 0
 
 
+def cmd_study(a):
+    """Every finished results file of a study directory: table, CSV, plots and the error summary."""
+    if not os.path.isdir(a.dir):
+        print(f"error: study: '{a.dir}' is not a directory", file=sys.stderr)
+        return 2
+    names = sorted(n for n in os.listdir(a.dir) if n.endswith(".h5") and ".tmp-" not in n)
+    unfinished = sorted(n for n in os.listdir(a.dir) if ".h5.tmp-" in n)
+    if not names:
+        print(f"error: study: no finished *.h5 results file in '{a.dir}'", file=sys.stderr)
+        return 2
+    files = [os.path.join(a.dir, n) for n in names]
+    for path in files:
+        try:
+            h5py.File(path, "r").close()
+        except OSError as e:
+            print(f"error: cannot read HDF5 file '{path}': {e}", file=sys.stderr)
+            return 2
+    title = a.title or os.path.basename(os.path.normpath(a.dir))
+    print(f"# study {a.dir}: {len(files)} files" + (f" ({len(unfinished)} unfinished, left out)" if unfinished else ""))
+    cmd_table(argparse.Namespace(files=files, csv=False, json=False))
+    csv_path = os.path.join(a.dir, "timings.csv")
+    saved = sys.stdout
+    with open(csv_path, "w") as out:
+        sys.stdout = out
+        try:
+            cmd_table(argparse.Namespace(files=files, csv=True, json=False))
+        finally:
+            sys.stdout = saved
+    print(f"wrote {csv_path}")
+    cmd_plot_scaling(argparse.Namespace(files=files, out=os.path.join(a.dir, "scaling.png"), title=f"{title}: time per step"))
+    def phased(path):
+        with h5py.File(path, "r") as f:
+            return any("/" in k for ph in _timings(f).values() for k in ph)
+
+    if any(phased(p) for p in files):
+        cmd_plot_breakdown(argparse.Namespace(files=files, out=os.path.join(a.dir, "breakdown.png"),
+                                              title=f"{title}: time per phase"))
+    else:
+        print("# no per-phase timings in these files: no breakdown plot")
+    def checked(path):
+        with h5py.File(path, "r") as f:
+            return "summary" in f
+
+    if any(checked(p) for p in files):
+        cmd_plot_errors(argparse.Namespace(files=files, out=os.path.join(a.dir, "errors.png"), title=f"{title}: errors against cp=1"))
+    return cmd_summary(argparse.Namespace(files=files, brief=True))
+
+
 def cmd_loss(a):
     with h5py.File(a.file, "r") as f:
         if "train/loss" not in f:
@@ -425,6 +523,10 @@ def main(argv=None):
     pe.add_argument("--title", default="errors against cp=1")
     pe.add_argument("files", nargs="+")
     pe.set_defaults(fn=cmd_plot_errors)
+    st = sub.add_parser("study")
+    st.add_argument("--title", default="")
+    st.add_argument("dir")
+    st.set_defaults(fn=cmd_study)
     pl = sub.add_parser("loss")
     pl.add_argument("--out", required=True)
     pl.add_argument("--min-drop", type=float, default=0.0)

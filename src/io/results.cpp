@@ -1,13 +1,21 @@
 #include "io/results.hpp"
 
 #include <hdf5.h>
+#include <mpi.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cctype>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+
+#include "comm/mpi_communicator.hpp"
 
 namespace hcp {
 namespace {
@@ -16,16 +24,40 @@ hid_t h5_type(DType dt) { return dt == DType::F64 ? H5T_NATIVE_DOUBLE : H5T_NATI
 
 // The reason the last HDF5 call failed, as the system said it: HDF5's file driver records the errno
 // of a failed write in its error stack ("errno = 28, error message = 'No space left on device'").
+// Through MPI-IO (collective mode) the stack holds the MPI library's own words instead
+// ("MPI error string is 'No space left on device'").
+struct Reason {
+  int code = 0;
+  std::string mpi;
+};
 herr_t find_errno(unsigned, const H5E_error2_t* e, void* out) {
+  auto* r = static_cast<Reason*>(out);
   const char* at = e->desc ? std::strstr(e->desc, "errno = ") : nullptr;
-  if (at != nullptr && *static_cast<int*>(out) == 0) *static_cast<int*>(out) = std::atoi(at + 8);
+  if (at != nullptr && r->code == 0) r->code = std::atoi(at + 8);
+  const char* m = e->desc ? std::strstr(e->desc, "MPI error string is") : nullptr;
+  if (m != nullptr && r->mpi.empty()) r->mpi = m + 19;
   return 0;
 }
-std::string h5_reason() {
-  int code = 0;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, find_errno, &code);
-  if (code == 0) code = errno;
-  return code != 0 ? std::strerror(code) : "the HDF5 library refused the call";
+std::string h5_reason(const std::string& file = "") {
+  Reason r;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, find_errno, &r);
+  if (r.code == 0 && !r.mpi.empty()) {
+    std::string s = r.mpi;
+    s.erase(0, s.find_first_not_of(" :'\""));
+    s.erase(s.find_last_not_of(" '\"\n") + 1);
+    if (!s.empty()) return s;
+  }
+  if (r.code == 0) r.code = errno;
+  if (r.code == 0 && !file.empty()) {
+    // MPI-IO reports a short write without a reason: a full file system is told by its free space.
+    const auto slash = file.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : file.substr(0, slash);
+    struct statvfs fs {};
+    if (statvfs(dir.c_str(), &fs) == 0 && static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) < 1048576.0)
+      return detail::concat(std::strerror(ENOSPC), " (", static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize),
+                            " bytes free where it is written)");
+  }
+  return r.code != 0 ? std::strerror(r.code) : "the HDF5 library refused the call";
 }
 
 // Checks an HDF5 call made while writing `what` to `file`; a failure names both and the reason.
@@ -35,25 +67,58 @@ std::string h5_reason() {
     auto hcp_rc_ = (call);                                                                                \
     if (hcp_rc_ < 0)                                                                                      \
       throw ::hcp::Error(::hcp::detail::concat("cannot write ", what, " to results file '", file, "': ",   \
-                                               h5_reason()));                                             \
+                                               h5_reason(file)));                                             \
     return hcp_rc_;                                                                                       \
   }())
 
-void write_dataset(hid_t loc, const std::string& name, const Tensor& t, const std::string& file,
-                   const std::string& what) {
-  // Device tensors are copied to the host; bf16 is widened to fp32; strided views are made contiguous.
+// A host, contiguous, fp32/fp64 copy (bf16 widened to fp32) of any tensor, for writing.
+Tensor writable(const Tensor& t) {
   Tensor c = t.space() == Space::Cuda ? t.to(Space::Host) : t;
-  if (c.dtype() == DType::BF16) c = c.to(DType::F32);
-  else if (!c.is_contiguous()) c = c.clone();
+  if (c.dtype() == DType::BF16) return c.to(DType::F32);
+  return c.is_contiguous() ? c : c.clone();
+}
+
+// Creates dataset `name` under `loc`; chunk_rows > 0 chunks it by rows ([chunk_rows, rest...]).
+hid_t create_dataset(hid_t loc, const std::string& name, const Shape& shape, DType dt, std::int64_t chunk_rows,
+                     const std::string& file, const std::string& what) {
   std::vector<hsize_t> dims;
-  for (auto d : c.shape()) dims.push_back(static_cast<hsize_t>(d));
+  for (auto d : shape) dims.push_back(static_cast<hsize_t>(d));
   if (dims.empty()) dims.push_back(1);
   hid_t space = HCP_H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
-  hid_t ds = HCP_H5_WRITE(
-      H5Dcreate2(loc, name.c_str(), h5_type(c.dtype()), space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), file, what);
+  hid_t dcpl = HCP_H5_CHECK(H5Pcreate(H5P_DATASET_CREATE));
+  if (chunk_rows > 0 && dims[0] > 0) {
+    std::vector<hsize_t> chunk = dims;
+    chunk[0] = static_cast<hsize_t>(chunk_rows);
+    HCP_H5_CHECK(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
+  }
+  hid_t ds = HCP_H5_WRITE(H5Dcreate2(loc, name.c_str(), h5_type(dt), space, H5P_DEFAULT, dcpl, H5P_DEFAULT), file, what);
+  H5Pclose(dcpl);
   H5Sclose(space);
-  HCP_H5_WRITE(H5Dwrite(ds, h5_type(c.dtype()), H5S_ALL, H5S_ALL, H5P_DEFAULT, c.raw()), file, what);
-  H5Dclose(ds);
+  return ds;
+}
+
+// Rows per chunk of a row-distributed dataset: about 4 MiB a chunk (a typical parallel file system
+// stripe), at least one row, at most every row.
+std::int64_t chunk_rows_for(std::int64_t rows, std::int64_t row_bytes) {
+  constexpr std::int64_t kChunkBytes = std::int64_t{4} << 20;
+  return std::max<std::int64_t>(1, std::min(rows, kChunkBytes / std::max<std::int64_t>(row_bytes, 1)));
+}
+
+// Writes the whole of `ds` from rank 0's `data`. Collective mode: one collective call in which the
+// other ranks select nothing.
+void write_from_root(hid_t ds, DType dt, const void* data, bool collective, bool root, const std::string& file,
+                     const std::string& what) {
+  hid_t fs = HCP_H5_CHECK(H5Dget_space(ds));
+  hid_t dxpl = HCP_H5_CHECK(H5Pcreate(H5P_DATASET_XFER));
+#ifdef H5_HAVE_PARALLEL
+  if (collective) HCP_H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
+#endif
+  hid_t ms = HCP_H5_CHECK(H5Scopy(fs));
+  if (!root) H5Sselect_none(fs), H5Sselect_none(ms);
+  HCP_H5_WRITE(H5Dwrite(ds, h5_type(dt), ms, fs, dxpl, root ? data : nullptr), file, what);
+  H5Sclose(ms);
+  H5Pclose(dxpl);
+  H5Sclose(fs);
 }
 
 std::pair<std::string, std::string> split_path(const std::string& p) {
@@ -90,28 +155,134 @@ void unguard_tmp() {
 
 }  // namespace
 
+bool hdf5_parallel() {
+#ifdef H5_HAVE_PARALLEL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string to_string(H5Io io) {
+  return io == H5Io::Collective ? "collective: parallel HDF5, every rank writes its own rows of each tensor"
+                                : "gather: rank 0 receives each tensor whole and writes it";
+}
+
+// ---- what a run keeps --------------------------------------------------------------------------
+namespace {
+const char* const kClasses[] = {"all", "auto", "activations", "gradients", "timings", "comm", "summary"};
+bool is_class(const std::string& s) {
+  return std::find(std::begin(kClasses), std::end(kClasses), s) != std::end(kClasses);
+}
+// The class of a dataset path: its first component; /stats belongs to the summary.
+std::string class_of(const std::string& path) {
+  const std::string first = path.substr(1, path.find('/', 1) - 1);
+  return first == "stats" ? "summary" : first;
+}
+}  // namespace
+
+SaveSet::SaveSet(const std::string& list) : text_(list) {
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t end = std::min(list.find(',', start), list.size());
+    std::string item = list.substr(start, end - start);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    while (!item.empty() && item.front() == '/') item.erase(0, 1);
+    while (!item.empty() && item.back() == '/') item.pop_back();
+    // No source location: the caller names the deck key and line.
+    if (item.empty())
+      throw Error(detail::concat("\"", list, "\" has an empty item (items: all, auto, activations, gradients, timings, ",
+                                 "comm, summary, or tensor names, separated by commas)"));
+    for (char ch : item)
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '/' && ch != '-' && ch != '.')
+        throw Error(detail::concat("item '", item, "': a tensor name holds letters, digits, '_', '-', '.' and '/' only"));
+    items_.push_back(item);
+    start = end + 1;
+  }
+}
+
+bool SaveSet::keeps_class(const std::string& cls) const {
+  for (const auto& it : items_)
+    if (it == "all" || it == "auto" || it == cls) return true;
+  return false;
+}
+
+bool SaveSet::keeps(const std::string& path, std::int64_t numel) const {
+  const std::string cls = class_of(path);
+  if (cls != "activations" && cls != "gradients" && cls != "timings" && cls != "comm" && cls != "summary") return true;
+  for (const auto& it : items_) {
+    if (it == "all" || it == cls) return true;
+    if (it == "auto" && numel <= kAutoMaxElements) return true;
+    if (is_class(it)) continue;
+    const std::string slash = "/" + it;
+    if (path == slash || path.rfind(slash + "/", 0) == 0) return true;  // a path below the root
+    if (path.size() > slash.size() && path.compare(path.size() - slash.size(), slash.size(), slash) == 0)
+      return true;  // a last component (or a path ending the dataset's)
+  }
+  return false;
+}
+
+// ---- writer ------------------------------------------------------------------------------------
 // The output folder was checked before any work (run_driver); the file itself is created when the
 // first result is written, so that a run which fails or is killed before then leaves nothing.
-ResultsWriter::ResultsWriter(const std::string& path, Communicator& comm) : comm_(comm), path_(path) {}
+ResultsWriter::ResultsWriter(const std::string& path, Communicator& comm, H5Io io, SaveSet save)
+    : comm_(comm), io_(io), save_(std::move(save)), path_(path) {
+  if (io_ == H5Io::Collective) {
+    HCP_CHECK(hdf5_parallel(), "collective HDF5 writes need HDF5 built with MPI (this build's is serial)");
+    auto* m = dynamic_cast<MpiCommunicator*>(&comm);
+    HCP_CHECK(m != nullptr, "collective HDF5 writes need an MPI communicator");
+    mpi_comm_ = new MPI_Comm(m->handle());
+  }
+}
 
 ResultsWriter::~ResultsWriter() {
-  if (file_ >= 0) H5Fclose(file_);
-  if (!done_ && !tmp_.empty()) std::remove(tmp_.c_str());
-  if (!tmp_.empty()) unguard_tmp();
+  // Closing a file opened through MPI-IO is collective: while an exception unwinds one rank (the
+  // driver then ends every rank), the file is left open rather than waited on.
+  const bool can_close = io_ == H5Io::Gather || std::uncaught_exceptions() == 0;
+  if (file_ >= 0 && can_close) H5Fclose(file_);
+  if (!done_ && !tmp_.empty() && comm_.rank() == 0) std::remove(tmp_.c_str());
+  if (!tmp_.empty() && comm_.rank() == 0) unguard_tmp();
+  delete static_cast<MPI_Comm*>(mpi_comm_);
+}
+
+bool ResultsWriter::writes() const { return io_ == H5Io::Collective || comm_.rank() == 0; }
+
+void ResultsWriter::bcast(std::string& v) {
+  if (io_ != H5Io::Collective) return;
+  MPI_Comm c = *static_cast<MPI_Comm*>(mpi_comm_);
+  unsigned long long n = v.size();
+  HCP_MPI_CHECK(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, c));
+  v.resize(n);
+  if (n > 0) HCP_MPI_CHECK(MPI_Bcast(v.data(), static_cast<int>(n), MPI_CHAR, 0, c));
+}
+
+void ResultsWriter::bcast(double* v, int n) {
+  if (io_ == H5Io::Collective) comm_.broadcast(v, n, DType::F64, 0);
 }
 
 void ResultsWriter::open() {
   if (file_ >= 0) return;
-  tmp_ = path_ + ".tmp-" + std::to_string(getpid());
+  double pid = static_cast<double>(getpid());
+  bcast(&pid, 1);  // one temporary name: rank 0's
+  tmp_ = path_ + ".tmp-" + std::to_string(static_cast<long long>(pid));
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   errno = 0;
-  file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  hid_t fapl = HCP_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS));
+#ifdef H5_HAVE_PARALLEL
+  if (io_ == H5Io::Collective) {
+    HCP_H5_CHECK(H5Pset_fapl_mpio(fapl, *static_cast<MPI_Comm*>(mpi_comm_), MPI_INFO_NULL));
+    HCP_H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
+  }
+#endif
+  file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  H5Pclose(fapl);
   if (file_ < 0) {
     const std::string why = h5_reason();
     tmp_.clear();
     throw Error(detail::concat("cannot create results file '", path_, "': ", why));
   }
-  guard_tmp(tmp_);
+  if (comm_.rank() == 0) guard_tmp(tmp_);
 }
 
 long long ResultsWriter::group(const std::string& path) {
@@ -138,9 +309,12 @@ long long ResultsWriter::group(const std::string& path) {
 }
 
 void ResultsWriter::attribute(const std::string& path, const std::string& name, const std::string& value) {
-  if (comm_.rank() != 0) return;
+  std::string v = value;
+  bcast(v);
+  if (!writes()) return;
+  open();
   hid_t o = HCP_H5_CHECK(H5Oopen(file_, path.c_str(), H5P_DEFAULT));
-  string_attr(o, name, value);
+  string_attr(o, name, v);
   H5Oclose(o);
 }
 
@@ -185,46 +359,222 @@ void ResultsWriter::double_attr(long long obj, const std::string& name, double v
 }
 
 void ResultsWriter::config(const std::map<std::string, std::string>& attrs) {
-  if (comm_.rank() != 0) return;
+  std::string n = std::to_string(attrs.size());
+  bcast(n);
+  std::vector<std::pair<std::string, std::string>> kv(attrs.begin(), attrs.end());
+  kv.resize(std::stoul(n));
+  for (auto& [k, v] : kv) bcast(k), bcast(v);
+  if (!writes()) return;
   hid_t g = group("/config");
-  for (auto& [k, v] : attrs) string_attr(g, k, v);
+  for (auto& [k, v] : kv) string_attr(g, k, v);
+  string_attr(g, "hdf5_io", to_string(io_));
+  string_attr(g, "save", save_.text());
   H5Gclose(g);
 }
 
 void ResultsWriter::config_int(const std::string& name, std::int64_t v) {
-  if (comm_.rank() != 0) return;
+  double x = static_cast<double>(v);
+  bcast(&x, 1);
+  if (!writes()) return;
   hid_t g = group("/config");
-  double_attr(g, name, static_cast<double>(v));
+  double_attr(g, name, x);
   H5Gclose(g);
 }
 
+void ResultsWriter::stats(const std::string& path, double sum, double sumsq, double max_abs, double count,
+                          double nonfinite) {
+  if (!save_.keeps_class("summary") || !writes()) return;
+  hid_t g = group("/stats" + path);
+  double_attr(g, "l2", std::sqrt(sumsq));
+  double_attr(g, "max_abs", max_abs);
+  double_attr(g, "mean", count > 0 ? sum / count : 0.0);
+  double_attr(g, "count", count);
+  double_attr(g, "nonfinite", nonfinite);
+  H5Gclose(g);
+}
+
+namespace {
+// fp64 partial statistics of rows of a host [R, row] tensor: sum, sum of squares, max |x| (NaN if
+// any), element count, non-finite count; rows in the order given.
+struct Partial {
+  double v[5] = {0, 0, 0, 0, 0};
+  void add(const Tensor& c, std::int64_t row, std::int64_t row_len) {
+    for (std::int64_t j = row * row_len; j < (row + 1) * row_len; ++j) {
+      const double x = c.get(j);
+      v[0] += x, v[1] += x * x, v[2] = nan_max(v[2], std::abs(x)), v[3] += 1;
+      if (!std::isfinite(x)) v[4] += 1;
+    }
+  }
+};
+}  // namespace
+
 void ResultsWriter::tensor(const std::string& path, const Tensor& t, const std::string& layout,
                            const std::string& units) {
-  if (comm_.rank() != 0) return;
+  // Rank 0's tensor: its shape, dtype and statistics on every rank (collective mode).
+  if (!writes()) return;
+  Tensor c;
+  Partial st;
+  std::vector<double> meta;  // dtype code (0 fp64, 1 fp32, 2 bf16), rank, dims
+  if (comm_.rank() == 0) {
+    c = writable(t);
+    for (std::int64_t r = 0; r < std::max<std::int64_t>(c.numel(), 0); ++r) st.add(c, r, 1);
+    meta = {t.dtype() == DType::F64 ? 0.0 : t.dtype() == DType::F32 ? 1.0 : 2.0, static_cast<double>(c.dim())};
+    for (auto d : c.shape()) meta.push_back(static_cast<double>(d));
+  }
+  double nmeta = static_cast<double>(meta.size());
+  bcast(&nmeta, 1);
+  meta.resize(static_cast<std::size_t>(nmeta));
+  bcast(meta.data(), static_cast<int>(nmeta));
+  bcast(st.v, 5);
+  const DType orig = meta[0] == 0 ? DType::F64 : meta[0] == 1 ? DType::F32 : DType::BF16;
+  const Shape shape(meta.begin() + 2, meta.end());
+  stats(path, st.v[0], st.v[1], st.v[2], st.v[3], st.v[4]);
+  if (!save_.keeps(path, numel_of(shape)) || !writes()) return;
   auto [dir, name] = split_path(path);
+  const std::string what = "dataset " + path;
   hid_t g = group(dir);
-  write_dataset(g, name, t, path_, "dataset " + path);
-  hid_t ds = HCP_H5_CHECK(H5Dopen2(g, name.c_str(), H5P_DEFAULT));
+  const DType wdt = orig == DType::F64 ? DType::F64 : DType::F32;
+  hid_t ds = create_dataset(g, name, shape, wdt, 0, path_, what);
+  write_from_root(ds, wdt, comm_.rank() == 0 ? c.raw() : nullptr, io_ == H5Io::Collective, comm_.rank() == 0, path_, what);
   string_attr(ds, "layout", layout);
   string_attr(ds, "units", units);
-  string_attr(ds, "dtype", to_string(t.dtype()));
+  string_attr(ds, "dtype", to_string(orig));
+  H5Dclose(ds);
+  H5Gclose(g);
+}
+
+void ResultsWriter::rows(const std::string& path, const Tensor& local, const std::vector<std::int64_t>& file_row,
+                         std::int64_t total_rows, const std::string& layout, const std::string& units) {
+  HCP_CHECK(local.dim() >= 1 && static_cast<std::int64_t>(file_row.size()) == local.size(0), "rows('", path, "'): ",
+            file_row.size(), " row indices for ", local.dim() ? local.size(0) : 0, " local rows");
+  const Tensor c = writable(local);
+  const std::int64_t row_len = c.size(0) > 0 ? c.numel() / c.size(0) : numel_of(Shape(c.shape().begin() + 1, c.shape().end()));
+  const DType wdt = c.dtype();
+  // This rank's rows in file order.
+  std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // (file row, local row)
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(file_row.size()); ++i) {
+    const std::int64_t f = file_row[static_cast<std::size_t>(i)];
+    HCP_CHECK(f < total_rows, "rows('", path, "'): file row ", f, " of local row ", i, " outside [0, ", total_rows, ")");
+    if (f >= 0) mine.emplace_back(f, i);
+  }
+  std::sort(mine.begin(), mine.end());
+  // Statistics: each rank's fp64 partial sums over its rows in file order, combined in rank order,
+  // so both modes (and every rank) hold the same figures.
+  Partial st;
+  for (auto& [f, i] : mine) st.add(c, i, row_len);
+  const int p = comm_.size();
+  std::vector<double> part(6 * static_cast<std::size_t>(p));
+  const double mine6[6] = {st.v[0], st.v[1], st.v[2], st.v[3], st.v[4], static_cast<double>(mine.size())};
+  comm_.all_gather(mine6, part.data(), 6, DType::F64);
+  Partial all;
+  double rows_written = 0;
+  for (int r = 0; r < p; ++r) {
+    const double* q = &part[6 * static_cast<std::size_t>(r)];
+    all.v[0] += q[0], all.v[1] += q[1], all.v[2] = nan_max(all.v[2], q[2]), all.v[3] += q[3], all.v[4] += q[4];
+    rows_written += q[5];
+  }
+  HCP_CHECK(rows_written == static_cast<double>(total_rows), "rows('", path, "'): the ranks hold ", rows_written,
+            " rows for a dataset of ", total_rows);
+  stats(path, all.v[0], all.v[1], all.v[2], all.v[3], all.v[4]);
+  Shape shape = c.shape();
+  shape[0] = total_rows;
+  if (!save_.keeps(path, numel_of(shape))) return;
+
+  // This rank's rows, packed in file order.
+  const std::size_t esz = dtype_size(wdt);
+  const std::int64_t n = static_cast<std::int64_t>(mine.size());
+  std::vector<unsigned char> buf(static_cast<std::size_t>(n * row_len) * esz);
+  for (std::int64_t k = 0; k < n; ++k)
+    std::memcpy(buf.data() + static_cast<std::size_t>(k * row_len) * esz,
+                static_cast<const unsigned char*>(c.raw()) + static_cast<std::size_t>(mine[static_cast<std::size_t>(k)].second * row_len) * esz,
+                static_cast<std::size_t>(row_len) * esz);
+  std::vector<std::int64_t> rows_of_mine(static_cast<std::size_t>(n));
+  for (std::int64_t k = 0; k < n; ++k) rows_of_mine[static_cast<std::size_t>(k)] = mine[static_cast<std::size_t>(k)].first;
+
+  // Gather mode: rank 0 receives every rank's rows and places them.
+  Tensor whole;
+  if (io_ == H5Io::Gather) {
+    if (comm_.rank() != 0) {
+      std::vector<double> idx(rows_of_mine.begin(), rows_of_mine.end());
+      if (n > 0) {
+        comm_.send(idx.data(), n, DType::F64, 0, 71);
+        comm_.send(buf.data(), n * row_len, wdt, 0, 72);
+      }
+      return;
+    }
+    whole = Tensor::zeros(shape, wdt, Space::Host);
+    auto place = [&](const unsigned char* src, const std::vector<std::int64_t>& at) {
+      for (std::size_t k = 0; k < at.size(); ++k)
+        std::memcpy(static_cast<unsigned char*>(whole.raw()) + static_cast<std::size_t>(at[k] * row_len) * esz,
+                    src + k * static_cast<std::size_t>(row_len) * esz, static_cast<std::size_t>(row_len) * esz);
+    };
+    place(buf.data(), rows_of_mine);
+    for (int r = 1; r < p; ++r) {
+      const auto nr = static_cast<std::int64_t>(part[6 * static_cast<std::size_t>(r) + 5]);
+      if (nr == 0) continue;
+      std::vector<double> idx(static_cast<std::size_t>(nr));
+      std::vector<unsigned char> rb(static_cast<std::size_t>(nr * row_len) * esz);
+      comm_.recv(idx.data(), nr, DType::F64, r, 71);
+      comm_.recv(rb.data(), nr * row_len, wdt, r, 72);
+      place(rb.data(), std::vector<std::int64_t>(idx.begin(), idx.end()));
+    }
+  }
+
+  auto [dir, name] = split_path(path);
+  const std::string what = "dataset " + path;
+  hid_t g = group(dir);
+  hid_t ds = create_dataset(g, name, shape, wdt, chunk_rows_for(total_rows, row_len * static_cast<std::int64_t>(esz)),
+                            path_, what);
+  if (io_ == H5Io::Gather) {
+    write_from_root(ds, wdt, whole.raw(), false, true, path_, what);
+  } else {
+    // This rank's runs of consecutive file rows, one hyperslab each, written in one collective call.
+    hid_t fs = HCP_H5_CHECK(H5Dget_space(ds));
+    H5Sselect_none(fs);
+    std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
+    for (std::int64_t k = 0; k < n;) {
+      std::int64_t e = k + 1;
+      while (e < n && rows_of_mine[static_cast<std::size_t>(e)] == rows_of_mine[static_cast<std::size_t>(e - 1)] + 1) ++e;
+      start[0] = static_cast<hsize_t>(rows_of_mine[static_cast<std::size_t>(k)]);
+      count[0] = static_cast<hsize_t>(e - k);
+      HCP_H5_CHECK(H5Sselect_hyperslab(fs, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr));
+      k = e;
+    }
+    const hsize_t mlen = static_cast<hsize_t>(std::max<std::int64_t>(n * row_len, 1));
+    hid_t ms = HCP_H5_CHECK(H5Screate_simple(1, &mlen, nullptr));
+    if (n == 0) H5Sselect_none(ms);
+    hid_t dxpl = HCP_H5_CHECK(H5Pcreate(H5P_DATASET_XFER));
+#ifdef H5_HAVE_PARALLEL
+    HCP_H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
+#endif
+    HCP_H5_WRITE(H5Dwrite(ds, h5_type(wdt), ms, fs, dxpl, buf.data()), path_, what);
+    H5Pclose(dxpl);
+    H5Sclose(ms);
+    H5Sclose(fs);
+  }
+  string_attr(ds, "layout", layout);
+  string_attr(ds, "units", units);
+  string_attr(ds, "dtype", to_string(local.dtype()));
   H5Dclose(ds);
   H5Gclose(g);
 }
 
 void ResultsWriter::timings(const std::string& phase, const std::vector<double>& ms) {
   const int p = comm_.size();
-  std::vector<double> nrep = comm_.gather_to_root(static_cast<double>(ms.size()));
+  std::vector<double> nrep(static_cast<std::size_t>(p));
+  const double mine = static_cast<double>(ms.size());
+  comm_.all_gather(&mine, nrep.data(), 1, DType::F64);
   for (double n : nrep)
-    HCP_CHECK(n == static_cast<double>(ms.size()), "timings('", phase, "'): ranks recorded different repeat counts");
+    HCP_CHECK(n == mine, "timings('", phase, "'): ranks recorded different repeat counts");
   const auto r = static_cast<std::int64_t>(ms.size());
   Tensor all = Tensor::zeros({p, r}, DType::F64, Space::Host);
   if (r > 0) comm_.all_gather(ms.data(), all.raw(), r, DType::F64);
-  if (comm_.rank() != 0) return;
-  auto [dir, name] = split_path("/timings/" + phase);
+  const std::string path = "/timings/" + phase;
+  if (!save_.keeps(path, all.numel()) || !writes()) return;
+  auto [dir, name] = split_path(path);
   hid_t g = group(dir);
-  write_dataset(g, name, all, path_, "dataset /timings/" + phase);
-  hid_t ds = HCP_H5_CHECK(H5Dopen2(g, name.c_str(), H5P_DEFAULT));
+  hid_t ds = create_dataset(g, name, all.shape(), DType::F64, 0, path_, "dataset " + path);
+  write_from_root(ds, DType::F64, all.raw(), io_ == H5Io::Collective, comm_.rank() == 0, path_, "dataset " + path);
   string_attr(ds, "units", "ms");
   string_attr(ds, "layout", "[rank, repeat]");
   H5Dclose(ds);
@@ -236,21 +586,33 @@ void ResultsWriter::comm(const Communicator& c, const std::string& prefix) {
   static const char* kOps[] = {"all_to_all", "all_to_all_v", "all_gather", "reduce_scatter", "all_reduce",
                                "broadcast",  "send",         "recv",       "ring_post",      "ring_wait",
                                "barrier"};
+  const int p = comm_.size();
   for (const char* op : kOps) {
     auto it = c.counters().find(op);
     CommCounter cc = it == c.counters().end() ? CommCounter{} : it->second;
     double any = comm_.all_reduce_scalar(static_cast<double>(cc.calls), ReduceOp::Max);
     if (any == 0) continue;
-    auto bytes = comm_.gather_to_root(static_cast<double>(cc.bytes_sent));
-    auto secs = comm_.gather_to_root(cc.seconds);
-    auto calls = comm_.gather_to_root(static_cast<double>(cc.calls));
-    if (comm_.rank() != 0) continue;
-    const auto p = static_cast<std::int64_t>(bytes.size());
+    const double mine[3] = {static_cast<double>(cc.bytes_sent), cc.seconds, static_cast<double>(cc.calls)};
+    std::vector<double> all(3 * static_cast<std::size_t>(p));
+    comm_.all_gather(mine, all.data(), 3, DType::F64);
+    std::vector<double> bytes, secs, calls;
+    for (int r = 0; r < p; ++r) {
+      bytes.push_back(all[3 * static_cast<std::size_t>(r)]);
+      secs.push_back(all[3 * static_cast<std::size_t>(r) + 1]);
+      calls.push_back(all[3 * static_cast<std::size_t>(r) + 2]);
+    }
     const std::string base = "/comm/" + prefix + op;
+    if (!save_.keeps(base, p) || !writes()) continue;
     hid_t g = group(base);
-    write_dataset(g, "bytes_sent", Tensor::wrap(bytes.data(), {p}, DType::F64), path_, "dataset " + base + "/bytes_sent");
-    write_dataset(g, "seconds", Tensor::wrap(secs.data(), {p}, DType::F64), path_, "dataset " + base + "/seconds");
-    write_dataset(g, "calls", Tensor::wrap(calls.data(), {p}, DType::F64), path_, "dataset " + base + "/calls");
+    const auto put = [&](const char* n, std::vector<double>& v) {
+      const std::string what = "dataset " + base + "/" + n;
+      hid_t ds = create_dataset(g, n, {p}, DType::F64, 0, path_, what);
+      write_from_root(ds, DType::F64, v.data(), io_ == H5Io::Collective, comm_.rank() == 0, path_, what);
+      H5Dclose(ds);
+    };
+    put("bytes_sent", bytes);
+    put("seconds", secs);
+    put("calls", calls);
     string_attr(g, "layout", "[rank]");
     string_attr(g, "units", "bytes_sent: bytes, seconds: s, calls: count");
     // What the counters count: the payload each rank hands to the communicator per call (for a
@@ -263,23 +625,49 @@ void ResultsWriter::comm(const Communicator& c, const std::string& prefix) {
 }
 
 void ResultsWriter::summary(const std::string& name, double max_abs, double max_rel, double tol, bool pass) {
-  if (comm_.rank() != 0) return;
+  double v[4] = {max_abs, max_rel, tol, pass ? 1.0 : 0.0};
+  bcast(v, 4);
+  if (!save_.keeps_class("summary") || !writes()) return;
   hid_t g = group("/summary/" + name);
-  double_attr(g, "max_abs", max_abs);
-  double_attr(g, "max_rel", max_rel);
-  double_attr(g, "tolerance", tol);
-  double_attr(g, "pass", pass ? 1.0 : 0.0);
+  double_attr(g, "max_abs", v[0]);
+  double_attr(g, "max_rel", v[1]);
+  double_attr(g, "tolerance", v[2]);
+  double_attr(g, "pass", v[3]);
   H5Gclose(g);
+}
+
+void ResultsWriter::summaries(const std::string& prefix, const std::vector<std::pair<std::string, double>>& rel,
+                              double tol) {
+  // Rank 0's list, as "name\tvalue" lines with exact (hex) values, on every rank.
+  std::string text;
+  if (comm_.rank() == 0)
+    for (const auto& [n, v] : rel) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%a", v);
+      text += n + "\t" + buf + "\n";
+    }
+  bcast(text);
+  if (!writes()) return;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t tab = text.find('\t', at), nl = text.find('\n', tab);
+    const double v = std::strtod(text.substr(tab + 1, nl - tab - 1).c_str(), nullptr);
+    summary(prefix + "/" + text.substr(at, tab - at), v, v, tol, v <= tol);
+    at = nl + 1;
+  }
 }
 
 void ResultsWriter::finish() {
   double ok = 1;
   std::string why;
-  if (comm_.rank() == 0) {
+  if (writes()) {
     open();  // a run that wrote nothing still leaves a (nearly empty) file
     errno = 0;
-    if (H5Fclose(file_) < 0) ok = 0, why = h5_reason();
+    if (H5Fclose(file_) < 0) ok = 0, why = h5_reason(path_);
     file_ = -1;
+  }
+  if (io_ == H5Io::Collective) ok = comm_.all_reduce_scalar(ok, ReduceOp::Max) == 1 && ok == 1 ? 1 : 0;
+  if (comm_.rank() == 0) {
     if (ok == 1 && std::rename(tmp_.c_str(), path_.c_str()) != 0) ok = 0, why = std::strerror(errno);
     unguard_tmp();
   }

@@ -3,6 +3,8 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -91,4 +93,105 @@ TEST(Results, UnwritableFolderIsAClearError) {
     }
   }
   EXPECT_THROW(ResultsReader("/nonexistent.h5"), Error);
+}
+
+namespace {
+// Rows of a [T, 3, 2] tensor dealt to the ranks in a scattered order (rank r holds global rows
+// r, r + p, ...; local order reversed, plus one unwritten row), as a DualChunkSwap layout deals tokens.
+struct Dealt {
+  Tensor local;
+  std::vector<std::int64_t> rows;
+};
+Dealt deal(const Tensor& global, int rank, int p) {
+  std::vector<std::int64_t> mine;
+  for (std::int64_t i = rank; i < global.size(0); i += p) mine.push_back(i);
+  std::reverse(mine.begin(), mine.end());
+  mine.push_back(-1);  // a pad: not written
+  Tensor local = Tensor::zeros({static_cast<std::int64_t>(mine.size()), 3, 2}, global.dtype());
+  for (std::size_t k = 0; k + 1 < mine.size(); ++k)
+    local.slice(0, static_cast<std::int64_t>(k), 1).copy_from(global.slice(0, mine[k], 1));
+  local.slice(0, static_cast<std::int64_t>(mine.size()) - 1, 1).fill(1e300);  // must not reach the file
+  return {local, mine};
+}
+
+void write_run(const std::string& path, MpiCommunicator& c, H5Io io, const std::string& save, const Tensor& g) {
+  ResultsWriter w(path, c, io, SaveSet(save));
+  w.config({{"strategy", "p2p"}});
+  const Dealt d = deal(g, c.rank(), c.size());
+  w.rows("/activations/p2p/o", d.local, d.rows, g.size(0), "[T,H,D]", "1");
+  w.rows("/gradients/p2p/dq", d.local.to(DType::BF16), d.rows, g.size(0), "[T,H,D]", "1");
+  Tensor ref = c.rank() == 0 ? g : Tensor();
+  w.tensor("/activations/reference/o", ref, "[T,H,D]", "1");
+  w.summary("p2p/o", 1e-7, 2e-7, 1e-5, true);
+  w.timings("p2p/forward", {1.0 + c.rank(), 2.0});
+  w.finish();
+}
+}  // namespace
+
+// Collective (parallel HDF5, each rank its own hyperslabs) and gather (rank 0 writes) give the same
+// datasets, bit for bit, with the same chunking; pads are not written.
+TEST(Results, CollectiveAndGatherWriteTheSameTensors) {
+  if (!hdf5_parallel()) GTEST_SKIP() << "serial HDF5: only the gather mode exists";
+  MpiCommunicator c(MPI_COMM_WORLD);
+  const std::string pc = tmp_path(c, "hcp-collective"), pg = tmp_path(c, "hcp-gather");
+  Tensor g = Tensor::empty({37, 3, 2}, DType::F64, Space::Host);
+  fill_uniform(g, 5);
+  write_run(pc, c, H5Io::Collective, "all", g);
+  write_run(pg, c, H5Io::Gather, "all", g);
+  if (c.rank() == 0) {
+    ResultsReader a(pc), b(pg);
+    for (const char* n : {"/activations/p2p/o", "/gradients/p2p/dq", "/activations/reference/o", "/timings/p2p/forward"}) {
+      const Tensor x = a.read(n), y = b.read(n);
+      EXPECT_EQ(x.shape(), y.shape()) << n;
+      EXPECT_EQ(x.to_vector(), y.to_vector()) << n;
+      EXPECT_EQ(checksum(x), checksum(y)) << n;
+      for (const char* s : {"l2", "max_abs", "mean", "count"})
+        if (std::string(n).rfind("/timings", 0) != 0)
+          EXPECT_EQ(a.double_attr(std::string("/stats") + n, s), b.double_attr(std::string("/stats") + n, s)) << n << " " << s;
+    }
+    EXPECT_EQ(a.read("/activations/p2p/o").to_vector(), g.to_vector());  // pads (1e300) not written
+    EXPECT_EQ(a.read("/activations/reference/o").to_vector(), g.to_vector());
+    EXPECT_EQ(a.double_attr("/stats/activations/p2p/o", "count"), static_cast<double>(g.numel()));
+    EXPECT_EQ(a.double_attr("/summary/p2p/o", "pass"), 1.0);
+    EXPECT_EQ(a.string_attr("/config", "hdf5_io").rfind("collective", 0), 0u);
+    EXPECT_EQ(b.string_attr("/config", "hdf5_io").rfind("gather", 0), 0u);
+    std::remove(pc.c_str());
+    std::remove(pg.c_str());
+  }
+  c.barrier();
+}
+
+// run.save: a run that keeps only the summary has no tensors but their statistics; names select.
+TEST(Results, SaveKeepsWhatItNames) {
+  MpiCommunicator c(MPI_COMM_WORLD);
+  const H5Io io = hdf5_parallel() ? H5Io::Collective : H5Io::Gather;
+  const std::string p1 = tmp_path(c, "hcp-save-summary"), p2 = tmp_path(c, "hcp-save-named");
+  Tensor g = Tensor::empty({20, 3, 2}, DType::F64, Space::Host);
+  fill_uniform(g, 6);
+  write_run(p1, c, io, "summary,timings", g);
+  write_run(p2, c, io, "dq, activations/reference", g);
+  if (c.rank() == 0) {
+    ResultsReader a(p1), b(p2);
+    EXPECT_FALSE(a.exists("/activations/p2p/o"));
+    EXPECT_FALSE(a.exists("/gradients/p2p/dq"));
+    EXPECT_TRUE(a.exists("/timings/p2p/forward"));
+    EXPECT_TRUE(a.exists("/summary/p2p/o"));
+    double sq = 0;
+    for (double v : g.to_vector()) sq += v * v;
+    EXPECT_NEAR(a.double_attr("/stats/activations/p2p/o", "l2"), std::sqrt(sq), 1e-12 * std::sqrt(sq));
+    EXPECT_EQ(a.string_attr("/config", "save"), "summary,timings");
+    EXPECT_TRUE(b.exists("/gradients/p2p/dq"));
+    EXPECT_TRUE(b.exists("/activations/reference/o"));
+    EXPECT_FALSE(b.exists("/activations/p2p/o"));
+    EXPECT_FALSE(b.exists("/timings/p2p/forward"));
+    EXPECT_FALSE(b.exists("/summary/p2p/o"));
+    std::remove(p1.c_str());
+    std::remove(p2.c_str());
+  }
+  c.barrier();
+  EXPECT_THROW(SaveSet("summary,,timings"), Error);
+  EXPECT_THROW(SaveSet("activations/p2p o"), Error);
+  EXPECT_TRUE(SaveSet("auto").keeps("/activations/x", SaveSet::kAutoMaxElements));
+  EXPECT_FALSE(SaveSet("auto").keeps("/activations/x", SaveSet::kAutoMaxElements + 1));
+  EXPECT_TRUE(SaveSet("auto").keeps("/params/w", SaveSet::kAutoMaxElements + 1));
 }
