@@ -155,74 +155,6 @@ void unguard_tmp() {
 
 }  // namespace
 
-bool hdf5_parallel() {
-#ifdef H5_HAVE_PARALLEL
-  return true;
-#else
-  return false;
-#endif
-}
-
-std::string to_string(H5Io io) {
-  return io == H5Io::Collective ? "collective: parallel HDF5, every rank writes its own rows of each tensor"
-                                : "gather: rank 0 receives each tensor whole and writes it";
-}
-
-// ---- what a run keeps --------------------------------------------------------------------------
-namespace {
-const char* const kClasses[] = {"all", "auto", "activations", "gradients", "timings", "comm", "summary"};
-bool is_class(const std::string& s) {
-  return std::find(std::begin(kClasses), std::end(kClasses), s) != std::end(kClasses);
-}
-// The class of a dataset path: its first component; /stats belongs to the summary.
-std::string class_of(const std::string& path) {
-  const std::string first = path.substr(1, path.find('/', 1) - 1);
-  return first == "stats" ? "summary" : first;
-}
-}  // namespace
-
-SaveSet::SaveSet(const std::string& list) : text_(list) {
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    const std::size_t end = std::min(list.find(',', start), list.size());
-    std::string item = list.substr(start, end - start);
-    item.erase(0, item.find_first_not_of(' '));
-    item.erase(item.find_last_not_of(' ') + 1);
-    while (!item.empty() && item.front() == '/') item.erase(0, 1);
-    while (!item.empty() && item.back() == '/') item.pop_back();
-    // No source location: the caller names the deck key and line.
-    if (item.empty())
-      throw Error(detail::concat("\"", list, "\" has an empty item (items: all, auto, activations, gradients, timings, ",
-                                 "comm, summary, or tensor names, separated by commas)"));
-    for (char ch : item)
-      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '/' && ch != '-' && ch != '.')
-        throw Error(detail::concat("item '", item, "': a tensor name holds letters, digits, '_', '-', '.' and '/' only"));
-    items_.push_back(item);
-    start = end + 1;
-  }
-}
-
-bool SaveSet::keeps_class(const std::string& cls) const {
-  for (const auto& it : items_)
-    if (it == "all" || it == "auto" || it == cls) return true;
-  return false;
-}
-
-bool SaveSet::keeps(const std::string& path, std::int64_t numel) const {
-  const std::string cls = class_of(path);
-  if (cls != "activations" && cls != "gradients" && cls != "timings" && cls != "comm" && cls != "summary") return true;
-  for (const auto& it : items_) {
-    if (it == "all" || it == cls) return true;
-    if (it == "auto" && numel <= kAutoMaxElements) return true;
-    if (is_class(it)) continue;
-    const std::string slash = "/" + it;
-    if (path == slash || path.rfind(slash + "/", 0) == 0) return true;  // a path below the root
-    if (path.size() > slash.size() && path.compare(path.size() - slash.size(), slash.size(), slash) == 0)
-      return true;  // a last component (or a path ending the dataset's)
-  }
-  return false;
-}
-
 // ---- writer ------------------------------------------------------------------------------------
 // The output folder was checked before any work (run_driver); the file itself is created when the
 // first result is written, so that a run which fails or is killed before then leaves nothing.
@@ -316,21 +248,6 @@ void ResultsWriter::attribute(const std::string& path, const std::string& name, 
   hid_t o = HCP_H5_CHECK(H5Oopen(file_, path.c_str(), H5P_DEFAULT));
   string_attr(o, name, v);
   H5Oclose(o);
-}
-
-std::string checksum(const Tensor& t) {
-  const Tensor h = t.space() == Space::Cuda ? t.to(Space::Host) : t;
-  std::uint64_t acc = 0x243f6a8885a308d3ull ^ static_cast<std::uint64_t>(h.numel());
-  for (std::int64_t i = 0; i < h.numel(); ++i) {
-    const double v = h.get(i);
-    std::uint64_t b = 0;
-    std::memcpy(&b, &v, sizeof b);
-    acc = (acc ^ b) * 0x100000001b3ull;  // FNV-1a step over 64-bit words
-    acc ^= acc >> 29;
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(acc));
-  return buf;
 }
 
 void ResultsWriter::string_attr(long long obj, const std::string& name, const std::string& v) {
@@ -678,69 +595,6 @@ void ResultsWriter::finish() {
                                why.empty() ? std::string(" (see rank 0)") : ": " + why));
   }
   done_ = true;
-}
-
-// ---- reader ------------------------------------------------------------------------------------
-ResultsReader::ResultsReader(const std::string& path) : path_(path) {
-  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  HCP_CHECK(file_ >= 0, "cannot open HDF5 file '", path, "' for reading");
-}
-ResultsReader::~ResultsReader() {
-  if (file_ >= 0) H5Fclose(file_);
-}
-
-bool ResultsReader::exists(const std::string& path) const {
-  // Check every prefix so a missing group does not raise.
-  std::size_t pos = 1;
-  while (true) {
-    auto end = path.find('/', pos);
-    std::string pre = path.substr(0, end);
-    if (H5Lexists(file_, pre.c_str(), H5P_DEFAULT) <= 0) return false;
-    if (end == std::string::npos) return true;
-    pos = end + 1;
-  }
-}
-
-Tensor ResultsReader::read(const std::string& path, DType dt) const {
-  HCP_CHECK(exists(path), path_, ": no dataset '", path, "'");
-  hid_t ds = HCP_H5_CHECK(H5Dopen2(file_, path.c_str(), H5P_DEFAULT));
-  hid_t space = HCP_H5_CHECK(H5Dget_space(ds));
-  int nd = HCP_H5_CHECK(H5Sget_simple_extent_ndims(space));
-  std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
-  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
-  Shape shape(dims.begin(), dims.end());
-  DType rd = dt == DType::BF16 ? DType::F32 : dt;
-  Tensor t = Tensor::empty(shape, rd, Space::Host);
-  HCP_H5_CHECK(H5Dread(ds, h5_type(rd), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()));
-  H5Sclose(space);
-  H5Dclose(ds);
-  return dt == rd ? t : t.to(dt);
-}
-
-std::string ResultsReader::string_attr(const std::string& obj, const std::string& name) const {
-  HCP_CHECK(exists(obj) || obj == "/", path_, ": no object '", obj, "'");
-  hid_t a = H5Aopen_by_name(file_, obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT);
-  HCP_CHECK(a >= 0, path_, ": no attribute '", name, "' on '", obj, "'");
-  hid_t type = HCP_H5_CHECK(H5Tcopy(H5T_C_S1));
-  H5Tset_size(type, H5T_VARIABLE);
-  H5Tset_cset(type, H5T_CSET_UTF8);
-  char* s = nullptr;
-  HCP_H5_CHECK(H5Aread(a, type, &s));
-  std::string out = s ? s : "";
-  H5free_memory(s);
-  H5Tclose(type);
-  H5Aclose(a);
-  return out;
-}
-
-double ResultsReader::double_attr(const std::string& obj, const std::string& name) const {
-  hid_t a = H5Aopen_by_name(file_, obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT);
-  HCP_CHECK(a >= 0, path_, ": no attribute '", name, "' on '", obj, "'");
-  double v = 0;
-  HCP_H5_CHECK(H5Aread(a, H5T_NATIVE_DOUBLE, &v));
-  H5Aclose(a);
-  return v;
 }
 
 }  // namespace hcp

@@ -1,0 +1,79 @@
+// What a results file keeps (run.save) and how it is written (HDF5 with or without MPI-IO).
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "io/results.hpp"
+
+namespace hcp {
+
+bool hdf5_parallel() {
+#ifdef H5_HAVE_PARALLEL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string to_string(H5Io io) {
+  return io == H5Io::Collective ? "collective: parallel HDF5, every rank writes its own rows of each tensor"
+                                : "gather: rank 0 receives each tensor whole and writes it";
+}
+
+// ---- what a run keeps --------------------------------------------------------------------------
+namespace {
+const char* const kClasses[] = {"all", "auto", "activations", "gradients", "timings", "comm", "summary"};
+bool is_class(const std::string& s) {
+  return std::find(std::begin(kClasses), std::end(kClasses), s) != std::end(kClasses);
+}
+// The class of a dataset path: its first component; /stats belongs to the summary.
+std::string class_of(const std::string& path) {
+  const std::string first = path.substr(1, path.find('/', 1) - 1);
+  return first == "stats" ? "summary" : first;
+}
+}  // namespace
+
+SaveSet::SaveSet(const std::string& list) : text_(list) {
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t end = std::min(list.find(',', start), list.size());
+    std::string item = list.substr(start, end - start);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    while (!item.empty() && item.front() == '/') item.erase(0, 1);
+    while (!item.empty() && item.back() == '/') item.pop_back();
+    // No source location: the caller names the deck key and line.
+    if (item.empty())
+      throw Error(detail::concat("\"", list, "\" has an empty item (items: all, auto, activations, gradients, timings, ",
+                                 "comm, summary, or tensor names, separated by commas)"));
+    for (char ch : item)
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '/' && ch != '-' && ch != '.')
+        throw Error(detail::concat("item '", item, "': a tensor name holds letters, digits, '_', '-', '.' and '/' only"));
+    items_.push_back(item);
+    start = end + 1;
+  }
+}
+
+bool SaveSet::keeps_class(const std::string& cls) const {
+  for (const auto& it : items_)
+    if (it == "all" || it == "auto" || it == cls) return true;
+  return false;
+}
+
+bool SaveSet::keeps(const std::string& path, std::int64_t numel) const {
+  const std::string cls = class_of(path);
+  if (cls != "activations" && cls != "gradients" && cls != "timings" && cls != "comm" && cls != "summary") return true;
+  for (const auto& it : items_) {
+    if (it == "all" || it == cls) return true;
+    if (it == "auto" && numel <= kAutoMaxElements) return true;
+    if (is_class(it)) continue;
+    const std::string slash = "/" + it;
+    if (path == slash || path.rfind(slash + "/", 0) == 0) return true;  // a path below the root
+    if (path.size() > slash.size() && path.compare(path.size() - slash.size(), slash.size(), slash) == 0)
+      return true;  // a last component (or a path ending the dataset's)
+  }
+  return false;
+}
+
+}  // namespace hcp
