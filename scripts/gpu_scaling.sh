@@ -5,8 +5,9 @@
 #   cp_attention  every strategy, bf16, head_dim 128 (the tensor-core kernels), cp=1 check off
 #   cp_mamba      hidden_parallel and state_passing (bf16 at Mamba2 sizes on GPUs, fp32 on CPU ranks)
 #   cp_hybrid     every attention strategy (fp32, the nano-like deck)
-# with CP sizes 1, 2, 4, 8 up to the GPUs present. Per run one HDF5 file; per study timings.txt (step
-# time, ring overlap, per-phase/per-layer times), summary.txt and a scaling plot, in $HCP_LOG_DIR.
+# with CP sizes 1, 2, 4, 8 up to the GPUs present. Per run one HDF5 file; per study (hcp_post.py
+# study) study.txt (step time, ring overlap, per-phase/per-layer times, summary), timings.csv and
+# the scaling, breakdown and errors plots, in $HCP_LOG_DIR.
 # Usage: scripts/gpu_scaling.sh            (HCP_BUILD_DIR default build-gpu, HCP_CMAKE_ARGS, HCP_JOBS,
 #        HCP_LOG_DIR default $build/gpu-scaling; HCP_TOKENS_ATTN/HCP_TOKENS_MAMBA/HCP_TOKENS_HYBRID strong
 #        totals, weak per-rank tokens = strong / 8)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Submits small strong- and weak-scaling studies to a real (local, single-node) Slurm with
-# `sbatch --wait` and checks the HDF5 files, the table, the summary and the plot they produced.
+# `sbatch --wait` and checks the HDF5 files, the table, the summary and the plots they produced.
 # Starts the daemons when none answers. Usage: slurm_study.sh <repo> <build dir>
 set -euo pipefail
 root="$1"; build="$2"
@@ -33,9 +33,13 @@ wait $p2 || exit 1
 n_strong=$(ls "$out"/strong/*.h5 | wc -l); n_weak=$(ls "$out"/weak/*.h5 | wc -l)
 [ "$n_strong" -eq 6 ] && [ "$n_weak" -eq 6 ] || { echo "FAIL: expected 6 + 6 files, got $n_strong + $n_weak"; exit 1; }
 for f in "$out"/strong/*.h5 "$out"/weak/*.h5; do h5dump -a /config/driver "$f" >/dev/null || { echo "FAIL: unreadable $f"; exit 1; }; done
-[ -s "$out/strong/scaling_cp_hybrid_strong.png" ] && [ -s "$out/weak/scaling_cp_mamba_weak.png" ] || { echo "FAIL: no plot"; exit 1; }
-grep -q "RESULT summary PASS" "$out/strong/summary.txt" && grep -q "RESULT summary PASS" "$out/weak/summary.txt" \
-  || { echo "FAIL: summary"; exit 1; }
+for d in strong weak; do  # hcp_post.py study made these from the directory
+  for png in scaling errors $([ "$d" = strong ] && echo breakdown); do
+    [ "$(head -c 4 "$out/$d/$png.png" | od -An -c | tr -d ' ')" = "211PNG" ] || { echo "FAIL: $d/$png.png is not a PNG"; exit 1; }
+  done
+  grep -q "^file,cp,strategy,step_ms" "$out/$d/timings.csv" || { echo "FAIL: $d/timings.csv"; exit 1; }
+  grep -q "RESULT summary PASS" "$out/$d/study.txt" || { echo "FAIL: summary of $d"; exit 1; }
+done
 # Weak scaling: the cp=4 run had 4x the tokens of cp=1 (a BSHD row of 128).
 /usr/bin/python3 - "$out/weak/cp_mamba_weak_cp4_state_passing.h5" <<'PY'
 import sys, h5py
