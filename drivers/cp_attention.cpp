@@ -76,12 +76,8 @@ void run(DriverContext& ctx) {
   const SeqLayout& g = base.global;
   const std::int64_t T = g.total(), H = base.heads, Hkv = base.kv_heads, D = base.head_dim;
   const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
-  Tensor q = Tensor::empty({T, H, D}, st.dt), kk = Tensor::empty({T, Hkv, D}, st.dt), v = Tensor::empty({T, Hkv, D}, st.dt),
-         dout = Tensor::empty({T, H, D}, st.dt);
-  fill_uniform(q, seed * 4 + 0);
-  fill_uniform(kk, seed * 4 + 1);
-  fill_uniform(v, seed * 4 + 2);
-  fill_uniform(dout, seed * 4 + 3);
+  const Tensor q = drivers::real_uniform(g, {H, D}, st.dt, seed * 4 + 0), kk = drivers::real_uniform(g, {Hkv, D}, st.dt, seed * 4 + 1),
+               v = drivers::real_uniform(g, {Hkv, D}, st.dt, seed * 4 + 2), dout = drivers::real_uniform(g, {H, D}, st.dt, seed * 4 + 3);
   const char* names4[4] = {"out", "dq", "dk", "dv"};
   const char* shapes4[4] = {"[T,H,D] real tokens, global order", "[T,H,D] real tokens, global order",
                             "[T,Hkv,D] real tokens, global order", "[T,Hkv,D] real tokens, global order"};

@@ -189,6 +189,21 @@ bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
   return pass == 1;
 }
 
+Tensor real_uniform(const SeqLayout& global, const Shape& rest, DType dt, std::uint64_t seed) {
+  const std::vector<std::int64_t> real = cp::real_rows(global);
+  Shape us{static_cast<std::int64_t>(real.size())}, gs{global.total()};
+  us.insert(us.end(), rest.begin(), rest.end());
+  gs.insert(gs.end(), rest.begin(), rest.end());
+  Tensor u = Tensor::empty(us, dt, Space::Host);
+  fill_uniform(u, seed);
+  if (!global.padded()) return u;
+  Tensor g = Tensor::zeros(gs, dt, Space::Host);
+  std::vector<std::int64_t> src(real.size());
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::int64_t>(i);
+  cp::copy_rows(g, u, real, src);
+  return g;
+}
+
 void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend, DType dt,
                   int cp, std::map<std::string, std::string> attrs) {
   attrs.merge(std::map<std::string, std::string>{{"driver", driver},

@@ -183,6 +183,11 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
                   int cp, std::map<std::string, std::string> attrs);
 
 // A host copy (the tensor itself when it lives on the host).
+// Uniform random inputs of the unpadded problem (`seed`), placed at the real rows of the padded
+// global layout [T, rest...], pads zero: the real tokens' inputs do not depend on the padding, so
+// runs at different CP sizes solve the same problem and their files compare tensor by tensor.
+Tensor real_uniform(const SeqLayout& global, const Shape& rest, DType dt, std::uint64_t seed);
+
 inline Tensor host(const Tensor& t) { return t.space() == Space::Host ? t : t.to(Space::Host); }
 // "0,10,20" for /config.
 std::string join(const std::vector<std::int64_t>& v);
