@@ -83,9 +83,7 @@ void run(DriverContext& ctx) {
   const std::int64_t T = s.global.total(), C = s.cfg.hidden;
   const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
   model::ParamMap p = model::mamba2_init(s.cfg, s.dt, seed);
-  Tensor h = Tensor::empty({T, C}, s.dt), dy = Tensor::empty({T, C}, s.dt);
-  fill_uniform(h, seed * 7 + 1);
-  fill_uniform(dy, seed * 7 + 2);
+  const Tensor h = drivers::real_uniform(s.global, {C}, s.dt, seed * 7 + 1), dy = drivers::real_uniform(s.global, {C}, s.dt, seed * 7 + 2);
 
   // cp=1 reference on rank 0: the state-passing layer on host tensors (it runs any heads / n_groups),
   // on the unpadded problem (each sequence at its real length).

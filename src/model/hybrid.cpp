@@ -179,8 +179,8 @@ StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>&
     Tensor dhn = Tensor::zeros({tl_, C}, dt);
     k::linear_bwd(&dhn, &grads["lm_head"], nullptr, hn_, p.at("lm_head"), dlogits_);
     k::rmsnorm_bwd(dh, grads["final_norm"], hfinal_, p.at("final_norm"), rstd_final_, dhn);
-    comm_.all_reduce(grads["lm_head"]);
-    comm_.all_reduce(grads["final_norm"]);
+    reduce_grad(comm_, grads["lm_head"]);
+    reduce_grad(comm_, grads["final_norm"]);
   });
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
     auto& b = *it;
@@ -196,13 +196,13 @@ StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>&
       Tensor dx = Tensor::zeros({tl_, C}, dt);
       Tensor& dnorm = grads[b.prefix + "norm"];
       k::rmsnorm_bwd(dx, dnorm, b.x, p.at(b.prefix + "norm"), b.rstd, dn);
-      comm_.all_reduce(dnorm);
+      reduce_grad(comm_, dnorm);
       k::axpy(dh, 1.0, dx);  // residual
     });
   }
   timed("bwd/embed", [&] {
     k::embedding_bwd(grads["embed"], tokens_, dh);
-    comm_.all_reduce(grads["embed"]);
+    reduce_grad(comm_, grads["embed"]);
   });
   return r;
 }

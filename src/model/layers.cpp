@@ -14,10 +14,20 @@ void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, 
   p[name] = t;
 }
 
+void reduce_grad(Communicator& c, Tensor& g) {
+  if (g.dtype() != DType::BF16) {
+    c.all_reduce(g);
+    return;
+  }
+  Tensor wide = g.to(DType::F32);
+  c.all_reduce(wide);
+  g.copy_from(wide.to(DType::BF16));
+}
+
 namespace {
 double inv_sqrt(std::int64_t n) { return 1.0 / std::sqrt(static_cast<double>(n)); }
 void all_reduce_grads(Communicator& c, ParamMap& g) {
-  for (auto& [n, t] : g) c.all_reduce(t);
+  for (auto& [n, t] : g) reduce_grad(c, t);
 }
 }  // namespace
 
@@ -251,7 +261,7 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
     k::axpy(dxl, 1.0, as_dtype(dxr, dt));
   }
   // Routed-expert and router gradients: partial sums (tokens, or this rank's experts) over the group.
-  for (const char* n : {"router", "W1", "W2"}) grad_.all_reduce(grads[n]);
+  for (const char* n : {"router", "W1", "W2"}) reduce_grad(grad_, grads[n]);
   if (shared_) {
     ParamMap sg;
     Tensor dxs = Tensor::zeros({T, C}, dt);

@@ -23,6 +23,10 @@ namespace hcp::model {
 
 // Uniform(-a, a) parameters with a per-name seed (shared by every layer's init).
 void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo, double hi);
+// Sums a parameter gradient over `c` in place. A bf16 gradient is summed in fp32 and rounded once:
+// each rank's part is already rounded, and a bf16 sum would round again at every step of the
+// reduction, which a cancelling sum (parts of opposite sign) turns into a large relative error.
+void reduce_grad(Communicator& c, Tensor& g);
 
 struct AttnLayerConfig {
   std::int64_t hidden = 64, heads = 4, kv_heads = 2, head_dim = 16;

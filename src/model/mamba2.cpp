@@ -6,6 +6,7 @@
 #include "cp/hidden_parallel.hpp"
 #include "cp/layout.hpp"
 #include "kernels/kernels.hpp"
+#include "model/layers.hpp"
 
 namespace hcp::model {
 namespace k = hcp::kernels;
@@ -112,7 +113,7 @@ void Mamba2Layer::in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt
   });
   // Parameter gradients: sum over the CP group (token partial sums and head/group slices alike).
   timed("bwd/param_allreduce", [&] {
-    for (auto& [n, g] : grads) comm_.all_reduce(g);
+    for (auto& [n, g] : grads) reduce_grad(comm_, g);
   });
 }
 
@@ -322,9 +323,11 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   Tensor dyl = out_bwd(dz, grads, dy, p);
   Tensor dxl = Tensor::zeros(xl_.shape(), dt), dBl = Tensor::zeros(Bl_.shape(), dt), dCl = Tensor::zeros(Cl_.shape(), dt),
          ddtl = Tensor::zeros(dtl_.shape(), dt);
-  Tensor& dA = grads["A_log"];
-  Tensor& dD = grads["D"];
-  Tensor& ddb = grads["dt_bias"];
+  // The per-head parameter gradients (A_log, D, dt_bias) are sums over every piece of this rank:
+  // each piece's part is added to an fp32 sum (bf16 runs), rounded once at the end, not per piece.
+  const DType adt = dt == DType::BF16 ? DType::F32 : dt;
+  Tensor accA = as(grads["A_log"], adt), accD = as(grads["D"], adt), accb = as(grads["dt_bias"], adt);
+  const auto add_part = [&](Tensor& acc, const Tensor& part) { k::axpy(acc, 1.0, part); };
   // 4'. the initial-state term: gradients of C, dt, A_log, dt_bias and of each S_in.
   Tensor dSin = Tensor::zeros({np, H, P, N}, dt);
   timed("bwd/state_correction", [&] {
@@ -334,8 +337,11 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
       PieceIO gio = piece_io(i, dxl, ddtl, dBl, dCl);
       Tensor Si = S_in_.slice(0, static_cast<std::int64_t>(i), 1), dSi = dSin.slice(0, static_cast<std::int64_t>(i), 1);
       Tensor dyi = dyl.slice(0, pieces_[i].lrow, pieces_[i].len);
-      k::SsdStateGrads sg{&gio.C, &gio.dt, &dA, &ddb, &dSi};
+      Tensor tA = Tensor::zeros({H}, adt), tb = Tensor::zeros({H}, adt);
+      k::SsdStateGrads sg{&gio.C, &gio.dt, &tA, &tb, &dSi};
       k::ssd_init_state_bwd(sg, inputs(io, p, &Si), &dyi, nullptr, io.sp);
+      add_part(accA, tA);
+      add_part(accb, tb);
     }
   });
   // 3'. reverse scan: gradient of every piece's final state and decay.
@@ -352,22 +358,28 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
       PieceIO gio = piece_io(i, dxl, ddtl, dBl, dCl);
       const std::int64_t len = pieces_[i].len;
       Tensor tdt = Tensor::zeros(gio.dt.shape(), dt), tC = Tensor::zeros(gio.C.shape(), dt);
-      Tensor tA = Tensor::zeros({H}, dt), tD = Tensor::zeros({H}, dt), tb = Tensor::zeros({H}, dt);
+      Tensor tA = Tensor::zeros({H}, adt), tD = Tensor::zeros({H}, adt), tb = Tensor::zeros({H}, adt);
       Tensor dSi = dS.slice(0, static_cast<std::int64_t>(i), 1), dai = da.slice(0, static_cast<std::int64_t>(i), 1);
       Tensor dyi = dyl.slice(0, pieces_[i].lrow, len).view({1, len, H, P});
       k::SsdGrads sg{&gio.x, &tdt, &tA, &gio.B, &tC, &tD, &tb, nullptr};
       k::ssd_bwd(sg, inputs(io, p, nullptr), dyi, &dSi, io.sp);
       k::axpy(gio.dt, 1.0, tdt);
       k::axpy(gio.C, 1.0, tC);
-      k::axpy(dA, 1.0, tA);
-      k::axpy(dD, 1.0, tD);
-      k::axpy(ddb, 1.0, tb);
+      add_part(accA, tA);
+      add_part(accD, tD);
+      add_part(accb, tb);
       // a_k = exp(A sum dt): its gradient adds to dt, A_log and dt_bias (S_in is not needed).
       Tensor zero_state = Tensor::zeros({1, H, P, N}, dt);
-      k::SsdStateGrads ag{nullptr, &gio.dt, &dA, &ddb, nullptr};
+      Tensor aA = Tensor::zeros({H}, adt), ab = Tensor::zeros({H}, adt);
+      k::SsdStateGrads ag{nullptr, &gio.dt, &aA, &ab, nullptr};
       k::ssd_init_state_bwd(ag, inputs(io, p, &zero_state), nullptr, &dai, io.sp);
+      add_part(accA, aA);
+      add_part(accb, ab);
     }
   });
+  if (adt != dt)  // rounded once into the gradient tensors (fp32/fp64: the sums were made in place)
+    for (auto [name, acc] : {std::pair<const char*, Tensor*>{"A_log", &accA}, {"D", &accD}, {"dt_bias", &accb}})
+      grads[name].copy_from(acc->to(dt));
   // 1'. conv1d backward over the extended rows; halo gradients go back to their owners.
   Tensor dzxbcdt = Tensor::zeros({tl_, c_.d_in_proj()}, dt), dext_rows;
   timed("bwd/conv1d", [&] {

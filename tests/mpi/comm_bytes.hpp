@@ -25,9 +25,12 @@ inline void expect_mamba_bytes(const Communicator& comm, cp::MambaCp strategy, c
   const int cp = comm.size(), r = comm.rank();
   const std::int64_t exchange = payload_sent(comm, false), allreduce = payload_sent(comm) - exchange;
   std::int64_t want_allreduce = 0;
-  // The communicator counts an all-reduce as a ring's 2 (n-1)/n of the buffer per rank.
-  for (const auto& [n, t] : grads)
-    want_allreduce += cp > 1 ? 2 * t.numel() * (cp - 1) / cp * static_cast<std::int64_t>(dtype_size(t.dtype())) : 0;
+  // The communicator counts an all-reduce as a ring's 2 (n-1)/n of the buffer per rank; bf16
+  // gradients are summed in fp32 (model::reduce_grad).
+  for (const auto& [n, t] : grads) {
+    const auto es = static_cast<std::int64_t>(dtype_size(t.dtype() == DType::BF16 ? DType::F32 : t.dtype()));
+    want_allreduce += cp > 1 ? 2 * t.numel() * (cp - 1) / cp * es : 0;
+  }
   EXPECT_EQ(exchange, model::mamba_cp_model_bytes(strategy, c, g, cp, r, dt, part))
       << cp::to_string(strategy) << " exchange, rank " << r << " of " << cp;
   EXPECT_EQ(allreduce, want_allreduce) << cp::to_string(strategy) << " parameter all-reduce, rank " << r;

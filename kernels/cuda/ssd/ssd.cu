@@ -160,6 +160,17 @@ void check_inputs(const SsdInputs& in, std::initializer_list<const Tensor*> outs
       HCP_CHECK(t->dtype() == dt, what, ": outputs must have x's dtype (", to_string(dt), ")");
     }
 }
+// The per-head parameter gradients (dA_log, dD, dt_bias) are sums over every token: besides x's
+// dtype they may be fp32 when x is bf16, so that a caller adding several calls' sums rounds once.
+void check_head_sums(const SsdInputs& in, std::initializer_list<const Tensor*> sums, const char* what) {
+  const DType dt = in.x->dtype();
+  for (const Tensor* t : sums)
+    if (t) {
+      require_cuda(*t, what);
+      HCP_CHECK(t->dtype() == dt || (dt == DType::BF16 && t->dtype() == DType::F32), what,
+                ": per-head gradients must have x's dtype (", to_string(dt), ") or, for bf16, fp32");
+    }
+}
 // Per-head partials [rows, H] (device) -> out[h] (+)= sum over rows, in order, in fp64: one thread per
 // head, on the device (no synchronisation).
 template <class S, class A> __global__ void reduce_heads_k(S* out, const A* part, std::int64_t rows, std::int64_t heads, bool accumulate) {
@@ -248,7 +259,8 @@ void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdPara
 }
 
 void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal, const SsdParams& p) {
-  check_inputs(in, {g.dx, g.ddt, g.dA_log, g.dB, g.dC, g.dD, g.ddt_bias, g.dinit_states, &dy, dfinal}, "ssd_bwd");
+  check_inputs(in, {g.dx, g.ddt, g.dB, g.dC, g.dinit_states, &dy, dfinal}, "ssd_bwd");
+  check_head_sums(in, {g.dA_log, g.dD, g.ddt_bias}, "ssd_bwd");
   HCP_CHECK(g.dx && g.ddt && g.dB && g.dC, "ssd_bwd: dx, ddt, dB and dC are required");
   HCP_CHECK(!g.dinit_states || in.init_states, "ssd_bwd: dinit_states requested without init_states");
   DeviceIndex seq(in.seq_idx);
@@ -287,7 +299,8 @@ void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p) {
 
 void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
                         const SsdParams& p) {
-  check_inputs(in, {g.dC, g.ddt, g.dA_log, g.ddt_bias, g.dinit_states, dy, ddecay}, "ssd_init_state_bwd");
+  check_inputs(in, {g.dC, g.ddt, g.dinit_states, dy, ddecay}, "ssd_init_state_bwd");
+  check_head_sums(in, {g.dA_log, g.ddt_bias}, "ssd_init_state_bwd");
   const Dims d = dims_of(p);
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
