@@ -70,7 +70,7 @@ inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_defaul
       .add_bool("run.check", true, "compare with a cp=1 run and fail on mismatch")
       .add_string("run.save", "auto",
                   "what the results file keeps, comma-separated: all | auto (all but tensors over 2^27 elements) | "
-                  "activations | gradients | timings | comm | summary (errors, statistics of every tensor) | tensor names")
+                  "activations | gradients | timings | comm | memory | summary (errors, statistics of every tensor) | tensor names")
       .add_string("run.hdf5_io", "auto",
                   "how tensors are written: collective (parallel HDF5, each rank its rows), gather (rank 0 writes), "
                   "auto (collective when HDF5 has MPI)",

@@ -1,6 +1,7 @@
 #include "study.hpp"
 
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +11,9 @@
 #include "cp/layout.hpp"
 #include "device.hpp"
 #include "overlap.hpp"
+#ifdef HCP_HAVE_CUDA
+#include "kernels/cuda/runtime.hpp"
+#endif
 
 namespace hcp::drivers {
 
@@ -81,6 +85,11 @@ std::string Study::backend() const { return device_desc(deck, comm); }
 Samples Study::time(const std::function<void(Clock&)>& body, const std::function<void()>& before) {
   Samples s;
   Clock clock(space);
+  const double live0 = static_cast<double>(tensor_bytes_live(space));
+  reset_tensor_peak(space);
+#ifdef HCP_HAVE_CUDA
+  if (space == Space::Cuda) (void)cuda::scratch_high_water(true);
+#endif
   // Progress on long runs: a line to stderr (tables stay clean on stdout) at most every 2 s, on
   // rank 0, unless --quiet. A short run prints none.
   const double t_start = MPI_Wtime();
@@ -104,6 +113,18 @@ Samples Study::time(const std::function<void(Clock&)>& body, const std::function
     for (const auto& [phase, ms] : laps) s[phase].push_back(ms);
     s["ring_wait"].push_back((ring_wait_seconds(comm) - rw0) * 1e3);
   }
+  mem_ = Memory{};
+  mem_.live = live0;
+  mem_.work = static_cast<double>(tensor_bytes_peak(space)) - live0;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  mem_.rss_peak = static_cast<double>(ru.ru_maxrss) * 1024.0;
+#ifdef HCP_HAVE_CUDA
+  if (space == Space::Cuda) {
+    mem_.device_used = static_cast<double>(cuda::used_memory());
+    mem_.scratch_peak = static_cast<double>(cuda::scratch_high_water(false));
+  }
+#endif
   return s;
 }
 
@@ -117,7 +138,29 @@ std::int64_t Study::bytes_per_step(const std::vector<std::string>& ops) const {
 }
 
 void Study::write_timings(const std::string& strategy, const Samples& s) {
+  const auto mib = [&](double v) { return comm.all_reduce_scalar(v, ReduceOp::Max) / 1048576.0; };
+  const double work = mib(mem_.work), live = mib(mem_.live), rss = mib(mem_.rss_peak);
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "# memory per rank of %s (MiB, max over ranks): tensors allocated in the step %.2f, alive before it %.2f, "
+                "host RSS high-water %.1f",
+                strategy.c_str(), work, live, rss);
+  std::string line = buf;
+  if (space == Space::Cuda) {
+    const double used = mib(mem_.device_used), scratch = mib(mem_.scratch_peak);
+    std::snprintf(buf, sizeof buf, ", device used %.1f, kernel scratch high-water %.2f", used, scratch);
+    line += buf;
+  }
+  mem_lines_.push_back(line);
   if (!writer_) return;
+  const std::string m = "/memory/" + strategy + "/";
+  writer_->per_rank(m + "step_tensor_bytes", mem_.work, "bytes of tensors allocated beyond those alive before the timed loop (high-water)");
+  writer_->per_rank(m + "live_tensor_bytes", mem_.live, "bytes of tensors alive before the timed loop");
+  writer_->per_rank(m + "host_rss_peak_bytes", mem_.rss_peak, "bytes (process high-water since start)");
+  if (space == Space::Cuda) {
+    writer_->per_rank(m + "device_used_bytes", mem_.device_used, "bytes (cudaMemGetInfo: the whole GPU)");
+    writer_->per_rank(m + "device_scratch_peak_bytes", mem_.scratch_peak, "bytes (stream-ordered pool high-water)");
+  }
   writer_->comm(comm, strategy + "/");
   for (const auto& [phase, v] : s)
     if (phase != "ring_wait") writer_->timings(strategy + "/" + phase, v);
@@ -239,6 +282,7 @@ void Study::header(const std::string& fields, const std::vector<std::pair<std::s
 void Study::finish(bool pass, const std::string& why) {
   if (writer_) writer_->finish();
   if (root()) {
+    for (const auto& l : mem_lines_) std::printf("%s\n", l.c_str());
     std::printf("RESULT %s %s%s%s\n", driver.c_str(), pass ? (check ? "PASS" : "UNCHECKED") : "FAIL",
                 ctx.out.empty() ? "" : " file=", ctx.out.c_str());
     std::fflush(stdout);

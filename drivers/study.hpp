@@ -138,8 +138,9 @@ class Study {
     std::int64_t max_sent, max_model;
   };
   BytesCheck check_bytes(std::int64_t sent, std::int64_t mine);
-  // /timings/<strategy>/<phase> of every sample but ring_wait, and /comm/<strategy>/ of the counters
-  // (call before overlap(): its replay adds to the counters).
+  // /timings/<strategy>/<phase> of every sample but ring_wait, /comm/<strategy>/ of the counters
+  // (call before overlap(): its replay adds to the counters) and /memory/<strategy>/ of the last
+  // time() call (its line, max over ranks, is printed before RESULT).
   void write_timings(const std::string& strategy, const Samples& s);
   // The ring overlap of a strategy's timed iterations (p2p: ring_exposed / ring_isolated written);
   // `fraction` < 0 where it posted no ring exchanges. Collective.
@@ -175,6 +176,14 @@ class Study {
 
  private:
   std::unique_ptr<ResultsWriter> writer_;
+  // Memory of this rank over the last time() call: tensor storage allocated beyond what was alive
+  // when it began (the case's working set: activations, exchange buffers, workspace) and what was
+  // alive then (inputs, outputs, reference), in the run's memory space; the process's host RSS
+  // high-water; on GPU ranks the device's used memory and the stream-ordered scratch high-water.
+  struct Memory {
+    double work = 0, live = 0, rss_peak = 0, device_used = 0, scratch_peak = 0;
+  } mem_;
+  std::vector<std::string> mem_lines_;  // "# memory per rank" lines printed by finish()
 };
 
 // /config of any driver: driver, deck, resolved deck, command line, revision, backend, dtype,

@@ -1,5 +1,7 @@
 #include "core/tensor.hpp"
 
+#include <atomic>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -68,6 +70,24 @@ void register_device_ops(const DeviceOps& ops) {
 }
 const DeviceOps* device_ops() { return g_have_device ? &g_device_ops : nullptr; }
 
+namespace {
+struct StorageBytes {
+  std::atomic<std::int64_t> live{0}, peak{0};
+  void add(std::int64_t n) {
+    const std::int64_t now = live.fetch_add(n) + n;
+    std::int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+};
+StorageBytes g_bytes[2];  // host, cuda
+StorageBytes& bytes_of(Space sp) { return g_bytes[sp == Space::Cuda ? 1 : 0]; }
+}  // namespace
+
+std::int64_t tensor_bytes_live(Space sp) { return bytes_of(sp).live.load(); }
+std::int64_t tensor_bytes_peak(Space sp) { return bytes_of(sp).peak.load(); }
+void reset_tensor_peak(Space sp) { bytes_of(sp).peak.store(bytes_of(sp).live.load()); }
+
 Tensor Tensor::empty(const Shape& shape, DType dt, Space sp) {
   for (auto v : shape) HCP_CHECK(v >= 0, "negative extent in shape ", shape_str(shape));
   Tensor t;
@@ -75,11 +95,21 @@ Tensor Tensor::empty(const Shape& shape, DType dt, Space sp) {
   if (sp == Space::Cuda) {
     const DeviceOps& ops = require_device("Tensor::empty");
     auto fr = ops.free;
-    t.storage_ = std::shared_ptr<void>(ops.alloc(std::max<std::size_t>(bytes, 1)), [fr](void* q) { fr(q); });
+    const auto n = static_cast<std::int64_t>(bytes);
+    t.storage_ = std::shared_ptr<void>(ops.alloc(std::max<std::size_t>(bytes, 1)), [fr, n](void* q) {
+      fr(q);
+      bytes_of(Space::Cuda).add(-n);
+    });
+    bytes_of(Space::Cuda).add(n);
   } else {
     void* p = std::aligned_alloc(64, ((bytes + 63) / 64) * 64 + 64);
     HCP_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed");
-    t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+    const auto n = static_cast<std::int64_t>(bytes);
+    t.storage_ = std::shared_ptr<void>(p, [n](void* q) {
+      std::free(q);
+      bytes_of(Space::Host).add(-n);
+    });
+    bytes_of(Space::Host).add(n);
   }
   t.data_ = t.storage_.get();
   t.dtype_ = dt;

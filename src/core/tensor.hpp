@@ -113,6 +113,13 @@ struct ErrorStats {
 };
 ErrorStats compare(const Tensor& a, const Tensor& ref, double rel_floor = 1e-6);
 
+// Bytes of tensor storage alive in a memory space, and its high-water mark since the last
+// reset_tensor_peak (which sets it to the bytes alive then). Counts every Tensor::empty/zeros of this
+// process; kernel scratch outside tensors (CUDA stream-ordered buffers) is not counted.
+std::int64_t tensor_bytes_live(Space sp);
+std::int64_t tensor_bytes_peak(Space sp);
+void reset_tensor_peak(Space sp);
+
 // Deterministic inputs from (seed, index): uniform in [lo, hi).
 void fill_uniform(Tensor& t, std::uint64_t seed, double lo = -1.0, double hi = 1.0);
 

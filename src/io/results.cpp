@@ -498,6 +498,21 @@ void ResultsWriter::timings(const std::string& phase, const std::vector<double>&
   H5Gclose(g);
 }
 
+void ResultsWriter::per_rank(const std::string& path, double v, const std::string& units) {
+  const int p = comm_.size();
+  std::vector<double> all(static_cast<std::size_t>(p));
+  comm_.all_gather(&v, all.data(), 1, DType::F64);
+  if (!save_.keeps(path, p) || !writes()) return;
+  auto [dir, name] = split_path(path);
+  hid_t g = group(dir);
+  hid_t ds = create_dataset(g, name, {p}, DType::F64, 0, path_, "dataset " + path);
+  write_from_root(ds, DType::F64, all.data(), io_ == H5Io::Collective, comm_.rank() == 0, path_, "dataset " + path);
+  string_attr(ds, "units", units);
+  string_attr(ds, "layout", "[rank]");
+  H5Dclose(ds);
+  H5Gclose(g);
+}
+
 void ResultsWriter::comm(const Communicator& c, const std::string& prefix) {
   // Every rank must report the same op names: take the union by exchanging a fixed list.
   static const char* kOps[] = {"all_to_all", "all_to_all_v", "all_gather", "reduce_scatter", "all_reduce",

@@ -36,7 +36,7 @@ std::string to_string(H5Io io);
 // What a run keeps (the deck's run.save, comma-separated):
 //   all          everything
 //   auto         everything, except tensors of more than kAutoMaxElements elements (their statistics stay)
-//   activations, gradients, timings, comm, summary (errors against cp=1 and /stats)   one class each
+//   activations, gradients, timings, comm, memory, summary (errors against cp=1 and /stats)   one class each
 //   any other item names tensors: a path below the root ("activations/p2p", "gradients/p2p/dq") or
 //   a last component ("dq", "block_3") keeps every tensor it names, in every class.
 // /config is always kept; so are train_hybrid's /train, /params and checkpoints.
@@ -74,6 +74,8 @@ class ResultsWriter {
             std::int64_t total_rows, const std::string& layout, const std::string& units);
   // Per-rank samples (ms): gathered into /timings/<phase> [ranks, repeats]. Same repeats on every rank.
   void timings(const std::string& phase, const std::vector<double>& ms_per_repeat);
+  // One figure per rank at `path` ([ranks] dataset, e.g. /memory/<strategy>/<what>).
+  void per_rank(const std::string& path, double v, const std::string& units);
   // Per-rank communicator counters: /comm/<prefix><op>/{bytes_sent,seconds,calls} [ranks].
   void comm(const Communicator& c, const std::string& prefix = "");
   // /summary/<name> with max_abs, max_rel, tolerance and pass (1/0).

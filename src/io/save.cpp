@@ -23,7 +23,7 @@ std::string to_string(H5Io io) {
 
 // ---- what a run keeps --------------------------------------------------------------------------
 namespace {
-const char* const kClasses[] = {"all", "auto", "activations", "gradients", "timings", "comm", "summary"};
+const char* const kClasses[] = {"all", "auto", "activations", "gradients", "timings", "comm", "memory", "summary"};
 bool is_class(const std::string& s) {
   return std::find(std::begin(kClasses), std::end(kClasses), s) != std::end(kClasses);
 }
@@ -46,7 +46,7 @@ SaveSet::SaveSet(const std::string& list) : text_(list) {
     // No source location: the caller names the deck key and line.
     if (item.empty())
       throw Error(detail::concat("\"", list, "\" has an empty item (items: all, auto, activations, gradients, timings, ",
-                                 "comm, summary, or tensor names, separated by commas)"));
+                                 "comm, memory, summary, or tensor names, separated by commas)"));
     for (char ch : item)
       if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '/' && ch != '-' && ch != '.')
         throw Error(detail::concat("item '", item, "': a tensor name holds letters, digits, '_', '-', '.' and '/' only"));
@@ -63,7 +63,8 @@ bool SaveSet::keeps_class(const std::string& cls) const {
 
 bool SaveSet::keeps(const std::string& path, std::int64_t numel) const {
   const std::string cls = class_of(path);
-  if (cls != "activations" && cls != "gradients" && cls != "timings" && cls != "comm" && cls != "summary") return true;
+  if (cls != "activations" && cls != "gradients" && cls != "timings" && cls != "comm" && cls != "memory" && cls != "summary")
+    return true;
   for (const auto& it : items_) {
     if (it == "all" || it == cls) return true;
     if (it == "auto" && numel <= kAutoMaxElements) return true;
