@@ -98,14 +98,17 @@ void run(DriverContext& ctx) {
     ref.forward(ry, cp::take_rows(h, real), p);
     ref.backward(rdh, rg, cp::take_rows(dy, real), p);
   }
-  st.config({{"format", st.deck.get_string("data.format")}, {"strategy", drivers::join(names)}}, skipped);
+  // The state scan state passing runs (mamba.state_scan = auto resolved on this layout).
+  const std::string scan = cp::to_string(cp::resolve_state_exchange(s.global, st.cp, cp::Partition::DCS, s.cfg.state_exchange,
+                                                                     s.cfg.head_dim * s.cfg.d_state));
+  st.config({{"format", st.deck.get_string("data.format")}, {"strategy", drivers::join(names)}, {"state_scan", scan}}, skipped);
   if (st.out() && st.check) {
     st.out()->tensor("/activations/reference/out", ry, "[T,hidden] real tokens, global order", "1");
     st.out()->tensor("/gradients/reference/input", rdh, "[T,hidden] real tokens, global order", "1");
   }
   st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", s.global.nseq(), "hidden",
                             C, "heads", s.cfg.heads, "head_dim", s.cfg.head_dim, "n_groups", s.cfg.groups, "d_state",
-                            s.cfg.d_state, "conv", s.cfg.conv, "chunk", s.cfg.chunk),
+                            s.cfg.d_state, "conv", s.cfg.conv, "chunk", s.cfg.chunk, "state_scan", scan),
             skipped);
   Tensor hl = cp::dcs_partition(h, s.global, s.cp, r).to(st.space), dyl = cp::dcs_partition(dy, s.global, s.cp, r).to(st.space);
   model::ParamMap pd;
@@ -130,11 +133,17 @@ void run(DriverContext& ctx) {
         },
         [&] { layer->reset_phases(); });
     // Bytes per rank and step against the model, on every rank (the table shows the max over
-    // ranks). State passing: state all-gather plus conv halos (all_to_all_v); the halos of all ranks
-    // together must also equal the chunk-by-chunk total.
+    // ranks). State passing: the state scan (all-gather, or the doubling rounds' all_to_all_v) plus
+    // the conv halos (all_to_all_v); the halos of all ranks together (what remains after the scan's
+    // model) must also equal the chunk-by-chunk total.
     const bool hp = strat == cp::MambaCp::HiddenParallel;
-    const std::int64_t halo = hp ? 0 : st.bytes_per_step({"all_to_all_v"});
-    const std::int64_t sent = hp ? st.bytes_per_step({"all_to_all"}) : halo + st.bytes_per_step({"all_gather"});
+    const std::int64_t sent =
+        hp ? st.bytes_per_step({"all_to_all"}) : st.bytes_per_step({"all_to_all_v"}) + st.bytes_per_step({"all_gather"});
+    const std::int64_t halo =
+        hp ? 0
+           : sent - cp::model_state_elements_sent(s.global, s.cp, r, cp::Partition::DCS, s.cfg.state_exchange, s.cfg.heads,
+                                                  s.cfg.head_dim * s.cfg.d_state) *
+                        static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(s.dt)));
     const std::int64_t mine = model::mamba_cp_model_bytes(strat, s.cfg, s.global, s.cp, r, s.dt);
     const drivers::Study::BytesCheck bc = st.check_bytes(sent, mine);
     const std::int64_t bytes = bc.max_sent, model = bc.max_model;

@@ -16,7 +16,11 @@ inline void add_mamba_keys(DeckSchema& s, const model::Mamba2Config& def) {
       .add_int("mamba.n_groups", def.groups, "B/C groups (hidden_parallel: n_groups % cp == 0 or cp % n_groups == 0)", 1)
       .add_int("mamba.d_state", def.d_state, "state size N", 1)
       .add_int("mamba.conv", def.conv, "conv1d width", 1, 16)
-      .add_int("mamba.chunk", def.chunk, "SSD chunk size", 1);
+      .add_int("mamba.chunk", def.chunk, "SSD chunk size", 1)
+      .add_string("mamba.state_scan", "auto",
+                  "state passing's scan across ranks: doubling (O(log cp) rounds and states per rank), allgather "
+                  "(every piece's state to every rank), auto (fewer bytes per rank on the layout)",
+                  {"auto", "doubling", "allgather"});
 }
 inline model::Mamba2Config mamba_from_deck(const Deck& d, std::int64_t hidden) {
   model::Mamba2Config c;
@@ -27,6 +31,7 @@ inline model::Mamba2Config mamba_from_deck(const Deck& d, std::int64_t hidden) {
   c.d_state = d.get_int("mamba.d_state");
   c.conv = d.get_int("mamba.conv");
   c.chunk = d.get_int("mamba.chunk");
+  c.state_exchange = cp::state_exchange_from_string(d.get_string("mamba.state_scan"));
   return c;
 }
 

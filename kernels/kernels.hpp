@@ -119,6 +119,13 @@ void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std
 void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,
                         const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off);
 
+// The scan's affine maps composed, per row i and head h ("B_prev, then B"): B[i,h] <- A[i,h] B_prev[i,h]
+// + B[i,h] and A[i,h] <- A[i,h] A_prev[i,h]. B, B_prev [rows,H,P,N], A, A_prev [rows,H], fp32/fp64.
+// The recursive-doubling state scan over CP ranks (cp/state_passing.hpp) runs on it.
+void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev);
+// da[i,h] = sum over (p, n) of G[i,h,p,n] X[i,h,p,n] (the decay's gradient of the state scan).
+void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X);
+
 // =============================== causal depthwise conv1d ========================================
 // y[b,t,c] = act(bias[c] + sum_k w[c,k] x[b,t-W+1+k,c]); taps before the sequence start (or in an
 // earlier packed sequence by seq_idx [B*L]) are zero. x, y [B,L,C]; w [C,W]; bias [C] optional.

@@ -54,6 +54,8 @@ void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std
                         const std::vector<std::int64_t>& off);
 void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,
                         const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off);
+void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev);
+void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X);
 void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p);
 void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
                         const SsdParams& p);

@@ -564,7 +564,52 @@ void scan_bwd(T* dS, T* da, const T* dSin, const T* Sin, const T* a, const std::
     }
   }
 }
+void check_compose(const Tensor& A, const Tensor& B, const Tensor& A_prev, const Tensor& B_prev, const char* what) {
+  HCP_CHECK(B.dim() == 4 && A.dim() == 2 && A.size(0) == B.size(0) && A.size(1) == B.size(1) && B_prev.shape() == B.shape() &&
+                A_prev.shape() == A.shape(),
+            what, ": need B, B_prev [rows,H,P,N] and A, A_prev [rows,H], got ", shape_str(B.shape()), ", ",
+            shape_str(B_prev.shape()), ", ", shape_str(A.shape()), ", ", shape_str(A_prev.shape()));
+  for (const Tensor* t : {&A, &A_prev, &B_prev})
+    HCP_CHECK(t->dtype() == B.dtype() && t->space() == B.space(), what, ": tensors must share dtype and memory space");
+  HCP_CHECK(B.dtype() == DType::F64 || B.dtype() == DType::F32, what, ": states must be fp32 or fp64");
+}
 }  // namespace
+
+void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev) {
+  check_compose(A, B, A_prev, B_prev, "ssd_state_compose");
+  HCP_ROUTE_CUDA(B, cuda_impl::ssd_state_compose(A, B, A_prev, B_prev));
+  HCP_DISPATCH_FLOAT(B, {
+    In<T> ap(A_prev, "A_prev"), bp(B_prev, "B_prev");
+    Out<T> a(A, "A", true), b(B, "B", true);
+    T *av = a.get(), *bv = b.get();
+    const T *apv = ap.get(), *bpv = bp.get();
+    const std::int64_t RH = A.numel(), PN = B.size(2) * B.size(3);
+    Kokkos::parallel_for("ssd_state_compose", Range(0, RH), [&](std::int64_t ih) {
+      for (std::int64_t e = 0; e < PN; ++e) bv[ih * PN + e] = av[ih] * bpv[ih * PN + e] + bv[ih * PN + e];
+      av[ih] *= apv[ih];
+    });
+  });
+}
+
+void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X) {
+  HCP_CHECK(G.dim() == 4 && X.shape() == G.shape() && da.dim() == 2 && da.size(0) == G.size(0) && da.size(1) == G.size(1),
+            "ssd_state_dot: need G, X [rows,H,P,N] and da [rows,H]");
+  HCP_CHECK(X.dtype() == G.dtype() && da.dtype() == G.dtype() && X.space() == G.space() && da.space() == G.space(),
+            "ssd_state_dot: tensors must share dtype and memory space");
+  HCP_ROUTE_CUDA(G, cuda_impl::ssd_state_dot(da, G, X));
+  HCP_DISPATCH_FLOAT(G, {
+    In<T> g(G, "G"), x(X, "X");
+    Out<T> o(da, "da", false);
+    T* ov = o.get();
+    const T *gv = g.get(), *xv = x.get();
+    const std::int64_t RH = da.numel(), PN = G.size(2) * G.size(3);
+    Kokkos::parallel_for("ssd_state_dot", Range(0, RH), [&](std::int64_t ih) {
+      T acc = 0;
+      for (std::int64_t e = 0; e < PN; ++e) acc += gv[ih * PN + e] * xv[ih * PN + e];
+      ov[ih] = acc;
+    });
+  });
+}
 
 void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std::vector<std::int64_t>& order,
                         const std::vector<std::int64_t>& off) {

@@ -3,6 +3,7 @@
 #include "kernels/kernels.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 
@@ -199,10 +200,57 @@ std::int64_t model_halo_rows_sent(const SeqLayout& global, int cp, Partition par
 }
 
 // ------------------------------------------------------------------------------------------------
-StateScan::StateScan(const SeqLayout& global, int cp, int rank, Partition part) : cp_(cp), rank_(rank) {
+StateExchange state_exchange_from_string(const std::string& s) {
+  if (s == "auto") return StateExchange::Auto;
+  if (s == "doubling") return StateExchange::Doubling;
+  if (s == "allgather") return StateExchange::AllGather;
+  HCP_FAIL("state scan exchange '", s, "' is not one of auto, doubling, allgather");
+}
+std::string to_string(StateExchange e) {
+  return e == StateExchange::Auto ? "auto" : e == StateExchange::Doubling ? "doubling" : "allgather";
+}
+
+StateExchange resolve_state_exchange(const SeqLayout& global, int cp, Partition part, StateExchange e, std::int64_t pn) {
+  if (e != StateExchange::Auto) return e;
+  std::int64_t dbl = 0, ag = 0;  // per-rank maxima, one head
+  for (int q = 0; q < cp; ++q) {
+    dbl = std::max(dbl, model_state_elements_sent(global, cp, q, part, StateExchange::Doubling, 1, pn));
+    ag = std::max(ag, model_state_elements_sent(global, cp, q, part, StateExchange::AllGather, 1, pn));
+  }
+  return dbl < ag ? StateExchange::Doubling : StateExchange::AllGather;
+}
+
+std::int64_t model_state_elements_sent(const SeqLayout& global, int cp, int rank, Partition part, StateExchange e,
+                                       std::int64_t heads, std::int64_t pn) {
+  part = effective_partition(part, cp);
+  const auto mine = local_pieces(global, cp, rank, part);
+  const auto np = static_cast<std::int64_t>(mine.size());
+  if (cp == 1) return 0;
+  e = resolve_state_exchange(global, cp, part, e, pn);
+  if (e == StateExchange::AllGather) return (cp - 1) * np * heads * (2 * pn + 1);
+  const std::int64_t K = chunks_per_seq(cp, part);
+  std::int64_t n = 0;
+  const auto remote = [&](const Piece& p, std::int64_t delta) {
+    const std::int64_t to = p.chunk + delta;
+    return to >= 0 && to < K && owner_of_chunk(to, cp, part) != rank;
+  };
+  for (const Piece& p : mine) {
+    for (std::int64_t d = 1; d < K; d *= 2) n += (remote(p, d) + remote(p, -d)) * heads * (pn + 1);
+    n += (remote(p, 1) + remote(p, -1)) * heads * pn;  // the two shifts carry states only
+  }
+  return n;
+}
+
+StateScan::StateScan(const SeqLayout& global, int cp, int rank, Partition part, StateExchange how, std::int64_t pn)
+    : how_(resolve_state_exchange(global, cp, effective_partition(part, cp), how, pn)), cp_(cp), rank_(rank) {
   part = effective_partition(part, cp);
   const auto mine = local_pieces(global, cp, rank, part);
   np_ = static_cast<std::int64_t>(mine.size());
+  K_ = chunks_per_seq(cp, part);
+  for (const Piece& p : mine) {
+    pos_.push_back(p.chunk);
+    seq_.push_back(p.seq);
+  }
   slot_.assign(static_cast<std::size_t>(global.nseq()), std::vector<std::int64_t>(
                                                             static_cast<std::size_t>(chunks_per_seq(cp, part)), -1));
   for (int q = 0; q < cp; ++q) {
@@ -215,6 +263,96 @@ StateScan::StateScan(const SeqLayout& global, int cp, int rank, Partition part) 
     order_.insert(order_.end(), seq.begin(), seq.end());
     off_.push_back(static_cast<std::int64_t>(order_.size()));
   }
+  if (how_ == StateExchange::Doubling) {
+    for (std::int64_t d = 1; d < K_; d *= 2) {
+      fwd_rounds_.push_back(route(d));
+      bwd_rounds_.push_back(route(-d));
+    }
+    fwd_shift_ = route(1);
+    bwd_shift_ = route(-1);
+  }
+}
+
+StateScan::Route StateScan::route(std::int64_t delta) const {
+  Route r;
+  r.send_counts.assign(static_cast<std::size_t>(cp_), 0);
+  r.recv_counts.assign(static_cast<std::size_t>(cp_), 0);
+  // (peer, sequence, position of the sending piece, local row) for each direction.
+  std::vector<std::array<std::int64_t, 4>> out, in;
+  for (std::int64_t i = 0; i < np_; ++i) {
+    const auto s = static_cast<std::size_t>(seq_[static_cast<std::size_t>(i)]);
+    const std::int64_t k = pos_[static_cast<std::size_t>(i)];
+    if (k + delta >= 0 && k + delta < K_) {
+      const std::int64_t peer = slot_[s][static_cast<std::size_t>(k + delta)] / np_;
+      if (peer != rank_) out.push_back({peer, static_cast<std::int64_t>(s), k, i});
+    }
+    if (k - delta >= 0 && k - delta < K_) {
+      const std::int64_t slot = slot_[s][static_cast<std::size_t>(k - delta)];
+      if (slot / np_ != rank_) {
+        in.push_back({slot / np_, static_cast<std::int64_t>(s), k - delta, i});
+      } else {
+        r.self_src.push_back(slot % np_);
+        r.self_dst.push_back(i);
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  std::sort(in.begin(), in.end());
+  for (const auto& e : out) r.send_rows.push_back(e[3]), ++r.send_counts[static_cast<std::size_t>(e[0])];
+  for (const auto& e : in) r.recv_rows.push_back(e[3]), ++r.recv_counts[static_cast<std::size_t>(e[0])];
+  return r;
+}
+
+Tensor StateScan::exchange(Communicator& comm, const Route& r, const Tensor& src, const Tensor* init) const {
+  const std::int64_t row = src.numel() / std::max<std::int64_t>(np_, 1);
+  Tensor out = init ? init->clone() : Tensor::zeros(src.shape(), src.dtype(), src.space());
+  const auto iota = [](std::size_t n) {
+    std::vector<std::int64_t> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int64_t>(i);
+    return v;
+  };
+  Shape packed = src.shape();
+  packed[0] = static_cast<std::int64_t>(r.send_rows.size());
+  Tensor send = Tensor::empty(packed, src.dtype(), src.space());
+  packed[0] = static_cast<std::int64_t>(r.recv_rows.size());
+  Tensor recv = Tensor::empty(packed, src.dtype(), src.space());
+  if (!r.send_rows.empty()) copy_rows(send, src, iota(r.send_rows.size()), r.send_rows);
+  std::vector<std::int64_t> sc(r.send_counts), rc(r.recv_counts);
+  for (auto& c : sc) c *= row;
+  for (auto& c : rc) c *= row;
+  comm.all_to_all_v(send.raw(), sc, recv.raw(), rc, src.dtype());
+  if (!r.recv_rows.empty()) copy_rows(out, recv, r.recv_rows, iota(r.recv_rows.size()));
+  if (!r.self_src.empty()) copy_rows(out, src, r.self_dst, r.self_src);
+  return out;
+}
+
+Tensor StateScan::doubling_forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local) {
+  // Hillis-Steele: after the round of distance d, piece k holds the composite of pieces
+  // max(0, k-2d+1)..k; what it receives was sent before any piece of the round updated.
+  Tensor A = a_local.clone(), B = S_local.clone();
+  Tensor ones = Tensor::empty(A.shape(), A.dtype(), A.space());
+  ones.fill(1.0);  // the identity map, for pieces that receive nothing in a round
+  for (const Route& r : fwd_rounds_) {
+    const Tensor Ap = exchange(comm, r, A, &ones), Bp = exchange(comm, r, B, nullptr);
+    kernels::ssd_state_compose(A, B, Ap, Bp);
+  }
+  a_ = a_local.clone();
+  Sin_ = exchange(comm, fwd_shift_, B, nullptr);  // S_in(k) = the state after piece k-1; 0 at k = 0
+  return Sin_.clone();
+}
+
+void StateScan::doubling_backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const {
+  // g_k = dS_in(k) + a_k g_(k+1): the same maps, composed towards the sequence start.
+  Tensor A = a_.clone(), G = dS_in.clone();
+  Tensor ones = Tensor::empty(A.shape(), A.dtype(), A.space());
+  ones.fill(1.0);
+  for (const Route& r : bwd_rounds_) {
+    const Tensor Ap = exchange(comm, r, A, &ones), Gp = exchange(comm, r, G, nullptr);
+    kernels::ssd_state_compose(A, G, Ap, Gp);
+  }
+  dS_local = exchange(comm, bwd_shift_, G, nullptr);  // dS_k = g_(k+1); 0 for a sequence's last piece
+  da_local = Tensor::zeros(a_.shape(), a_.dtype(), a_.space());
+  kernels::ssd_state_dot(da_local, dS_local, Sin_);  // da_k = <g_(k+1), S_in(k)>
 }
 
 Tensor StateScan::forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local) {
@@ -224,6 +362,7 @@ Tensor StateScan::forward(Communicator& comm, const Tensor& S_local, const Tenso
                 S_local.space() == a_local.space(),
             "StateScan: need S [", np_, ",H,P,N] and a [", np_, ",H] of one dtype and memory space");
   HCP_CHECK(S_local.dtype() == DType::F64 || S_local.dtype() == DType::F32, "StateScan: states must be fp32 or fp64");
+  if (how_ == StateExchange::Doubling) return doubling_forward(comm, S_local, a_local);
   // Everything stays where the states live (the host, or the GPU: all-gathers through the
   // communicator, the scan as a kernel).
   const Space sp = S_local.space();
@@ -239,6 +378,13 @@ Tensor StateScan::forward(Communicator& comm, const Tensor& S_local, const Tenso
 }
 
 void StateScan::backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const {
+  if (how_ == StateExchange::Doubling) {
+    HCP_CHECK(Sin_.defined(), "StateScan: backward() before forward()");
+    HCP_CHECK(dS_in.shape() == Sin_.shape() && dS_in.dtype() == Sin_.dtype() && dS_in.space() == Sin_.space(),
+              "StateScan::backward: dS_in must be ", shape_str(Sin_.shape()), " where the states live");
+    doubling_backward(comm, dS_local, da_local, dS_in);
+    return;
+  }
   HCP_CHECK(Sin_all_.defined(), "StateScan: backward() before forward()");
   HCP_CHECK(dS_in.shape() == S_all_.slice(0, 0, np_).shape() && dS_in.dtype() == S_all_.dtype() &&
                 dS_in.space() == S_all_.space(),

@@ -6,11 +6,17 @@
 //     by other ranks (or several, when chunks are shorter than w-1). gather() builds an extended
 //     buffer [halo | piece] per piece; scatter_back() returns the halo rows' gradients to their
 //     owners, added into their local rows. Never across sequence boundaries.
-//   * StateScan: all-gather of every piece's zero-state final state S_k and total decay a_k, then
-//     the exclusive scan S_in(k) = a_(k-1) S_in(k-1) + S_(k-1) along each sequence (S_in(0) = 0);
-//     its backward all-gathers dS_in and runs the reverse scan.
+//   * StateScan: the exclusive scan S_in(k) = a_(k-1) S_in(k-1) + S_(k-1) along each sequence
+//     (S_in(0) = 0) of every piece's zero-state final state S_k and total decay a_k, and its reverse
+//     for dS_in. The pairs (a, S) are affine maps that compose associatively
+//     ((a1,S1) then (a2,S2) = (a2 a1, a2 S1 + S2)), so the scan runs by recursive doubling over the
+//     piece order: ceil(log2 K) rounds (K pieces a sequence) in which piece k receives the composite
+//     of the pieces before it from the owner of piece k - 2^r, then one shift; per rank
+//     O(log cp) states instead of the all-gather's (cp - 1) per piece. StateExchange::AllGather
+//     keeps the all-gather of every (S, a) and one scan on every rank, for comparison.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -79,10 +85,28 @@ std::int64_t model_halo_rows_sent(const SeqLayout& global, int cp, Partition par
 // exchange and the scan, and rounded once after), else the layer's own.
 inline DType state_scan_dtype(DType layer) { return layer == DType::BF16 ? DType::F32 : layer; }
 
+// Auto: the one that sends fewer bytes per rank (max over ranks) on this layout: the all-gather at
+// small cp (doubling sends about 4 (log2(2cp) + 1) states per sequence and rank, the all-gather
+// 4 (cp - 1)), doubling from cp of about 6 up.
+enum class StateExchange { Auto, Doubling, AllGather };
+StateExchange state_exchange_from_string(const std::string& s);  // "auto" | "doubling" | "allgather"
+std::string to_string(StateExchange e);
+// Auto resolved for states of `pn` values a head (the two counts' ratio depends on it slightly).
+StateExchange resolve_state_exchange(const SeqLayout& global, int cp, Partition part, StateExchange e, std::int64_t pn);
+
+// Elements (of the scan's dtype) rank `rank` sends per forward + backward step for states of
+// `heads` x `pn` values per piece: all-gather (cp-1) np (2 pn + 1) heads; doubling, for every round
+// and shift, the pieces whose partner piece lives on another rank (pn + 1, or pn for the shifts).
+std::int64_t model_state_elements_sent(const SeqLayout& global, int cp, int rank, Partition part, StateExchange e,
+                                       std::int64_t heads, std::int64_t pn);
+
 class StateScan {
  public:
   StateScan() = default;
-  StateScan(const SeqLayout& global, int cp, int rank, Partition part);
+  // `pn`: values of a state per head, for resolving StateExchange::Auto.
+  StateScan(const SeqLayout& global, int cp, int rank, Partition part, StateExchange how = StateExchange::Auto,
+            std::int64_t pn = 64);
+  StateExchange exchange_used() const { return how_; }
   // S_local [np, H, P, N] zero-state final states of this rank's pieces, a_local [np, H] their
   // decays -> S_in [np, H, P, N], the true state entering each piece. Saves what backward needs.
   Tensor forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local);
@@ -90,6 +114,26 @@ class StateScan {
   void backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const;
 
  private:
+  // One exchange of the doubling scan: piece i of a rank sends its row to the piece `delta` places
+  // later in its sequence (earlier for delta < 0); rows grouped by peer rank in ascending order,
+  // within a peer by (sequence, position), the same order on both sides; same-rank pairs are copied.
+  struct Route {
+    std::vector<std::int64_t> send_rows, recv_rows, self_src, self_dst;
+    std::vector<std::int64_t> send_counts, recv_counts;  // pieces per peer rank
+  };
+  Route route(std::int64_t delta) const;
+  // Rows of `src` [np, ...] moved along `r`: row i of the result holds what piece i received, and
+  // `init`'s row (zeros when null) where it receives nothing.
+  Tensor exchange(Communicator& comm, const Route& r, const Tensor& src, const Tensor* init) const;
+  Tensor doubling_forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local);
+  void doubling_backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const;
+
+  StateExchange how_ = StateExchange::Doubling;
+  std::vector<std::int64_t> pos_, seq_;  // this rank's pieces: position in the sequence, sequence
+  std::int64_t K_ = 1;                    // pieces per sequence
+  std::vector<Route> fwd_rounds_, bwd_rounds_;
+  Route fwd_shift_, bwd_shift_;
+  Tensor a_, Sin_;  // this rank's decays and incoming states (doubling), for backward
   int cp_ = 1, rank_ = 0;
   std::int64_t np_ = 0;
   // Gathered slot (rank * np + i) of chunk k of sequence s: slot_[s][k].

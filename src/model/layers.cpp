@@ -15,6 +15,7 @@ void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, 
 }
 
 void reduce_grad(Communicator& c, Tensor& g) {
+  if (c.size() == 1) return;  // one rank: the sum is the gradient itself
   if (g.dtype() != DType::BF16) {
     c.all_reduce(g);
     return;

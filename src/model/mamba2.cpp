@@ -234,7 +234,7 @@ Mamba2SP::Mamba2SP(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::P
     : Mamba2Layer(comm, cfg, std::move(global), part) {
   pieces_ = cp::local_pieces(global_, cp_, rank_, part_);
   halo_ = cp::ConvHalo(global_, cp_, rank_, part_, c_.conv - 1);
-  scan_ = cp::StateScan(global_, cp_, rank_, part_);
+  scan_ = cp::StateScan(global_, cp_, rank_, part_, c_.state_exchange, c_.head_dim * c_.d_state);
 }
 
 Mamba2SP::PieceIO Mamba2SP::piece_io(std::size_t i, const Tensor& x, const Tensor& dt, const Tensor& B,
@@ -407,10 +407,9 @@ std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const
     const std::int64_t per_tok = 2 * c.d_inner() + 2 * G * rep * c.d_state + c.heads;
     return 2 * (cp - 1) * Tl * per_tok / cp * es;
   }
-  const auto np = static_cast<std::int64_t>(cp::local_pieces(global, cp, rank, part).size());
   const auto ss = static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(dt)));
   const std::int64_t halo = cp::model_halo_rows_sent(global, cp, part, c.conv - 1, rank) * c.conv_dim() * es;
-  return (cp - 1) * np * c.heads * (2 * c.head_dim * c.d_state + 1) * ss + halo;
+  return cp::model_state_elements_sent(global, cp, rank, part, c.state_exchange, c.heads, c.head_dim * c.d_state) * ss + halo;
 }
 
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& comm, Mamba2Config cfg, SeqLayout global,

@@ -26,6 +26,8 @@ namespace hcp::model {
 struct Mamba2Config {
   std::int64_t hidden = 64, heads = 4, head_dim = 16, groups = 2, d_state = 16, conv = 4, chunk = 128;
   double eps = 1e-5;
+  // State passing: how the pieces' states are scanned across ranks (cp/state_passing.hpp).
+  cp::StateExchange state_exchange = cp::StateExchange::Auto;
   std::int64_t d_inner() const { return heads * head_dim; }
   std::int64_t conv_dim() const { return d_inner() + 2 * groups * d_state; }
   std::int64_t d_in_proj() const { return 2 * d_inner() + 2 * groups * d_state + heads; }

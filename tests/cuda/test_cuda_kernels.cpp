@@ -653,6 +653,29 @@ TEST(CudaKernels, SsdStateScanMatchesHost) {
   }
 }
 
+// The doubling state scan's kernels: composition of affine maps (B first, reading A, then A) and
+// the per-head dot product (P*N = 600: several warp strides), against the host and against a direct
+// evaluation of one element.
+TEST(CudaKernels, SsdStateComposeAndDotMatchHost) {
+  REQUIRE_GPU();
+  for (DType d : {DType::F64, DType::F32}) {
+    const Shape s{5, 3, 20, 30};
+    Tensor A = rnd({5, 3}, 85, d, 0.1, 0.9), B = rnd(s, 86, d), Ap = rnd({5, 3}, 87, d, 0.1, 0.9), Bp = rnd(s, 88, d);
+    const double want_b = A.get(4) * Bp.get(4 * 600 + 7) + B.get(4 * 600 + 7), want_a = A.get(4) * Ap.get(4);
+    Tensor DA = dev(A), DB = dev(B);
+    ssd_state_compose(A, B, Ap, Bp);
+    ssd_state_compose(DA, DB, dev(Ap), dev(Bp));
+    EXPECT_NEAR(B.get(4 * 600 + 7), want_b, 1e-6);
+    EXPECT_NEAR(A.get(4), want_a, 1e-7);
+    expect_match(DB, B, d, "state compose B");
+    expect_match(DA, A, d, "state compose A");
+    Tensor da = Tensor::zeros({5, 3}, d), DDA = dev(da);
+    ssd_state_dot(da, B, Bp);
+    ssd_state_dot(DDA, DB, dev(Bp));
+    expect_match(DDA, da, d, "state dot");
+  }
+}
+
 TEST(CudaKernels, AdamWUpdateAndSumOfSquares) {
   REQUIRE_GPU();
   for (DType d : {DType::F64, DType::F32}) {

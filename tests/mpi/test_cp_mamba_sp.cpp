@@ -3,6 +3,8 @@
 // halo) and BSHD split contiguously; shapes hidden parallel cannot run (heads not divisible by cp,
 // cp = 3); the halo plan and the state scan on their own.
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <mpi.h>
 
 #include "comm/mpi_communicator.hpp"
@@ -130,28 +132,81 @@ TEST(MambaSpLayout, ConvHaloGatherAndAdjoint) {
     }
 }
 
-// Bytes: the state exchange moves 2 * (cp-1) * pieces * H (P N + 1) values per rank and step
-// (states + decays forward, state gradients backward), independent of the sequence length.
+// Bytes: the state exchange is independent of the sequence length. All-gather: 2 (cp-1) pieces
+// H (P N + 1) values per rank and step (states + decays forward, state gradients backward);
+// doubling: its model (every round and shift whose partner piece is on another rank), on
+// all_to_all_v beside the conv halo.
 TEST(MambaSpLayout, StateBytesIndependentOfLength) {
   MpiCommunicator world(MPI_COMM_WORLD);
   const int cp = world.size();
-  const Mamba2Config c = small(6, 3);
-  std::vector<std::int64_t> bytes;
-  for (std::int64_t L : {4, 16}) {
-    const SeqLayout g = SeqLayout::bshd(1, L * 2 * cp);
-    ParamMap p = mamba2_init(c, DType::F64, 3);
-    Tensor h = test::rand({g.total(), c.hidden}, 1), dy = test::rand({g.total(), c.hidden}, 2);
-    world.reset_counters();
-    run(MambaCp::StatePassing, world, c, g, h, dy, p, cp::Partition::DCS);
-    bytes.push_back(world.counters().count("all_gather") ? world.counters().at("all_gather").bytes_sent : 0);
+  for (const auto ex : {cp::StateExchange::AllGather, cp::StateExchange::Doubling}) {
+    Mamba2Config c = small(6, 3);
+    c.state_exchange = ex;
+    const std::int64_t H = c.heads, PN = c.head_dim * c.d_state;
+    std::vector<std::int64_t> states;
+    for (std::int64_t L : {4, 16}) {
+      const SeqLayout g = SeqLayout::bshd(1, L * 2 * cp);
+      ParamMap p = mamba2_init(c, DType::F64, 3);
+      Tensor h = test::rand({g.total(), c.hidden}, 1), dy = test::rand({g.total(), c.hidden}, 2);
+      world.reset_counters();
+      run(MambaCp::StatePassing, world, c, g, h, dy, p, cp::Partition::DCS);
+      const auto sent = [&](const char* op) { return world.counters().count(op) ? world.counters().at(op).bytes_sent : 0; };
+      // run() also all-gathers y and dh ([T, hidden]) for the comparison; the halo goes by all_to_all_v.
+      const std::int64_t gathers = 2 * (cp - 1) * (g.total() / cp) * c.hidden * 8;
+      const std::int64_t halo = cp::model_halo_rows_sent(g, cp, cp::Partition::DCS, c.conv - 1, world.rank()) * c.conv_dim() * 8;
+      states.push_back(sent("all_gather") - gathers + sent("all_to_all_v") - halo);
+      EXPECT_EQ(states.back(), cp::model_state_elements_sent(g, cp, world.rank(), cp::Partition::DCS, ex, H, PN) * 8)
+          << cp::to_string(ex) << " L " << L;
+      if (ex == cp::StateExchange::AllGather) EXPECT_EQ(states.back(), (cp - 1) * 2 * H * (2 * PN + 1) * 8);
+    }
+    EXPECT_EQ(states[0], states[1]) << cp::to_string(ex) << ": state bytes depend on the sequence length";
   }
-  // run() also all-gathers y and dh ([T, hidden]) for the comparison; remove them.
-  const std::int64_t H = c.heads, PN = c.head_dim * c.d_state;
-  for (std::size_t i = 0; i < 2; ++i) {
-    const std::int64_t T = (i == 0 ? 4 : 16) * 2 * cp;
-    const std::int64_t gathers = 2 * (cp - 1) * (T / cp) * c.hidden * 8;
-    EXPECT_EQ(bytes[i] - gathers, (cp - 1) * 2 * H * (2 * PN + 1) * 8) << "L factor " << i;
+}
+
+// The doubling scan (O(log cp) rounds) against the all-gather scan and cp=1 on every layout,
+// including ranks holding adjacent pieces (DCS: rank cp-1) and the contiguous split.
+TEST(MambaSpExchange, DoublingMatchesAllGatherAndCp1) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  auto self = world.split(world.rank(), 0);
+  const int cp = world.size();
+  for (const std::string format : {"bshd", "thd1", "thdpacked", "bshd_contiguous"}) {
+    const auto part = format == "bshd_contiguous" ? cp::Partition::Contiguous : cp::Partition::DCS;
+    Mamba2Config c = small(6, 3);
+    const SeqLayout g = layout_of(format, cp);
+    ParamMap p = mamba2_init(c, DType::F64, 7);
+    Tensor h = test::rand({g.total(), c.hidden}, 31), dy = test::rand({g.total(), c.hidden}, 32);
+    const Result ref = run(MambaCp::StatePassing, *self, c, g, h, dy, p, cp::Partition::DCS);
+    c.state_exchange = cp::StateExchange::Doubling;
+    const Result dbl = run(MambaCp::StatePassing, world, c, g, h, dy, p, part);
+    c.state_exchange = cp::StateExchange::AllGather;
+    const Result ag = run(MambaCp::StatePassing, world, c, g, h, dy, p, part);
+    expect_same(dbl, ref, DType::F64, format + " doubling vs cp=1");
+    expect_same(dbl, ag, DType::F64, format + " doubling vs allgather");
   }
+}
+
+// The byte models to cp = 1024 (no communication): doubling's largest per-rank count grows as
+// log2(cp) (at most 2 (2 ceil(log2 2cp) + 2) states a sequence), the all-gather's as cp; auto takes
+// the all-gather at cp <= 4 and doubling from cp = 8 on.
+TEST(MambaSpLayout, StateScanModelsToLargeCp) {
+  const std::int64_t H = 64, PN = 64 * 128;
+  std::int64_t prev_ratio = 0;
+  for (int cp : {2, 4, 8, 16, 64, 256, 1024}) {
+    const SeqLayout g = SeqLayout::bshd(1, 2 * cp * 4);
+    std::int64_t dbl = 0, ag = 0;
+    for (int q = 0; q < cp; ++q) {
+      dbl = std::max(dbl, cp::model_state_elements_sent(g, cp, q, cp::Partition::DCS, cp::StateExchange::Doubling, H, PN));
+      ag = std::max(ag, cp::model_state_elements_sent(g, cp, q, cp::Partition::DCS, cp::StateExchange::AllGather, H, PN));
+    }
+    const auto rounds = static_cast<std::int64_t>(std::ceil(std::log2(2.0 * cp)));
+    EXPECT_LE(dbl, 2 * (2 * rounds + 2) * H * (PN + 1)) << "cp " << cp;
+    EXPECT_EQ(ag, (cp - 1) * 2 * H * (2 * PN + 1)) << "cp " << cp;
+    const auto chosen = cp::resolve_state_exchange(g, cp, cp::Partition::DCS, cp::StateExchange::Auto, PN);
+    EXPECT_EQ(chosen, cp <= 4 ? cp::StateExchange::AllGather : cp::StateExchange::Doubling) << "cp " << cp;
+    EXPECT_GE(ag / dbl, prev_ratio) << "cp " << cp;  // the advantage grows with cp
+    prev_ratio = ag / dbl;
+  }
+  EXPECT_GE(prev_ratio, 80);  // cp = 1024: (cp-1)(2PN+1) against ~2 (2*11+2) (PN+1) states
 }
 
 TEST(MambaSpErrors, LayoutRules) {

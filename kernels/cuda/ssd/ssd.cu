@@ -360,7 +360,53 @@ void require_float_states(const Tensor& t, const char* what) {
   require_cuda(t, what);
   HCP_CHECK(t.dtype() == DType::F64 || t.dtype() == DType::F32, what, ": states must be fp32 or fp64");
 }
+// Composition of the scan's affine maps: B first (it reads A), then A.
+template <class T> __global__ void compose_b_k(T* B, const T* A, const T* B_prev, std::int64_t n, std::int64_t PN) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) B[i] = A[i / PN] * B_prev[i] + B[i];
+}
+template <class T> __global__ void compose_a_k(T* A, const T* A_prev, std::int64_t n) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) A[i] *= A_prev[i];
+}
+// One warp per (row, head): the dot product over P*N in a fixed order (deterministic).
+template <class T> __global__ void state_dot_k(T* da, const T* G, const T* X, std::int64_t rh, std::int64_t PN) {
+  const std::int64_t w = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (w >= rh) return;
+  T acc = 0;
+  for (std::int64_t e = lane; e < PN; e += 32) acc += G[w * PN + e] * X[w * PN + e];
+  for (int o = 16; o > 0; o /= 2) acc += __shfl_down_sync(0xffffffffu, acc, o);
+  if (lane == 0) da[w] = acc;
+}
 }  // namespace
+
+void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&A, &B, &A_prev, &B_prev}) require_float_states(*t, "ssd_state_compose");
+  const std::int64_t n = B.numel(), rh = A.numel(), PN = rh ? n / rh : 0;
+  if (n == 0) return;
+  const auto run = [&](auto zero) {
+    using S = decltype(zero);
+    compose_b_k<S><<<blocks_for(n, 256), 256>>>(dptr<S>(B), dptr<S>(A), dptr<S>(B_prev), n, PN);
+    compose_a_k<S><<<blocks_for(rh, 256), 256>>>(dptr<S>(A), dptr<S>(A_prev), rh);
+  };
+  if (B.dtype() == DType::F64) run(0.0);
+  else run(0.0f);
+  check_launch("ssd_state_compose");
+}
+
+void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&da, &G, &X}) require_float_states(*t, "ssd_state_dot");
+  const std::int64_t rh = da.numel(), PN = rh ? G.numel() / rh : 0;
+  if (rh == 0) return;
+  const auto run = [&](auto zero) {
+    using S = decltype(zero);
+    state_dot_k<S><<<blocks_for(rh * 32, 256), 256>>>(dptr<S>(da), dptr<S>(G), dptr<S>(X), rh, PN);
+  };
+  if (G.dtype() == DType::F64) run(0.0);
+  else run(0.0f);
+  check_launch("ssd_state_dot");
+}
 
 void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std::vector<std::int64_t>& order,
                         const std::vector<std::int64_t>& off) {
