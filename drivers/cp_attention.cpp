@@ -76,8 +76,8 @@ void run(DriverContext& ctx) {
   const SeqLayout& g = base.global;
   const std::int64_t T = g.total(), H = base.heads, Hkv = base.kv_heads, D = base.head_dim;
   const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
-  const Tensor q = drivers::real_uniform(g, {H, D}, st.dt, seed * 4 + 0), kk = drivers::real_uniform(g, {Hkv, D}, st.dt, seed * 4 + 1),
-               v = drivers::real_uniform(g, {Hkv, D}, st.dt, seed * 4 + 2), dout = drivers::real_uniform(g, {H, D}, st.dt, seed * 4 + 3);
+  const Shape qs{H, D}, ks{Hkv, D};
+  const std::uint64_t sq = seed * 4 + 0, sk = seed * 4 + 1, sv = seed * 4 + 2, sd = seed * 4 + 3;
   const char* names4[4] = {"out", "dq", "dk", "dv"};
   const char* shapes4[4] = {"[T,H,D] real tokens, global order", "[T,H,D] real tokens, global order",
                             "[T,Hkv,D] real tokens, global order", "[T,Hkv,D] real tokens, global order"};
@@ -87,9 +87,8 @@ void run(DriverContext& ctx) {
   Tensor ref[4];
   if (st.check && st.root()) {
     const SeqLayout u = g.unpadded();
-    const std::vector<std::int64_t> real = cp::real_rows(g);
-    const Tensor qu = cp::take_rows(q, real), ku = cp::take_rows(kk, real), vu = cp::take_rows(v, real),
-                 du = cp::take_rows(dout, real);
+    const Tensor qu = drivers::unpadded_uniform(g, qs, st.dt, sq), ku = drivers::unpadded_uniform(g, ks, st.dt, sk),
+                 vu = drivers::unpadded_uniform(g, ks, st.dt, sv), du = drivers::unpadded_uniform(g, qs, st.dt, sd);
     k::AttnParams p;
     p.heads = H;
     p.kv_heads = Hkv;
@@ -116,8 +115,10 @@ void run(DriverContext& ctx) {
   for (const std::string& name : names) {
     cp::CpAttention attn(st.comm, config(st.deck, st.cp, name));
     const int r = st.grid.cp_rank;
-    const auto local = [&](const Tensor& t) { return cp::dcs_partition(t, g, st.cp, r).to(st.space); };
-    Tensor ql = local(q), kl = local(kk), vl = local(v), dol = local(dout);
+    const auto local = [&](const Shape& rest, std::uint64_t sd_) {
+      return drivers::local_uniform(g, st.cp, r, rest, st.dt, sd_).to(st.space);
+    };
+    Tensor ql = local(qs, sq), kl = local(ks, sk), vl = local(ks, sv), dol = local(qs, sd);
     Tensor got[4] = {Tensor::zeros(ql.shape(), st.dt, st.space), Tensor::zeros(ql.shape(), st.dt, st.space),
                      Tensor::zeros(kl.shape(), st.dt, st.space), Tensor::zeros(vl.shape(), st.dt, st.space)};
     const drivers::Samples s = st.time([&](drivers::Clock& c) {

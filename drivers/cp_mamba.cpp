@@ -83,7 +83,7 @@ void run(DriverContext& ctx) {
   const std::int64_t T = s.global.total(), C = s.cfg.hidden;
   const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
   model::ParamMap p = model::mamba2_init(s.cfg, s.dt, seed);
-  const Tensor h = drivers::real_uniform(s.global, {C}, s.dt, seed * 7 + 1), dy = drivers::real_uniform(s.global, {C}, s.dt, seed * 7 + 2);
+  const std::uint64_t sh = seed * 7 + 1, sdy = seed * 7 + 2;
 
   // cp=1 reference on rank 0: the state-passing layer on host tensors (it runs any heads / n_groups),
   // on the unpadded problem (each sequence at its real length).
@@ -91,12 +91,11 @@ void run(DriverContext& ctx) {
   model::ParamMap rg;
   if (st.check && st.root()) {
     const SeqLayout u = s.global.unpadded();
-    const std::vector<std::int64_t> real = cp::real_rows(s.global);
     model::Mamba2SP ref(st.self, s.cfg, u, cp::Partition::Contiguous);  // one rank: any length
     ry = Tensor::zeros({u.total(), C}, s.dt);
     rdh = Tensor::zeros({u.total(), C}, s.dt);
-    ref.forward(ry, cp::take_rows(h, real), p);
-    ref.backward(rdh, rg, cp::take_rows(dy, real), p);
+    ref.forward(ry, drivers::unpadded_uniform(s.global, {C}, s.dt, sh), p);
+    ref.backward(rdh, rg, drivers::unpadded_uniform(s.global, {C}, s.dt, sdy), p);
   }
   // The state scan state passing runs (mamba.state_scan = auto resolved on this layout).
   const std::string scan = cp::to_string(cp::resolve_state_exchange(s.global, st.cp, cp::Partition::DCS, s.cfg.state_exchange,
@@ -110,7 +109,8 @@ void run(DriverContext& ctx) {
                             C, "heads", s.cfg.heads, "head_dim", s.cfg.head_dim, "n_groups", s.cfg.groups, "d_state",
                             s.cfg.d_state, "conv", s.cfg.conv, "chunk", s.cfg.chunk, "state_scan", scan),
             skipped);
-  Tensor hl = cp::dcs_partition(h, s.global, s.cp, r).to(st.space), dyl = cp::dcs_partition(dy, s.global, s.cp, r).to(st.space);
+  Tensor hl = drivers::local_uniform(s.global, s.cp, r, {C}, s.dt, sh).to(st.space),
+         dyl = drivers::local_uniform(s.global, s.cp, r, {C}, s.dt, sdy).to(st.space);
   model::ParamMap pd;
   for (auto& [n, t] : p) pd[n] = t.to(st.space);
   drivers::Table table({{"strategy", 16}, {"fwd_ms", 10}, {"bwd_ms", 10}, {"bytes/rank", 14}, {"model", 14},

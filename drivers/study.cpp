@@ -232,19 +232,25 @@ bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
   return pass == 1;
 }
 
-Tensor real_uniform(const SeqLayout& global, const Shape& rest, DType dt, std::uint64_t seed) {
-  const std::vector<std::int64_t> real = cp::real_rows(global);
-  Shape us{static_cast<std::int64_t>(real.size())}, gs{global.total()};
+Tensor unpadded_uniform(const SeqLayout& global, const Shape& rest, DType dt, std::uint64_t seed) {
+  Shape us{global.unpadded().total()};
   us.insert(us.end(), rest.begin(), rest.end());
-  gs.insert(gs.end(), rest.begin(), rest.end());
   Tensor u = Tensor::empty(us, dt, Space::Host);
   fill_uniform(u, seed);
-  if (!global.padded()) return u;
-  Tensor g = Tensor::zeros(gs, dt, Space::Host);
-  std::vector<std::int64_t> src(real.size());
-  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::int64_t>(i);
-  cp::copy_rows(g, u, real, src);
-  return g;
+  return u;
+}
+
+Tensor local_uniform(const SeqLayout& global, int cp, int rank, const Shape& rest, DType dt, std::uint64_t seed) {
+  const std::vector<std::int64_t> real = cp::real_rows(global);
+  std::vector<std::int64_t> real_of(static_cast<std::size_t>(global.total()), -1);
+  for (std::size_t k = 0; k < real.size(); ++k) real_of[static_cast<std::size_t>(real[k])] = static_cast<std::int64_t>(k);
+  std::vector<std::int64_t> rows = cp::dcs_global_index(global, cp, rank);
+  for (auto& r : rows) r = real_of[static_cast<std::size_t>(r)];
+  Shape ls{static_cast<std::int64_t>(rows.size())};
+  ls.insert(ls.end(), rest.begin(), rest.end());
+  Tensor t = Tensor::empty(ls, dt, Space::Host);
+  fill_uniform_rows(t, seed, rows);
+  return t;
 }
 
 void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend, DType dt,

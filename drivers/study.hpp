@@ -192,10 +192,12 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
                   int cp, std::map<std::string, std::string> attrs);
 
 // A host copy (the tensor itself when it lives on the host).
-// Uniform random inputs of the unpadded problem (`seed`), placed at the real rows of the padded
-// global layout [T, rest...], pads zero: the real tokens' inputs do not depend on the padding, so
-// runs at different CP sizes solve the same problem and their files compare tensor by tensor.
-Tensor real_uniform(const SeqLayout& global, const Shape& rest, DType dt, std::uint64_t seed);
+// Uniform random inputs of the unpadded problem [real tokens, rest...] (`seed`), and this rank's rows
+// of them in the padded DualChunkSwap layout (pads zero), made without the global tensor: the real
+// tokens' inputs do not depend on the padding or cp, so runs at different CP sizes solve the same
+// problem (their files compare tensor by tensor), and a rank holds only its share.
+Tensor unpadded_uniform(const SeqLayout& global, const Shape& rest, DType dt, std::uint64_t seed);
+Tensor local_uniform(const SeqLayout& global, int cp, int rank, const Shape& rest, DType dt, std::uint64_t seed);
 
 inline Tensor host(const Tensor& t) { return t.space() == Space::Host ? t : t.to(Space::Host); }
 // "0,10,20" for /config.

@@ -338,13 +338,27 @@ static inline std::uint64_t mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
+namespace {
+double uniform_at(std::uint64_t s, std::int64_t i, double lo, double hi) {
+  const std::uint64_t r = mix(s ^ mix(static_cast<std::uint64_t>(i)));
+  const double u = static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);
+  return lo + (hi - lo) * u;
+}
+}  // namespace
+
 void fill_uniform(Tensor& t, std::uint64_t seed, double lo, double hi) {
   const std::uint64_t s = mix(seed);
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    std::uint64_t r = mix(s ^ mix(static_cast<std::uint64_t>(i)));
-    double u = static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);
-    t.set(i, lo + (hi - lo) * u);
-  }
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, uniform_at(s, i, lo, hi));
+}
+
+void fill_uniform_rows(Tensor& t, std::uint64_t seed, const std::vector<std::int64_t>& rows, double lo, double hi) {
+  HCP_CHECK(t.dim() >= 1 && t.size(0) == static_cast<std::int64_t>(rows.size()), "fill_uniform_rows: ", rows.size(),
+            " row indices for ", t.dim() ? t.size(0) : 0, " rows");
+  const std::uint64_t s = mix(seed);
+  const std::int64_t len = t.size(0) > 0 ? t.numel() / t.size(0) : 0;
+  for (std::int64_t r = 0; r < t.size(0); ++r)
+    for (std::int64_t j = 0; j < len; ++j)
+      t.set(r * len + j, rows[static_cast<std::size_t>(r)] < 0 ? 0.0 : uniform_at(s, rows[static_cast<std::size_t>(r)] * len + j, lo, hi));
 }
 
 // ---- layouts -------------------------------------------------------------------------------

@@ -122,5 +122,9 @@ void reset_tensor_peak(Space sp);
 
 // Deterministic inputs from (seed, index): uniform in [lo, hi).
 void fill_uniform(Tensor& t, std::uint64_t seed, double lo = -1.0, double hi = 1.0);
+// Rows of such a tensor without making it: row r of t [R, ...] (host) gets the values row rows[r] of
+// a tensor [*, ...] filled by fill_uniform(seed) has; rows[r] < 0 gives a zero row.
+void fill_uniform_rows(Tensor& t, std::uint64_t seed, const std::vector<std::int64_t>& rows, double lo = -1.0,
+                       double hi = 1.0);
 
 }  // namespace hcp
