@@ -1,0 +1,323 @@
+#!/usr/bin/python3
+"""Cost model of hybridcp's CP strategies: bytes per rank (the drivers' byte models, for one BSHD
+batch without padding), an alpha-beta time for each collective and kernel rates for compute.
+
+  hcp_plan.py bytes F.h5 ...      predicted bytes per rank and step against the /comm counters of
+      cp_attention / cp_mamba files (BSHD); exit 1 unless every rank of every strategy matches exactly
+  hcp_plan.py predict --model DECK --machine DECK --tokens L --cp N
+      per layer kind and strategy: bytes per rank, communication (exposed) and compute ms per
+      forward+backward step; the best strategy of each kind and the step time of the model's pattern
+  hcp_plan.py sweep --model DECK --machine DECK --tokens L1,L2,.. --cp N1,N2,.. --out P.png [--csv F]
+      the best step time against cp for each L (one line per L), and which strategy each kind takes
+
+The model: a collective moving n bytes per rank over p ranks takes steps * alpha + n / beta, with the
+intra-node (alpha, beta) while the CP group fits in a node and the inter-node pair beyond; ring p2p
+overlaps its exchanges with the attention compute (exposed = max(0, comm - compute)). Compute:
+attention FLOPs (causal, balanced by DualChunkSwap) at the attention rates, projections and experts
+at the GEMM rate, the SSD at its state-update rate. MoE traffic assumes uniform routing. What the
+model leaves out: kernel launch and glue time, memory traffic of the element-wise kernels, contention
+between the CP group's links. Times are estimates; bytes are exact for the layouts `bytes` checks.
+"""
+import argparse
+import math
+import sys
+import tomllib
+
+ES = {"fp64": 8, "fp32": 4, "bf16": 2}
+
+
+# ---- the drivers' byte models (per rank, forward + backward, BSHD batch B x L, no padding) ---------
+def owner(k, cp):
+    """DualChunkSwap: rank r holds chunks r and 2cp-1-r of each sequence."""
+    return k if k < cp else 2 * cp - 1 - k
+
+
+def attention_bytes(strategy, cp, rank, B, L, H, Hkv, D, dtype):
+    if cp == 1:
+        return 0
+    es, tl = ES[dtype], B * L // cp
+    kv = 2 * tl * Hkv * D
+    if strategy == "p2p":
+        acc = ES["fp32"] if dtype == "bf16" else es  # the travelling dK/dV accumulator
+        return (cp - 1) * kv * es + (cp - 1) * kv * es + cp * kv * acc
+    if strategy == "allgather":
+        return 2 * (cp - 1) * kv * es  # all-gather of K/V, reduce-scatter of dK/dV
+    if strategy == "a2a":
+        q, hl, g = tl * H * D, H // cp, H // Hkv
+        kv_n = [((r + 1) * hl - 1) // g + 1 - r * hl // g for r in range(cp)]
+        out = sum(n for r, n in enumerate(kv_n) if r != rank)
+        fwd = (cp - 1) * 2 * q // cp + 2 * tl * out * D
+        bwd = (cp - 1) * 2 * q // cp + 2 * (cp - 1) * tl * kv_n[rank] * D
+        return (fwd + bwd) * es
+    raise ValueError(strategy)
+
+
+def halo_rows(cp, rank, B, L, halo):
+    """Conv halo rows this rank sends forward and returns backward (chunks no shorter than the halo)."""
+    lc, rows = L // (2 * cp), 0
+    for k in range(1, 2 * cp):
+        need = min(halo, k * lc)
+        frm = [owner(o // lc, cp) for o in range(k * lc - need, k * lc)]
+        to = owner(k, cp)
+        rows += sum((f != to) * ((f == rank) + (to == rank)) for f in frm)
+    return B * rows
+
+
+def state_elements(scan, cp, rank, B, H, pn):
+    if cp == 1:
+        return 0
+    K = 2 * cp
+    pieces = [rank, 2 * cp - 1 - rank]
+    if scan == "allgather":
+        return (cp - 1) * B * len(pieces) * H * (2 * pn + 1)
+    n = 0
+    remote = lambda k, d: 0 <= k + d < K and owner(k + d, cp) != rank
+    for k in pieces:
+        d = 1
+        while d < K:
+            n += (remote(k, d) + remote(k, -d)) * H * (pn + 1)
+            d *= 2
+        n += (remote(k, 1) + remote(k, -1)) * H * pn
+    return B * n
+
+
+def resolve_scan(scan, cp, B, H, pn):
+    if scan != "auto":
+        return scan
+    d = max(state_elements("doubling", cp, r, B, H, pn) for r in range(cp))
+    a = max(state_elements("allgather", cp, r, B, H, pn) for r in range(cp))
+    return "doubling" if d < a else "allgather"
+
+
+def mamba_bytes(strategy, cp, rank, B, L, m, dtype, scan="auto"):
+    if cp == 1:
+        return 0
+    es, tl = ES[dtype], B * L // cp
+    G, N, di = m["n_groups"], m["d_state"], m["heads"] * m["head_dim"]
+    if strategy == "hidden_parallel":
+        rep = cp // G if G < cp else 1
+        per_tok = 2 * di + 2 * G * rep * N + m["heads"]
+        return 2 * (cp - 1) * tl * per_tok // cp * es
+    pn = m["head_dim"] * N
+    ss = ES["fp32"] if dtype == "bf16" else es
+    states = state_elements(resolve_scan(scan, cp, B, m["heads"], pn), cp, rank, B, m["heads"], pn)
+    conv_dim = di + 2 * G * N
+    return states * ss + halo_rows(cp, rank, B, L, m["conv"] - 1) * conv_dim * es
+
+
+def moe_bytes(cp, B, L, e, hidden, dtype):
+    """Expert parallelism over the CP group, uniform routing: dispatch and combine, forward and back."""
+    if cp == 1:
+        return 0
+    return 4 * (B * L // cp) * e["topk"] * hidden * ES[dtype] * (cp - 1) // cp
+
+
+# ---- time ----------------------------------------------------------------------------------------
+def link(machine, cp):
+    n = machine["network"]
+    if cp <= n["gpus_per_node"]:
+        return n["intra_alpha_us"] * 1e-3, n["intra_gbps"] * 1e6  # ms, bytes per ms
+    return n["inter_alpha_us"] * 1e-3, n["inter_gbps"] * 1e6
+
+
+def comm_ms(machine, cp, nbytes, steps):
+    a, b = link(machine, cp)
+    return steps * a + nbytes / b
+
+
+def layer_costs(kind, model, machine, L, cp, B=1):
+    """{strategy: (bytes per rank, comm ms exposed, compute ms)} for one layer of `kind`."""
+    c, dt, hid = machine["compute"], model["dtype"], model["hidden"]
+    tl = B * L / cp
+    gemm = lambda flops: flops / (c["gemm_tflops"] * 1e9)  # ms
+    out = {}
+    if kind == "*":
+        a = model["attention"]
+        H, Hkv, D = a["heads"], a["kv_heads"], a["head_dim"]
+        f = 4 * B * L * L / 2 * H * D / cp
+        proj = gemm(3 * 2 * tl * hid * (2 * H + 2 * Hkv) * D)
+        comp = f / (c["attn_fwd_tflops"] * 1e9) + 2.5 * f / (c["attn_bwd_tflops"] * 1e9) + proj
+        for s in ("p2p", "allgather", "a2a"):
+            if s == "a2a" and H % cp:
+                continue
+            nb = max(attention_bytes(s, cp, r, B, L, H, Hkv, D, dt) for r in range(min(cp, 8)))
+            steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1)}[s]
+            t = comm_ms(machine, cp, nb, steps) if cp > 1 else 0.0
+            out[s] = (nb, max(0.0, t - comp * (cp - 1) / cp) if s == "p2p" else t, comp)
+    elif kind == "M":
+        m = model["mamba"]
+        di, G, N = m["heads"] * m["head_dim"], m["n_groups"], m["d_state"]
+        d_in_proj = 2 * di + 2 * G * N + m["heads"]
+        comp = gemm(3 * 2 * tl * hid * (d_in_proj + di)) + 3 * tl * m["heads"] * m["head_dim"] * N / (c["ssd_gunits"] * 1e6)
+        for s in ("hidden_parallel", "state_passing"):
+            if s == "hidden_parallel" and m["heads"] % cp:
+                continue
+            ranks = range(cp) if cp <= 64 else (0, cp - 1)
+            nb = max(mamba_bytes(s, cp, r, B, L, m, dt, m.get("state_scan", "auto")) for r in ranks)
+            if s == "hidden_parallel":
+                steps = 4 * (cp - 1)
+            else:
+                scan = resolve_scan(m.get("state_scan", "auto"), cp, B, m["heads"], m["head_dim"] * N)
+                steps = 3 * (cp - 1) if scan == "allgather" else 2 * (2 * math.ceil(math.log2(2 * cp)) + 2) * 2
+                steps += 4  # conv halo, forward and backward
+            out[s] = (nb, comm_ms(machine, cp, nb, steps) if cp > 1 else 0.0, comp)
+    elif kind == "E":
+        e = model["moe"]
+        comp = gemm(3 * 2 * tl * (e["topk"] * 2 * hid * e["ffn"] + 2 * hid * e.get("shared_ffn", 0)))
+        nb = moe_bytes(cp, B, L, e, hid, dt)
+        out["ep"] = (nb, comm_ms(machine, cp, nb, 4 * (cp - 1)) if cp > 1 else 0.0, comp)
+    return out
+
+
+def plan(model, machine, L, cp):
+    """Best strategy per layer kind, and the step time (ms) of the pattern with those choices."""
+    best, step = {}, 0.0
+    for kind in sorted(set(model["pattern"]) & {"*", "M", "E"}):
+        costs = layer_costs(kind, model, machine, L, cp)
+        if not costs:
+            return None, None
+        s = min(costs, key=lambda k: costs[k][1] + costs[k][2])
+        best[kind] = (s, costs[s])
+        step += model["pattern"].count(kind) * (costs[s][1] + costs[s][2])
+    return best, step
+
+
+# ---- inputs --------------------------------------------------------------------------------------
+def load_model(path):
+    with open(path, "rb") as f:
+        d = tomllib.load(f)
+    m = d.get("model", {})
+    return {"pattern": m.get("pattern", "M*E"), "hidden": m.get("hidden", d.get("mamba", {}).get("hidden", 2688)),
+            "dtype": d.get("data", {}).get("dtype", "bf16"), "mamba": d.get("mamba", {}), "attention": d.get("attention", {}),
+            "moe": d.get("moe", {})}
+
+
+def load_machine(path):
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+# ---- commands ------------------------------------------------------------------------------------
+def cmd_bytes(a):
+    import h5py
+    bad = checked = 0
+    print(f"# {'file':<36} {'strategy':<16} {'rank':>4} {'measured':>12} {'predicted':>12}")
+    for path in a.files:
+        with h5py.File(path, "r") as f:
+            cfg = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f["config"].attrs.items()}
+            deck = tomllib.loads(cfg["deck_resolved"])
+            drv, cp = cfg["driver"], int(cfg["cp_size"])
+            data = deck["data"]
+            if data["format"] != "bshd" or drv not in ("cp_attention", "cp_mamba") or cp != int(cfg["world_size"]):
+                print(f"error: {path}: bytes checks BSHD cp_attention / cp_mamba runs with cp = ranks", file=sys.stderr)
+                return 2
+            B, L, dt, reps = data["batch"], data["seqlen"], data["dtype"], deck["run"]["repeats"]
+            for strat in f["comm"]:
+                ops = f["comm"][strat]
+                measured = [0.0] * cp
+                for op in ops:
+                    if op in ("barrier", "all_reduce"):  # the parameter all-reduce is checked apart
+                        continue
+                    for r, v in enumerate(ops[op]["bytes_sent"][()]):
+                        measured[r] += v / reps
+                for r in range(cp):
+                    if drv == "cp_attention":
+                        at = deck["attention"]
+                        want = attention_bytes(strat, cp, r, B, L, at["heads"], at["kv_heads"], at["head_dim"], dt)
+                    else:
+                        mm = dict(deck["mamba"])
+                        want = mamba_bytes(strat, cp, r, B, L, mm, dt, mm.get("state_scan", "auto"))
+                    ok = int(measured[r]) == want
+                    checked += 1
+                    bad += 0 if ok else 1
+                    print(f"  {path.split('/')[-1]:<36} {strat:<16} {r:>4} {int(measured[r]):>12} {want:>12} {'' if ok else 'DIFFERS'}")
+    print(f"RESULT plan_bytes {'EXACT' if bad == 0 and checked else 'DIFFERS'} {checked - bad}/{checked}")
+    return 0 if bad == 0 and checked else 1
+
+
+def cmd_predict(a):
+    model, machine = load_model(a.model), load_machine(a.machine)
+    print(f"# {a.model}: pattern {model['pattern']}, L = {a.tokens}, cp = {a.cp}, machine {a.machine}")
+    print(f"# {'kind':<4} {'strategy':<16} {'bytes/rank':>14} {'comm ms':>10} {'compute ms':>11} {'total':>9}")
+    for kind in sorted(set(model["pattern"]) & {"*", "M", "E"}):
+        for s, (nb, t, comp) in layer_costs(kind, model, machine, a.tokens, a.cp).items():
+            print(f"  {kind:<4} {s:<16} {nb:>14,} {t:>10.3f} {comp:>11.3f} {t + comp:>9.3f}")
+    best, step = plan(model, machine, a.tokens, a.cp)
+    if best is None:
+        print("# no strategy of some layer kind runs at this cp")
+        return 1
+    print("# best: " + ", ".join(f"{k} {v[0]}" for k, v in best.items()) + f"; step {step:.2f} ms (forward+backward)")
+    return 0
+
+
+def cmd_sweep(a):
+    model, machine = load_model(a.model), load_machine(a.machine)
+    lens = [int(x) for x in a.tokens.split(",")]
+    cps = [int(x) for x in a.cp.split(",")]
+    rows = []
+    for L in lens:
+        for cp in cps:
+            if L % (2 * cp):
+                continue
+            best, step = plan(model, machine, L, cp)
+            if best is not None:
+                rows.append((L, cp, step, {k: v[0] for k, v in best.items()}))
+    print(f"# {'tokens':>9} {'cp':>5} {'step ms':>10}  best strategy per layer kind")
+    for L, cp, step, b in rows:
+        print(f"  {L:>9} {cp:>5} {step:>10.2f}  " + " ".join(f"{k}:{v}" for k, v in sorted(b.items())))
+    if a.csv:
+        with open(a.csv, "w") as f:
+            f.write("tokens,cp,step_ms," + ",".join(f"best_{k}" for k in ("*", "E", "M")) + "\n")
+            for L, cp, step, b in rows:
+                f.write(f"{L},{cp},{step:.6g}," + ",".join(b.get(k, "") for k in ("*", "E", "M")) + "\n")
+        print(f"wrote {a.csv}")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for L in lens:
+        pts = [(cp, s) for (l, cp, s, _) in rows if l == L]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"L = {L:,}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("CP size")
+    ax.set_ylabel("predicted step time per rank (ms)")
+    ax.set_title(f"{model['pattern']}: predicted forward+backward")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=120)
+    print(f"wrote {a.out} ({len(rows)} points)")
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bytes")
+    b.add_argument("files", nargs="+")
+    b.set_defaults(fn=cmd_bytes)
+    for name, fn in (("predict", cmd_predict), ("sweep", cmd_sweep)):
+        s = sub.add_parser(name)
+        s.add_argument("--model", required=True)
+        s.add_argument("--machine", required=True)
+        if name == "predict":
+            s.add_argument("--tokens", type=int, required=True)
+            s.add_argument("--cp", type=int, required=True)
+        else:
+            s.add_argument("--tokens", required=True)
+            s.add_argument("--cp", required=True)
+            s.add_argument("--out", required=True)
+            s.add_argument("--csv")
+        s.set_defaults(fn=fn)
+    a = p.parse_args(argv)
+    try:
+        return a.fn(a)
+    except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError) as e:
+        print(f"error: {a.cmd}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
