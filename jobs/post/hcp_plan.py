@@ -9,6 +9,9 @@ batch without padding), an alpha-beta time for each collective and kernel rates 
       forward+backward step; the best strategy of each kind and the step time of the model's pattern
   hcp_plan.py sweep --model DECK --machine DECK --tokens L1,L2,.. --cp N1,N2,.. --out P.png [--csv F]
       the best step time against cp for each L (one line per L), and which strategy each kind takes
+  hcp_plan.py validate --machine DECK --calibrate C1.h5,C2.h5,.. [--band X] F.h5 ...
+      per-kind compute from a cp = 1 cp_hybrid run, alpha and beta fitted to the other calibration
+      runs' counters, then each run's predicted step time against its measured one (BSHD runs)
 
 The model: a collective moving n bytes per rank over p ranks takes steps * alpha + n / beta, with the
 intra-node (alpha, beta) while the CP group fits in a node and the inter-node pair beyond; ring p2p
@@ -292,6 +295,122 @@ def cmd_sweep(a):
     return 0
 
 
+STEPS_PER_CALL = {"ring_post": lambda p: 1, "all_gather": lambda p: p - 1, "all_to_all": lambda p: p - 1,
+                  "all_to_all_v": lambda p: p - 1, "reduce_scatter": lambda p: p - 1, "all_reduce": lambda p: 2 * (p - 1)}
+
+
+def _run_info(path):
+    """A cp_hybrid results file: its deck, cp, tokens, strategies' phase medians (slowest rank) and
+    per-rank communication counters per timed step."""
+    import os
+    import h5py
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import hcp_post
+    with h5py.File(path, "r") as f:
+        cfg = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f["config"].attrs.items()}
+        deck = tomllib.loads(cfg["deck_resolved"])
+        if cfg["driver"] != "cp_hybrid" or deck["data"]["format"] != "bshd":
+            raise ValueError(f"{path}: validate takes BSHD cp_hybrid runs")
+        reps = deck["run"]["repeats"]
+        comm = {}
+        for strat in f.get("comm", {}):
+            for op in f["comm"][strat]:
+                if op in STEPS_PER_CALL:
+                    g = f["comm"][strat][op]
+                    comm.setdefault(strat, {})[op] = [(c / reps, b / reps, s / reps * 1e3) for c, b, s in
+                                                      zip(g["calls"][()], g["bytes_sent"][()], g["seconds"][()])]
+        return {"path": path, "deck": deck, "cp": int(cfg["cp_size"]), "tokens": deck["data"]["batch"] * deck["data"]["seqlen"],
+                "timings": hcp_post._timings(f), "comm": comm}
+
+
+def cmd_validate(a):
+    """Calibrate per-kind compute (cp = 1 runs) and the network's alpha and beta (the other
+    calibration runs' counters) and predict the step time of other runs."""
+    import numpy as np
+    machine = load_machine(a.machine)
+    cores = machine["network"].get("cores_per_node", 1 << 30)
+    calib = [_run_info(p) for p in a.calibrate.split(",")]
+    base = [c for c in calib if c["cp"] == 1]
+    if not base:
+        print("error: validate: --calibrate needs a cp = 1 run", file=sys.stderr)
+        return 2
+    # Per-kind compute against tokens T from the cp = 1 runs: attention a T + b T^2 (its score work
+    # is quadratic), every other kind c + a T (c: work that does not shrink with cp, e.g. launches).
+    kinds = ("M", "*", "E", "-", "other")
+    pts = {k: [] for k in kinds}
+    for b in base:
+        ph = next(iter(b["timings"].values()))
+        for k in kinds[:4]:
+            pts[k].append((b["tokens"], ph.get(f"fwd/{k}", 0.0) + ph.get(f"bwd/{k}", 0.0)))
+        pts["other"].append((b["tokens"], sum(ph.get(f"{d}/{x}", 0.0) for d in ("fwd", "bwd") for x in ("embed", "head"))))
+    fit = {}
+    for k, v in pts.items():
+        T = np.array([t for t, _ in v], dtype=float)
+        y = np.array([m for _, m in v], dtype=float)
+        if len(set(T)) < 2:  # one length: proportional to T (and T^2 for attention)
+            fit[k] = (0.0, y[0] / T[0], 0.0) if k != "*" else (0.0, 0.0, y[0] / T[0] ** 2)
+            continue
+        A = np.stack([T, T * T] if k == "*" else [np.ones_like(T), T], axis=1)
+        c = np.linalg.lstsq(A, y, rcond=None)[0]
+        fit[k] = (0.0, max(c[0], 0.0), max(c[1], 0.0)) if k == "*" else (max(c[0], 0.0), max(c[1], 0.0), 0.0)
+    b0 = base[0]
+    X, y = [], []
+    for c in calib:
+        if c["cp"] == 1:
+            continue
+        for ops in c["comm"].values():
+            for op, per_rank in ops.items():
+                for calls, nbytes, ms in per_rank:
+                    X.append([calls * STEPS_PER_CALL[op](c["cp"]), nbytes])
+                    y.append(ms)
+    if X:
+        coef = np.linalg.lstsq(np.array(X, dtype=float), np.array(y, dtype=float), rcond=None)[0]
+        alpha, inv_beta = max(coef[0], 0.0), max(coef[1], 0.0)
+    else:
+        alpha, inv_beta = link(machine, 2)[0], 1.0 / link(machine, 2)[1]
+    print(f"# calibrated on {len(base)} cp=1 run(s), compute per kind c + a T + b T^2 (ms): "
+          + " ".join(f"{k}=({c:.3g}, {a_:.3g}, {b_:.3g})" for k, (c, a_, b_) in fit.items() if c or a_ or b_) + "; "
+          f"network alpha {alpha * 1e3:.2f} us per step, beta {1e-6 / inv_beta if inv_beta else float('inf'):.2f} GB/s "
+          f"({len(y)} counters)")
+    print(f"# {'file':<36} {'cp':>3} {'strategy':<10} {'measured ms':>12} {'predicted ms':>13} {'error':>7}")
+    worst = 0.0
+    for path in a.files:
+        r = _run_info(path)
+        d, cp, T = r["deck"], r["cp"], r["tokens"]
+        B, L, dt = d["data"]["batch"], d["data"]["seqlen"], d["data"]["dtype"]
+        over = max(1.0, cp / cores)
+        pat = d["model"]["pattern"]
+        for strat, ph in r["timings"].items():
+            if "step" not in ph:
+                continue
+            work = lambda k: (fit[k][0] + (fit[k][1] * T + fit[k][2] * T * T) / cp) * over
+            pred = work("other")
+            for k in ("M", "*", "E", "-"):
+                if not any(fit[k]):
+                    continue
+                comp = work(k)
+                n, nb, steps = pat.count(k), 0, 0
+                if cp > 1 and k == "*":
+                    at = d["attention"]
+                    nb = max(attention_bytes(strat, cp, q, B, L, at["heads"], at["kv_heads"], at["head_dim"], dt) for q in range(cp))
+                    steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1)}[strat]
+                elif cp > 1 and k == "M":
+                    mcp = d["parallel"]["mamba_cp"]
+                    nb = max(mamba_bytes(mcp, cp, q, B, L, d["mamba"], dt, d["mamba"].get("state_scan", "auto")) for q in range(cp))
+                    steps = 4 * (cp - 1)
+                elif cp > 1 and k == "E":
+                    nb, steps = moe_bytes(cp, B, L, d["moe"], d["model"]["hidden"], dt), 4 * (cp - 1)
+                t = n * (steps * alpha + nb * inv_beta)
+                pred += comp + (max(0.0, t - comp * (cp - 1) / cp) if (k == "*" and strat == "p2p") else t)
+            meas = ph["step"]
+            err = (pred - meas) / meas
+            worst = max(worst, abs(err))
+            print(f"  {path.split('/')[-1]:<36} {cp:>3} {strat:<10} {meas:>12.2f} {pred:>13.2f} {err * 100:>6.0f}%")
+    print(f"RESULT plan_validate worst |error| {worst * 100:.0f}% (band {a.band * 100:.0f}%) "
+          f"{'WITHIN' if worst <= a.band else 'OUTSIDE'}")
+    return 0 if worst <= a.band else 1
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -311,6 +430,12 @@ def main(argv=None):
             s.add_argument("--out", required=True)
             s.add_argument("--csv")
         s.set_defaults(fn=fn)
+    v = sub.add_parser("validate")
+    v.add_argument("--machine", required=True)
+    v.add_argument("--calibrate", required=True, help="cp_hybrid runs, comma-separated: one at cp = 1, others for the network")
+    v.add_argument("--band", type=float, default=0.15, help="largest relative step-time error accepted")
+    v.add_argument("files", nargs="+")
+    v.set_defaults(fn=cmd_validate)
     a = p.parse_args(argv)
     try:
         return a.fn(a)
