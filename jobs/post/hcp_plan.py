@@ -143,7 +143,8 @@ def layer_costs(kind, model, machine, L, cp, B=1):
         for s in ("p2p", "allgather", "a2a"):
             if s == "a2a" and H % cp:
                 continue
-            nb = max(attention_bytes(s, cp, r, B, L, H, Hkv, D, dt) for r in range(min(cp, 8)))
+            # p2p and allgather send the same on every rank; a2a's K/V heads differ by rank
+            nb = max(attention_bytes(s, cp, r, B, L, H, Hkv, D, dt) for r in (range(cp) if s == "a2a" else (0,)))
             steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1)}[s]
             t = comm_ms(machine, cp, nb, steps) if cp > 1 else 0.0
             out[s] = (nb, max(0.0, t - comp * (cp - 1) / cp) if s == "p2p" else t, comp)
