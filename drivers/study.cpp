@@ -217,12 +217,9 @@ void Study::result(Errors& e, const std::string& name, const std::string& path, 
   if (!writer_) return;
   // Row of each local token in the file: its index among the real tokens in global order; -1 for a
   // pad and on the ranks of other CP groups (data-parallel replicas hold the same rows).
-  const std::vector<std::int64_t> real = cp::real_rows(global);
-  std::vector<std::int64_t> real_of(static_cast<std::size_t>(global.total()), -1);
-  for (std::size_t k = 0; k < real.size(); ++k) real_of[static_cast<std::size_t>(real[k])] = static_cast<std::int64_t>(k);
-  std::vector<std::int64_t> rows = cp::dcs_global_index(global, cp, grid.cp_rank);
-  for (auto& r : rows) r = grid.dp_rank == 0 ? real_of[static_cast<std::size_t>(r)] : -1;
-  writer_->rows(path, local, rows, static_cast<std::int64_t>(real.size()), layout, units);
+  std::vector<std::int64_t> rows = cp::local_real_index(global, cp, grid.cp_rank);
+  if (grid.dp_rank != 0) rows.assign(rows.size(), -1);
+  writer_->rows(path, local, rows, global.unpadded().total(), layout, units);
 }
 
 bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
@@ -241,11 +238,7 @@ Tensor unpadded_uniform(const SeqLayout& global, const Shape& rest, DType dt, st
 }
 
 Tensor local_uniform(const SeqLayout& global, int cp, int rank, const Shape& rest, DType dt, std::uint64_t seed) {
-  const std::vector<std::int64_t> real = cp::real_rows(global);
-  std::vector<std::int64_t> real_of(static_cast<std::size_t>(global.total()), -1);
-  for (std::size_t k = 0; k < real.size(); ++k) real_of[static_cast<std::size_t>(real[k])] = static_cast<std::int64_t>(k);
-  std::vector<std::int64_t> rows = cp::dcs_global_index(global, cp, rank);
-  for (auto& r : rows) r = real_of[static_cast<std::size_t>(r)];
+  const std::vector<std::int64_t> rows = cp::local_real_index(global, cp, rank);
   Shape ls{static_cast<std::int64_t>(rows.size())};
   ls.insert(ls.end(), rest.begin(), rest.end());
   Tensor t = Tensor::empty(ls, dt, Space::Host);

@@ -61,6 +61,14 @@ std::vector<std::int64_t> pad_rows(const SeqLayout& global) {
     for (std::int64_t i = global.real(s); i < global.len(s); ++i) r.push_back(global.cu_seqlens[s] + i);
   return r;
 }
+std::vector<std::int64_t> local_real_index(const SeqLayout& global, int cp, int rank, Partition part) {
+  const std::vector<std::int64_t> real = real_rows(global);
+  std::vector<std::int64_t> real_of(static_cast<std::size_t>(global.total()), -1);
+  for (std::size_t k = 0; k < real.size(); ++k) real_of[static_cast<std::size_t>(real[k])] = static_cast<std::int64_t>(k);
+  std::vector<std::int64_t> rows = dcs_global_index(global, cp, rank, part);
+  for (auto& r : rows) r = real_of[static_cast<std::size_t>(r)];
+  return rows;
+}
 Tensor take_rows(const Tensor& t, const std::vector<std::int64_t>& rows) {
   Shape shp = t.shape();
   shp[0] = static_cast<std::int64_t>(rows.size());

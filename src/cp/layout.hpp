@@ -43,6 +43,10 @@ Tensor take_rows(const Tensor& t, const std::vector<std::int64_t>& rows);
 // keeps chunks r and 2cp-1-r (of 2cp equal chunks) of every sequence, in that order.
 std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank,
                 Partition part = Partition::DCS);
+// For each local token of `rank` (in local order), its index among the real tokens in global order
+// (the unpadded problem's row), or -1 for a pad.
+std::vector<std::int64_t> local_real_index(const SeqLayout& global, int cp, int rank,
+                Partition part = Partition::DCS);
 // Position of each local token inside its own sequence (RoPE / causal masks use these).
 std::vector<std::int64_t> dcs_positions(const SeqLayout& global, int cp, int rank);
 // Rank-major order (all ranks' local tokens concatenated by rank) -> global index of each.

@@ -306,36 +306,37 @@ StateScan::Route StateScan::route(std::int64_t delta) const {
 Tensor StateScan::exchange(Communicator& comm, const Route& r, const Tensor& src, const Tensor* init) const {
   const std::int64_t row = src.numel() / std::max<std::int64_t>(np_, 1);
   Tensor out = init ? init->clone() : Tensor::zeros(src.shape(), src.dtype(), src.space());
-  const auto iota = [](std::size_t n) {
-    std::vector<std::int64_t> v(n);
-    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::int64_t>(i);
-    return v;
-  };
   Shape packed = src.shape();
-  packed[0] = static_cast<std::int64_t>(r.send_rows.size());
+  const auto packed_send = static_cast<std::int64_t>(r.send_rows.size());
+  packed[0] = packed_send;
   Tensor send = Tensor::empty(packed, src.dtype(), src.space());
   packed[0] = static_cast<std::int64_t>(r.recv_rows.size());
   Tensor recv = Tensor::empty(packed, src.dtype(), src.space());
-  if (!r.send_rows.empty()) copy_rows(send, src, iota(r.send_rows.size()), r.send_rows);
+  if (!r.send_rows.empty()) copy_rows(send, src, iota_rows(packed_send), r.send_rows);
   std::vector<std::int64_t> sc(r.send_counts), rc(r.recv_counts);
   for (auto& c : sc) c *= row;
   for (auto& c : rc) c *= row;
   comm.all_to_all_v(send.raw(), sc, recv.raw(), rc, src.dtype());
-  if (!r.recv_rows.empty()) copy_rows(out, recv, r.recv_rows, iota(r.recv_rows.size()));
+  if (!r.recv_rows.empty()) copy_rows(out, recv, r.recv_rows, iota_rows(packed[0]));
   if (!r.self_src.empty()) copy_rows(out, src, r.self_dst, r.self_src);
   return out;
 }
 
-Tensor StateScan::doubling_forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local) {
-  // Hillis-Steele: after the round of distance d, piece k holds the composite of pieces
-  // max(0, k-2d+1)..k; what it receives was sent before any piece of the round updated.
-  Tensor A = a_local.clone(), B = S_local.clone();
+void StateScan::compose_rounds(Communicator& comm, const std::vector<Route>& rounds, Tensor& A, Tensor& B) const {
+  // Hillis-Steele: after the round of distance d, piece k holds the composite of the pieces up to
+  // 2d-1 places before it (after it, for the backward's rounds); what it receives was sent before
+  // any piece of the round updated.
   Tensor ones = Tensor::empty(A.shape(), A.dtype(), A.space());
   ones.fill(1.0);  // the identity map, for pieces that receive nothing in a round
-  for (const Route& r : fwd_rounds_) {
+  for (const Route& r : rounds) {
     const Tensor Ap = exchange(comm, r, A, &ones), Bp = exchange(comm, r, B, nullptr);
     kernels::ssd_state_compose(A, B, Ap, Bp);
   }
+}
+
+Tensor StateScan::doubling_forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local) {
+  Tensor A = a_local.clone(), B = S_local.clone();
+  compose_rounds(comm, fwd_rounds_, A, B);
   a_ = a_local.clone();
   Sin_ = exchange(comm, fwd_shift_, B, nullptr);  // S_in(k) = the state after piece k-1; 0 at k = 0
   return Sin_.clone();
@@ -344,12 +345,7 @@ Tensor StateScan::doubling_forward(Communicator& comm, const Tensor& S_local, co
 void StateScan::doubling_backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const {
   // g_k = dS_in(k) + a_k g_(k+1): the same maps, composed towards the sequence start.
   Tensor A = a_.clone(), G = dS_in.clone();
-  Tensor ones = Tensor::empty(A.shape(), A.dtype(), A.space());
-  ones.fill(1.0);
-  for (const Route& r : bwd_rounds_) {
-    const Tensor Ap = exchange(comm, r, A, &ones), Gp = exchange(comm, r, G, nullptr);
-    kernels::ssd_state_compose(A, G, Ap, Gp);
-  }
+  compose_rounds(comm, bwd_rounds_, A, G);
   dS_local = exchange(comm, bwd_shift_, G, nullptr);  // dS_k = g_(k+1); 0 for a sequence's last piece
   da_local = Tensor::zeros(a_.shape(), a_.dtype(), a_.space());
   kernels::ssd_state_dot(da_local, dS_local, Sin_);  // da_k = <g_(k+1), S_in(k)>

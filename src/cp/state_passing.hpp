@@ -125,6 +125,8 @@ class StateScan {
   // Rows of `src` [np, ...] moved along `r`: row i of the result holds what piece i received, and
   // `init`'s row (zeros when null) where it receives nothing.
   Tensor exchange(Communicator& comm, const Route& r, const Tensor& src, const Tensor* init) const;
+  // The doubling rounds on the maps (A, B), in place.
+  void compose_rounds(Communicator& comm, const std::vector<Route>& rounds, Tensor& A, Tensor& B) const;
   Tensor doubling_forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local);
   void doubling_backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const;
 
