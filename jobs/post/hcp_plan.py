@@ -23,8 +23,12 @@ between the CP group's links. Times are estimates; bytes are exact for the layou
 """
 import argparse
 import math
+import os
 import sys
 import tomllib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hcp_post  # noqa: E402  (the results files' readers and plots)
 
 ES = {"fp64": 8, "fp32": 4, "bf16": 2}
 
@@ -275,23 +279,9 @@ def cmd_sweep(a):
             for L, cp, step, b in rows:
                 f.write(f"{L},{cp},{step:.6g}," + ",".join(b.get(k, "") for k in ("*", "E", "M")) + "\n")
         print(f"wrote {a.csv}")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for L in lens:
-        pts = [(cp, s) for (l, cp, s, _) in rows if l == L]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"L = {L:,}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("CP size")
-    ax.set_ylabel("predicted step time per rank (ms)")
-    ax.set_title(f"{model['pattern']}: predicted forward+backward")
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(a.out, dpi=120)
+    series = {f"L = {L:,}": [(cp, s) for (l, cp, s, _) in rows if l == L] for L in lens}
+    hcp_post.plot_against_cp({k: v for k, v in series.items() if v}, a.out,
+                             f"{model['pattern']}: predicted forward+backward", "predicted step time per rank (ms)", ylog=True)
     print(f"wrote {a.out} ({len(rows)} points)")
     return 0
 
@@ -303,10 +293,7 @@ STEPS_PER_CALL = {"ring_post": lambda p: 1, "all_gather": lambda p: p - 1, "all_
 def _run_info(path):
     """A cp_hybrid results file: its deck, cp, tokens, strategies' phase medians (slowest rank) and
     per-rank communication counters per timed step."""
-    import os
     import h5py
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import hcp_post
     with h5py.File(path, "r") as f:
         cfg = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f["config"].attrs.items()}
         deck = tomllib.loads(cfg["deck_resolved"])

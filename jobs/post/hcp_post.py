@@ -245,6 +245,25 @@ def _plt():
     return plt
 
 
+def plot_against_cp(series, out, title, ylabel, ylog=False):
+    """One line per label of `series` ({label: [(cp, ms), ...]}) against the CP size (log2 axis)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, pts in series.items():
+        pts = sorted(pts)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    if ylog:
+        ax.set_yscale("log")
+    ax.set_xlabel("CP size")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 def cmd_plot_scaling(a):
     series = {}
     for path in a.files:
@@ -255,19 +274,7 @@ def cmd_plot_scaling(a):
     if not series:
         print("error: no /timings in the given files", file=sys.stderr)
         return 1
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for strat, pts in sorted(series.items()):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=strat)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("CP size")
-    ax.set_ylabel("time per step (ms, slowest rank, median)")
-    ax.set_title(a.title)
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(a.out, dpi=120)
+    plot_against_cp(dict(sorted(series.items())), a.out, a.title, "time per step (ms, slowest rank, median)")
     print(f"wrote {a.out} ({sum(len(v) for v in series.values())} points, {len(series)} strategies)")
     return 0
 
