@@ -23,7 +23,8 @@ std::string to_string(H5Io io) {
 
 // ---- what a run keeps --------------------------------------------------------------------------
 namespace {
-const char* const kClasses[] = {"all", "auto", "activations", "gradients", "timings", "comm", "memory", "summary"};
+// The classes run.save chooses among; every other top-level group (/config, /train, ...) is kept.
+const char* const kClasses[] = {"activations", "gradients", "timings", "comm", "memory", "summary"};
 bool is_class(const std::string& s) {
   return std::find(std::begin(kClasses), std::end(kClasses), s) != std::end(kClasses);
 }
@@ -63,12 +64,11 @@ bool SaveSet::keeps_class(const std::string& cls) const {
 
 bool SaveSet::keeps(const std::string& path, std::int64_t numel) const {
   const std::string cls = class_of(path);
-  if (cls != "activations" && cls != "gradients" && cls != "timings" && cls != "comm" && cls != "memory" && cls != "summary")
-    return true;
+  if (!is_class(cls)) return true;
   for (const auto& it : items_) {
     if (it == "all" || it == cls) return true;
     if (it == "auto" && numel <= kAutoMaxElements) return true;
-    if (is_class(it)) continue;
+    if (it == "auto" || is_class(it)) continue;
     const std::string slash = "/" + it;
     if (path == slash || path.rfind(slash + "/", 0) == 0) return true;  // a path below the root
     if (path.size() > slash.size() && path.compare(path.size() - slash.size(), slash.size(), slash) == 0)
