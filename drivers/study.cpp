@@ -1,7 +1,6 @@
 #include "study.hpp"
 
 #include <mpi.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,57 +10,12 @@
 #include "cp/layout.hpp"
 #include "device.hpp"
 #include "overlap.hpp"
-#ifdef HCP_HAVE_CUDA
-#include "kernels/cuda/runtime.hpp"
-#endif
 
 namespace hcp::drivers {
 
 double layer_tolerance(DType dt) { return dt == DType::F64 ? 1e-10 : dt == DType::F32 ? 1e-5 : 2e-2; }
 double model_tolerance(DType dt) { return dt == DType::F64 ? 1e-10 : dt == DType::F32 ? 2e-4 : 1e-1; }
 double train_loss_tolerance(DType dt) { return dt == DType::F64 ? 1e-9 : dt == DType::F32 ? 1e-5 : 5e-2; }
-
-Selection select(const Deck& d, const std::string& key, const std::string& all_word, const std::vector<std::string>& all) {
-  const std::string v = d.get_string(key);
-  if (v == all_word) return {all, true};
-  return {{v}, false};
-}
-
-std::vector<std::string> runnable(Communicator& comm, const Selection& sel, const std::function<void(const std::string&)>& try_make,
-                                  std::vector<std::pair<std::string, std::string>>* skipped) {
-  std::vector<std::string> ok;
-  std::vector<std::pair<std::string, std::string>> failed;
-  for (const std::string& name : sel.names) {
-    if (!sel.all) {
-      try_make(name);  // a named case that cannot run is the deck's error
-      ok.push_back(name);
-      continue;
-    }
-    std::string why;
-    if (agree_on_errors(comm, [&] { try_make(name); }, &why, /*print=*/false)) ok.push_back(name);
-    else failed.emplace_back(name, why);
-  }
-  // No case can run: the first one's error is the deck's (e.g. a length that no strategy can split).
-  if (ok.empty()) throw Error(failed.front().second);
-  if (skipped) *skipped = std::move(failed);
-  return ok;
-}
-
-// ---- Study ----------------------------------------------------------------------------------------
-void validate_cases(DriverContext& ctx, const Cases& c) {
-  save_set(ctx.deck);
-  hdf5_io(ctx.deck);
-  init_device(ctx.deck);
-  const int cp = cp_size_of(ctx.deck, ctx.world->size());
-  if (c.footprint) c.footprint(ctx.deck, cp).require_fits(space_of(ctx.deck));
-  ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
-  runnable(*grid.cp, select(ctx.deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(ctx.deck, *grid.cp, cp, n); });
-}
-
-std::vector<std::string> Study::cases(const Cases& c, std::vector<std::pair<std::string, std::string>>* skipped) {
-  return runnable(comm, select(deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(deck, comm, cp, n); },
-                  skipped);
-}
 
 Study::Study(DriverContext& c, std::string name, double (*tolerance)(DType))
     : ctx(c),
@@ -85,11 +39,7 @@ std::string Study::backend() const { return device_desc(deck, comm); }
 Samples Study::time(const std::function<void(Clock&)>& body, const std::function<void()>& before) {
   Samples s;
   Clock clock(space);
-  const double live0 = static_cast<double>(tensor_bytes_live(space));
-  reset_tensor_peak(space);
-#ifdef HCP_HAVE_CUDA
-  if (space == Space::Cuda) (void)cuda::scratch_high_water(true);
-#endif
+  const double live0 = memory_start();
   // Progress on long runs: a line to stderr (tables stay clean on stdout) at most every 2 s, on
   // rank 0, unless --quiet. A short run prints none.
   const double t_start = MPI_Wtime();
@@ -113,18 +63,7 @@ Samples Study::time(const std::function<void(Clock&)>& body, const std::function
     for (const auto& [phase, ms] : laps) s[phase].push_back(ms);
     s["ring_wait"].push_back((ring_wait_seconds(comm) - rw0) * 1e3);
   }
-  mem_ = Memory{};
-  mem_.live = live0;
-  mem_.work = static_cast<double>(tensor_bytes_peak(space)) - live0;
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  mem_.rss_peak = static_cast<double>(ru.ru_maxrss) * 1024.0;
-#ifdef HCP_HAVE_CUDA
-  if (space == Space::Cuda) {
-    mem_.device_used = static_cast<double>(cuda::used_memory());
-    mem_.scratch_peak = static_cast<double>(cuda::scratch_high_water(false));
-  }
-#endif
+  memory_stop(live0);
   return s;
 }
 
@@ -138,29 +77,8 @@ std::int64_t Study::bytes_per_step(const std::vector<std::string>& ops) const {
 }
 
 void Study::write_timings(const std::string& strategy, const Samples& s) {
-  const auto mib = [&](double v) { return comm.all_reduce_scalar(v, ReduceOp::Max) / 1048576.0; };
-  const double work = mib(mem_.work), live = mib(mem_.live), rss = mib(mem_.rss_peak);
-  char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "# memory per rank of %s (MiB, max over ranks): tensors allocated in the step %.2f, alive before it %.2f, "
-                "host RSS high-water %.1f",
-                strategy.c_str(), work, live, rss);
-  std::string line = buf;
-  if (space == Space::Cuda) {
-    const double used = mib(mem_.device_used), scratch = mib(mem_.scratch_peak);
-    std::snprintf(buf, sizeof buf, ", device used %.1f, kernel scratch high-water %.2f", used, scratch);
-    line += buf;
-  }
-  mem_lines_.push_back(line);
+  write_memory(strategy);
   if (!writer_) return;
-  const std::string m = "/memory/" + strategy + "/";
-  writer_->per_rank(m + "step_tensor_bytes", mem_.work, "bytes of tensors allocated beyond those alive before the timed loop (high-water)");
-  writer_->per_rank(m + "live_tensor_bytes", mem_.live, "bytes of tensors alive before the timed loop");
-  writer_->per_rank(m + "host_rss_peak_bytes", mem_.rss_peak, "bytes (process high-water since start)");
-  if (space == Space::Cuda) {
-    writer_->per_rank(m + "device_used_bytes", mem_.device_used, "bytes (cudaMemGetInfo: the whole GPU)");
-    writer_->per_rank(m + "device_scratch_peak_bytes", mem_.scratch_peak, "bytes (stream-ordered pool high-water)");
-  }
   writer_->comm(comm, strategy + "/");
   for (const auto& [phase, v] : s)
     if (phase != "ring_wait") writer_->timings(strategy + "/" + phase, v);
@@ -227,23 +145,6 @@ bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
   ctx.world->broadcast(&pass, 1, DType::F64, 0);
   if (writer_ && check) writer_->summaries(strategy, e.rel, tol);
   return pass == 1;
-}
-
-Tensor unpadded_uniform(const SeqLayout& global, const Shape& rest, DType dt, std::uint64_t seed) {
-  Shape us{global.unpadded().total()};
-  us.insert(us.end(), rest.begin(), rest.end());
-  Tensor u = Tensor::empty(us, dt, Space::Host);
-  fill_uniform(u, seed);
-  return u;
-}
-
-Tensor local_uniform(const SeqLayout& global, int cp, int rank, const Shape& rest, DType dt, std::uint64_t seed) {
-  const std::vector<std::int64_t> rows = cp::local_real_index(global, cp, rank);
-  Shape ls{static_cast<std::int64_t>(rows.size())};
-  ls.insert(ls.end(), rest.begin(), rest.end());
-  Tensor t = Tensor::empty(ls, dt, Space::Host);
-  fill_uniform_rows(t, seed, rows);
-  return t;
 }
 
 void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend, DType dt,

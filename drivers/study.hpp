@@ -184,6 +184,9 @@ class Study {
     double work = 0, live = 0, rss_peak = 0, device_used = 0, scratch_peak = 0;
   } mem_;
   std::vector<std::string> mem_lines_;  // "# memory per rank" lines printed by finish()
+  double memory_start();               // resets the high-water marks; the bytes alive now
+  void memory_stop(double live0);      // fills mem_
+  void write_memory(const std::string& strategy);  // its line, and /memory/<strategy>/ when writing
 };
 
 // /config of any driver: driver, deck, resolved deck, command line, revision, backend, dtype,

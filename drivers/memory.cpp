@@ -1,0 +1,65 @@
+// Memory of a study's cases per rank: tensor storage allocated in the timed step beyond what was
+// alive before it, what was alive, the host RSS high-water and, on GPU ranks, the device's used
+// memory and the stream-ordered scratch high-water; /memory/<strategy>/ and one line per case.
+#include <sys/resource.h>
+
+#include <cstdio>
+
+#include "study.hpp"
+#ifdef HCP_HAVE_CUDA
+#include "kernels/cuda/runtime.hpp"
+#endif
+
+namespace hcp::drivers {
+
+double Study::memory_start() {
+  const double live0 = static_cast<double>(tensor_bytes_live(space));
+  reset_tensor_peak(space);
+#ifdef HCP_HAVE_CUDA
+  if (space == Space::Cuda) (void)cuda::scratch_high_water(true);
+#endif
+  return live0;
+}
+
+void Study::memory_stop(double live0) {
+  mem_ = Memory{};
+  mem_.live = live0;
+  mem_.work = static_cast<double>(tensor_bytes_peak(space)) - live0;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  mem_.rss_peak = static_cast<double>(ru.ru_maxrss) * 1024.0;
+#ifdef HCP_HAVE_CUDA
+  if (space == Space::Cuda) {
+    mem_.device_used = static_cast<double>(cuda::used_memory());
+    mem_.scratch_peak = static_cast<double>(cuda::scratch_high_water(false));
+  }
+#endif
+}
+
+void Study::write_memory(const std::string& strategy) {
+  const auto mib = [&](double v) { return comm.all_reduce_scalar(v, ReduceOp::Max) / 1048576.0; };
+  const double work = mib(mem_.work), live = mib(mem_.live), rss = mib(mem_.rss_peak);
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "# memory per rank of %s (MiB, max over ranks): tensors allocated in the step %.2f, alive before it %.2f, "
+                "host RSS high-water %.1f",
+                strategy.c_str(), work, live, rss);
+  std::string line = buf;
+  if (space == Space::Cuda) {
+    const double used = mib(mem_.device_used), scratch = mib(mem_.scratch_peak);
+    std::snprintf(buf, sizeof buf, ", device used %.1f, kernel scratch high-water %.2f", used, scratch);
+    line += buf;
+  }
+  mem_lines_.push_back(line);
+  if (!writer_) return;
+  const std::string m = "/memory/" + strategy + "/";
+  writer_->per_rank(m + "step_tensor_bytes", mem_.work, "bytes of tensors allocated beyond those alive before the timed loop (high-water)");
+  writer_->per_rank(m + "live_tensor_bytes", mem_.live, "bytes of tensors alive before the timed loop");
+  writer_->per_rank(m + "host_rss_peak_bytes", mem_.rss_peak, "bytes (process high-water since start)");
+  if (space == Space::Cuda) {
+    writer_->per_rank(m + "device_used_bytes", mem_.device_used, "bytes (cudaMemGetInfo: the whole GPU)");
+    writer_->per_rank(m + "device_scratch_peak_bytes", mem_.scratch_peak, "bytes (stream-ordered pool high-water)");
+  }
+}
+
+}  // namespace hcp::drivers
