@@ -42,12 +42,18 @@ drivers::Cases cases() {
   return {"parallel.attention", "all", {"p2p", "allgather", "a2a"},
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
             const model::HybridConfig h = drivers::hybrid_config(d, cp::attn_strategy_from_string(n));
+            drivers::ep_size_of(d, h, cp);
             model::HybridModel m(c, h, drivers::make_token_batch(d, cp, h.vocab, 1).layout);
           },
           [](const Deck& d, int cp) {
             drivers::Footprint t("data.seqlen/data.batch/data.seq_lens");
-            return drivers::hybrid_footprint(drivers::hybrid_config(d, cp::AttnStrategy::P2P), drivers::footprint_tokens(d, cp, t),
-                                             drivers::dtype_bytes(d), "data.seqlen/data.batch/data.seq_lens and the model sizes");
+            const model::HybridConfig h = drivers::hybrid_config(d, cp::AttnStrategy::P2P);
+            drivers::Footprint f = drivers::hybrid_footprint(h, drivers::footprint_tokens(d, cp, t), drivers::dtype_bytes(d),
+                                                             "data.seqlen/data.batch/data.seq_lens and the model sizes");
+            // Parameters and gradients of this rank; the reference's whole set on rank 0.
+            drivers::add_parameters(f, h, drivers::ep_size_of(d, h, cp), 2, drivers::dtype_bytes(d));
+            if (d.get_bool("run.check")) drivers::add_parameters(f, h, 1, 3, drivers::dtype_bytes(d));
+            return f;
           }};
 }
 
@@ -86,6 +92,24 @@ double routing_flips(drivers::Study& st, const model::HybridModel& m, const std:
   return total > 0 ? static_cast<double>(flipped) / static_cast<double>(total) : 0.0;
 }
 
+// Parameter bytes per rank (all, and the routed experts' part, which falls as 1/ep): a line and
+// /memory/parameters/{bytes,expert_bytes}.
+void write_parameter_memory(drivers::Study& st, const model::HybridConfig& c, int ep, const model::ParamMap& p) {
+  const model::ParamCount n = model::param_count(c, ep);
+  const double es = static_cast<double>(dtype_size(st.dt));
+  double held = 0;
+  for (const auto& [name, t] : p) held += static_cast<double>(t.numel());
+  HCP_CHECK(held == static_cast<double>(n.total), "cp_hybrid: this rank holds ", held, " parameter elements, the count says ",
+            n.total);
+  if (st.root())
+    std::printf("# parameters per rank (ep %d): %.3f MiB, of which routed experts %.3f MiB\n", ep,
+                static_cast<double>(n.total) * es / 1048576.0, static_cast<double>(n.experts) * es / 1048576.0);
+  if (!st.out()) return;
+  st.out()->per_rank("/memory/parameters/bytes", held * es, "bytes of parameters this rank holds");
+  st.out()->per_rank("/memory/parameters/expert_bytes", static_cast<double>(n.experts) * es,
+                     "bytes of routed-expert weights this rank holds (1/ep of them)");
+}
+
 void run(DriverContext& ctx) {
   drivers::Study st(ctx, "cp_hybrid", drivers::model_tolerance);
   st.norm_wise = st.dt == DType::BF16;
@@ -96,8 +120,14 @@ void run(DriverContext& ctx) {
   const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
   const model::HybridConfig c0 = drivers::hybrid_config(d, cp::attn_strategy_from_string(names.front()));
   const drivers::TokenBatch batch = drivers::make_token_batch(d, st.cp, c0.vocab, seed);
-  model::ParamMap p = model::hybrid_init(c0, st.dt, seed);
+  // Every rank holds its own experts only; the cp=1 reference (rank 0) holds them all.
+  const model::ExpertGroups groups(st.comm, drivers::ep_size_of(d, c0, st.cp));
+  const model::ShardMap shards = model::expert_shards(c0, groups);
+  model::ParamMap p = model::hybrid_init(c0, st.dt, seed, &groups);
   for (auto& [n, t] : p) t = t.to(st.space);  // the model runs where its parameters live
+  model::HybridConfig c1 = c0;
+  c1.ep = 1;
+  const bool owner = groups.replicas().rank() == 0 && st.grid.dp_rank == 0;  // writes its experts' rows
   const auto tok = drivers::local_ids(batch.tokens, batch.layout, st.cp, r);
   const auto lab = drivers::local_ids(batch.labels, batch.layout, st.cp, r);
 
@@ -113,8 +143,11 @@ void run(DriverContext& ctx) {
       rtok.push_back(batch.tokens[static_cast<std::size_t>(i)]);
       rlab.push_back(batch.labels[static_cast<std::size_t>(i)]);
     }
-    model::HybridModel m(st.self, c0, batch.layout.unpadded());
-    ref = m.step(p, rtok, rlab, rg);
+    model::HybridModel m(st.self, c1, batch.layout.unpadded());
+    const model::ParamMap whole = model::hybrid_init(c1, st.dt, seed);
+    model::ParamMap pw;
+    for (auto& [n, t] : whole) pw[n] = t.to(st.space);
+    ref = m.step(pw, rtok, rlab, rg);
     for (auto& b : m.block_outputs()) ref_blocks.push_back(drivers::host(b));
     ref_routing = m.routing();
     ref_dlogits = drivers::host(m.dlogits());
@@ -129,7 +162,8 @@ void run(DriverContext& ctx) {
         st.out()->tensor("/activations/reference/block_" + std::to_string(i), st.root() ? ref_blocks[i] : Tensor(),
                          "[T,hidden] real tokens, global order", "1");
       st.out()->tensor("/gradients/reference/logits", ref_dlogits, "[T,vocab] real tokens, global order", "1/token");
-      for (auto& [n, t] : p) st.out()->tensor("/gradients/reference/" + n, st.root() ? rg.at(n) : Tensor(), "parameter shape", "1");
+      for (auto& [n, t] : p)
+        st.out()->tensor("/gradients/reference/" + n, st.root() ? rg.at(n) : Tensor(), "parameter shape", "1");
     }
   }
   st.header(drivers::fields("pattern", c0.pattern, "format", d.get_string("data.format"), "tokens", batch.layout.total(),
@@ -137,12 +171,13 @@ void run(DriverContext& ctx) {
                             "vocab", c0.vocab, "mamba_cp", d.get_string("parallel.mamba_cp")),
             skipped);
   if (st.check && st.root()) std::printf("# cp=1 reference on rank 0: loss %.12f\n", ref.loss);
+  write_parameter_memory(st, c0, groups.size(), p);
   drivers::Table table({{"attention", 10}, {"loss", 16}, {"step_ms", 10}, {"comm_MB/rank", 12}, {"overlap", 8},
                         {st.norm_wise ? "l2_rel_err" : "max_rel_err", 12}, {"flips", 7},
                         {" phases (ms, median, slowest rank)", 0}});
   bool all_pass = true;
   for (const std::string& name : names) {
-    model::HybridModel m(st.comm, drivers::hybrid_config(d, cp::attn_strategy_from_string(name)), batch.layout);
+    model::HybridModel m(st.comm, drivers::hybrid_config(d, cp::attn_strategy_from_string(name)), batch.layout, &groups);
     model::ParamMap grads;
     model::StepResult res;
     const drivers::Samples s = st.time(
@@ -153,6 +188,8 @@ void run(DriverContext& ctx) {
         },
         [&] { m.reset_phases(); });
     const double comm_mb = st.comm.all_reduce_scalar(static_cast<double>(st.bytes_per_step()), ReduceOp::Max) / 1e6;
+    model::ParamMap whole;  // the experts' gradients gathered over each EP group, for the check
+    if (st.check) whole = drivers::gather_shards(groups, shards, grads);
     for (auto& [n, t] : grads) t = drivers::host(t);
     // Real rows against the unpadded oracle; the logits gradient of a pad is zero (the residual
     // stream of a pad is not: its blocks' outputs are left unchecked).
@@ -165,13 +202,13 @@ void run(DriverContext& ctx) {
       st.result(e, "block_" + std::to_string(i), "/activations/" + name + "/block_" + std::to_string(i), m.block_outputs()[i],
                 st.check && st.root() ? ref_blocks[i] : Tensor(), batch.layout, false, "[T,hidden] real tokens, global order", "1");
     if (st.check && st.root())
-      for (auto& [n, t] : rg) st.compare(e, "d" + n, grads.at(n), t);
+      for (auto& [n, t] : rg) st.compare(e, "d" + n, drivers::host(whole.at(n)), t);
     const double flips = routing_flips(st, m, ref_routing, batch.layout);
     const bool loss_ok = !st.check || !st.root() || loss_err <= std::min(st.tol, kBf16LossTol);
     all_pass = st.verdict(name, e, flips <= kMaxFlips && loss_ok) && all_pass;
     if (st.out() && st.check) st.out()->attribute("/summary/" + name, "routing_flips", drivers::fmt("%.6f", flips));
     if (st.out()) {
-      for (auto& [n, t] : grads) st.out()->tensor("/gradients/" + name + "/" + n, t, "parameter shape", "1");
+      drivers::write_params(*st.out(), *st.ctx.world, "/gradients/" + name + "/", grads, shards, owner, "parameter shape");
     }
     st.write_timings(name, s);
     const double ov = st.overlap(name, s);

@@ -144,11 +144,26 @@ inline Footprint hybrid_footprint(const model::HybridConfig& h, std::int64_t T, 
   return f;
 }
 
+// `copies` sets of the parameters one rank holds at EP size `ep` (experts 1/ep), `bytes` per element.
+inline void add_parameters(Footprint& f, const model::HybridConfig& h, int ep, std::int64_t copies, std::int64_t bytes) {
+  f.add({copies, model::param_count(h, ep).total}, bytes);
+}
+
 // train_hybrid: a step's tokens are at most seqs_per_step rows of max_len (+ padding to 2*cp).
-inline Footprint train_footprint(const Deck& d, const model::HybridConfig& h, int cp) {
+// Parameters: master weights, AdamW moments and widened gradients in the master dtype (fp32 for
+// bf16), the step's compute copy and gradients; rank 0's cp=1 replica holds the whole set again.
+inline Footprint train_footprint(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
   Footprint t("data.seqs_per_step, data.max_len");
   const std::int64_t T = t.mul(d.get_int("data.seqs_per_step"), d.get_int("data.max_len") + 2 * cp);
-  return hybrid_footprint(h, T, dtype_bytes(d), "data.seqs_per_step, data.max_len and the model sizes");
+  Footprint f = hybrid_footprint(h, T, dtype_bytes(d), "data.seqs_per_step, data.max_len and the model sizes");
+  const std::int64_t es = dtype_bytes(d), ms = std::max<std::int64_t>(es, 4);
+  add_parameters(f, h, ep, 4, ms);
+  add_parameters(f, h, ep, 2, es);
+  if (d.get_bool("train.reference")) {
+    add_parameters(f, h, 1, 4, ms);
+    add_parameters(f, h, 1, 2, es);
+  }
+  return f;
 }
 
 }  // namespace hcp::drivers

@@ -8,6 +8,7 @@
 #include "common.hpp"
 #include "cp/layout.hpp"
 #include "io/deck.hpp"
+#include "io/results.hpp"
 #include "layer_keys.hpp"
 #include "model/hybrid.hpp"
 
@@ -21,7 +22,7 @@ inline std::string builtin_model_deck(std::int64_t vocab) {
          "[attention]\nheads = 4\nkv_heads = 2\nhead_dim = 8\n\n[moe]\nexperts = 8\ntopk = 2\nffn = 16\nshared_ffn = 16\n\n";
 }
 
-// [model], [mamba], [attention], [moe], [mlp] and parallel.{mamba_cp, expert_parallel} keys.
+// [model], [mamba], [attention], [moe], [mlp] and parallel.{mamba_cp, ep} keys.
 // `attention_choices` lists what parallel.attention may be (cp_hybrid adds "all").
 inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attention_choices, const std::string& attn_def) {
   s.add_string("model.pattern", "M*EM-E", "blocks: M Mamba2, * attention, E MoE, - MLP")
@@ -30,7 +31,7 @@ inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attent
   add_mamba_keys(s, {.heads = 4, .head_dim = 8, .groups = 2, .d_state = 8, .conv = 4, .chunk = 16});
   add_attention_keys(s, {4, 2, 8});
   s.add_float("attention.rope_theta", 0.0, "RoPE base (0: no positional embedding, as NemotronH)", 0.0)
-      .add_int("moe.experts", 8, "routed experts (divisible by cp with expert parallelism)", 1)
+      .add_int("moe.experts", 8, "routed experts (divisible by the EP size)", 1)
       .add_int("moe.topk", 2, "experts per token", 1)
       .add_int("moe.ffn", 16, "expert FFN width", 1)
       .add_int("moe.shared_ffn", 16, "shared expert FFN width (0: none)", 0)
@@ -39,7 +40,10 @@ inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attent
       .add_int("mlp.ffn", 64, "dense MLP width", 1)
       .add_string("parallel.attention", attn_def, "attention CP strategy", std::move(attention_choices))
       .add_string("parallel.mamba_cp", "hidden_parallel", "Mamba CP strategy", {"hidden_parallel", "state_passing"})
-      .add_bool("parallel.expert_parallel", true, "split MoE experts over the CP group");
+      .add_int("parallel.ep", 0,
+               "expert-parallel group size: groups of ep consecutive CP ranks split the routed experts, each rank "
+               "holding E/ep of them (0: the CP group; 1: every rank holds all)",
+               0);
 }
 
 inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strategy) {
@@ -63,9 +67,19 @@ inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strateg
   c.moe.scaling = d.get_float("moe.scaling");
   c.moe.sigmoid = d.get_string("moe.router") == "sigmoid";
   c.mlp.ffn = d.get_int("mlp.ffn");
-  c.expert_parallel = d.get_bool("parallel.expert_parallel");
+  c.ep = static_cast<int>(d.get_int("parallel.ep"));
   c.finalize();
   return c;
+}
+
+// The EP size of `c` on a CP group of `cp` ranks, or one error naming parallel.ep / moe.experts.
+inline int ep_size_of(const Deck& d, const model::HybridConfig& c, int cp) {
+  const int ep = c.ep == 0 ? cp : c.ep;
+  HCP_INPUT_CHECK(cp % ep == 0, d.where("parallel.ep"), "parallel.ep = ", ep, " must divide the CP group size (", cp, ")");
+  if (c.pattern.find('E') != std::string::npos)
+    HCP_INPUT_CHECK(c.moe.experts % ep == 0, d.where("moe.experts"), "expert parallelism needs moe.experts (",
+                    c.moe.experts, ") divisible by the EP size (", ep, ")");
+  return ep;
 }
 
 // Deterministic synthetic corpus with learnable structure: every sequence follows one of a few
@@ -141,6 +155,58 @@ inline TokenBatch step_batch(const Deck& d, int cp, std::int64_t vocab, std::int
   b.labels = std::move(pb.labels);
   b.label_tokens = pb.label_tokens;
   return b;
+}
+
+// The whole of every split parameter of `p` (the others as they are): each EP group gathers its
+// ranks' parts. Collective over the CP group.
+inline model::ParamMap gather_shards(const model::ExpertGroups& g, const model::ShardMap& shards, const model::ParamMap& p) {
+  model::ParamMap out = p;
+  for (const auto& [n, sh] : shards) {
+    const Tensor& t = p.at(n);
+    Shape s = t.shape();
+    s[0] = sh.total;
+    Tensor whole = Tensor::empty(s, t.dtype(), t.space());
+    g.ep().all_gather(t, whole);
+    out[n] = whole;
+  }
+  return out;
+}
+
+// Sum modulo 2^64 over `c` (16-bit limbs summed exactly in fp64). Collective.
+inline std::uint64_t sum_mod64(Communicator& c, std::uint64_t v) {
+  double limbs[4];
+  for (int k = 0; k < 4; ++k) limbs[k] = static_cast<double>((v >> (16 * k)) & 0xffffu);
+  c.all_reduce(limbs, 4, DType::F64, ReduceOp::Sum);
+  std::uint64_t s = 0;
+  for (int k = 0; k < 4; ++k) s += static_cast<std::uint64_t>(limbs[k]) << (16 * k);
+  return s;
+}
+
+// Writes parameters (or gradients, moments) `p` as <prefix><name>: a split one by rows, each part
+// from the one rank whose copy is written (`owner`: the first replica of those experts in the first
+// CP group), the others as rank 0 holds them. With `sums`, rank 0 appends "<path> <checksum>" per
+// dataset. Collective over `world` (the writer's ranks).
+inline void write_params(ResultsWriter& w, Communicator& world, const std::string& prefix, const model::ParamMap& p,
+                         const model::ShardMap& shards, bool owner, const std::string& layout, std::string* sums = nullptr) {
+  for (const auto& [n, t] : p) {
+    const std::string path = prefix + n;
+    const auto it = shards.find(n);
+    std::string sum;
+    if (it == shards.end()) {
+      w.tensor(path, t, layout, "1");
+      if (sums && world.rank() == 0) sum = checksum(t);
+    } else {
+      const model::Shard& sh = it->second;
+      std::vector<std::int64_t> rows(static_cast<std::size_t>(sh.rows), -1);
+      for (std::int64_t i = 0; owner && i < sh.rows; ++i) rows[static_cast<std::size_t>(i)] = sh.first + i;
+      w.rows(path, t, rows, sh.total, layout, "1");
+      if (sums) {
+        const std::int64_t per_row = sh.rows > 0 ? t.numel() / sh.rows : 0;
+        sum = checksum_hex(sum_mod64(world, owner ? checksum_part(t, sh.first * per_row) : 0));
+      }
+    }
+    if (sums && world.rank() == 0) *sums += path + " " + sum + "\n";
+  }
 }
 
 inline std::vector<std::int64_t> local_ids(const std::vector<std::int64_t>& v, const SeqLayout& g, int cp, int r) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <set>
 
 #include "common.hpp"
 #include "device.hpp"
@@ -87,7 +88,7 @@ Setup make_setup(const DriverContext& ctx) {
 void validate(DriverContext& ctx) {
   drivers::init_device(ctx.deck);
   Setup s = make_setup(ctx);
-  drivers::train_footprint(ctx.deck, s.cfg, s.cp).require_fits(drivers::space_of(ctx.deck));
+  drivers::train_footprint(ctx.deck, s.cfg, s.cp, drivers::ep_size_of(ctx.deck, s.cfg, s.cp)).require_fits(drivers::space_of(ctx.deck));
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
   model::HybridModel m(*g.cp, s.cfg, drivers::step_batch(ctx.deck, s.cp, s.cfg.vocab, 1).layout);
   const std::string resume = ctx.deck.get_string("train.resume");
@@ -123,18 +124,31 @@ void run(DriverContext& ctx) {
     for (auto& [n, t] : g)
       if (t.dtype() != mt) t = t.to(mt);
   };
-  model::ParamMap p = model::hybrid_init(s.cfg, mt, static_cast<std::uint64_t>(d.get_int("data.seed")));
-  if (drivers::space_of(d) == Space::Cuda)
-    for (auto& [n, t] : p) t = t.to(Space::Cuda);  // model, gradients and optimizer state live on the GPU
+  // Each rank holds its EP rank's experts (parameters, gradients, moments); the replica all of them.
+  const model::ExpertGroups groups(cpc, drivers::ep_size_of(d, s.cfg, s.cp));
+  const model::ShardMap shards = model::expert_shards(s.cfg, groups);
+  const bool owner = groups.replicas().rank() == 0 && grid.dp_rank == 0;  // writes its experts' rows
+  model::HybridConfig cfg1 = s.cfg;
+  cfg1.ep = 1;
+  const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
+  const auto to_space = [&](model::ParamMap m) {
+    if (drivers::space_of(d) == Space::Cuda)
+      for (auto& [n, t] : m) t = t.to(Space::Cuda);  // model, gradients and optimizer state live on the GPU
+    return m;
+  };
+  model::ParamMap p = to_space(model::hybrid_init(s.cfg, mt, seed, &groups));
   model::AdamW opt(s.opt, p);
+  std::set<std::string> split;
+  for (const auto& [n, sh] : shards) split.insert(n);
+  opt.set_split(split, &groups.ep());
   model::ParamMap rp;  // the cp=1 replica (rank 0)
   std::unique_ptr<model::AdamW> ropt;
   drivers::TrainSeries ts;
   std::vector<double>& loss = ts.loss;
   std::vector<double>& ref_loss = ts.loss_reference;
-  if (!resume.empty()) drivers::read_checkpoint(resume, p, opt, loss, with_ref ? &ref_loss : nullptr);
+  if (!resume.empty()) drivers::read_checkpoint(resume, p, opt, loss, with_ref ? &ref_loss : nullptr, shards);
   if (with_ref && ctx.root()) {
-    for (auto& [n, t] : p) rp[n] = t.clone();
+    rp = to_space(model::hybrid_init(cfg1, mt, seed));
     ropt = std::make_unique<model::AdamW>(s.opt, rp);
     std::vector<double> unused;  // the checkpoint holds the CP run's state; the replica resumes from it too
     if (!resume.empty()) drivers::read_checkpoint(resume, rp, *ropt, unused, nullptr);
@@ -144,7 +158,7 @@ void run(DriverContext& ctx) {
   if (ctx.root())
     std::printf("# train_hybrid: %s\n",
                 drivers::fields("ranks", ctx.world->size(), "cp", s.cp, "pattern", s.cfg.pattern, "hidden", s.cfg.hidden,
-                                "vocab", s.cfg.vocab, "attention", d.get_string("parallel.attention"), "mamba_cp",
+                                "vocab", s.cfg.vocab, "ep", groups.size(), "attention", d.get_string("parallel.attention"), "mamba_cp",
                                 d.get_string("parallel.mamba_cp"), "dtype", to_string(s.dt), "steps",
                                 std::to_string(start + 1) + ".." + std::to_string(steps), "backend",
                                 drivers::device_desc(d, cpc), "resumed_from", resume.empty() ? "-" : resume)
@@ -153,7 +167,7 @@ void run(DriverContext& ctx) {
   std::int64_t done_here = 0;
   for (std::int64_t t = start + 1; t <= steps; ++t) {
     const drivers::TokenBatch b = drivers::step_batch(d, s.cp, s.cfg.vocab, t);
-    model::HybridModel m(cpc, s.cfg, b.layout);
+    model::HybridModel m(cpc, s.cfg, b.layout, &groups);
     model::ParamMap g;
     cpc.barrier();
     const double t0 = MPI_Wtime();
@@ -171,7 +185,7 @@ void run(DriverContext& ctx) {
     ts.step_ms.push_back(ms);
     double rl = 0;
     if (ropt) {
-      model::HybridModel mr(*self, s.cfg, b.layout);
+      model::HybridModel mr(*self, cfg1, b.layout);
       model::ParamMap rg;
       rl = mr.step(compute_params(rp), b.tokens, b.labels, rg).loss;
       widen(rg);
@@ -189,7 +203,7 @@ void run(DriverContext& ctx) {
     ++done_here;
     const bool stop = stop_after > 0 && done_here >= stop_after && t < steps;
     if ((every > 0 && t % every == 0) || stop || t == steps) drivers::require_finite(p, t);
-    if ((every > 0 && t % every == 0) || stop) drivers::write_checkpoint(*ctx.world, ck, d, p, opt, loss, ref_loss);
+    if ((every > 0 && t % every == 0) || stop) drivers::write_checkpoint(*ctx.world, ck, d, p, opt, loss, ref_loss, shards, owner);
     if (stop && ctx.root())
       std::printf("# stopped after %lld steps; checkpoint %s at step %lld\n", static_cast<long long>(done_here), ck.c_str(),
                   static_cast<long long>(t));
@@ -202,7 +216,7 @@ void run(DriverContext& ctx) {
     drivers::write_config(w, ctx, "train_hybrid", drivers::device_desc(d, cpc), s.dt, s.cp,
                           {{"format", d.get_string("data.format")}, {"strategy", d.get_string("parallel.attention")},
                            {"mamba_cp", d.get_string("parallel.mamba_cp")}, {"pattern", s.cfg.pattern}, {"resumed_from", resume}});
-    drivers::write_train_results(w, ts, p, with_ref, worst, rtol, pass == 1);
+    drivers::write_train_results(w, *ctx.world, ts, p, shards, owner, with_ref, worst, rtol, pass == 1);
     w.finish();
   }
   if (ctx.root()) {

@@ -9,6 +9,7 @@
 
 #include "comm/communicator.hpp"
 #include "io/deck.hpp"
+#include "hybrid_common.hpp"
 #include "io/results.hpp"
 #include "model/optim.hpp"
 
@@ -33,8 +34,12 @@ inline void require_finite(const model::ParamMap& p, std::int64_t step) {
 
 // Checkpoints prove themselves: /checkpoint carries the resolved deck of the run that wrote it
 // ("deck_resolved") and one checksum per dataset ("checksums": lines "<path> <16 hex digits>").
+// The routed experts' parameters and moments are split over ranks (`shards`): each part is written
+// by its owner (`owner`: this rank's copy is the one written) into the whole dataset, so a checkpoint
+// holds every parameter whole and loads at any rank count and EP size.
 inline void write_checkpoint(Communicator& world, const std::string& path, const Deck& deck, model::ParamMap& p,
-                             model::AdamW& opt, const std::vector<double>& loss, const std::vector<double>& ref_loss) {
+                             model::AdamW& opt, const std::vector<double>& loss, const std::vector<double>& ref_loss,
+                             const model::ShardMap& shards, bool owner) {
   ResultsWriter w(path, world);
   std::string sums;
   const auto put = [&](const std::string& name, const Tensor& t, const std::string& layout, const std::string& units) {
@@ -43,9 +48,9 @@ inline void write_checkpoint(Communicator& world, const std::string& path, const
   };
   const auto vec = [](const std::vector<double>& v) { return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64); };
   put("/checkpoint/step", Tensor::from({static_cast<double>(opt.steps_done())}, {1}, DType::F64), "scalar", "steps");
-  for (auto& [n, t] : p) put("/checkpoint/params/" + n, t, "parameter shape", "1");
-  for (auto& [n, t] : opt.m()) put("/checkpoint/adam_m/" + n, t, "parameter shape", "1");
-  for (auto& [n, t] : opt.v()) put("/checkpoint/adam_v/" + n, t, "parameter shape", "1");
+  write_params(w, world, "/checkpoint/params/", p, shards, owner, "parameter shape", &sums);
+  write_params(w, world, "/checkpoint/adam_m/", opt.m(), shards, owner, "parameter shape", &sums);
+  write_params(w, world, "/checkpoint/adam_v/", opt.v(), shards, owner, "parameter shape", &sums);
   put("/checkpoint/loss", vec(loss), "[step]", "nats");
   if (!ref_loss.empty()) put("/checkpoint/loss_reference", vec(ref_loss), "[step]", "nats");
   w.attribute("/checkpoint", "deck_resolved", deck.resolved());
@@ -57,7 +62,8 @@ inline void write_checkpoint(Communicator& world, const std::string& path, const
 // count); every other key changes the run, so it must be the checkpoint's.
 inline bool resume_may_change(const std::string& k) {
   return k == "train.steps" || k == "train.resume" || k == "train.checkpoint" || k == "train.checkpoint_every" ||
-         k == "train.stop_after" || k == "train.reference" || k == "train.loss_rtol" || k == "parallel.cp_size";
+         k == "train.stop_after" || k == "train.reference" || k == "train.loss_rtol" || k == "parallel.cp_size" ||
+         k == "parallel.ep";
 }
 inline std::string deck_value(const Deck& d, const DeckKey& k) {
   switch (k.type) {
@@ -112,16 +118,19 @@ inline void check_resume(const std::string& path, const DeckSchema& schema, cons
     const std::string a = deck_value(then, k), b = deck_value(deck, k);
     HCP_INPUT_CHECK(a == b, deck.where(k.key), "train.resume: key '", k.key, "' = ", b, " but checkpoint '", path,
                     "' was written with ", a, " (a resumed run keeps every key that changes the run; it may change ",
-                    "train.steps, the checkpoint keys, train.reference/loss_rtol and the rank count)");
+                    "train.steps, the checkpoint keys, train.reference/loss_rtol, the rank count and parallel.ep)");
   }
 }
 
+// Loads this rank's part of every parameter and moment (`shards`: the split ones' rows; the others whole).
 inline void read_checkpoint(const std::string& path, model::ParamMap& p, model::AdamW& opt, std::vector<double>& loss,
-                            std::vector<double>* ref_loss) {
+                            std::vector<double>* ref_loss, const model::ShardMap& shards = {}) {
   ResultsReader r(path);
   const auto step = static_cast<std::int64_t>(r.read("/checkpoint/step").get(0));
   const auto load = [&](Tensor& dst, const std::string& name) {
-    const Tensor t = r.read(name, dst.dtype());
+    const std::string n = name.substr(name.rfind('/') + 1);
+    const auto it = shards.find(n);
+    const Tensor t = it == shards.end() ? r.read(name, dst.dtype()) : r.read_rows(name, it->second.first, it->second.rows, dst.dtype());
     HCP_CHECK(t.numel() == dst.numel(), "train.resume: ", name, " in '", path, "' has ", t.numel(),
               " elements, the model's parameter ", shape_str(dst.shape()));
     dst.copy_from(t.view(dst.shape()));
@@ -140,8 +149,8 @@ struct TrainSeries {
   std::vector<double> loss, loss_reference;             // every step since step 1 (a resumed run continues them)
   std::vector<double> lr, grad_norm, label_tokens, step_ms;  // this run's steps
 };
-inline void write_train_results(ResultsWriter& w, const TrainSeries& s, const model::ParamMap& p, bool with_ref, double worst,
-                                double rtol, bool pass) {
+inline void write_train_results(ResultsWriter& w, Communicator& world, const TrainSeries& s, const model::ParamMap& p,
+                                const model::ShardMap& shards, bool owner, bool with_ref, double worst, double rtol, bool pass) {
   auto vec = [](const std::vector<double>& v) { return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64); };
   w.tensor("/train/loss", vec(s.loss), "[step] (all steps since step 1)", "nats");
   if (with_ref) {
@@ -152,7 +161,7 @@ inline void write_train_results(ResultsWriter& w, const TrainSeries& s, const mo
   w.tensor("/train/grad_norm", vec(s.grad_norm), "[step] (this run), before clipping", "1");
   w.tensor("/train/label_tokens", vec(s.label_tokens), "[step] (this run)", "tokens");
   w.timings("train/step", s.step_ms);
-  for (auto& [n, t] : p) w.tensor("/params/" + n, t, "parameter shape (final)", "1");
+  write_params(w, world, "/params/", p, shards, owner, "parameter shape (final)");
 }
 
 }  // namespace hcp::drivers

@@ -1,18 +1,13 @@
 #include "cp/moe_ep.hpp"
 
 #include <algorithm>
-#include <cstring>
+
+#include "cp/layout.hpp"
 
 namespace hcp::cp {
 
 namespace {
 std::int64_t width(const Tensor& t) { return t.size(0) ? t.numel() / t.size(0) : (t.dim() > 1 ? t.size(1) : 0); }
-// Rows [src, src+n) of a contiguous [R, C] tensor to rows [dst, dst+n) of another (any one space).
-void copy_rows(Tensor& out, std::int64_t dst, const Tensor& in, std::int64_t src, std::int64_t n, std::int64_t) {
-  if (n == 0) return;
-  Tensor d = out.slice(0, dst, n);
-  d.copy_from(in.slice(0, src, n));
-}
 }  // namespace
 
 EpDispatcher::EpDispatcher(Communicator& comm, std::int64_t experts, const std::vector<std::int64_t>& counts)
@@ -40,6 +35,15 @@ EpDispatcher::EpDispatcher(Communicator& comm, std::int64_t experts, const std::
     for (std::int64_t e = 0; e < el_; ++e)
       local_counts_[static_cast<std::size_t>(e)] += recv_counts_[static_cast<std::size_t>(s * el_ + e)];
   for (auto c : local_counts_) local_rows_ += c;
+  // The regroup as one row map: expert-major row i <- source-major row regroup_[i].
+  regroup_.reserve(static_cast<std::size_t>(local_rows_));
+  ordered_.reserve(static_cast<std::size_t>(local_rows_));
+  for (std::int64_t e = 0; e < el_; ++e)
+    for (int s = 0; s < ep_; ++s) {
+      const std::int64_t src = source_major_offset(s, e), n = recv_counts_[static_cast<std::size_t>(s * el_ + e)];
+      for (std::int64_t j = 0; j < n; ++j) regroup_.push_back(src + j);
+    }
+  for (std::int64_t i = 0; i < local_rows_; ++i) ordered_.push_back(i);
 }
 
 std::int64_t EpDispatcher::source_major_offset(int s, std::int64_t e) const {
@@ -52,6 +56,7 @@ std::int64_t EpDispatcher::rows_from(int s) const {
 Tensor EpDispatcher::dispatch(const Tensor& xp) const {
   HCP_CHECK(xp.dim() == 2 && xp.size(0) == rows_ && xp.is_contiguous(), "EpDispatcher::dispatch: need [", rows_,
             ", C] contiguous");
+  if (ep_ == 1) return xp;  // one rank: already expert-major, nothing moves
   const std::int64_t C = width(xp);
   std::vector<std::int64_t> sc(static_cast<std::size_t>(ep_)), rc(static_cast<std::size_t>(ep_));
   for (int q = 0; q < ep_; ++q) {
@@ -60,33 +65,20 @@ Tensor EpDispatcher::dispatch(const Tensor& xp) const {
   }
   Tensor recv = Tensor::empty({std::max<std::int64_t>(local_rows_, 1), C}, xp.dtype(), xp.space());
   comm_.all_to_all_v(xp.raw(), sc, recv.raw(), rc, xp.dtype());
-  // Source-major (source, expert) -> expert-major (expert, source).
+  // Source-major (source, expert) -> expert-major (expert, source): one row copy.
   Tensor out = Tensor::empty({local_rows_, C}, xp.dtype(), xp.space());
-  std::int64_t dst = 0;
-  for (std::int64_t e = 0; e < el_; ++e)
-    for (int s = 0; s < ep_; ++s) {
-      const std::int64_t src = source_major_offset(s, e);
-      const std::int64_t n = recv_counts_[static_cast<std::size_t>(s * el_ + e)];
-      copy_rows(out, dst, recv, src, n, C);
-      dst += n;
-    }
+  if (local_rows_ > 0) copy_rows(out, recv, ordered_, regroup_);
   return out;
 }
 
 Tensor EpDispatcher::combine(const Tensor& yl) const {
   HCP_CHECK(yl.dim() == 2 && yl.size(0) == local_rows_ && yl.is_contiguous(), "EpDispatcher::combine: need [",
             local_rows_, ", C] contiguous");
+  if (ep_ == 1) return yl;
   const std::int64_t C = width(yl);
-  // Expert-major -> source-major, then back to the sources.
+  // Expert-major -> source-major (one row copy), then back to the sources.
   Tensor send = Tensor::empty({std::max<std::int64_t>(local_rows_, 1), C}, yl.dtype(), yl.space());
-  std::int64_t src = 0;
-  for (std::int64_t e = 0; e < el_; ++e)
-    for (int s = 0; s < ep_; ++s) {
-      const std::int64_t dst = source_major_offset(s, e);
-      const std::int64_t n = recv_counts_[static_cast<std::size_t>(s * el_ + e)];
-      copy_rows(send, dst, yl, src, n, C);
-      src += n;
-    }
+  if (local_rows_ > 0) copy_rows(send, yl, regroup_, ordered_);
   std::vector<std::int64_t> sc(static_cast<std::size_t>(ep_)), rc(static_cast<std::size_t>(ep_));
   for (int q = 0; q < ep_; ++q) {
     sc[static_cast<std::size_t>(q)] = rows_from(q) * C;

@@ -1,8 +1,9 @@
 // MoE expert parallelism over an EP group (which may be the CP group): rank q owns experts
 // [q E/ep, (q+1) E/ep). Token copies, already permuted by expert (kernels::moe_permute), go to the
 // ranks owning their experts by a variable all-to-all whose counts are exchanged first; the owner
-// regroups them expert-major (all sources' rows of one expert together) for one grouped-MLP call.
-// combine() is the exact reverse. Backward: the gradient of dispatch is combine and vice versa.
+// regroups them expert-major (all sources' rows of one expert together, one row copy by a map built
+// with the counts) for one grouped-MLP call. combine() is the exact reverse. Backward: the gradient
+// of dispatch is combine and vice versa. With one EP rank both return their input: nothing moves.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -38,6 +39,7 @@ class EpDispatcher {
   std::vector<std::int64_t> recv_counts_;  // [ep * el]: rows from source s for local expert e
   std::vector<std::int64_t> recv_off_;     // [ep * el + 1] prefix sums of recv_counts_
   std::vector<std::int64_t> local_counts_;
+  std::vector<std::int64_t> regroup_, ordered_;  // expert-major row ordered_[i] = source-major row regroup_[i]
 };
 
 }  // namespace hcp::cp

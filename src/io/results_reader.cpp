@@ -11,20 +11,34 @@ namespace {
 hid_t h5_type(DType dt) { return dt == DType::F64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT; }
 }  // namespace
 
-std::string checksum(const Tensor& t) {
+namespace {
+std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+std::uint64_t checksum_part(const Tensor& t, std::int64_t first) {
   const Tensor h = t.space() == Space::Cuda ? t.to(Space::Host) : t;
-  std::uint64_t acc = 0x243f6a8885a308d3ull ^ static_cast<std::uint64_t>(h.numel());
+  std::uint64_t acc = 0;
   for (std::int64_t i = 0; i < h.numel(); ++i) {
     const double v = h.get(i);
     std::uint64_t b = 0;
     std::memcpy(&b, &v, sizeof b);
-    acc = (acc ^ b) * 0x100000001b3ull;  // FNV-1a step over 64-bit words
-    acc ^= acc >> 29;
+    acc += mix64(b ^ mix64(static_cast<std::uint64_t>(first + i)));  // each value keyed by its index
   }
+  return acc;
+}
+
+std::string checksum_hex(std::uint64_t v) {
   char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(acc));
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
 }
+
+std::string checksum(const Tensor& t) { return checksum_hex(checksum_part(t, 0)); }
 
 ResultsReader::ResultsReader(const std::string& path) : path_(path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
@@ -60,6 +74,34 @@ Tensor ResultsReader::read(const std::string& path, DType dt) const {
   HCP_H5_CHECK(H5Dread(ds, h5_type(rd), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.raw()));
   H5Sclose(space);
   H5Dclose(ds);
+  return dt == rd ? t : t.to(dt);
+}
+
+Tensor ResultsReader::read_rows(const std::string& path, std::int64_t first, std::int64_t rows, DType dt) const {
+  HCP_CHECK(exists(path), path_, ": no dataset '", path, "'");
+  hid_t ds = HCP_H5_CHECK(H5Dopen2(file_, path.c_str(), H5P_DEFAULT));
+  hid_t space = HCP_H5_CHECK(H5Dget_space(ds));
+  const int nd = HCP_H5_CHECK(H5Sget_simple_extent_ndims(space));
+  std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  const bool ok = nd >= 1 && first >= 0 && rows >= 0 && static_cast<hsize_t>(first + rows) <= dims[0];
+  if (!ok) {
+    H5Sclose(space);
+    H5Dclose(ds);
+    HCP_FAIL(path_, ": rows [", first, ", ", first + rows, ") of '", path, "' outside its ", nd ? dims[0] : 0, " rows");
+  }
+  std::vector<hsize_t> start(dims.size(), 0), count = dims;
+  start[0] = static_cast<hsize_t>(first);
+  count[0] = static_cast<hsize_t>(rows);
+  H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+  hid_t mem = HCP_H5_CHECK(H5Screate_simple(nd, count.data(), nullptr));
+  const DType rd = dt == DType::BF16 ? DType::F32 : dt;
+  Tensor t = Tensor::empty(Shape(count.begin(), count.end()), rd, Space::Host);
+  const herr_t st = rows > 0 ? H5Dread(ds, h5_type(rd), mem, space, H5P_DEFAULT, t.raw()) : 0;
+  H5Sclose(mem);
+  H5Sclose(space);
+  H5Dclose(ds);
+  HCP_CHECK(st >= 0, path_, ": cannot read rows of '", path, "'");
   return dt == rd ? t : t.to(dt);
 }
 

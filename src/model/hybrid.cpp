@@ -35,7 +35,58 @@ bool is_buffer(const std::string& name) {
   return name.size() >= 6 && name.compare(name.size() - 6, 6, "e_bias") == 0;
 }
 
-ParamMap hybrid_init(const HybridConfig& cin, DType dt, std::uint64_t seed) {
+ExpertGroups::ExpertGroups(Communicator& cp, int ep) : cp_(cp) {
+  const int n = cp.size(), r = cp.rank();
+  if (ep == 0) ep = n;
+  HCP_CHECK(ep >= 1 && n % ep == 0, "parallel.ep = ", ep, " must divide the CP group size (", n, ")");
+  // Every rank takes the same branches, so the splits stay collective.
+  if (ep != n) ep_own_ = cp.split(r / ep, r);
+  if (ep != 1) rep_own_ = cp.split(r % ep, r);
+}
+
+RowRange ExpertGroups::experts(std::int64_t total) const {
+  HCP_CHECK(total % size() == 0, "expert parallelism needs moe.experts (", total, ") divisible by the EP size (", size(), ")");
+  const std::int64_t el = total / size();
+  return {rank() * el, el};
+}
+
+ShardMap expert_shards(const HybridConfig& cin, const ExpertGroups& groups) {
+  HybridConfig c = cin;
+  c.finalize();
+  ShardMap m;
+  const RowRange r = groups.experts(c.moe.experts);
+  for (std::size_t i = 0; i < c.pattern.size(); ++i)
+    if (c.pattern[i] == 'E')
+      for (const char* n : {"W1", "W2"}) m[block_prefix(i) + n] = {r.first, r.rows, c.moe.experts};
+  return m;
+}
+
+ParamCount param_count(const HybridConfig& cin, int ep) {
+  HybridConfig c = cin;
+  c.finalize();
+  const std::int64_t C = c.hidden;
+  const auto& m = c.mamba;
+  const auto& a = c.attn;
+  const auto& e = c.moe;
+  const auto f1 = [](std::int64_t f, k::Activation act) { return act == k::Activation::SwiGLU ? 2 * f : f; };
+  ParamCount n;
+  n.total = 2 * c.vocab * C + C;
+  for (char ch : c.pattern) {
+    n.total += C;  // the block's norm
+    if (ch == 'M')
+      n.total += m.d_in_proj() * C + m.conv_dim() * (m.conv + 1) + 3 * m.heads + m.d_inner() + C * m.d_inner();
+    if (ch == '*') n.total += 2 * (a.heads + a.kv_heads) * a.head_dim * C;
+    if (ch == '-') n.total += (f1(c.mlp.ffn, c.mlp.act) + c.mlp.ffn) * C;
+    if (ch == 'E') {
+      const std::int64_t experts = e.experts / std::max(ep, 1) * (f1(e.ffn, e.act) + e.ffn) * C;
+      n.experts += experts;
+      n.total += experts + e.experts * (C + 1) + (e.shared_ffn > 0 ? (f1(e.shared_ffn, e.act) + e.shared_ffn) * C : 0);
+    }
+  }
+  return n;
+}
+
+ParamMap hybrid_init(const HybridConfig& cin, DType dt, std::uint64_t seed, const ExpertGroups* groups) {
   HybridConfig c = cin;
   c.finalize();
   ParamMap p;
@@ -50,7 +101,7 @@ ParamMap hybrid_init(const HybridConfig& cin, DType dt, std::uint64_t seed) {
     switch (c.pattern[i]) {
       case 'M': m = mamba2_init(c.mamba, dt, s); break;
       case '*': m = attention_init(c.attn, dt, s); break;
-      case 'E': m = moe_init(c.moe, dt, s); break;
+      case 'E': m = moe_init(c.moe, dt, s, groups ? groups->experts(c.moe.experts) : RowRange{}); break;
       default: m = mlp_init(c.mlp, dt, s); break;
     }
     for (auto& [n, t] : m) p[pre + n] = t;
@@ -65,16 +116,15 @@ template <class F> void HybridModel::timed(const std::string& name, F&& f) {
   phase_ms_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global)
-    : comm_(comm), c_(std::move(cfg)), global_(std::move(global)) {
+HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups)
+    : comm_(comm), groups_(groups), c_(std::move(cfg)), global_(std::move(global)) {
   c_.finalize();
   const int cp = comm_.size();
   cp::require_dcs_divisible(global_, cp, "hybrid model layout");
   tl_ = global_.total() / cp;
-  // Without expert parallelism every rank runs all experts: a one-rank group (made only then; the
-  // split is collective and train_hybrid builds a model per step).
-  if (!c_.expert_parallel) self_ = comm_.split(comm_.rank(), 0);
-  Communicator& ep = c_.expert_parallel ? comm_ : *self_;
+  if (!groups_) groups_ = (own_groups_ = std::make_unique<ExpertGroups>(comm_, c_.ep)).get();
+  HCP_CHECK(groups_->replicas().size() * groups_->size() == cp,
+            "hybrid: the expert groups do not split this CP group");
   for (std::size_t i = 0; i < c_.pattern.size(); ++i) {
     Block b;
     b.kind = c_.pattern[i];
@@ -82,7 +132,7 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global)
     switch (b.kind) {
       case 'M': b.mamba = make_mamba2(c_.mamba_cp, comm_, c_.mamba, global_); break;
       case '*': b.attn = std::make_unique<AttentionLayer>(comm_, c_.attn, global_); break;
-      case 'E': b.moe = std::make_unique<MoeLayer>(ep, comm_, c_.moe); break;
+      case 'E': b.moe = std::make_unique<MoeLayer>(groups_->ep(), groups_->replicas(), comm_, c_.moe); break;
       default: b.mlp = std::make_unique<MlpLayer>(comm_, c_.mlp); break;
     }
     blocks_.push_back(std::move(b));

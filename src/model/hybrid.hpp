@@ -3,7 +3,9 @@
 // pre-norm (RMSNorm) with a residual, then final RMSNorm, LM head and cross-entropy over the label
 // tokens with the global label count all-reduced over the CP group. Tokens stay in the
 // DualChunkSwap layout between blocks; each mixer converts inside itself. Forward and backward are
-// written out; every parameter gradient is summed over the CP group.
+// written out; every parameter gradient is summed over the CP group, except the routed experts':
+// a rank holds only its expert-parallel rank's experts (ExpertGroups), and their gradients are
+// summed over the ranks that hold the same experts.
 #pragma once
 #include <map>
 #include <memory>
@@ -24,15 +26,50 @@ struct HybridConfig {
   AttnLayerConfig attn;
   MoeConfig moe;
   MlpConfig mlp;
-  bool expert_parallel = true;  // MoE experts split over the CP group (else replicated)
+  // Expert-parallel group size: the CP group splits into groups of `ep` consecutive ranks, and EP rank
+  // q of each holds experts [q E/ep, (q+1) E/ep). 0: the whole CP group; 1: every rank holds all.
+  int ep = 0;
   std::int64_t ignore_label = -100;
   // Sizes of the sub-configs follow `hidden`; throws on an unknown pattern character.
   void finalize();
 };
 
+// The expert-parallel layout of a CP group: `ep` groups its ranks (consecutive), `replicas` joins
+// the cp/ep ranks that hold the same experts. Collective over the CP group (it splits it); build it
+// once and share it between the models of a run.
+class ExpertGroups {
+ public:
+  // Throws naming parallel.ep unless ep (0: cp) divides the CP group size.
+  ExpertGroups(Communicator& cp_comm, int ep);
+  Communicator& ep() const { return ep_own_ ? *ep_own_ : cp_; }
+  Communicator& replicas() const { return rep_own_ ? *rep_own_ : cp_; }
+  int size() const { return ep().size(); }
+  int rank() const { return ep().rank(); }
+  // The experts this rank holds: rows of the E axis of W1 / W2.
+  RowRange experts(std::int64_t total) const;
+
+ private:
+  Communicator& cp_;
+  std::unique_ptr<Communicator> ep_own_, rep_own_;
+};
+
+// A split parameter: this rank holds rows [first, first + rows) of a [total, ...] tensor.
+struct Shard {
+  std::int64_t first = 0, rows = 0, total = 0;
+};
+using ShardMap = std::map<std::string, Shard>;  // only the split parameters, by full name
+
 // Parameter names: embed [V,C], final_norm [C], lm_head [V,C], and per block i "L<i>.norm" [C] plus
-// the mixer's parameters as "L<i>.<name>".
-ParamMap hybrid_init(const HybridConfig& c, DType dt, std::uint64_t seed);
+// the mixer's parameters as "L<i>.<name>". With `groups`, the routed experts' W1 / W2 are this
+// rank's rows only (bit for bit the rows of the whole init); without, whole.
+ParamMap hybrid_init(const HybridConfig& c, DType dt, std::uint64_t seed, const ExpertGroups* groups = nullptr);
+// The parameters `groups` splits, and this rank's part of each.
+ShardMap expert_shards(const HybridConfig& c, const ExpertGroups& groups);
+// Elements of the parameters one rank holds: all of them, and of those the routed experts'.
+struct ParamCount {
+  std::int64_t total = 0, experts = 0;
+};
+ParamCount param_count(const HybridConfig& c, int ep);
 // Names that are buffers, not trained (the MoE selection bias).
 bool is_buffer(const std::string& name);
 
@@ -43,7 +80,9 @@ struct StepResult {
 
 class HybridModel {
  public:
-  HybridModel(Communicator& cp_comm, HybridConfig cfg, SeqLayout global);
+  // `groups`: the expert-parallel layout of cp_comm (parameters then follow expert_shards); without,
+  // the model builds its own from cfg.ep (collective).
+  HybridModel(Communicator& cp_comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups = nullptr);
   // tokens/labels: this rank's local tokens (DCS order). Forward and backward; grads overwritten.
   StepResult step(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
                   ParamMap& grads);
@@ -77,7 +116,8 @@ class HybridModel {
            StepResult& r);
   template <class F> void timed(const std::string& name, F&& f);
   Communicator& comm_;
-  std::unique_ptr<Communicator> self_;
+  std::unique_ptr<ExpertGroups> own_groups_;
+  const ExpertGroups* groups_ = nullptr;
   HybridConfig c_;
   SeqLayout global_;
   std::int64_t tl_ = 0;

@@ -14,6 +14,20 @@ void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, 
   p[name] = t;
 }
 
+void init_param_rows(ParamMap& p, const std::string& name, const Shape& whole, RowRange r, DType dt, std::uint64_t seed,
+                     double lo, double hi) {
+  if (r.rows < 0) return init_param(p, name, whole, dt, seed, lo, hi);
+  HCP_CHECK(!whole.empty() && r.first >= 0 && r.first + r.rows <= whole[0], "init_param_rows: rows [", r.first, ", ",
+            r.first + r.rows, ") of ", name, " ", shape_str(whole));
+  Shape s = whole;
+  s[0] = r.rows;
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(r.rows));
+  for (std::int64_t i = 0; i < r.rows; ++i) rows[static_cast<std::size_t>(i)] = r.first + i;
+  Tensor t = Tensor::empty(s, dt);
+  fill_uniform_rows(t, seed * 31 + std::hash<std::string>{}(name) % 1000, rows, lo, hi);
+  p[name] = t;
+}
+
 void reduce_grad(Communicator& c, Tensor& g) {
   if (c.size() == 1) return;  // one rank: the sum is the gradient itself
   if (g.dtype() != DType::BF16) {
@@ -161,14 +175,16 @@ k::RouterParams MoeConfig::router() const {
   return r;
 }
 
-ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed) {
+bool is_expert_weight(const std::string& n) { return n == "W1" || n == "W2"; }
+
+ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed, RowRange experts) {
   ParamMap p;
   const std::int64_t F1 = c.act == k::Activation::SwiGLU ? 2 * c.ffn : c.ffn;
   const double a = inv_sqrt(c.hidden), f = inv_sqrt(c.ffn);
   init_param(p, "router", {c.experts, c.hidden}, dt, seed, -a, a);
   init_param(p, "e_bias", {c.experts}, dt, seed, -0.05, 0.05);
-  init_param(p, "W1", {c.experts, F1, c.hidden}, dt, seed, -a, a);
-  init_param(p, "W2", {c.experts, c.hidden, c.ffn}, dt, seed, -f, f);
+  init_param_rows(p, "W1", {c.experts, F1, c.hidden}, experts, dt, seed, -a, a);
+  init_param_rows(p, "W2", {c.experts, c.hidden, c.ffn}, experts, dt, seed, -f, f);
   if (c.shared_ffn > 0) {
     MlpConfig s{c.hidden, c.shared_ffn, c.act};
     for (auto& [n, t] : mlp_init(s, dt, seed + 17)) p["shared_" + n] = t;
@@ -176,7 +192,8 @@ ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed) {
   return p;
 }
 
-MoeLayer::MoeLayer(Communicator& ep, Communicator& grad, MoeConfig cfg) : ep_(ep), grad_(grad), c_(cfg) {
+MoeLayer::MoeLayer(Communicator& ep, Communicator& replicas, Communicator& grad, MoeConfig cfg)
+    : ep_(ep), replica_(replicas), grad_(grad), c_(cfg) {
   HCP_CHECK(c_.experts % ep_.size() == 0, "expert parallelism needs moe.experts (", c_.experts,
             ") divisible by the EP size (", ep_.size(), ")");
   HCP_CHECK(c_.topk >= 1 && c_.topk <= c_.experts, "moe.topk (", c_.topk, ") must be in [1, moe.experts = ", c_.experts, "]");
@@ -213,12 +230,13 @@ void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
   else counts.assign(static_cast<std::size_t>(E), 0);
   disp_ = std::make_unique<cp::EpDispatcher>(ep_, E, counts);
   xl_ = disp_->dispatch(xp);
-  const std::int64_t el = disp_->local_experts(), e0 = disp_->first_expert(), F1 = p.at("W1").size(1);
+  const std::int64_t el = disp_->local_experts(), F1 = p.at("W1").size(1);
+  for (const char* n : {"W1", "W2"})
+    HCP_CHECK(p.at(n).size(0) == el, "moe: ", n, " holds ", p.at(n).size(0), " experts; EP rank ", ep_.rank(), " of ",
+              ep_.size(), " holds ", el, " (experts ", disp_->first_expert(), "..", disp_->first_expert() + el - 1, ")");
   h_ = Tensor::zeros({disp_->local_rows(), F1}, dt);
   Tensor yl = Tensor::zeros({disp_->local_rows(), C}, dt);
-  if (disp_->local_rows() > 0)
-    k::expert_mlp_fwd(yl, h_, xl_, p.at("W1").slice(0, e0, el), p.at("W2").slice(0, e0, el), disp_->local_counts(),
-                      c_.act);
+  if (disp_->local_rows() > 0) k::expert_mlp_fwd(yl, h_, xl_, p.at("W1"), p.at("W2"), disp_->local_counts(), c_.act);
   yp_ = disp_->combine(yl);
   Tensor out = Tensor::zeros({T, C}, dt);
   if (T > 0) k::moe_combine_fwd(out, yp_, src_, topk_w_);
@@ -242,13 +260,9 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   Tensor dyp = Tensor::zeros(yp_.shape(), dt), dw = Tensor::zeros({T, K}, dt);
   if (T > 0) k::moe_combine_bwd(dyp, dw, dyv, yp_, src_, topk_w_);
   Tensor dyl = disp_->dispatch(dyp);
-  const std::int64_t el = disp_->local_experts(), e0 = disp_->first_expert();
   Tensor dxloc = Tensor::zeros(xl_.shape(), dt);
-  if (disp_->local_rows() > 0) {
-    Tensor dW1 = grads["W1"].slice(0, e0, el), dW2 = grads["W2"].slice(0, e0, el);
-    k::expert_mlp_bwd(dxloc, dW1, dW2, xl_, p.at("W1").slice(0, e0, el), p.at("W2").slice(0, e0, el), h_,
-                      disp_->local_counts(), c_.act, dyl);
-  }
+  if (disp_->local_rows() > 0)
+    k::expert_mlp_bwd(dxloc, grads["W1"], grads["W2"], xl_, p.at("W1"), p.at("W2"), h_, disp_->local_counts(), c_.act, dyl);
   Tensor dxp = disp_->combine(dxloc);
   if (T > 0) {
     k::moe_permute_bwd(dxl, dxp, src_, K);
@@ -261,8 +275,10 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
     grads["router"] = as_dtype(dWr, dt);
     k::axpy(dxl, 1.0, as_dtype(dxr, dt));
   }
-  // Routed-expert and router gradients: partial sums (tokens, or this rank's experts) over the group.
-  for (const char* n : {"router", "W1", "W2"}) reduce_grad(grad_, grads[n]);
+  // The router's gradient is a partial sum over this rank's tokens; the experts' over the tokens
+  // they received, so it is summed over the ranks holding the same experts only.
+  reduce_grad(grad_, grads["router"]);
+  for (const char* n : {"W1", "W2"}) reduce_grad(replica_, grads[n]);
   if (shared_) {
     ParamMap sg;
     Tensor dxs = Tensor::zeros({T, C}, dt);

@@ -3,10 +3,11 @@
 //                   all-gather or Ulysses a2a) -> output projection;
 //   MoeLayer        router (sigmoid / softmax, correction bias for selection only, top-k, renorm,
 //                   scaling) -> permute -> expert-parallel dispatch -> grouped expert MLP -> combine
-//                   -> + shared expert;
+//                   -> + shared expert; each rank holds only its EP rank's experts (W1, W2);
 //   MlpLayer        dense MLP (squared ReLU or SwiGLU).
 // Every layer sums its parameter gradients over the CP group (`grad_comm`) so each rank holds the
-// full gradient, as Mamba2Layer does.
+// full gradient, as Mamba2Layer does; the expert weights' gradients are summed over the ranks that
+// hold the same experts.
 #pragma once
 #include <memory>
 #include <string>
@@ -23,6 +24,13 @@ namespace hcp::model {
 
 // Uniform(-a, a) parameters with a per-name seed (shared by every layer's init).
 void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo, double hi);
+// Rows [first, first + rows) of dim 0 of a parameter of shape `whole` (rows < 0: all of them).
+struct RowRange {
+  std::int64_t first = 0, rows = -1;
+};
+// The rows `r` of what init_param(whole) makes, bit for bit, without making the rest.
+void init_param_rows(ParamMap& p, const std::string& name, const Shape& whole, RowRange r, DType dt, std::uint64_t seed,
+                     double lo, double hi);
 // Sums a parameter gradient over `c` in place. A bf16 gradient is summed in fp32 and rounded once:
 // each rank's part is already rounded, and a bf16 sum would round again at every step of the
 // reduction, which a cancelling sum (parts of opposite sign) turns into a large relative error.
@@ -79,13 +87,18 @@ struct MoeConfig {
 };
 // router [E,C], e_bias [E] (selection-only correction bias: a buffer, its gradient is zero),
 // W1 [E,F1,C], W2 [E,C,F], and shared_W1 [F1s,C], shared_W2 [C,Fs] when shared_ffn > 0.
-ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed);
+// `experts`: the experts a rank holds (W1, W2 get rows [first, first + rows) of the E axis).
+ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed, RowRange experts = {});
+// The names of the expert weights (split over EP ranks along their first axis).
+bool is_expert_weight(const std::string& moe_param_name);
 
 class MoeLayer {
  public:
-  // ep_comm: the expert-parallel group (the CP group, or a one-rank group for no EP);
-  // grad_comm: the group over which parameter gradients are summed (the CP group).
-  MoeLayer(Communicator& ep_comm, Communicator& grad_comm, MoeConfig cfg);
+  // ep_comm: the expert-parallel group (the CP group, part of it, or one rank for no EP); EP rank q
+  // holds experts [q E/ep, (q+1) E/ep): W1 and W2 passed to forward/backward are that part only.
+  // replica_comm: the ranks holding the same experts (their W1/W2 gradients are summed over it);
+  // grad_comm: the group over which the router and shared-expert gradients are summed (the CP group).
+  MoeLayer(Communicator& ep_comm, Communicator& replica_comm, Communicator& grad_comm, MoeConfig cfg);
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
   // Token copies each local expert received in the last forward.
@@ -95,7 +108,7 @@ class MoeLayer {
   std::int64_t topk() const { return c_.topk; }
 
  private:
-  Communicator &ep_, &grad_;
+  Communicator &ep_, &replica_, &grad_;
   MoeConfig c_;
   std::unique_ptr<cp::EpDispatcher> disp_;
   std::unique_ptr<MlpLayer> shared_;

@@ -20,12 +20,13 @@ AdamW::AdamW(AdamWConfig cfg, const ParamMap& params) : c_(cfg) {
 
 double AdamW::step(ParamMap& params, ParamMap& grads, bool (*skip)(const std::string&)) {
   // The update runs where the parameters live (host or GPU kernels, fp64 arithmetic either way).
-  double sq = 0;
+  double sq = 0, sq_split = 0;
   for (auto& [n, g] : grads) {
     if (skip && skip(n)) continue;
-    sq += kernels::sum_squares(g);
+    (split_.count(n) ? sq_split : sq) += kernels::sum_squares(g);
   }
-  const double norm = std::sqrt(sq);
+  if (group_ && group_->size() > 1) group_->all_reduce(&sq_split, 1, DType::F64, ReduceOp::Sum);
+  const double norm = std::sqrt(sq + sq_split);
   const double scale = c_.clip > 0 && norm > c_.clip ? c_.clip / norm : 1.0;
   ++t_;
   last_lr_ = lr_at(c_, t_);

@@ -1,9 +1,15 @@
 // AdamW with decoupled weight decay (on parameters of rank >= 2 only), a linear warm-up then cosine
 // learning-rate schedule, and global gradient-norm clipping. Parameters and gradients are
 // replicated on every CP rank (gradients already summed over the group), so every rank applies the
-// same update and the replicas stay bitwise equal.
+// same update and the replicas stay bitwise equal. A split parameter (a rank's experts) has its
+// moments split the same way; its squares enter the global norm summed over the group that holds
+// each part once.
 #pragma once
 #include <cstdint>
+#include <set>
+#include <string>
+
+#include "comm/communicator.hpp"
 
 #include "model/mamba2.hpp"
 
@@ -23,6 +29,11 @@ class AdamW {
   // Clips `grads` in place to the global norm `clip` (0: off) and returns the norm before clipping.
   // Names for which `skip(name)` is true (buffers) are neither clipped nor updated.
   double step(ParamMap& params, ParamMap& grads, bool (*skip)(const std::string&));
+  // `names` are split over the ranks of `group` (each part held by one rank of it).
+  void set_split(std::set<std::string> names, Communicator* group) {
+    split_ = std::move(names);
+    group_ = group;
+  }
   std::int64_t steps_done() const { return t_; }
   double last_lr() const { return last_lr_; }
   // State for checkpoints: first and second moments and the step counter.
@@ -33,6 +44,8 @@ class AdamW {
  private:
   AdamWConfig c_;
   ParamMap m_, v_;
+  std::set<std::string> split_;
+  Communicator* group_ = nullptr;
   std::int64_t t_ = 0;
   double last_lr_ = 0;
 };

@@ -227,10 +227,11 @@ TEST(GpuHybrid, DeviceEqualsHost) {
         for (auto i : cp::dcs_global_index(b.layout, n, r)) out.push_back(v[static_cast<std::size_t>(i)]);
         return out;
       };
-      const model::ParamMap p = model::hybrid_init(c, DType::F64, 2);
+      const model::ExpertGroups groups(world, 0);
+      const model::ParamMap p = model::hybrid_init(c, DType::F64, 2, &groups);
       model::ParamMap P;
       for (auto& [nm, t] : p) P[nm] = t.to(Space::Cuda);
-      model::HybridModel host(world, c, b.layout), dev(world, c, b.layout);
+      model::HybridModel host(world, c, b.layout, &groups), dev(world, c, b.layout, &groups);
       model::ParamMap gh, gd;
       const auto rh = host.step(p, local(b.tokens), local(b.labels), gh);
       const auto rd = dev.step(P, local(b.tokens), local(b.labels), gd);

@@ -65,15 +65,32 @@ std::vector<std::int64_t> local_ids(const std::vector<std::int64_t>& v, const Se
 }
 struct Out {
   StepResult r;
-  ParamMap grads;
+  ParamMap grads;  // whole (the experts' gathered over each EP group)
   Tensor dlogits;
+  std::int64_t held = 0, expert_held = 0;  // parameter elements this rank holds, and of those the experts'
 };
-Out run(Communicator& comm, const HybridConfig& c, const Batch& b, const ParamMap& p) {
+// One step on `comm` with experts split over groups of `ep` ranks (0: the whole group), each rank
+// initialising only its own experts.
+Out run(Communicator& comm, const HybridConfig& c, const Batch& b, std::uint64_t seed, int ep = 0) {
   const int cp = comm.size(), r = comm.rank();
-  HybridModel m(comm, c, b.layout);
+  const ExpertGroups groups(comm, ep);
+  const ShardMap shards = expert_shards(c, groups);
+  const ParamMap p = hybrid_init(c, DType::F64, seed, &groups);
+  HybridModel m(comm, c, b.layout, &groups);
   Out o;
   o.r = m.step(p, local_ids(b.tokens, b.layout, cp, r), local_ids(b.labels, b.layout, cp, r), o.grads);
   o.dlogits = cp::dcs_gather(comm, m.dlogits(), b.layout);
+  for (auto& [n, t] : p) {
+    o.held += t.numel();
+    if (shards.count(n)) o.expert_held += t.numel();
+  }
+  for (auto& [n, sh] : shards) {
+    Shape s = o.grads.at(n).shape();
+    s[0] = sh.total;
+    Tensor whole = Tensor::zeros(s, DType::F64);
+    groups.ep().all_gather(o.grads.at(n), whole);
+    o.grads[n] = whole;
+  }
   return o;
 }
 }  // namespace
@@ -87,15 +104,36 @@ TEST_P(Hybrid, MatchesCp1) {
   const int cp = world.size();
   const HybridConfig c = small(strat, mcp);
   const Batch b = make_batch(format, cp);
-  const ParamMap p = hybrid_init(c, DType::F64, 3);
-  Out ref = run(*self, c, b, p);
-  Out got = run(world, c, b, p);
+  Out ref = run(*self, c, b, 3);
+  Out got = run(world, c, b, 3);
   EXPECT_GT(ref.r.label_tokens, 0);
   EXPECT_EQ(got.r.label_tokens, ref.r.label_tokens);
   EXPECT_NEAR(got.r.loss, ref.r.loss, 1e-12 * std::abs(ref.r.loss));
   test::expect_close(got.dlogits, ref.dlogits, 1e-14, 1e-10, "dlogits");
-  ASSERT_EQ(got.grads.size(), p.size());
+  ASSERT_EQ(got.grads.size(), ref.grads.size());
   for (auto& [n, t] : ref.grads) test::expect_close(got.grads.at(n), t, 1e-13, 1e-10, "d" + n);
+}
+
+// Every EP size that divides cp (1, 2, 4 at np 4) gives the cp=1 loss and gradients, and a rank's
+// expert weights are 1/ep of them (param_count says the same).
+TEST(HybridEp, EverySizeMatchesCp1AndHoldsItsShare) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  auto self = world.split(world.rank(), 0);
+  const int cp = world.size();
+  const HybridConfig c = small(cp::AttnStrategy::P2P, MambaCp::HiddenParallel);
+  const Batch b = make_batch("thdpacked", cp);
+  const Out ref = run(*self, c, b, 6);
+  EXPECT_EQ(ref.held, param_count(c, 1).total);
+  for (int ep = 1; ep <= cp; ++ep) {
+    if (cp % ep != 0 || c.moe.experts % ep != 0) continue;
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    const Out got = run(world, c, b, 6, ep);
+    EXPECT_NEAR(got.r.loss, ref.r.loss, 1e-12 * std::abs(ref.r.loss));
+    for (auto& [n, t] : ref.grads) test::expect_close(got.grads.at(n), t, 1e-13, 1e-10, "d" + n);
+    EXPECT_EQ(got.expert_held * ep, ref.expert_held);
+    EXPECT_EQ(got.held, param_count(c, ep).total);
+    EXPECT_EQ(got.expert_held, param_count(c, ep).experts);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, Hybrid,
@@ -155,6 +193,15 @@ TEST(HybridCp1, GradientsFiniteDifference) {
       EXPECT_NEAR(g.at(n).get(i), fd, 1e-7 + 1e-5 * std::abs(fd)) << n << "[" << i << "]";
     }
   }
+}
+
+TEST(HybridErrors, EpMustDivideCp) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.size() < 2) GTEST_SKIP() << "needs an EP size that does not divide cp";
+  const int bad = world.size() + 1;
+  EXPECT_NE(test::error_of([&] { ExpertGroups g(world, bad); })
+                .find("parallel.ep = " + std::to_string(bad) + " must divide the CP group size"),
+            std::string::npos);
 }
 
 TEST(HybridErrors, BadPattern) {
