@@ -106,7 +106,7 @@ def blocks(res, path, L, warmup, repeats):
     causal depthwise conv1d + SiLU, mamba_ssm Triton SSD, gated group RMSNorm, out_proj), attention
     (GQA projections, SDPA causal, cuDNN and flash), MoE (fp32 sigmoid router with selection bias,
     top-6 renormalised and scaled, sort-permute, torch._grouped_mm experts with relu^2, weighted
-    combine, shared expert) and the stack M*E. Forward and forward+backward; peak memory of the
+    combine, shared expert), the stack M*E and the 13-block stack MEMEM*EMEMEM*. Forward and forward+backward; peak memory of the
     forward+backward (torch.cuda.max_memory_allocated above what was allocated before)."""
     import torch
     import torch.nn.functional as F
@@ -189,6 +189,13 @@ def blocks(res, path, L, warmup, repeats):
     if ssd is not None:
         kinds["mamba"] = block(mamba_mixer)
         kinds["stack_M*E"] = lambda x: kinds["moe"](kinds["attention_cudnn"](kinds["mamba"](x)))
+        by_char = {"M": "mamba", "E": "moe", "*": "attention_cudnn"}
+
+        def nano13(x):  # the first 13 blocks of Nemotron-3-Nano's pattern (weights shared between blocks)
+            for ch in "MEMEM*EMEMEM*":
+                x = kinds[by_char[ch]](x)
+            return x
+        kinds["stack_MEMEM*EMEMEM*"] = nano13
     x0 = torch.randn(1, L, C, device=dev, dtype=bf)
     for name, f in kinds.items():
         tag = f"block_{name}_l{L}"

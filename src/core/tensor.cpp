@@ -1,11 +1,12 @@
 #include "core/tensor.hpp"
 
-#include <atomic>
-
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
+#include <thread>
+#include <type_traits>
 
 #include "core/device.hpp"
 #include "core/layout.hpp"
@@ -265,6 +266,37 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   const std::int64_t n = numel();
+  if (is_contiguous() && src.is_contiguous()) {  // a dtype conversion: typed loops, threads over ranges
+    const auto conv = [&](std::int64_t b, std::int64_t e) {
+      const auto loop = [&](auto* d, const auto* s) {
+        using D = std::remove_pointer_t<decltype(d)>;
+        for (std::int64_t i = b; i < e; ++i) d[i] = D(static_cast<float>(s[i]));
+      };
+      const auto from = [&](auto* d) {
+        switch (src.dtype_) {
+          case DType::F32: loop(d, static_cast<const float*>(src.data_)); break;
+          case DType::F64:
+            for (std::int64_t i = b; i < e; ++i) d[i] = static_cast<std::remove_pointer_t<decltype(d)>>(
+                                                    static_cast<const double*>(src.data_)[i]);
+            break;
+          case DType::BF16: loop(d, static_cast<const bf16*>(src.data_)); break;
+        }
+      };
+      switch (dtype_) {
+        case DType::F32: from(static_cast<float*>(data_)); break;
+        case DType::F64:
+          for (std::int64_t i = b; i < e; ++i) static_cast<double*>(data_)[i] = src.get(i);
+          break;
+        case DType::BF16: from(static_cast<bf16*>(data_)); break;
+      }
+    };
+    const std::int64_t nt = n < (1 << 20) ? 1 : std::clamp<std::int64_t>(std::thread::hardware_concurrency(), 1, 32);
+    std::vector<std::thread> pool;
+    for (std::int64_t k = 1; k < nt; ++k) pool.emplace_back(conv, n * k / nt, n * (k + 1) / nt);
+    conv(0, n / nt);
+    for (auto& th : pool) th.join();
+    return;
+  }
   for (std::int64_t i = 0; i < n; ++i) set(i, src.get(i));
 }
 
@@ -346,19 +378,54 @@ double uniform_at(std::uint64_t s, std::int64_t i, double lo, double hi) {
 }
 }  // namespace
 
+namespace {
+// Element i of a host tensor <- value(index(i)) (index < 0: zero). Contiguous tensors of many
+// elements are filled by several threads over disjoint ranges: each element depends on its index
+// alone, so the result is the same for any thread count.
+template <class Index>
+void fill_by_index(Tensor& t, std::uint64_t s, double lo, double hi, Index index) {
+  HCP_CHECK(t.space() == Space::Host, "fill_uniform: a host tensor");
+  const std::int64_t n = t.numel();
+  const auto value = [&](std::int64_t i) {
+    const std::int64_t k = index(i);
+    return k < 0 ? 0.0 : uniform_at(s, k, lo, hi);
+  };
+  if (!t.is_contiguous() || n < (1 << 20)) {
+    for (std::int64_t i = 0; i < n; ++i) t.set(i, value(i));
+    return;
+  }
+  const auto fill = [&](std::int64_t b, std::int64_t e) {
+    switch (t.dtype()) {
+      case DType::F32:
+        for (std::int64_t i = b; i < e; ++i) static_cast<float*>(t.raw())[i] = static_cast<float>(value(i));
+        break;
+      case DType::F64:
+        for (std::int64_t i = b; i < e; ++i) static_cast<double*>(t.raw())[i] = value(i);
+        break;
+      case DType::BF16:
+        for (std::int64_t i = b; i < e; ++i) static_cast<bf16*>(t.raw())[i] = bf16(static_cast<float>(value(i)));
+        break;
+    }
+  };
+  const std::int64_t nt = std::clamp<std::int64_t>(std::thread::hardware_concurrency(), 1, 32);
+  std::vector<std::thread> pool;
+  for (std::int64_t k = 0; k < nt; ++k) pool.emplace_back(fill, n * k / nt, n * (k + 1) / nt);
+  for (auto& th : pool) th.join();
+}
+}  // namespace
+
 void fill_uniform(Tensor& t, std::uint64_t seed, double lo, double hi) {
-  const std::uint64_t s = mix(seed);
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, uniform_at(s, i, lo, hi));
+  fill_by_index(t, mix(seed), lo, hi, [](std::int64_t i) { return i; });
 }
 
 void fill_uniform_rows(Tensor& t, std::uint64_t seed, const std::vector<std::int64_t>& rows, double lo, double hi) {
   HCP_CHECK(t.dim() >= 1 && t.size(0) == static_cast<std::int64_t>(rows.size()), "fill_uniform_rows: ", rows.size(),
             " row indices for ", t.dim() ? t.size(0) : 0, " rows");
-  const std::uint64_t s = mix(seed);
   const std::int64_t len = t.size(0) > 0 ? t.numel() / t.size(0) : 0;
-  for (std::int64_t r = 0; r < t.size(0); ++r)
-    for (std::int64_t j = 0; j < len; ++j)
-      t.set(r * len + j, rows[static_cast<std::size_t>(r)] < 0 ? 0.0 : uniform_at(s, rows[static_cast<std::size_t>(r)] * len + j, lo, hi));
+  fill_by_index(t, mix(seed), lo, hi, [&](std::int64_t i) {
+    const std::int64_t r = rows[static_cast<std::size_t>(i / len)];
+    return r < 0 ? -1 : r * len + i % len;
+  });
 }
 
 // ---- layouts -------------------------------------------------------------------------------

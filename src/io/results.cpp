@@ -73,7 +73,8 @@ std::string h5_reason(const std::string& file = "") {
 
 // A host, contiguous, fp32/fp64 copy (bf16 widened to fp32) of any tensor, for writing.
 Tensor writable(const Tensor& t) {
-  Tensor c = t.space() == Space::Cuda ? t.to(Space::Host) : t;
+  // bf16 on the GPU is widened there (one kernel), then copied.
+  Tensor c = t.space() == Space::Cuda ? (t.dtype() == DType::BF16 ? t.to(DType::F32) : t).to(Space::Host) : t;
   if (c.dtype() == DType::BF16) return c.to(DType::F32);
   return c.is_contiguous() ? c : c.clone();
 }
@@ -315,9 +316,14 @@ namespace {
 // any), element count, non-finite count; rows in the order given.
 struct Partial {
   double v[5] = {0, 0, 0, 0, 0};
+  // Rows of a writable() tensor (host, contiguous, fp32 or fp64).
   void add(const Tensor& c, std::int64_t row, std::int64_t row_len) {
-    for (std::int64_t j = row * row_len; j < (row + 1) * row_len; ++j) {
-      const double x = c.get(j);
+    if (c.dtype() == DType::F32) add(static_cast<const float*>(c.raw()) + row * row_len, row_len);
+    else add(static_cast<const double*>(c.raw()) + row * row_len, row_len);
+  }
+  template <class T> void add(const T* p, std::int64_t n) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double x = p[j];
       v[0] += x, v[1] += x * x, v[2] = nan_max(v[2], std::abs(x)), v[3] += 1;
       if (!std::isfinite(x)) v[4] += 1;
     }
@@ -334,7 +340,7 @@ void ResultsWriter::tensor(const std::string& path, const Tensor& t, const std::
   std::vector<double> meta;  // dtype code (0 fp64, 1 fp32, 2 bf16), rank, dims
   if (comm_.rank() == 0) {
     c = writable(t);
-    for (std::int64_t r = 0; r < std::max<std::int64_t>(c.numel(), 0); ++r) st.add(c, r, 1);
+    st.add(c, 0, c.numel());
     meta = {t.dtype() == DType::F64 ? 0.0 : t.dtype() == DType::F32 ? 1.0 : 2.0, static_cast<double>(c.dim())};
     for (auto d : c.shape()) meta.push_back(static_cast<double>(d));
   }

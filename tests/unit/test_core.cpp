@@ -59,6 +59,44 @@ TEST(Tensor, DeterministicFill) {
   for (double v : a.to_vector()) EXPECT_TRUE(v >= -1 && v < 1);
 }
 
+// Large tensors are filled by several threads: every element is still the function of its index
+// that the one-thread path gives (a prefix of a large tensor equals a small one), in every dtype, and the rows of
+// fill_uniform_rows are the rows of the whole.
+TEST(Tensor, ThreadedFillIsTheSameFunctionOfTheIndex) {
+  const std::int64_t n = (std::int64_t{1} << 20) + 37;  // above the threading threshold
+  for (DType dt : {DType::F64, DType::F32, DType::BF16}) {
+    Tensor big = Tensor::empty({n}, dt), small = Tensor::empty({1000}, dt);
+    fill_uniform(big, 7, -2, 3);
+    fill_uniform(small, 7, -2, 3);
+    for (std::int64_t i = 0; i < 1000; ++i) ASSERT_EQ(big.get(i), small.get(i)) << to_string(dt) << " " << i;
+    Tensor whole = Tensor::empty({4, n / 4 + 1}, dt);
+    fill_uniform(whole, 9);
+    Tensor part = Tensor::empty({2, n / 4 + 1}, dt);
+    fill_uniform_rows(part, 9, {3, 1});
+    const std::int64_t w = n / 4 + 1;
+    for (std::int64_t j = 0; j < w; j += 997) {
+      ASSERT_EQ(part.get(j), whole.get(3 * w + j));
+      ASSERT_EQ(part.get(w + j), whole.get(w + j));
+    }
+  }
+}
+
+// Dtype conversions of large contiguous tensors run over threads: every element is converted as the
+// element-wise path converts it (fp64 -> fp32 -> bf16 -> fp32 -> fp64 rounds once per narrowing).
+TEST(Tensor, ThreadedConversionMatchesElementWise) {
+  const std::int64_t n = (std::int64_t{1} << 20) + 13;
+  Tensor a = Tensor::empty({n}, DType::F64);
+  fill_uniform(a, 5, -1e3, 1e3);
+  const Tensor f = a.to(DType::F32), b = f.to(DType::BF16), back = b.to(DType::F64), bd = a.to(DType::BF16);
+  for (std::int64_t i = 0; i < n; i += 4093) {
+    ASSERT_EQ(f.get(i), static_cast<double>(static_cast<float>(a.get(i)))) << i;
+    ASSERT_EQ(b.get(i), static_cast<double>(static_cast<float>(bf16(static_cast<float>(a.get(i)))))) << i;
+    ASSERT_EQ(back.get(i), b.get(i)) << i;
+    ASSERT_EQ(bd.get(i), b.get(i)) << i;
+  }
+  ASSERT_EQ(f.get(n - 1), static_cast<double>(static_cast<float>(a.get(n - 1))));
+}
+
 // NaN is never within a tolerance: in the result, in the reference, or in both.
 TEST(Tensor, CompareCountsNanAsInfiniteDifference) {
   const double nan = std::nan(""), inf = INFINITY;
