@@ -9,9 +9,10 @@ batch without padding), an alpha-beta time for each collective and kernel rates 
       forward+backward step; the best strategy of each kind and the step time of the model's pattern
   hcp_plan.py sweep --model DECK --machine DECK --tokens L1,L2,.. --cp N1,N2,.. --out P.png [--csv F]
       the best step time against cp for each L (one line per L), and which strategy each kind takes
-  hcp_plan.py validate --machine DECK --calibrate C1.h5,C2.h5,.. [--band X] F.h5 ...
+  hcp_plan.py validate --machine DECK --calibrate C1.h5,C2.h5,.. [--band X] [--memory-band Y] F.h5 ...
       per-kind compute from a cp = 1 cp_hybrid run, alpha and beta fitted to the other calibration
-      runs' counters, then each run's predicted step time against its measured one (BSHD runs)
+      runs' counters, then each run's predicted step time against its measured one (BSHD runs);
+      parameter bytes per rank (exact) and the step's memory per rank (scaled by the cp = 1 runs)
 
 The model: a collective moving n bytes per rank over p ranks takes steps * alpha + n / beta, with the
 intra-node (alpha, beta) while the CP group fits in a node and the inter-node pair beyond; ring p2p
@@ -20,6 +21,9 @@ attention FLOPs (causal, balanced by DualChunkSwap) at the attention rates, proj
 at the GEMM rate, the SSD at its state-update rate. MoE traffic assumes uniform routing. What the
 model leaves out: kernel launch and glue time, memory traffic of the element-wise kernels, contention
 between the CP group's links. Times are estimates; bytes are exact for the layouts `bytes` checks.
+Memory per rank: parameters exactly (routed experts 1/ep), their gradients, fp32 master weights and
+AdamW moments for a training step, and the activations each block keeps for its backward (an
+estimate per token of its saved tensors, 1/cp of the tokens).
 """
 import argparse
 import math
@@ -112,11 +116,70 @@ def mamba_bytes(strategy, cp, rank, B, L, m, dtype, scan="auto"):
     return states * ss + halo_rows(cp, rank, B, L, m["conv"] - 1) * conv_dim * es
 
 
-def moe_bytes(cp, B, L, e, hidden, dtype):
-    """Expert parallelism over the CP group, uniform routing: dispatch and combine, forward and back."""
-    if cp == 1:
+def moe_bytes(cp, B, L, e, hidden, dtype, ep=0):
+    """Expert parallelism over groups of ep CP ranks (0: the CP group), uniform routing: dispatch and
+    combine, forward and back."""
+    ep = ep or cp
+    if ep == 1:
         return 0
-    return 4 * (B * L // cp) * e["topk"] * hidden * ES[dtype] * (cp - 1) // cp
+    return 4 * (B * L // cp) * e["topk"] * hidden * ES[dtype] * (ep - 1) // ep
+
+
+# ---- memory per rank -----------------------------------------------------------------------------
+def param_count(model, ep):
+    """Elements of the parameters one rank holds, and of those the routed experts' (1/ep of them):
+    the drivers' model::param_count."""
+    C, V, pat = model["hidden"], model["vocab"], model["pattern"]
+    m, a, e = model["mamba"], model["attention"], model["moe"]
+    total, experts = 2 * V * C + C, 0
+    for ch in pat:
+        total += C
+        if ch == "M":
+            di, G, N, H = m["heads"] * m["head_dim"], m["n_groups"], m["d_state"], m["heads"]
+            conv_dim = di + 2 * G * N
+            total += (2 * di + 2 * G * N + H) * C + conv_dim * (m.get("conv", 4) + 1) + 3 * H + di + C * di
+        elif ch == "*":
+            total += 2 * (a["heads"] + a["kv_heads"]) * a["head_dim"] * C
+        elif ch == "-":
+            total += 2 * model.get("mlp_ffn", 64) * C
+        elif ch == "E":
+            ex = e["experts"] // max(ep, 1) * 2 * e["ffn"] * C
+            experts += ex
+            total += ex + e["experts"] * (C + 1) + (2 * e.get("shared_ffn", 0) * C)
+    return total, experts
+
+
+def activation_elements(model, kind, topk_rows=True):
+    """Elements per token a block of `kind` keeps for its backward (its input and output, and the
+    mixer's saved tensors): an estimate of what the layers hold, not a count of their allocations."""
+    C, m, a, e = model["hidden"], model["mamba"], model["attention"], model["moe"]
+    n = 3 * C + 1  # block input, norm output, mixer output; rstd
+    if kind == "M":
+        di, G, N, H = m["heads"] * m["head_dim"], m["n_groups"], m["d_state"], m["heads"]
+        n += (2 * di + 2 * G * N + H) + (di + 2 * G * N) + 2 * di + 2 * H
+    elif kind == "*":
+        n += (2 * a["heads"] + 2 * a["kv_heads"]) * a["head_dim"] + a["heads"]
+    elif kind == "E":
+        k = e["topk"]
+        n += 2 * e["experts"] + k * (2 * C + e["ffn"]) + 2 * k + e.get("shared_ffn", 0)
+    elif kind == "-":
+        n += model.get("mlp_ffn", 64)
+    return n
+
+
+def memory_per_rank(model, L, cp, ep=None, B=1, train=False):
+    """Bytes one rank holds in a step at CP size cp (EP size ep, default cp): parameters (exact) and
+    their gradients, the optimizer state when training (fp32 master weights and AdamW moments), and
+    the activations kept for the backward (estimated, 1/cp of the tokens) with the logits and their
+    gradient."""
+    es = ES[model["dtype"]]
+    tl = B * L / cp
+    total, experts = param_count(model, ep or cp)
+    params = total * es
+    optim = total * (12 if es == 2 else 2 * es) if train else 0
+    acts = tl * es * (sum(activation_elements(model, k) for k in model["pattern"]) + 2 * model["vocab"])
+    return {"parameters": params, "expert_parameters": experts * es, "gradients": params, "optimizer": optim,
+            "activations": acts, "total": 2 * params + optim + acts}
 
 
 # ---- time ----------------------------------------------------------------------------------------
@@ -172,7 +235,7 @@ def layer_costs(kind, model, machine, L, cp, B=1):
     elif kind == "E":
         e = model["moe"]
         comp = gemm(3 * 2 * tl * (e["topk"] * 2 * hid * e["ffn"] + 2 * hid * e.get("shared_ffn", 0)))
-        nb = moe_bytes(cp, B, L, e, hid, dt)
+        nb = moe_bytes(cp, B, L, e, hid, dt, model.get("ep", 0))
         out["ep"] = (nb, comm_ms(machine, cp, nb, 4 * (cp - 1)) if cp > 1 else 0.0, comp)
     return out
 
@@ -195,9 +258,16 @@ def load_model(path):
     with open(path, "rb") as f:
         d = tomllib.load(f)
     m = d.get("model", {})
+    return model_of(d)
+
+
+def model_of(d):
+    """The planner's view of a deck (a dict from TOML)."""
+    m = d.get("model", {})
     return {"pattern": m.get("pattern", "M*E"), "hidden": m.get("hidden", d.get("mamba", {}).get("hidden", 2688)),
-            "dtype": d.get("data", {}).get("dtype", "bf16"), "mamba": d.get("mamba", {}), "attention": d.get("attention", {}),
-            "moe": d.get("moe", {})}
+            "vocab": m.get("vocab", 1024), "dtype": d.get("data", {}).get("dtype", "bf16"), "mamba": d.get("mamba", {}),
+            "attention": d.get("attention", {}), "moe": d.get("moe", {}), "mlp_ffn": d.get("mlp", {}).get("ffn", 64),
+            "ep": d.get("parallel", {}).get("ep", 0)}
 
 
 def load_machine(path):
@@ -255,6 +325,10 @@ def cmd_predict(a):
         print("# no strategy of some layer kind runs at this cp")
         return 1
     print("# best: " + ", ".join(f"{k} {v[0]}" for k, v in best.items()) + f"; step {step:.2f} ms (forward+backward)")
+    for train in (False, True):
+        mem = memory_per_rank(model, a.tokens, a.cp, model.get("ep") or None, train=train)
+        print(f"# memory per rank ({'training step' if train else 'forward+backward'}, GiB): "
+              + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in mem.items()))
     return 0
 
 
@@ -269,17 +343,18 @@ def cmd_sweep(a):
                 continue
             best, step = plan(model, machine, L, cp)
             if best is not None:
-                rows.append((L, cp, step, {k: v[0] for k, v in best.items()}))
-    print(f"# {'tokens':>9} {'cp':>5} {'step ms':>10}  best strategy per layer kind")
-    for L, cp, step, b in rows:
-        print(f"  {L:>9} {cp:>5} {step:>10.2f}  " + " ".join(f"{k}:{v}" for k, v in sorted(b.items())))
+                mem = memory_per_rank(model, L, cp, model.get("ep") or None, train=True)["total"]
+                rows.append((L, cp, step, {k: v[0] for k, v in best.items()}, mem))
+    print(f"# {'tokens':>9} {'cp':>5} {'step ms':>10} {'GiB/rank':>9}  best strategy per layer kind (GiB: training step)")
+    for L, cp, step, b, mem in rows:
+        print(f"  {L:>9} {cp:>5} {step:>10.2f} {mem / 2**30:>9.2f}  " + " ".join(f"{k}:{v}" for k, v in sorted(b.items())))
     if a.csv:
         with open(a.csv, "w") as f:
-            f.write("tokens,cp,step_ms," + ",".join(f"best_{k}" for k in ("*", "E", "M")) + "\n")
-            for L, cp, step, b in rows:
-                f.write(f"{L},{cp},{step:.6g}," + ",".join(b.get(k, "") for k in ("*", "E", "M")) + "\n")
+            f.write("tokens,cp,step_ms,train_bytes_per_rank," + ",".join(f"best_{k}" for k in ("*", "E", "M")) + "\n")
+            for L, cp, step, b, mem in rows:
+                f.write(f"{L},{cp},{step:.6g},{mem:.6g}," + ",".join(b.get(k, "") for k in ("*", "E", "M")) + "\n")
         print(f"wrote {a.csv}")
-    series = {f"L = {L:,}": [(cp, s) for (l, cp, s, _) in rows if l == L] for L in lens}
+    series = {f"L = {L:,}": [(cp, s) for (l, cp, s, _, _) in rows if l == L] for L in lens}
     hcp_post.plot_against_cp({k: v for k, v in series.items() if v}, a.out,
                              f"{model['pattern']}: predicted forward+backward", "predicted step time per rank (ms)", ylog=True)
     print(f"wrote {a.out} ({len(rows)} points)")
@@ -307,8 +382,49 @@ def _run_info(path):
                     g = f["comm"][strat][op]
                     comm.setdefault(strat, {})[op] = [(c / reps, b / reps, s / reps * 1e3) for c, b, s in
                                                       zip(g["calls"][()], g["bytes_sent"][()], g["seconds"][()])]
+        mem = {}
+        for strat in f.get("memory", {}):
+            g = f["memory"][strat]
+            if "step_tensor_bytes" in g:
+                mem[strat] = float(g["step_tensor_bytes"][()].max())
+        params = float(f["memory/parameters/bytes"][()].max()) if "memory/parameters/bytes" in f else None
         return {"path": path, "deck": deck, "cp": int(cfg["cp_size"]), "tokens": deck["data"]["batch"] * deck["data"]["seqlen"],
-                "timings": hcp_post._timings(f), "comm": comm}
+                "timings": hcp_post._timings(f), "comm": comm, "memory": mem, "param_bytes": params}
+
+
+def validate_memory(calib, files, band):
+    """Parameter bytes per rank (exact against /memory/parameters/bytes) and the step's memory per
+    rank: kappa * (gradients + estimated activations), kappa the measured / estimated ratio of the
+    cp = 1 calibration runs (what the layers allocate beyond what they keep, e.g. backward
+    temporaries), against /memory/<strategy>/step_tensor_bytes (max over ranks)."""
+    def est(r):
+        d = r["deck"]
+        m = memory_per_rank(model_of(d), d["data"]["seqlen"], r["cp"], d["parallel"].get("ep", 0) or None,
+                            B=d["data"]["batch"])
+        return m["parameters"], m["gradients"] + m["activations"]
+    ratios = [meas / est(c)[1] for c in calib if c["cp"] == 1 for meas in c["memory"].values()]
+    if not ratios:
+        print("# memory: no cp = 1 calibration run with /memory")
+        return True
+    kappa = sum(ratios) / len(ratios)
+    print(f"# memory: kappa {kappa:.3f} (measured / estimated step memory of {len(ratios)} cp=1 case(s))")
+    print(f"# {'file':<36} {'cp':>3} {'param bytes':>12} {'predicted':>12} {'step MiB':>10} {'predicted':>10} {'error':>7}")
+    worst, exact, n = 0.0, 0, 0
+    for path in files:
+        r = _run_info(path)
+        pb, sb = est(r)
+        if r["param_bytes"] is not None:
+            n += 1
+            exact += int(r["param_bytes"] == pb)
+        for strat, meas in r["memory"].items():
+            err = (kappa * sb - meas) / meas
+            worst = max(worst, abs(err))
+            print(f"  {path.split('/')[-1]:<36} {r['cp']:>3} {r['param_bytes'] or 0:>12.0f} {pb:>12} {meas / 2**20:>10.3f} "
+                  f"{kappa * sb / 2**20:>10.3f} {err * 100:>6.0f}%")
+    ok = exact == n and worst <= band
+    print(f"RESULT plan_memory params {'EXACT' if exact == n else 'DIFFER'} {exact}/{n}, step worst |error| "
+          f"{worst * 100:.0f}% (band {band * 100:.0f}%) {'WITHIN' if worst <= band else 'OUTSIDE'}")
+    return ok
 
 
 def cmd_validate(a):
@@ -387,16 +503,17 @@ def cmd_validate(a):
                     nb = max(mamba_bytes(mcp, cp, q, B, L, d["mamba"], dt, d["mamba"].get("state_scan", "auto")) for q in range(cp))
                     steps = 4 * (cp - 1)
                 elif cp > 1 and k == "E":
-                    nb, steps = moe_bytes(cp, B, L, d["moe"], d["model"]["hidden"], dt), 4 * (cp - 1)
+                    nb, steps = moe_bytes(cp, B, L, d["moe"], d["model"]["hidden"], dt, d["parallel"].get("ep", 0)), 4 * (cp - 1)
                 t = n * (steps * alpha + nb * inv_beta)
                 pred += comp + (max(0.0, t - comp * (cp - 1) / cp) if (k == "*" and strat == "p2p") else t)
             meas = ph["step"]
             err = (pred - meas) / meas
             worst = max(worst, abs(err))
             print(f"  {path.split('/')[-1]:<36} {cp:>3} {strat:<10} {meas:>12.2f} {pred:>13.2f} {err * 100:>6.0f}%")
+    mem_ok = validate_memory(calib, a.files, a.memory_band)
     print(f"RESULT plan_validate worst |error| {worst * 100:.0f}% (band {a.band * 100:.0f}%) "
           f"{'WITHIN' if worst <= a.band else 'OUTSIDE'}")
-    return 0 if worst <= a.band else 1
+    return 0 if worst <= a.band and mem_ok else 1
 
 
 def main(argv=None):
@@ -422,6 +539,7 @@ def main(argv=None):
     v.add_argument("--machine", required=True)
     v.add_argument("--calibrate", required=True, help="cp_hybrid runs, comma-separated: one at cp = 1, others for the network")
     v.add_argument("--band", type=float, default=0.15, help="largest relative step-time error accepted")
+    v.add_argument("--memory-band", type=float, default=0.15, help="largest relative step-memory error accepted")
     v.add_argument("files", nargs="+")
     v.set_defaults(fn=cmd_validate)
     a = p.parse_args(argv)
