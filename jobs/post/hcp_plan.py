@@ -4,6 +4,8 @@ batch without padding), an alpha-beta time for each collective and kernel rates 
 
   hcp_plan.py bytes F.h5 ...      predicted bytes per rank and step against the /comm counters of
       cp_attention / cp_mamba files (BSHD); exit 1 unless every rank of every strategy matches exactly
+  hcp_plan.py rates BENCH.h5      the [compute] rates of a bench_kernels anchors file (attention,
+      grouped GEMM, SSD), as a machine deck section; predict and sweep take it as --rates BENCH.h5
   hcp_plan.py predict --model DECK --machine DECK --tokens L --cp N
       per layer kind and strategy: bytes per rank, communication (exposed) and compute ms per
       forward+backward step; the best strategy of each kind and the step time of the model's pattern
@@ -270,9 +272,52 @@ def model_of(d):
             "ep": d.get("parallel", {}).get("ep", 0)}
 
 
-def load_machine(path):
+def load_machine(path, rates=None):
+    """A machine deck; with `rates` (a bench_kernels file) its [compute] section from that file."""
     with open(path, "rb") as f:
-        return tomllib.load(f)
+        m = tomllib.load(f)
+    if rates:
+        m["compute"] = {**m.get("compute", {}), **kernel_rates(rates)}
+    return m
+
+
+def kernel_rates(path):
+    """The [compute] rates of a bench_kernels HDF5 file (bench.suite = anchors): attention forward and
+    backward TFLOP/s at the largest head_dim timed, the grouped expert GEMM's TFLOP/s, and SSD state
+    updates per second (b L H P N per call, forward + backward counted 3x as layer_costs does)."""
+    import re
+
+    import h5py
+    import numpy as np
+    with h5py.File(path, "r") as f:
+        med = {k: float(np.median(f["timings"][k][()])) for k in f["bench"] if k in f["timings"]}
+        flops = {k: float(f["bench"][k][()][0]) for k in med}
+        layout = {k: f["bench"][k].attrs.get("layout", b"") for k in med}
+    layout = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in layout.items()}
+    out = {}
+    for d in ("fwd", "bwd"):
+        cands = sorted((int(re.search(r"d(\d+)$", k).group(1)), k) for k in med if re.match(rf"attention_{d}_b\d+h\d+l\d+d\d+$", k))
+        if cands:
+            k = max(cands)[1]
+            out[f"attn_{d}_tflops"] = round(flops[k] / med[k] / 1e9, 1)
+    if "grouped_gemm" in med:
+        out["gemm_tflops"] = round(flops["grouped_gemm"] / med["grouped_gemm"] / 1e9, 1)
+    if "ssd_fwd" in med and "ssd_bwd" in med:
+        v = {m.group(1): int(m.group(2)) for m in re.finditer(r"\b(b|L|H|P|N)=(\d+)", layout["ssd_fwd"])}
+        if len(v) == 5:
+            units = v["b"] * v["L"] * v["H"] * v["P"] * v["N"]
+            out["ssd_gunits"] = round(3 * units / (med["ssd_fwd"] + med["ssd_bwd"]) / 1e6, 1)
+    if not out:
+        raise ValueError(f"{path}: no attention, grouped_gemm or ssd timings (a bench_kernels anchors file?)")
+    return out
+
+
+def cmd_rates(a):
+    r = kernel_rates(a.file)
+    print(f"# [compute] of {a.file} (medians of its timings)\n[compute]")
+    for k, v in r.items():
+        print(f"{k} = {v}")
+    return 0
 
 
 # ---- commands ------------------------------------------------------------------------------------
@@ -314,7 +359,7 @@ def cmd_bytes(a):
 
 
 def cmd_predict(a):
-    model, machine = load_model(a.model), load_machine(a.machine)
+    model, machine = load_model(a.model), load_machine(a.machine, a.rates)
     print(f"# {a.model}: pattern {model['pattern']}, L = {a.tokens}, cp = {a.cp}, machine {a.machine}")
     print(f"# {'kind':<4} {'strategy':<16} {'bytes/rank':>14} {'comm ms':>10} {'compute ms':>11} {'total':>9}")
     for kind in sorted(set(model["pattern"]) & {"*", "M", "E"}):
@@ -333,7 +378,7 @@ def cmd_predict(a):
 
 
 def cmd_sweep(a):
-    model, machine = load_model(a.model), load_machine(a.machine)
+    model, machine = load_model(a.model), load_machine(a.machine, a.rates)
     lens = [int(x) for x in a.tokens.split(",")]
     cps = [int(x) for x in a.cp.split(",")]
     rows = []
@@ -522,10 +567,14 @@ def main(argv=None):
     b = sub.add_parser("bytes")
     b.add_argument("files", nargs="+")
     b.set_defaults(fn=cmd_bytes)
+    r = sub.add_parser("rates")
+    r.add_argument("file")
+    r.set_defaults(fn=cmd_rates)
     for name, fn in (("predict", cmd_predict), ("sweep", cmd_sweep)):
         s = sub.add_parser(name)
         s.add_argument("--model", required=True)
         s.add_argument("--machine", required=True)
+        s.add_argument("--rates", help="a bench_kernels file whose kernel rates replace the machine deck's [compute]")
         if name == "predict":
             s.add_argument("--tokens", type=int, required=True)
             s.add_argument("--cp", type=int, required=True)
