@@ -179,6 +179,9 @@ void init(int local_rank) {
   ops.copy_strided = dev_copy_strided;
   ops.copy_rows = dev_copy_rows;
   ops.convert = dev_convert;
+  ops.event_mark = event_mark;
+  ops.event_elapsed_ms = event_elapsed_ms;
+  ops.event_release = event_release;
   ops.name = g_name;
   register_device_ops(ops);
   g_init = true;

@@ -27,6 +27,10 @@ struct DeviceOps {
   // Device to device, n contiguous elements converted from src_dtype to dst_dtype with the host's
   // rounding (a value goes through double; to bf16 through float as well).
   void (*convert)(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n) = nullptr;
+  // A new event recorded on the default stream; the ms from a to b (waits for b); releasing one.
+  void* (*event_mark)() = nullptr;
+  double (*event_elapsed_ms)(void* a, void* b) = nullptr;
+  void (*event_release)(void* e) = nullptr;
   std::string name;  // e.g. "cuda:0 NVIDIA H200"
 };
 

@@ -111,9 +111,7 @@ ParamMap hybrid_init(const HybridConfig& cin, DType dt, std::uint64_t seed, cons
 }
 
 template <class F> void HybridModel::timed(const std::string& name, F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  phase_ms_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  phases_.time(name, default_space(), f);
 }
 
 HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups)

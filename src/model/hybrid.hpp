@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/phase_times.hpp"
 #include "model/layers.hpp"
 #include "model/mamba2.hpp"
 
@@ -95,9 +96,10 @@ class HybridModel {
   // After a forward: per MoE block (in pattern order), the experts each local token chose, as a
   // host fp64 tensor [Tl, topk] (DCS order, like the block outputs).
   std::vector<Tensor> routing() const;
-  // Milliseconds per phase, summed since reset: fwd/<kind>, bwd/<kind> (kind: embed, M, *, E, -, head).
-  const std::map<std::string, double>& phase_ms() const { return phase_ms_; }
-  void reset_phases() { phase_ms_.clear(); }
+  // Milliseconds per phase, summed since reset: fwd/<kind>, bwd/<kind> (kind: embed, M, *, E, -, head);
+  // on GPU ranks each phase's own device time (CUDA events, core/phase_times.hpp).
+  const std::map<std::string, double>& phase_ms() const { return phases_.totals(); }
+  void reset_phases() { phases_.reset(); }
   const HybridConfig& config() const { return c_; }
   // Attention layers' CP communication model (values sent per step, all attention blocks).
   std::int64_t attention_model_bytes(DType dt) const;
@@ -126,7 +128,7 @@ class HybridModel {
   Tensor hfinal_, rstd_final_, hn_, logits_, dlogits_;
   std::vector<std::int64_t> tokens_, labels_;
   std::int64_t count_ = 0;
-  std::map<std::string, double> phase_ms_;
+  PhaseTimes phases_;
 };
 
 }  // namespace hcp::model

@@ -43,9 +43,7 @@ Tensor as(const Tensor& t, DType d) { return t.dtype() == d ? t : t.to(d); }
 
 
 template <class F> void Mamba2Layer::timed(const std::string& name, F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  phase_ms_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  phases_.time(name, default_space(), f);
 }
 
 Mamba2Layer::Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "core/phase_times.hpp"
 #include "core/layout.hpp"
 #include "core/tensor.hpp"
 #include "cp/hidden_parallel.hpp"
@@ -44,7 +45,7 @@ ParamMap zeros_like(const ParamMap& p);
 using cp::MambaCp;
 
 // The strategy-independent parts of a Mamba2 mixer on local tokens: in_proj, the gated group
-// RMSNorm and out_proj, the parameter all-reduce, and wall time per phase.
+// RMSNorm and out_proj, the parameter all-reduce, and the time of each phase.
 class Mamba2Layer {
  public:
   virtual ~Mamba2Layer() = default;
@@ -53,9 +54,9 @@ class Mamba2Layer {
   // dh local; parameter gradients summed over the CP group into `grads` (overwritten).
   virtual void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) = 0;
   virtual MambaCp strategy() const = 0;
-  // Milliseconds per phase (fwd/<phase>, bwd/<phase>), summed since the last reset.
-  const std::map<std::string, double>& phase_ms() const { return phase_ms_; }
-  void reset_phases() { phase_ms_.clear(); }
+  // Milliseconds per phase (fwd/<phase>, bwd/<phase>), summed since the last reset (GPU: CUDA events).
+  const std::map<std::string, double>& phase_ms() const { return phases_.totals(); }
+  void reset_phases() { phases_.reset(); }
 
  protected:
   Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part);
@@ -67,7 +68,7 @@ class Mamba2Layer {
   Tensor out_bwd(Tensor& dz, ParamMap& grads, const Tensor& dy, const ParamMap& p);
   // Backward of in_proj from the assembled dzxbcdt; all-reduce of every parameter gradient.
   void in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt, const ParamMap& p);
-  // Runs f and adds its wall time to phase `name`.
+  // Runs f and adds its time to phase `name` (PhaseTimes).
   template <class F> void timed(const std::string& name, F&& f);
 
   Communicator& comm_;
@@ -77,7 +78,7 @@ class Mamba2Layer {
   int cp_ = 1, rank_ = 0;
   std::int64_t tl_ = 0;
   Tensor h_, zxbcdt_, yl_, rstd_, gated_;  // saved by forward
-  std::map<std::string, double> phase_ms_;
+  PhaseTimes phases_;
 };
 
 class Mamba2HP : public Mamba2Layer {

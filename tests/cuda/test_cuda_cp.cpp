@@ -4,6 +4,8 @@
 // Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
 #include <functional>
 #include <mpi.h>
 
@@ -234,8 +236,22 @@ TEST(GpuHybrid, DeviceEqualsHost) {
       model::HybridModel host(world, c, b.layout, &groups), dev(world, c, b.layout, &groups);
       model::ParamMap gh, gd;
       const auto rh = host.step(p, local(b.tokens), local(b.labels), gh);
+      dev.reset_phases();
+      cuda::synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
       const auto rd = dev.step(P, local(b.tokens), local(b.labels), gd);
+      cuda::synchronize();
+      const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       const std::string tag = cp::to_string(strat) + " " + cp::to_string(mcp);
+      // Block phases by CUDA events: every block kind and the head timed, together within the step.
+      double blocks = 0;
+      for (const char* ph : {"fwd/M", "fwd/*", "fwd/E", "fwd/-", "fwd/head", "bwd/M", "bwd/*", "bwd/E", "bwd/-", "bwd/head"}) {
+        ASSERT_TRUE(dev.phase_ms().count(ph)) << ph << " " << tag;
+        const double ms = dev.phase_ms().at(ph);
+        EXPECT_TRUE(std::isfinite(ms) && ms > 0) << ph << " " << ms << " " << tag;
+        blocks += ms;
+      }
+      EXPECT_LE(blocks, 1.05 * wall + 0.5) << tag;
       EXPECT_NEAR(rd.loss, rh.loss, 1e-12 * rh.loss) << tag;
       expect_match(dev.dlogits(), host.dlogits(), DType::F64, "dlogits " + tag);
       for (auto& [nm, t] : gh) expect_match(gd.at(nm), t, DType::F64, "d" + nm + " " + tag);
