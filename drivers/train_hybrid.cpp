@@ -94,7 +94,7 @@ void validate(DriverContext& ctx) {
   const std::string resume = ctx.deck.get_string("train.resume");
   if (!resume.empty()) {
     HCP_CHECK(std::ifstream(resume).good(), "train.resume: cannot read checkpoint file '", resume, "'");
-    drivers::check_resume(resume, schema(), ctx.deck);  // whole, same run, before any work
+    drivers::check_resume(resume, schema(), ctx.deck, ctx.world->rank(), ctx.world->size());  // whole, same run
   }
 }
 

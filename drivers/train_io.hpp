@@ -81,8 +81,10 @@ inline std::string deck_value(const Deck& d, const DeckKey& k) {
 }
 
 // Before any work: the checkpoint at `path` is whole (every dataset matches its checksum) and was
-// written by a run with the same values of every key that changes the run.
-inline void check_resume(const std::string& path, const DeckSchema& schema, const Deck& deck) {
+// written by a run with the same values of every key that changes the run. The datasets are shared
+// out: rank r of n reads and checks those of index r, r + n, ... (the harness agrees on any rank's
+// error), so each is read once, not once per rank.
+inline void check_resume(const std::string& path, const DeckSchema& schema, const Deck& deck, int rank = 0, int nranks = 1) {
   ResultsReader r(path);
   HCP_INPUT_CHECK(r.exists("/checkpoint/step"), deck.where("train.resume"), "train.resume: '", path,
                   "' is not a train_hybrid checkpoint (no /checkpoint/step)");
@@ -98,7 +100,7 @@ inline void check_resume(const std::string& path, const DeckSchema& schema, cons
   std::string name, want;
   int n = 0;
   while (in >> name >> want) {
-    ++n;
+    if (n++ % nranks != rank) continue;
     std::string got;
     try {
       got = checksum(r.read(name));
