@@ -120,6 +120,10 @@ std::int64_t tensor_bytes_live(Space sp);
 std::int64_t tensor_bytes_peak(Space sp);
 void reset_tensor_peak(Space sp);
 
+// Drops the storage of tensors a layer saved for its backward: each becomes undefined. Layers call
+// it at the end of backward, as autograd frees saved tensors, so they hold nothing between steps.
+template <class... T> void release_saved(T&... t) { ((t = Tensor()), ...); }
+
 // Deterministic inputs from (seed, index): uniform in [lo, hi).
 void fill_uniform(Tensor& t, std::uint64_t seed, double lo = -1.0, double hi = 1.0);
 // Rows of such a tensor without making it: row r of t [R, ...] (host) gets the values row rows[r] of

@@ -89,12 +89,16 @@ void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dou
             "cp attention backward: gradient shapes do not match the forward's inputs");
   bwd_t_ = {};
   Tensor dov = dout.view(q_.shape());
-  if (cp_ == 1) return bwd_local(dq, dk, dv, dov);
-  switch (cfg_.strategy) {
-    case AttnStrategy::P2P: bwd_p2p(dq, dk, dv, dov); break;
-    case AttnStrategy::AllGather: bwd_allgather(dq, dk, dv, dov); break;
-    case AttnStrategy::A2A: bwd_a2a(dq, dk, dv, dov); break;
+  if (cp_ == 1) {
+    bwd_local(dq, dk, dv, dov);
+  } else {
+    switch (cfg_.strategy) {
+      case AttnStrategy::P2P: bwd_p2p(dq, dk, dv, dov); break;
+      case AttnStrategy::AllGather: bwd_allgather(dq, dk, dv, dov); break;
+      case AttnStrategy::A2A: bwd_a2a(dq, dk, dv, dov); break;
+    }
   }
+  release_saved(q_, k_, v_, o_, lse_, kg_, vg_, qh_, kh_, vh_, oh_);
 }
 
 // ---- one rank --------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ class CpAttention {
   // Validates shapes against the CP size (clear errors naming the rule); collective-free.
   CpAttention(Communicator& cp_comm, CpAttnConfig cfg);
   void forward(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v);
-  // Needs the forward's saved tensors (of the same instance).
+  // Needs the forward's saved tensors (of the same instance); releases them.
   void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   const CpAttnTimes& fwd_times() const { return fwd_t_; }
   const CpAttnTimes& bwd_times() const { return bwd_t_; }

@@ -227,6 +227,7 @@ StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>&
     Tensor dhn = Tensor::zeros({tl_, C}, dt);
     k::linear_bwd(&dhn, &grads["lm_head"], nullptr, hn_, p.at("lm_head"), dlogits_);
     k::rmsnorm_bwd(dh, grads["final_norm"], hfinal_, p.at("final_norm"), rstd_final_, dhn);
+    release_saved(hfinal_, hn_, rstd_final_);
     reduce_grad(comm_, grads["lm_head"]);
     reduce_grad(comm_, grads["final_norm"]);
   });
@@ -244,6 +245,7 @@ StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>&
       Tensor dx = Tensor::zeros({tl_, C}, dt);
       Tensor& dnorm = grads[b.prefix + "norm"];
       k::rmsnorm_bwd(dx, dnorm, b.x, p.at(b.prefix + "norm"), b.rstd, dn);
+      release_saved(b.x, b.rstd);
       reduce_grad(comm_, dnorm);
       k::axpy(dh, 1.0, dx);  // residual
     });

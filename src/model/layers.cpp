@@ -126,6 +126,7 @@ void AttentionLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, con
   k::linear_bwd(&part, &grads["Wv"], nullptr, x_, p.at("Wv"), dv.view({tl_, Hk * D}));
   k::axpy(acc, 1.0, part);
   dx.copy_from(acc.view(dx.shape()));
+  release_saved(x_, o_);
   all_reduce_grads(comm_, grads);
 }
 
@@ -160,6 +161,7 @@ void MlpLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   Tensor dW1 = grads["W1"].view({1, F1, c_.hidden}), dW2 = grads["W2"].view({1, c_.hidden, c_.ffn});
   k::expert_mlp_bwd(dxl, dW1, dW2, x_, W1.view({1, F1, c_.hidden}), p.at("W2").view({1, c_.hidden, c_.ffn}), h_, {T},
                     c_.act, dy.view({T, c_.hidden}));
+  release_saved(x_, h_);
   dx.copy_from(dxl.view(dx.shape()));
   all_reduce_grads(comm_, grads);
 }
@@ -229,6 +231,7 @@ void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
   if (T > 0) k::moe_permute(xp, counts, src_, x_, idx_, E);
   else counts.assign(static_cast<std::size_t>(E), 0);
   disp_ = std::make_unique<cp::EpDispatcher>(ep_, E, counts);
+  local_counts_ = disp_->local_counts();
   xl_ = disp_->dispatch(xp);
   const std::int64_t el = disp_->local_experts(), F1 = p.at("W1").size(1);
   for (const char* n : {"W1", "W2"})
@@ -259,11 +262,14 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   // Routed experts: combine -> (dispatch) -> grouped MLP -> (combine) -> permute.
   Tensor dyp = Tensor::zeros(yp_.shape(), dt), dw = Tensor::zeros({T, K}, dt);
   if (T > 0) k::moe_combine_bwd(dyp, dw, dyv, yp_, src_, topk_w_);
+  release_saved(yp_, topk_w_);
   Tensor dyl = disp_->dispatch(dyp);
   Tensor dxloc = Tensor::zeros(xl_.shape(), dt);
   if (disp_->local_rows() > 0)
     k::expert_mlp_bwd(dxloc, grads["W1"], grads["W2"], xl_, p.at("W1"), p.at("W2"), h_, disp_->local_counts(), c_.act, dyl);
+  release_saved(xl_, h_);
   Tensor dxp = disp_->combine(dxloc);
+  disp_.reset();
   if (T > 0) {
     k::moe_permute_bwd(dxl, dxp, src_, K);
     // Router: top-k weights -> scores -> logits -> router weight and x.
@@ -275,6 +281,8 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
     grads["router"] = as_dtype(dWr, dt);
     k::axpy(dxl, 1.0, as_dtype(dxr, dt));
   }
+  release_saved(scores_);
+  std::vector<std::int64_t>().swap(src_);
   // The router's gradient is a partial sum over this rank's tokens; the experts' over the tokens
   // they received, so it is summed over the ranks holding the same experts only.
   reduce_grad(grad_, grads["router"]);
@@ -287,6 +295,7 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
     grads["shared_W2"] = sg.at("W2");
     k::axpy(dxl, 1.0, dxs);
   }
+  release_saved(x_);
   dx.copy_from(dxl.view(dx.shape()));
 }
 

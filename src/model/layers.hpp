@@ -102,7 +102,7 @@ class MoeLayer {
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
   // Token copies each local expert received in the last forward.
-  const std::vector<std::int64_t>& local_counts() const { return disp_->local_counts(); }
+  const std::vector<std::int64_t>& local_counts() const { return local_counts_; }
   // The experts each local token chose in the last forward, [T, topk] row-major.
   const std::vector<std::int64_t>& selection() const { return idx_; }
   std::int64_t topk() const { return c_.topk; }
@@ -113,7 +113,7 @@ class MoeLayer {
   std::unique_ptr<cp::EpDispatcher> disp_;
   std::unique_ptr<MlpLayer> shared_;
   Tensor x_, scores_, topk_w_, xl_, h_, yp_;
-  std::vector<std::int64_t> idx_, src_;
+  std::vector<std::int64_t> idx_, src_, local_counts_;
 };
 
 }  // namespace hcp::model

@@ -106,6 +106,7 @@ void Mamba2Layer::in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt
   timed("bwd/in_proj", [&] {
     Tensor dhl = Tensor::zeros({tl_, c_.hidden}, h_.dtype());
     k::linear_bwd(&dhl, &grads["in_proj"], nullptr, h_, p.at("in_proj"), dzxbcdt);
+    release_saved(h_, zxbcdt_, yl_, rstd_, gated_);  // the forward's tensors are spent
     cp::zero_pad_rows(dhl, global_, cp_, rank_, part_);  // pads: zero input gradients
     dh.copy_from(dhl.view(dh.shape()));
   });
@@ -224,6 +225,8 @@ void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
         .copy_from(cp::sum_groups(cp::hp2cp(comm_, dCpre.view({T, share_.gl * N}), global_, part_), G, N, share_.rep));
     dzxbcdt.slice(1, 2 * Di + 2 * G * N, H).copy_from(cp::hp2cp(comm_, ddt.view({T, share_.hl}), global_, part_));
   });
+  release_saved(xpre_, Bpre_, Cpre_, dt_, xc_, Bc_, Cc_, yh_);
+  sl_.clear();
   in_proj_bwd(dh, grads, dzxbcdt, p);
 }
 
@@ -394,6 +397,7 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   timed("bwd/halo", [&] { dzxbcdt.slice(1, Di, CD).copy_from(halo_.scatter_back(comm_, dext_rows)); });
   dzxbcdt.slice(1, 0, Di).copy_from(dz);
   dzxbcdt.slice(1, 2 * Di + 2 * G * N, H).copy_from(ddtl);
+  release_saved(ext_, xl_, Bl_, Cl_, dtl_, S_in_);
   in_proj_bwd(dh, grads, dzxbcdt, p);
 }
 
