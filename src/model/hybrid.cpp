@@ -219,14 +219,22 @@ StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>&
   fwd(p, tokens, labels, r);
   const DType dt = p.at("embed").dtype();
   const std::int64_t C = c_.hidden;
-  grads = zeros_like(p);
+  // Gradients are made where they are computed (each block's by its layer), not all up front: the
+  // peak of the backward then holds the remaining activations and the gradients made so far, and a
+  // layer's gradients exist once, not beside a pre-made copy.
+  grads.clear();
+  const auto grad = [&](const std::string& n) -> Tensor& {
+    Tensor& g = grads[n];
+    if (!g.defined()) g = Tensor::zeros(p.at(n).shape(), p.at(n).dtype());
+    return g;
+  };
   Tensor dh = Tensor::zeros({tl_, C}, dt);
   timed("bwd/head", [&] {
     dlogits_ = Tensor::zeros(logits_.shape(), dt);
     k::cross_entropy_bwd(dlogits_, logits_, labels_, c_.ignore_label, count_ > 0 ? 1.0 / static_cast<double>(count_) : 0.0);
     Tensor dhn = Tensor::zeros({tl_, C}, dt);
-    k::linear_bwd(&dhn, &grads["lm_head"], nullptr, hn_, p.at("lm_head"), dlogits_);
-    k::rmsnorm_bwd(dh, grads["final_norm"], hfinal_, p.at("final_norm"), rstd_final_, dhn);
+    k::linear_bwd(&dhn, &grad("lm_head"), nullptr, hn_, p.at("lm_head"), dlogits_);
+    k::rmsnorm_bwd(dh, grad("final_norm"), hfinal_, p.at("final_norm"), rstd_final_, dhn);
     release_saved(hfinal_, hn_, rstd_final_);
     reduce_grad(comm_, grads["lm_head"]);
     reduce_grad(comm_, grads["final_norm"]);
@@ -243,7 +251,7 @@ StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>&
       if (b.mlp) b.mlp->backward(dn, g, dh, sp);
       for (auto& [n, t] : g) grads[b.prefix + n] = t;
       Tensor dx = Tensor::zeros({tl_, C}, dt);
-      Tensor& dnorm = grads[b.prefix + "norm"];
+      Tensor& dnorm = grad(b.prefix + "norm");
       k::rmsnorm_bwd(dx, dnorm, b.x, p.at(b.prefix + "norm"), b.rstd, dn);
       release_saved(b.x, b.rstd);
       reduce_grad(comm_, dnorm);
@@ -251,7 +259,7 @@ StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>&
     });
   }
   timed("bwd/embed", [&] {
-    k::embedding_bwd(grads["embed"], tokens_, dh);
+    k::embedding_bwd(grad("embed"), tokens_, dh);
     reduce_grad(comm_, grads["embed"]);
   });
   return r;

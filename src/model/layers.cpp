@@ -257,7 +257,10 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   HCP_CHECK(disp_, "moe: backward() before forward()");
   const DType dt = x_.dtype();
   const std::int64_t C = c_.hidden, E = c_.experts, K = c_.topk, T = x_.size(0);
-  grads = zeros_like(p);
+  // Each gradient is made once, where it is computed (the shared expert's by its MlpLayer); the
+  // row buffers of the routed path are dropped as soon as they are spent.
+  grads.clear();
+  for (const char* n : {"W1", "W2", "e_bias", "router"}) grads[n] = Tensor::zeros(p.at(n).shape(), p.at(n).dtype());
   Tensor dyv = dy.view({T, C}), dxl = Tensor::zeros({T, C}, dt);
   // Routed experts: combine -> (dispatch) -> grouped MLP -> (combine) -> permute.
   Tensor dyp = Tensor::zeros(yp_.shape(), dt), dw = Tensor::zeros({T, K}, dt);
@@ -267,11 +270,13 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   Tensor dxloc = Tensor::zeros(xl_.shape(), dt);
   if (disp_->local_rows() > 0)
     k::expert_mlp_bwd(dxloc, grads["W1"], grads["W2"], xl_, p.at("W1"), p.at("W2"), h_, disp_->local_counts(), c_.act, dyl);
-  release_saved(xl_, h_);
+  release_saved(xl_, h_, dyl, dyp);
   Tensor dxp = disp_->combine(dxloc);
+  release_saved(dxloc);
   disp_.reset();
   if (T > 0) {
     k::moe_permute_bwd(dxl, dxp, src_, K);
+    release_saved(dxp);
     // Router: top-k weights -> scores -> logits -> router weight and x.
     const DType rt = router_dtype(dt);
     Tensor dlogits = Tensor::zeros({T, E}, rt), dxr = Tensor::zeros({T, C}, rt);
