@@ -1,7 +1,6 @@
 #include "model/hybrid.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 

@@ -1,6 +1,5 @@
 #include "model/mamba2.hpp"
 
-#include <chrono>
 #include <cmath>
 
 #include "cp/hidden_parallel.hpp"
