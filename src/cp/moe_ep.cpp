@@ -10,13 +10,18 @@ namespace {
 std::int64_t width(const Tensor& t) { return t.size(0) ? t.numel() / t.size(0) : (t.dim() > 1 ? t.size(1) : 0); }
 }  // namespace
 
+ExpertRange ep_experts(std::int64_t experts, int ep, int rank) {
+  HCP_CHECK(experts % ep == 0, "expert parallelism needs moe.experts (", experts, ") divisible by the EP size (", ep, ")");
+  return {rank * (experts / ep), experts / ep};
+}
+
 EpDispatcher::EpDispatcher(Communicator& comm, std::int64_t experts, const std::vector<std::int64_t>& counts)
     : comm_(comm), ep_(comm.size()), rank_(comm.rank()), E_(experts) {
-  HCP_CHECK(experts % ep_ == 0, "expert parallelism needs moe.experts (", experts, ") divisible by the EP size (", ep_, ")");
+  const ExpertRange mine = ep_experts(experts, ep_, rank_);
   HCP_CHECK(static_cast<std::int64_t>(counts.size()) == experts, "EpDispatcher: ", counts.size(), " counts for ",
             experts, " experts");
-  el_ = experts / ep_;
-  e0_ = rank_ * el_;
+  el_ = mine.count;
+  e0_ = mine.first;
   send_rows_.assign(static_cast<std::size_t>(ep_), 0);
   for (std::int64_t e = 0; e < experts; ++e) {
     send_rows_[static_cast<std::size_t>(e / el_)] += counts[static_cast<std::size_t>(e)];

@@ -13,6 +13,12 @@
 
 namespace hcp::cp {
 
+// The experts EP rank `rank` of `ep` holds: [first, first + count). Throws unless experts % ep == 0.
+struct ExpertRange {
+  std::int64_t first = 0, count = 0;
+};
+ExpertRange ep_experts(std::int64_t experts, int ep, int rank);
+
 class EpDispatcher {
  public:
   // `counts` [E]: this rank's token copies per (global) expert, as moe_permute returns them.

@@ -44,9 +44,8 @@ ExpertGroups::ExpertGroups(Communicator& cp, int ep) : cp_(cp) {
 }
 
 RowRange ExpertGroups::experts(std::int64_t total) const {
-  HCP_CHECK(total % size() == 0, "expert parallelism needs moe.experts (", total, ") divisible by the EP size (", size(), ")");
-  const std::int64_t el = total / size();
-  return {rank() * el, el};
+  const cp::ExpertRange r = cp::ep_experts(total, size(), rank());
+  return {r.first, r.count};
 }
 
 ShardMap expert_shards(const HybridConfig& cin, const ExpertGroups& groups) {

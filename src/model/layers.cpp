@@ -8,9 +8,14 @@
 namespace hcp::model {
 namespace k = hcp::kernels;
 
+namespace {
+// The fill seed of parameter `name` of a layer seeded `seed`.
+std::uint64_t param_seed(std::uint64_t seed, const std::string& name) { return seed * 31 + std::hash<std::string>{}(name) % 1000; }
+}  // namespace
+
 void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo, double hi) {
   Tensor t = Tensor::empty(s, dt);
-  fill_uniform(t, seed * 31 + std::hash<std::string>{}(name) % 1000, lo, hi);
+  fill_uniform(t, param_seed(seed, name), lo, hi);
   p[name] = t;
 }
 
@@ -24,7 +29,7 @@ void init_param_rows(ParamMap& p, const std::string& name, const Shape& whole, R
   std::vector<std::int64_t> rows(static_cast<std::size_t>(r.rows));
   for (std::int64_t i = 0; i < r.rows; ++i) rows[static_cast<std::size_t>(i)] = r.first + i;
   Tensor t = Tensor::empty(s, dt);
-  fill_uniform_rows(t, seed * 31 + std::hash<std::string>{}(name) % 1000, rows, lo, hi);
+  fill_uniform_rows(t, param_seed(seed, name), rows, lo, hi);
   p[name] = t;
 }
 
@@ -196,8 +201,7 @@ ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed, RowRange exp
 
 MoeLayer::MoeLayer(Communicator& ep, Communicator& replicas, Communicator& grad, MoeConfig cfg)
     : ep_(ep), replica_(replicas), grad_(grad), c_(cfg) {
-  HCP_CHECK(c_.experts % ep_.size() == 0, "expert parallelism needs moe.experts (", c_.experts,
-            ") divisible by the EP size (", ep_.size(), ")");
+  cp::ep_experts(c_.experts, ep_.size(), ep_.rank());  // throws unless the experts split over the group
   HCP_CHECK(c_.topk >= 1 && c_.topk <= c_.experts, "moe.topk (", c_.topk, ") must be in [1, moe.experts = ", c_.experts, "]");
 }
 

@@ -12,11 +12,7 @@ namespace k = hcp::kernels;
 
 ParamMap mamba2_init(const Mamba2Config& c, DType dt, std::uint64_t seed) {
   ParamMap p;
-  auto mk = [&](const std::string& n, const Shape& s, double lo, double hi) {
-    Tensor t = Tensor::empty(s, dt);
-    fill_uniform(t, seed * 31 + std::hash<std::string>{}(n) % 1000, lo, hi);
-    p[n] = t;
-  };
+  auto mk = [&](const std::string& n, const Shape& s, double lo, double hi) { init_param(p, n, s, dt, seed, lo, hi); };
   const double si = 1.0 / std::sqrt(static_cast<double>(c.hidden)), so = 1.0 / std::sqrt(static_cast<double>(c.d_inner()));
   mk("in_proj", {c.d_in_proj(), c.hidden}, -si, si);
   mk("conv_w", {c.conv_dim(), c.conv}, -0.5, 0.5);
