@@ -85,12 +85,6 @@ inline int ep_size_of(const Deck& d, const model::HybridConfig& c, int cp) {
 // Deterministic synthetic corpus with learnable structure: every sequence follows one of a few
 // affine "programs" t_(i+1) = (a t_i + b) mod V (the program and start drawn from the seed), with a
 // small share of random tokens. A model that learns the programs drives the loss well below log V.
-inline std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 inline std::vector<std::vector<std::int64_t>> synthetic_sequences(std::int64_t vocab, const std::vector<std::int64_t>& lens,
                                                                   std::uint64_t seed) {
   static const std::int64_t progs[4][2] = {{1, 1}, {1, 3}, {3, 1}, {5, 2}};

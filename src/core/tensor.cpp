@@ -72,6 +72,35 @@ void register_device_ops(const DeviceOps& ops) {
 const DeviceOps* device_ops() { return g_have_device ? &g_device_ops : nullptr; }
 
 namespace {
+// fn(begin, end) over [0, n): one call below 2^20 elements, else one range per hardware thread.
+// Callers compute each element from its index alone, so the split never changes a result.
+template <class F> void for_ranges(std::int64_t n, F&& fn) {
+  const std::int64_t nt = n < (1 << 20) ? 1 : std::clamp<std::int64_t>(std::thread::hardware_concurrency(), 1, 32);
+  std::vector<std::thread> pool;
+  for (std::int64_t k = 1; k < nt; ++k) pool.emplace_back([&fn, n, nt, k] { fn(n * k / nt, n * (k + 1) / nt); });
+  fn(0, n / nt);
+  for (auto& th : pool) th.join();
+}
+// fn(typed pointer) for the dtype of `data`.
+template <class F> void with_typed(DType dt, void* data, F&& fn) {
+  switch (dt) {
+    case DType::F32: return fn(static_cast<float*>(data));
+    case DType::F64: return fn(static_cast<double*>(data));
+    case DType::BF16: return fn(static_cast<bf16*>(data));
+  }
+}
+template <class F> void with_typed(DType dt, const void* data, F&& fn) {
+  with_typed(dt, const_cast<void*>(data), [&](auto* p) { fn(static_cast<const std::remove_pointer_t<decltype(p)>*>(p)); });
+}
+// A value as set() stores it (bf16 through float) and as get() reads it.
+template <class D> D narrow(double v) {
+  if constexpr (std::is_same_v<D, bf16>) return bf16(static_cast<float>(v));
+  else return static_cast<D>(v);
+}
+double widen(float v) { return v; }
+double widen(double v) { return v; }
+double widen(bf16 v) { return static_cast<float>(v); }
+
 struct StorageBytes {
   std::atomic<std::int64_t> live{0}, peak{0};
   void add(std::int64_t n) {
@@ -266,35 +295,15 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   const std::int64_t n = numel();
-  if (is_contiguous() && src.is_contiguous()) {  // a dtype conversion: typed loops, threads over ranges
-    const auto conv = [&](std::int64_t b, std::int64_t e) {
-      const auto loop = [&](auto* d, const auto* s) {
-        using D = std::remove_pointer_t<decltype(d)>;
-        for (std::int64_t i = b; i < e; ++i) d[i] = D(static_cast<float>(s[i]));
-      };
-      const auto from = [&](auto* d) {
-        switch (src.dtype_) {
-          case DType::F32: loop(d, static_cast<const float*>(src.data_)); break;
-          case DType::F64:
-            for (std::int64_t i = b; i < e; ++i) d[i] = static_cast<std::remove_pointer_t<decltype(d)>>(
-                                                    static_cast<const double*>(src.data_)[i]);
-            break;
-          case DType::BF16: loop(d, static_cast<const bf16*>(src.data_)); break;
-        }
-      };
-      switch (dtype_) {
-        case DType::F32: from(static_cast<float*>(data_)); break;
-        case DType::F64:
-          for (std::int64_t i = b; i < e; ++i) static_cast<double*>(data_)[i] = src.get(i);
-          break;
-        case DType::BF16: from(static_cast<bf16*>(data_)); break;
-      }
-    };
-    const std::int64_t nt = n < (1 << 20) ? 1 : std::clamp<std::int64_t>(std::thread::hardware_concurrency(), 1, 32);
-    std::vector<std::thread> pool;
-    for (std::int64_t k = 1; k < nt; ++k) pool.emplace_back(conv, n * k / nt, n * (k + 1) / nt);
-    conv(0, n / nt);
-    for (auto& th : pool) th.join();
+  if (is_contiguous() && src.is_contiguous()) {  // a dtype conversion: typed loops over ranges
+    with_typed(dtype_, data_, [&](auto* d) {
+      using D = std::remove_pointer_t<decltype(d)>;
+      with_typed(src.dtype_, src.data_, [&](const auto* s) {
+        for_ranges(n, [&](std::int64_t b, std::int64_t e) {
+          for (std::int64_t i = b; i < e; ++i) d[i] = narrow<D>(widen(s[i]));
+        });
+      });
+    });
     return;
   }
   for (std::int64_t i = 0; i < n; ++i) set(i, src.get(i));
@@ -362,26 +371,16 @@ ErrorStats compare(const Tensor& a, const Tensor& ref, double rel_floor) {
   return e;
 }
 
-// splitmix64 of (seed, index): reproducible regardless of rank count or iteration order.
-static inline std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 namespace {
+// splitmix64 of (seed, index): reproducible regardless of rank count or iteration order.
 double uniform_at(std::uint64_t s, std::int64_t i, double lo, double hi) {
-  const std::uint64_t r = mix(s ^ mix(static_cast<std::uint64_t>(i)));
+  const std::uint64_t r = mix64(s ^ mix64(static_cast<std::uint64_t>(i)));
   const double u = static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0);
   return lo + (hi - lo) * u;
 }
-}  // namespace
 
-namespace {
-// Element i of a host tensor <- value(index(i)) (index < 0: zero). Contiguous tensors of many
-// elements are filled by several threads over disjoint ranges: each element depends on its index
-// alone, so the result is the same for any thread count.
+// Element i of a host tensor <- value(index(i)) (index < 0: zero); contiguous ones over for_ranges.
 template <class Index>
 void fill_by_index(Tensor& t, std::uint64_t s, double lo, double hi, Index index) {
   HCP_CHECK(t.space() == Space::Host, "fill_uniform: a host tensor");
@@ -390,39 +389,28 @@ void fill_by_index(Tensor& t, std::uint64_t s, double lo, double hi, Index index
     const std::int64_t k = index(i);
     return k < 0 ? 0.0 : uniform_at(s, k, lo, hi);
   };
-  if (!t.is_contiguous() || n < (1 << 20)) {
+  if (!t.is_contiguous()) {
     for (std::int64_t i = 0; i < n; ++i) t.set(i, value(i));
     return;
   }
-  const auto fill = [&](std::int64_t b, std::int64_t e) {
-    switch (t.dtype()) {
-      case DType::F32:
-        for (std::int64_t i = b; i < e; ++i) static_cast<float*>(t.raw())[i] = static_cast<float>(value(i));
-        break;
-      case DType::F64:
-        for (std::int64_t i = b; i < e; ++i) static_cast<double*>(t.raw())[i] = value(i);
-        break;
-      case DType::BF16:
-        for (std::int64_t i = b; i < e; ++i) static_cast<bf16*>(t.raw())[i] = bf16(static_cast<float>(value(i)));
-        break;
-    }
-  };
-  const std::int64_t nt = std::clamp<std::int64_t>(std::thread::hardware_concurrency(), 1, 32);
-  std::vector<std::thread> pool;
-  for (std::int64_t k = 0; k < nt; ++k) pool.emplace_back(fill, n * k / nt, n * (k + 1) / nt);
-  for (auto& th : pool) th.join();
+  with_typed(t.dtype(), t.raw(), [&](auto* d) {
+    using D = std::remove_pointer_t<decltype(d)>;
+    for_ranges(n, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) d[i] = narrow<D>(value(i));
+    });
+  });
 }
 }  // namespace
 
 void fill_uniform(Tensor& t, std::uint64_t seed, double lo, double hi) {
-  fill_by_index(t, mix(seed), lo, hi, [](std::int64_t i) { return i; });
+  fill_by_index(t, mix64(seed), lo, hi, [](std::int64_t i) { return i; });
 }
 
 void fill_uniform_rows(Tensor& t, std::uint64_t seed, const std::vector<std::int64_t>& rows, double lo, double hi) {
   HCP_CHECK(t.dim() >= 1 && t.size(0) == static_cast<std::int64_t>(rows.size()), "fill_uniform_rows: ", rows.size(),
             " row indices for ", t.dim() ? t.size(0) : 0, " rows");
   const std::int64_t len = t.size(0) > 0 ? t.numel() / t.size(0) : 0;
-  fill_by_index(t, mix(seed), lo, hi, [&](std::int64_t i) {
+  fill_by_index(t, mix64(seed), lo, hi, [&](std::int64_t i) {
     const std::int64_t r = rows[static_cast<std::size_t>(i / len)];
     return r < 0 ? -1 : r * len + i % len;
   });

@@ -124,6 +124,14 @@ void reset_tensor_peak(Space sp);
 // it at the end of backward, as autograd frees saved tensors, so they hold nothing between steps.
 template <class... T> void release_saved(T&... t) { ((t = Tensor()), ...); }
 
+// splitmix64: a well-mixed 64-bit hash (the fills below, checkpoint checksums and synthetic data).
+inline std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 // Deterministic inputs from (seed, index): uniform in [lo, hi).
 void fill_uniform(Tensor& t, std::uint64_t seed, double lo = -1.0, double hi = 1.0);
 // Rows of such a tensor without making it: row r of t [R, ...] (host) gets the values row rows[r] of

@@ -11,15 +11,6 @@ namespace {
 hid_t h5_type(DType dt) { return dt == DType::F64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT; }
 }  // namespace
 
-namespace {
-std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-}  // namespace
-
 std::uint64_t checksum_part(const Tensor& t, std::int64_t first) {
   const Tensor h = t.space() == Space::Cuda ? t.to(Space::Host) : t;
   std::uint64_t acc = 0;
