@@ -92,24 +92,6 @@ double routing_flips(drivers::Study& st, const model::HybridModel& m, const std:
   return total > 0 ? static_cast<double>(flipped) / static_cast<double>(total) : 0.0;
 }
 
-// Parameter bytes per rank (all, and the routed experts' part, which falls as 1/ep): a line and
-// /memory/parameters/{bytes,expert_bytes}.
-void write_parameter_memory(drivers::Study& st, const model::HybridConfig& c, int ep, const model::ParamMap& p) {
-  const model::ParamCount n = model::param_count(c, ep);
-  const double es = static_cast<double>(dtype_size(st.dt));
-  double held = 0;
-  for (const auto& [name, t] : p) held += static_cast<double>(t.numel());
-  HCP_CHECK(held == static_cast<double>(n.total), "cp_hybrid: this rank holds ", held, " parameter elements, the count says ",
-            n.total);
-  if (st.root())
-    std::printf("# parameters per rank (ep %d): %.3f MiB, of which routed experts %.3f MiB\n", ep,
-                static_cast<double>(n.total) * es / 1048576.0, static_cast<double>(n.experts) * es / 1048576.0);
-  if (!st.out()) return;
-  st.out()->per_rank("/memory/parameters/bytes", held * es, "bytes of parameters this rank holds");
-  st.out()->per_rank("/memory/parameters/expert_bytes", static_cast<double>(n.experts) * es,
-                     "bytes of routed-expert weights this rank holds (1/ep of them)");
-}
-
 void run(DriverContext& ctx) {
   drivers::Study st(ctx, "cp_hybrid", drivers::model_tolerance);
   st.norm_wise = st.dt == DType::BF16;
@@ -123,8 +105,7 @@ void run(DriverContext& ctx) {
   // Every rank holds its own experts only; the cp=1 reference (rank 0) holds them all.
   const model::ExpertGroups groups(st.comm, drivers::ep_size_of(d, c0, st.cp));
   const model::ShardMap shards = model::expert_shards(c0, groups);
-  model::ParamMap p = model::hybrid_init(c0, st.dt, seed, &groups);
-  for (auto& [n, t] : p) t = t.to(st.space);  // the model runs where its parameters live
+  const model::ParamMap p = drivers::in_space(model::hybrid_init(c0, st.dt, seed, &groups), st.space);
   model::HybridConfig c1 = c0;
   c1.ep = 1;
   const bool owner = groups.replicas().rank() == 0 && st.grid.dp_rank == 0;  // writes its experts' rows
@@ -144,10 +125,7 @@ void run(DriverContext& ctx) {
       rlab.push_back(batch.labels[static_cast<std::size_t>(i)]);
     }
     model::HybridModel m(st.self, c1, batch.layout.unpadded());
-    const model::ParamMap whole = model::hybrid_init(c1, st.dt, seed);
-    model::ParamMap pw;
-    for (auto& [n, t] : whole) pw[n] = t.to(st.space);
-    ref = m.step(pw, rtok, rlab, rg);
+    ref = m.step(drivers::in_space(model::hybrid_init(c1, st.dt, seed), st.space), rtok, rlab, rg);
     for (auto& b : m.block_outputs()) ref_blocks.push_back(drivers::host(b));
     ref_routing = m.routing();
     ref_dlogits = drivers::host(m.dlogits());
@@ -171,7 +149,12 @@ void run(DriverContext& ctx) {
                             "vocab", c0.vocab, "mamba_cp", d.get_string("parallel.mamba_cp")),
             skipped);
   if (st.check && st.root()) std::printf("# cp=1 reference on rank 0: loss %.12f\n", ref.loss);
-  write_parameter_memory(st, c0, groups.size(), p);
+  // Parameters this rank holds (the routed experts' 1/ep), as counted from the sizes.
+  const model::ParamCount pc = model::param_count(c0, groups.size());
+  std::int64_t held = 0;
+  for (const auto& [n, t] : p) held += t.numel();
+  HCP_CHECK(held == pc.total, "cp_hybrid: this rank holds ", held, " parameter elements, the count says ", pc.total);
+  st.write_parameter_memory(static_cast<double>(held), static_cast<double>(pc.experts), groups.size());
   drivers::Table table({{"attention", 10}, {"loss", 16}, {"step_ms", 10}, {"comm_MB/rank", 12}, {"overlap", 8},
                         {st.norm_wise ? "l2_rel_err" : "max_rel_err", 12}, {"flips", 7},
                         {" phases (ms, median, slowest rank)", 0}});

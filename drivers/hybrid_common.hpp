@@ -151,6 +151,13 @@ inline TokenBatch step_batch(const Deck& d, int cp, std::int64_t vocab, std::int
   return b;
 }
 
+// `p` where the model is to run (parameters already there are kept, not copied).
+inline model::ParamMap in_space(model::ParamMap p, Space space) {
+  for (auto& [n, t] : p)
+    if (t.space() != space) t = t.to(space);
+  return p;
+}
+
 // The whole of every split parameter of `p` (the others as they are): each EP group gathers its
 // ranks' parts. Collective over the CP group.
 inline model::ParamMap gather_shards(const model::ExpertGroups& g, const model::ShardMap& shards, const model::ParamMap& p) {

@@ -36,6 +36,17 @@ void Study::memory_stop(double live0) {
 #endif
 }
 
+void Study::write_parameter_memory(double elements, double expert_elements, int ep) {
+  const double es = static_cast<double>(dtype_size(dt));
+  if (root())
+    std::printf("# parameters per rank (ep %d): %.3f MiB, of which routed experts %.3f MiB\n", ep, elements * es / 1048576.0,
+                expert_elements * es / 1048576.0);
+  if (!writer_) return;
+  writer_->per_rank("/memory/parameters/bytes", elements * es, "bytes of parameters this rank holds");
+  writer_->per_rank("/memory/parameters/expert_bytes", expert_elements * es,
+                    "bytes of routed-expert weights this rank holds (1/ep of them)");
+}
+
 void Study::write_memory(const std::string& strategy) {
   const auto mib = [&](double v) { return comm.all_reduce_scalar(v, ReduceOp::Max) / 1048576.0; };
   const double work = mib(mem_.work), live = mib(mem_.live), rss = mib(mem_.rss_peak);

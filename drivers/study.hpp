@@ -142,6 +142,9 @@ class Study {
   // (call before overlap(): its replay adds to the counters) and /memory/<strategy>/ of the last
   // time() call (its line, max over ranks, is printed before RESULT).
   void write_timings(const std::string& strategy, const Samples& s);
+  // Parameter elements this rank holds, and of those the routed experts' (EP size ep): a line and
+  // /memory/parameters/{bytes,expert_bytes} in the run's dtype.
+  void write_parameter_memory(double elements, double expert_elements, int ep);
   // The ring overlap of a strategy's timed iterations (p2p: ring_exposed / ring_isolated written);
   // `fraction` < 0 where it posted no ring exchanges. Collective.
   double overlap(const std::string& strategy, const Samples& s);

@@ -131,12 +131,8 @@ void run(DriverContext& ctx) {
   model::HybridConfig cfg1 = s.cfg;
   cfg1.ep = 1;
   const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
-  const auto to_space = [&](model::ParamMap m) {
-    if (drivers::space_of(d) == Space::Cuda)
-      for (auto& [n, t] : m) t = t.to(Space::Cuda);  // model, gradients and optimizer state live on the GPU
-    return m;
-  };
-  model::ParamMap p = to_space(model::hybrid_init(s.cfg, mt, seed, &groups));
+  // Model, gradients and optimizer state live on run.device.
+  model::ParamMap p = drivers::in_space(model::hybrid_init(s.cfg, mt, seed, &groups), drivers::space_of(d));
   model::AdamW opt(s.opt, p);
   std::set<std::string> split;
   for (const auto& [n, sh] : shards) split.insert(n);
@@ -148,7 +144,7 @@ void run(DriverContext& ctx) {
   std::vector<double>& ref_loss = ts.loss_reference;
   if (!resume.empty()) drivers::read_checkpoint(resume, p, opt, loss, with_ref ? &ref_loss : nullptr, shards);
   if (with_ref && ctx.root()) {
-    rp = to_space(model::hybrid_init(cfg1, mt, seed));
+    rp = drivers::in_space(model::hybrid_init(cfg1, mt, seed), drivers::space_of(d));
     ropt = std::make_unique<model::AdamW>(s.opt, rp);
     std::vector<double> unused;  // the checkpoint holds the CP run's state; the replica resumes from it too
     if (!resume.empty()) drivers::read_checkpoint(resume, rp, *ropt, unused, nullptr);

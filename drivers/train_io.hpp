@@ -129,15 +129,15 @@ inline void read_checkpoint(const std::string& path, model::ParamMap& p, model::
                             std::vector<double>* ref_loss, const model::ShardMap& shards = {}) {
   ResultsReader r(path);
   const auto step = static_cast<std::int64_t>(r.read("/checkpoint/step").get(0));
-  const auto load = [&](Tensor& dst, const std::string& name) {
-    const std::string n = name.substr(name.rfind('/') + 1);
-    const auto it = shards.find(n);
-    const Tensor t = it == shards.end() ? r.read(name, dst.dtype()) : r.read_rows(name, it->second.first, it->second.rows, dst.dtype());
-    HCP_CHECK(t.numel() == dst.numel(), "train.resume: ", name, " in '", path, "' has ", t.numel(),
-              " elements, the model's parameter ", shape_str(dst.shape()));
-    dst.copy_from(t.view(dst.shape()));
-  };
   for (auto& [n, t] : p) {
+    const auto it = shards.find(n);
+    const auto load = [&](Tensor& dst, const std::string& name) {
+      const Tensor got = it == shards.end() ? r.read(name, dst.dtype())
+                                            : r.read_rows(name, it->second.first, it->second.rows, dst.dtype());
+      HCP_CHECK(got.numel() == dst.numel(), "train.resume: ", name, " in '", path, "' has ", got.numel(),
+                " elements, the model's parameter ", shape_str(dst.shape()));
+      dst.copy_from(got.view(dst.shape()));
+    };
     load(t, "/checkpoint/params/" + n);
     load(opt.m().at(n), "/checkpoint/adam_m/" + n);
     load(opt.v().at(n), "/checkpoint/adam_v/" + n);
