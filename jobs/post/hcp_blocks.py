@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Blocks and steps of the hybrid model against the same blocks in PyTorch, from one GPU session:
-cp_hybrid results files (cp = 1, BSHD, phases per block kind) beside jobs/bench/anchors.py --only
-blocks (the same blocks as a PyTorch user writes them, timed on the same GPU).
+"""Blocks and steps of the hybrid model against the same blocks in PyTorch: cp_hybrid results
+files (cp = 1, BSHD, phases per block kind) beside jobs/bench/anchors.py --only blocks (the same
+blocks as a PyTorch user writes them, timed on the same GPU).
 
   hcp_blocks.py --anchors A.json F.h5 [F.h5 ...]
 
