@@ -9,10 +9,8 @@ build="${HCP_BUILD_DIR:-build-gpu}"
 out="${HCP_LOG_DIR:-$build/gpu-bench}"
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# shellcheck disable=SC2086
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON -DHCP_BUILD_BENCHMARKS=OFF ${HCP_CMAKE_ARGS:-} > "$out/configure.log" 2>&1 \
-  || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" --target bench_kernels > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+. scripts/gpu_build.sh
+gpu_build "$out" bench_kernels
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 mpirun -n 1 "$build/drivers/bench_kernels" --set bench.device=cuda --set bench.suite=anchors --set bench.dtype=bf16 \
   --set bench.warmup=2 --set bench.repeats="${HCP_REPEATS:-5}" --out "$out/bench_anchors.h5" 2>&1 | tee "$out/bench_anchors.txt"

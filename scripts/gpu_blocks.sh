@@ -11,11 +11,8 @@ out="${HCP_LOG_DIR:-$build/gpu-blocks}"
 lens="${HCP_LENS:-8192 32768}"
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# shellcheck disable=SC2086
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON -DHCP_BUILD_BENCHMARKS=OFF ${HCP_CMAKE_ARGS:-} > "$out/configure.log" 2>&1 \
-  || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" --target cp_hybrid train_hybrid > "$out/build.log" 2>&1 \
-  || { tail -40 "$out/build.log"; exit 1; }
+. scripts/gpu_build.sh
+gpu_build "$out" cp_hybrid train_hybrid
 hyb=(mpirun -n 1 "$build/drivers/cp_hybrid" --deck inputs/hybrid_nano_blocks.toml --set run.device=cuda
      --set parallel.attention=p2p --set run.save=timings,memory --quiet)
 files=()

@@ -12,12 +12,9 @@ build="${HCP_BUILD_DIR:-build-gpu}"
 logs="${HCP_LOG_DIR:-$build/gpu-logs}"
 mkdir -p "$logs"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-# shellcheck disable=SC2086
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON -DHCP_BUILD_BENCHMARKS=OFF ${HCP_CMAKE_ARGS:-} \
-  > "$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
+. scripts/gpu_build.sh
+gpu_build "$logs" test_cuda_kernels test_cuda_comm test_cuda_cp train_hybrid
 grep -E "^-- hybridcp:" "$logs/configure.log" || true
-cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" --target test_cuda_kernels test_cuda_comm test_cuda_cp train_hybrid > "$logs/build.log" 2>&1 \
-  || { tail -40 "$logs/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 rc=0
 ctest --test-dir "$build" -R "test_cuda" --output-on-failure 2>&1 | tee "$logs/ctest.log" || rc=1

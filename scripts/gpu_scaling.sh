@@ -24,10 +24,8 @@ if [ "$device" = cuda ]; then
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "${ngpu:-0}" -ge 1 ] || { echo "gpu_scaling: no GPU (nvidia-smi -L lists none); HCP_DEVICE=host runs on CPU ranks"; exit 1; }
   ranks=$ngpu
-  # shellcheck disable=SC2086
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON -DHCP_BUILD_BENCHMARKS=OFF ${HCP_CMAKE_ARGS:-} \
-    > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-  cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+  . scripts/gpu_build.sh
+  gpu_build "$out"
   ctest --test-dir "$build" -R test_cuda --output-on-failure > "$out/ctest_gpu.log" 2>&1 && tail -3 "$out/ctest_gpu.log" \
     || { tail -30 "$out/ctest_gpu.log"; echo "FAIL: GPU tests"; gpu_tests_failed=1; }
   extra_dev="--set run.device=cuda"
