@@ -1,6 +1,7 @@
 // Memory of a study's cases per rank: tensor storage allocated in the timed step beyond what was
 // alive before it, what was alive, the host RSS high-water and, on GPU ranks, the device's used
-// memory and the stream-ordered scratch high-water; /memory/<strategy>/ and one line per case.
+// memory and the high-water of its stream-ordered pool (every tensor and kernel workspace: the figure
+// PyTorch reports as max_memory_allocated); /memory/<strategy>/ and one line per case.
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -16,7 +17,7 @@ double Study::memory_start() {
   const double live0 = static_cast<double>(tensor_bytes_live(space));
   reset_tensor_peak(space);
 #ifdef HCP_HAVE_CUDA
-  if (space == Space::Cuda) (void)cuda::scratch_high_water(true);
+  if (space == Space::Cuda) (void)cuda::pool_high_water(true);
 #endif
   return live0;
 }
@@ -31,7 +32,7 @@ void Study::memory_stop(double live0) {
 #ifdef HCP_HAVE_CUDA
   if (space == Space::Cuda) {
     mem_.device_used = static_cast<double>(cuda::used_memory());
-    mem_.scratch_peak = static_cast<double>(cuda::scratch_high_water(false));
+    mem_.pool_peak = static_cast<double>(cuda::pool_high_water(false));
   }
 #endif
 }
@@ -57,8 +58,8 @@ void Study::write_memory(const std::string& strategy) {
                 strategy.c_str(), work, live, rss);
   std::string line = buf;
   if (space == Space::Cuda) {
-    const double used = mib(mem_.device_used), scratch = mib(mem_.scratch_peak);
-    std::snprintf(buf, sizeof buf, ", device used %.1f, kernel scratch high-water %.2f", used, scratch);
+    const double used = mib(mem_.device_used), pool = mib(mem_.pool_peak);
+    std::snprintf(buf, sizeof buf, ", device used %.1f, device pool high-water %.2f", used, pool);
     line += buf;
   }
   mem_lines_.push_back(line);
@@ -69,7 +70,8 @@ void Study::write_memory(const std::string& strategy) {
   writer_->per_rank(m + "host_rss_peak_bytes", mem_.rss_peak, "bytes (process high-water since start)");
   if (space == Space::Cuda) {
     writer_->per_rank(m + "device_used_bytes", mem_.device_used, "bytes (cudaMemGetInfo: the whole GPU)");
-    writer_->per_rank(m + "device_scratch_peak_bytes", mem_.scratch_peak, "bytes (stream-ordered pool high-water)");
+    writer_->per_rank(m + "device_pool_peak_bytes", mem_.pool_peak,
+                      "bytes (high-water of the stream-ordered pool: tensors and kernel workspaces)");
   }
 }
 

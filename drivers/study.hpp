@@ -182,9 +182,9 @@ class Study {
   // Memory of this rank over the last time() call: tensor storage allocated beyond what was alive
   // when it began (the case's working set: activations, exchange buffers, workspace) and what was
   // alive then (inputs, outputs, reference), in the run's memory space; the process's host RSS
-  // high-water; on GPU ranks the device's used memory and the stream-ordered scratch high-water.
+  // high-water; on GPU ranks the device's used memory and the high-water of the stream-ordered pool.
   struct Memory {
-    double work = 0, live = 0, rss_peak = 0, device_used = 0, scratch_peak = 0;
+    double work = 0, live = 0, rss_peak = 0, device_used = 0, pool_peak = 0;
   } mem_;
   std::vector<std::string> mem_lines_;  // "# memory per rank" lines printed by finish()
   double memory_start();               // resets the high-water marks; the bytes alive now

@@ -13,20 +13,37 @@ int g_device = -1;
 cublasHandle_t g_cublas = nullptr;
 std::string g_name;
 
+// Tensors live in the device's default memory pool, stream-ordered on the default stream: an
+// allocation or a free queues behind the work already issued instead of synchronising the device (as
+// cudaMalloc/cudaFree do), and freed blocks stay cached for the next step (release threshold: never,
+// set in init). When the pool cannot grow, its cached blocks are handed back once and the
+// allocation is tried again.
 void* dev_alloc(std::size_t n) {
   void* p = nullptr;
-  HCP_CUDA_CHECK(cudaMalloc(&p, n));
+  if (cudaMallocAsync(&p, n, 0) == cudaSuccess) return p;
+  cudaGetLastError();
+  cudaMemPool_t pool;
+  HCP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, g_device));
+  HCP_CUDA_CHECK(cudaDeviceSynchronize());
+  HCP_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+  HCP_CUDA_CHECK(cudaMallocAsync(&p, n, 0));
   return p;
 }
-void dev_free(void* p) { cudaFree(p); }
+void dev_free(void* p) { cudaFreeAsync(p, 0); }
+// Device-to-device copies and zero fills are queued on the default stream; copies from or to host
+// memory wait for the device, as the host reads or reuses that memory next.
 void dev_copy(void* dst, Space ds, const void* src, Space ss, std::size_t n) {
   if (n == 0) return;
-  const cudaMemcpyKind k = ds == Space::Cuda ? (ss == Space::Cuda ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+  if (ds == Space::Cuda && ss == Space::Cuda) {
+    HCP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, 0));
+    return;
+  }
+  const cudaMemcpyKind k = ds == Space::Cuda ? cudaMemcpyHostToDevice
                                              : (ss == Space::Cuda ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
   HCP_CUDA_CHECK(cudaMemcpy(dst, src, n, k));
 }
 void dev_zero(void* p, std::size_t n) {
-  if (n) HCP_CUDA_CHECK(cudaMemset(p, 0, n));
+  if (n) HCP_CUDA_CHECK(cudaMemsetAsync(p, 0, n, 0));
 }
 void* pinned_alloc(std::size_t n) {
   void* p = nullptr;
@@ -157,8 +174,8 @@ void init(int local_rank) {
   cudaDeviceProp prop{};
   HCP_CUDA_CHECK(cudaGetDeviceProperties(&prop, g_device));
   g_name = "cuda:" + std::to_string(g_device) + " " + prop.name;
-  // Scratch from cudaMallocAsync stays cached in the default pool across synchronisations (the pool
-  // would otherwise hand it back to the driver at every synchronise and map it again on the next call).
+  // Tensors and scratch from cudaMallocAsync stay cached in the default pool across synchronisations
+  // (the pool would otherwise hand them back to the driver at every synchronise and map them again).
   {
     cudaMemPool_t pool;
     HCP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, g_device));
@@ -219,17 +236,28 @@ double event_elapsed_ms(void* a, void* b) {
 }
 void event_release(void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
 
-std::size_t scratch_high_water(bool reset) {
+namespace {
+cudaMemPool_t default_pool() {
   cudaMemPool_t pool;
   int dev = 0;
   HCP_CUDA_CHECK(cudaGetDevice(&dev));
   HCP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  return pool;
+}
+}  // namespace
+std::size_t pool_high_water(bool reset) {
+  const cudaMemPool_t pool = default_pool();
   std::uint64_t v = 0;
   HCP_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &v));
   if (reset) {
-    std::uint64_t zero = 0;
+    std::uint64_t zero = 0;  // resets the mark to the bytes in use now
     HCP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
   }
+  return static_cast<std::size_t>(v);
+}
+std::size_t pool_used() {
+  std::uint64_t v = 0;
+  HCP_CUDA_CHECK(cudaMemPoolGetAttribute(default_pool(), cudaMemPoolAttrUsedMemCurrent, &v));
   return static_cast<std::size_t>(v);
 }
 std::size_t used_memory() {

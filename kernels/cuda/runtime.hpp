@@ -16,8 +16,10 @@ void init(int local_rank = 0);
 bool initialized();
 std::string device_name();
 void synchronize();
-// High-water mark of the stream-ordered scratch (kernel workspaces) since the last reset, in bytes.
-std::size_t scratch_high_water(bool reset);
+// The device's stream-ordered pool, which holds every tensor and kernel workspace: its high-water
+// mark of bytes in use since the last reset, and the bytes in use now.
+std::size_t pool_high_water(bool reset);
+std::size_t pool_used();
 // Milliseconds between CUDA events recorded on the default stream before and after fn() (host
 // launch gaps inside fn count; the final synchronisation does not).
 double time_ms(void (*fn)(void*), void* arg);

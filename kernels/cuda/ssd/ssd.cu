@@ -419,7 +419,6 @@ void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std
   else
     scan_fwd_k<float><<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<float>(Sin), dptr<float>(S), dptr<float>(a), o.p, f.p, nseq, H, PN);
   check_launch("ssd_state_scan_fwd");
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,
@@ -437,7 +436,6 @@ void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor
   if (Sin.dtype() == DType::F64) run(0.0);
   else run(0.0f);
   check_launch("ssd_state_scan_bwd");
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace hcp::kernels::cuda_impl
