@@ -15,8 +15,10 @@
 //           tiles also forms dS·K per job and a dQ warp adds it to an fp32 accumulator by L2 bulk
 //           reductions, key tile after key tile in a fixed order (per-block counters; the first share
 //           of a row is stored, not added, where every row gets one), a producer warp loads each job's
-//           Q and dO by TMA, then (4) dq_out_k converts dQ to bf16. Every output element has one
-//           summation order: bitwise repeatable.
+//           Q and dO by TMA, then (4) dq_out_k converts dQ to bf16. With few kv heads dkv_k splits
+//           each group's heads over several blocks (dkv_head_splits) and dkv_sum_k adds their fp32
+//           dK/dV shares in split order. Every output element has one summation order: bitwise
+//           repeatable.
 // Segments are the host kernels' (q/kv ranges with position offsets; causal: kv_pos0 + j <= q_pos0 + i),
 // so varlen THD batches and every CP strategy's blocks run on this path unchanged. Rows without a
 // visible key get o = 0, lse = -inf (the caller pre-fills rows no segment covers).
@@ -39,6 +41,34 @@ template <class K> void set_smem(K kernel, std::size_t bytes) {
 // the split dQ + dK/dV kernels at D 64 (there the fused block holds 8 product warps per SM, the split
 // kernels 12, and the split form is the faster; benchmarks/PERFORMANCE.md).
 constexpr bool fused_backward(int D) { return D == 128; }
+// Head splits of the dK/dV kernel: the least divisor of the group size that gives it 512 blocks (four
+// per SM of an H200, so that the causal tiles' unequal work evens out), or the whole group. A pure
+// function of the shapes, so results repeat bitwise on any GPU. GQA with few kv heads needs it: at
+// 2 kv heads and 8192 keys one block per (key tile, kv head) is 128 blocks, each visiting 16 heads.
+int dkv_head_splits(std::int64_t blocks, int grp) {
+  constexpr std::int64_t kTarget = 512;
+  for (int s = 1; s < grp; ++s)
+    if (grp % s == 0 && blocks * s >= kTarget) return s;
+  return blocks >= kTarget ? 1 : grp;
+}
+// fp32 shares of a head-split dK/dV ([2][hsplit][tkv][Hkv][D]); none when hsplit is 1.
+struct DkvPart {
+  float* p = nullptr;
+  std::int64_t n = 0;  // elements of dK (= of dV)
+  int hsplit = 1;
+  DkvPart(const Dims& d, std::int64_t blocks) : n(d.tkv * d.Hkv * d.D), hsplit(dkv_head_splits(blocks, d.H / d.Hkv)) {
+    if (hsplit > 1) HCP_CUDA_CHECK(cudaMallocAsync(&p, static_cast<std::size_t>(2 * hsplit * n) * sizeof(float), 0));
+  }
+  // dK and dV from the shares (nothing to do without a split).
+  void sum(bf16* dk, bf16* dv) const {
+    if (hsplit > 1 && n > 0) dkv_sum_k<<<blocks_for(2 * n, 256), 256>>>(dk, dv, p, n, hsplit);
+  }
+  ~DkvPart() {
+    if (p) cudaFreeAsync(p, 0);
+  }
+  DkvPart(const DkvPart&) = delete;
+  DkvPart& operator=(const DkvPart&) = delete;
+};
 
 template <int D> void fwd_d(const Fwd& a) {
   const Dims& d = a.dims;
@@ -87,9 +117,11 @@ template <int D> void bwd_d(const Bwd& a) {
       const TensorMap omap = make_map(a.dout, d.tq, d.H * D, d.H * D, 64, 64);
       auto* kern = dkv_k<D, 2 * kNW, true>;
       set_smem(kern, smem);
-      kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 64 * kNW + 128, smem>>>(
+      const DkvPart part(d, plan.nktiles * d.Hkv);
+      kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv * part.hsplit), 64 * kNW + 128, smem>>>(
           a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-          sl2, d.scale, d.causal, acc, sem, store_first, qmap, omap);
+          sl2, d.scale, d.causal, acc, sem, store_first, part.hsplit, part.p, qmap, omap);
+      part.sum(a.dk, a.dv);
     }
     if (n > 0) dq_out_k<<<blocks_for(n / 2, 256), 256>>>(a.dq, acc, n, d.scale);
     HCP_CUDA_CHECK(cudaFreeAsync(sem, 0));
@@ -108,9 +140,11 @@ template <int D> void bwd_d(const Bwd& a) {
       const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + kAlign;
       auto* kern = dkv_k<D, kNW, false>;
       set_smem(kern, smem);
-      kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv), 32 * kNW, smem>>>(
+      const DkvPart part(d, plan.nktiles * d.Hkv);
+      kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv * part.hsplit), 32 * kNW, smem>>>(
           a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-          sl2, d.scale, d.causal, nullptr, nullptr, false, TensorMap{}, TensorMap{});
+          sl2, d.scale, d.causal, nullptr, nullptr, false, part.hsplit, part.p, TensorMap{}, TensorMap{});
+      part.sum(a.dk, a.dv);
     }
   }
   check_launch("attention_bwd (tensor cores)");

@@ -32,12 +32,16 @@ static_assert(2 * (kDqConsRegs - 168) <= 168 - kDqWarpRegs, "setmaxnreg: the con
 // share (it waits, on a named barrier, only before it overwrites its rows of dS^T); the consumers
 // hold no load addresses. The launch bounds name a block count: setmaxnreg needs the register count
 // at entry.
+// hsplit > 1 (few kv heads: too few blocks for the GPU): each block takes 1/hsplit of its group's
+// heads, consecutive, and stores its dK/dV share in fp32 to dkv_part [2][hsplit][tkv][Hkv][D] (dK
+// then dV), which dkv_sum_k adds in split order. Blocks are (key tile, kv head, split), split
+// innermost, so a key tile's predecessor in the dQ order still has the lower block index.
 template <int D, int NW, bool kDq>
 __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
     dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
           const bf16* dout, const SegD* segs, const std::int64_t* tile_off, const std::int64_t* tile_segs,
           std::int64_t tkv, int H, int Hkv, float sl2, float scale, bool causal, float* dq_acc,
-          unsigned* dq_sem, bool dq_store_first, const __grid_constant__ TensorMap qmap,
+          unsigned* dq_sem, bool dq_store_first, int hsplit, float* dkv_part, const __grid_constant__ TensorMap qmap,
           const __grid_constant__ TensorMap omap) {
   constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
   static_assert(BQ == 64 && (BNk == 64 || BNk == 128), "the product helpers take 64-row tiles");
@@ -55,8 +59,9 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
   // kDq: the stages' mbarriers, full[2] (the producer's TMA bytes and its 32 lanes' LSE / delta
   // stores) and empty[2] (every consumer thread).
   auto* mbar = reinterpret_cast<std::uint64_t*>(dQs + (kDq ? 2 * BQ * kDqLd : 0));
-  const std::int64_t tile = blockIdx.x / Hkv;
-  const int hk = blockIdx.x % Hkv, grp = H / Hkv;
+  const std::int64_t tile = blockIdx.x / (static_cast<std::int64_t>(Hkv) * hsplit);
+  const int hk = static_cast<int>(blockIdx.x / hsplit % Hkv), sp = static_cast<int>(blockIdx.x % hsplit);
+  const int grp = H / Hkv / hsplit, h0 = hk * (H / Hkv) + sp * grp;  // this block's heads [h0, h0 + grp)
   const std::int64_t c0 = tile * BNk;
   const int kvalid = static_cast<int>(lmin(BNk, tkv - c0));
   const std::int64_t kld = static_cast<std::int64_t>(Hkv) * D, qld = static_cast<std::int64_t>(H) * D;
@@ -139,7 +144,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
   };
   auto job_rows = [&](const Job& jb) -> JobRows {
     const SegD g = segs[tile_segs[jb.s]];
-    return {g, hk * grp + jb.h, static_cast<int>(lmin(BQ, g.q_len - jb.i)), g.q_start + jb.i};
+    return {g, h0 + jb.h, static_cast<int>(lmin(BQ, g.q_len - jb.i)), g.q_start + jb.i};
   };
 
   if constexpr (kDq) {
@@ -180,7 +185,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
       bool have = settle(cur);
       for (int b = 0; have; b ^= 1) {
         const SegD g = segs[tile_segs[cur.s]];
-        const int h = hk * grp + cur.h;
+        const int h = h0 + cur.h;
         const int valid = static_cast<int>(lmin(BQ, g.q_len - cur.i));
         unsigned* sem = dq_sem + (g.dq_blk + cur.i / BQ) * H + h;
         const unsigned rank = static_cast<unsigned>(tile - g.kv_start / BNk);
@@ -377,11 +382,29 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
     buf ^= 1;
     ++jn;
   }
-  store_rows<D>(dk + (c0 * Hkv + hk) * D, kld, kvalid, r0, adk, scale, scale);
-  store_rows<D>(dv + (c0 * Hkv + hk) * D, kld, kvalid, r0, adv, 1.f, 1.f);
+  if (hsplit == 1) {
+    store_rows<D>(dk + (c0 * Hkv + hk) * D, kld, kvalid, r0, adk, scale, scale);
+    store_rows<D>(dv + (c0 * Hkv + hk) * D, kld, kvalid, r0, adv, 1.f, 1.f);
+  } else {
+    const std::int64_t part = tkv * kld;
+    float* pk = dkv_part + sp * part + (c0 * Hkv + hk) * D;
+    store_rows_f32<D>(pk, kld, kvalid, r0, adk, scale);
+    store_rows_f32<D>(pk + hsplit * part, kld, kvalid, r0, adv, 1.f);
+  }
   if constexpr (kDq) {  // complete the "empty" barriers' last generations (the dQ warp arrived on them)
     ptx::bar_sync(kBarEmpty + qb, NT + 32);
     ptx::bar_sync(kBarEmpty + (qb ^ 1), NT + 32);
   }
+}
+
+// dk, dv = the head splits' fp32 shares of dkv_k summed in split order, n elements each.
+__global__ void dkv_sum_k(bf16* dk, bf16* dv, const float* part, std::int64_t n, int hsplit) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= 2 * n) return;
+  const std::int64_t w = i / n, e = i % n;
+  const float* p = part + w * hsplit * n + e;
+  float acc = 0.f;
+  for (int s = 0; s < hsplit; ++s) acc += p[s * n];
+  (w == 0 ? dk : dv)[e] = __float2bfloat16(acc);
 }
 }  // namespace hcp::kernels::cuda_impl::attn_tc

@@ -55,6 +55,18 @@ __device__ __forceinline__ void store_rows(bf16* out, std::int64_t ld, int valid
           __floats2bfloat162_rn(acc[nt][2] * f1, acc[nt][3] * f1);
   }
 }
+// The same in fp32 (the partial sums of a head-split backward).
+template <int D>
+__device__ __forceinline__ void store_rows_f32(float* out, std::int64_t ld, int valid, int r0, const float (&acc)[D / 8][4],
+                                               float f) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) {
+    const int c = nt * 8 + 2 * t;
+    if (r0 + g < valid) *reinterpret_cast<float2*>(out + (r0 + g) * ld + c) = make_float2(acc[nt][0] * f, acc[nt][1] * f);
+    if (r0 + g + 8 < valid) *reinterpret_cast<float2*>(out + (r0 + g + 8) * ld + c) = make_float2(acc[nt][2] * f, acc[nt][3] * f);
+  }
+}
 
 // A cp.async double buffer's hand-over: issue the next fill (when there is one) as its own group, then
 // wait until every earlier group, the current buffer's, has landed.
