@@ -1,7 +1,8 @@
 // MoE on the GPU: router (sigmoid/softmax scores, selection by score + correction bias, group-limited
-// top-k, renormalisation, scaling) with one thread per token, its backward; permute / combine and
-// their backward as gathers with one owner per output (the row maps are built on the host, as the
-// token->expert assignment is a host vector in the kernel API); expert MLPs as grouped GEMMs
+// top-k, renormalisation, scaling) with one warp per token (one thread per token with a group
+// limit), its backward; permute / combine and their backward as gathers with one owner per output,
+// 16 bytes per thread where rows allow (the row maps are built on the host, as the token->expert
+// assignment is a host vector in the kernel API); expert MLPs as grouped GEMMs
 // (grouped_gemm.cu: one launch over all experts per GEMM) with squared ReLU or SwiGLU between them.
 #include <cmath>
 
@@ -78,6 +79,72 @@ __global__ void router_fwd_k(S* scores, std::int64_t* idx, S* w, const S* logits
   }
 }
 
+// The same without a group limit, one warp per token: lane l holds experts l, l + 32, ... (J of
+// them); the top-k are K rounds of a warp arg-max with the same tie rule (the lower expert index).
+template <class S, class A, int J>
+__global__ void router_fwd_warp_k(S* scores, std::int64_t* idx, S* w, const S* logits, const S* bias, std::int64_t Tn,
+                                  int E, int K, bool sig, bool renorm, double scaling) {
+  const std::int64_t t = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (t >= Tn) return;
+  const S* lr = logits + t * E;
+  A lg[J], sc[J], se[J];
+  A mx = -INFINITY, sum = 0;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = lane + 32 * j;
+    lg[j] = e < E ? A(ld(lr + e)) : A(-INFINITY);
+    mx = max(mx, lg[j]);
+  }
+  if (!sig) {
+    mx = warp_max(mx);
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (lane + 32 * j < E) sum += exp(lg[j] - mx);
+    sum = warp_sum(sum);
+  }
+  unsigned open = 0;  // bit j: expert lane + 32 j exists and is not chosen yet
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = lane + 32 * j;
+    if (e >= E) continue;
+    sc[j] = sig ? sigmoid_(lg[j]) : A(exp(lg[j] - mx) / sum);
+    st(scores + t * E + e, sc[j]);
+    se[j] = sc[j] + (bias ? A(ld(bias + e)) : A(0));
+    open |= 1u << j;
+  }
+  A tot = 0, my_score = 0;
+  int my_idx = 0;
+  for (int k = 0; k < K; ++k) {
+    A bv = 0;
+    int be = -1;
+#pragma unroll
+    for (int j = 0; j < J; ++j)  // ascending experts: a strict > keeps the lower index on ties
+      if ((open >> j & 1u) && (be < 0 || se[j] > bv)) bv = se[j], be = lane + 32 * j;
+    for (int o = 16; o > 0; o >>= 1) {
+      const A ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) bv = ov, be = oe;
+    }
+    A mine = 0;
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (lane + 32 * j == be) {
+        mine = sc[j];
+        open &= ~(1u << j);
+      }
+    const A bs = __shfl_sync(0xffffffffu, mine, be & 31);
+    tot += bs;
+    if (lane == k) my_score = bs, my_idx = be;
+  }
+  if (lane < K) {
+    A v = my_score;
+    if (renorm) v /= (tot + A(1e-20));
+    idx[t * K + lane] = my_idx;
+    st(w + t * K + lane, v * A(scaling));
+  }
+}
+
 template <class S, class A>
 __global__ void router_bwd_k(S* dlogits, const S* scores, const std::int64_t* idx, const S* dw, const S* dscores,
                              std::int64_t Tn, std::int64_t E, std::int64_t K, bool sig, bool renorm, double scaling) {
@@ -111,25 +178,51 @@ __global__ void router_bwd_k(S* dlogits, const S* scores, const std::int64_t* id
   }
 }
 
-// out row r = in row map[r] (a gather), C channels.
-template <class S> __global__ void gather_rows_k(S* out, const S* in, const std::int64_t* map, std::int64_t rows, std::int64_t C,
-                                                 std::int64_t div) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i < rows * C) out[i] = in[(map[i / C] / div) * C + i % C];
+// The row kernels take W consecutive channels per thread: kVec<S> (16-byte accesses) when every row
+// length and base pointer allows it (with_width), else 1. The arithmetic per element is the same.
+template <int W, class S, class A> __device__ __forceinline__ void ldw(A (&v)[W], const S* p) {
+  if constexpr (W == kVec<S>) ld_vec<S, A>(v, p);
+  else
+#pragma unroll
+    for (int i = 0; i < W; ++i) v[i] = ld(p + i);
+}
+template <int W, class S, class A> __device__ __forceinline__ void stw(S* p, const A (&v)[W]) {
+  if constexpr (W == kVec<S>) st_vec<S, A>(p, v);
+  else
+#pragma unroll
+    for (int i = 0; i < W; ++i) st(p + i, v[i]);
+}
+// out row r = in row map[r] / div (a gather), C channels.
+template <class S, int W>
+__global__ void gather_rows_k(S* out, const S* in, const std::int64_t* map, std::int64_t rows, std::int64_t C, std::int64_t div) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x, nv = C / W;
+  if (i >= rows * nv) return;
+  const std::int64_t r = i / nv, c = (i % nv) * W;
+  const S* src = in + (map[r] / div) * C + c;
+  S* dst = out + r * C + c;
+  if constexpr (W == kVec<S>) *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  else
+#pragma unroll
+    for (int k = 0; k < W; ++k) dst[k] = src[k];
 }
 // y[t] = sum_k w[t,k] * yp[inv[t*K+k]] (w = nullptr: weight 1).
-template <class S, class A>
+template <class S, class A, int W>
 __global__ void combine_k(S* y, const S* yp, const std::int64_t* inv, const S* w, std::int64_t Tn, std::int64_t K,
                           std::int64_t C) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= Tn * C) return;
-  const std::int64_t t = i / C, c = i % C;
-  A acc = 0;
-  for (std::int64_t k = 0; k < K; ++k) acc += (w ? A(ld(w + t * K + k)) : A(1)) * ld(yp + inv[t * K + k] * C + c);
-  st(y + i, acc);
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x, nv = C / W;
+  if (i >= Tn * nv) return;
+  const std::int64_t t = i / nv, c = (i % nv) * W;
+  A acc[W] = {}, v[W];
+  for (std::int64_t k = 0; k < K; ++k) {
+    const A wk = w ? A(ld(w + t * K + k)) : A(1);
+    ldw<W>(v, yp + inv[t * K + k] * C + c);
+#pragma unroll
+    for (int e = 0; e < W; ++e) acc[e] += wk * v[e];
+  }
+  stw<W>(y + t * C + c, acc);
 }
 // One warp per permuted row r: dyp[r] = w[a] dy[t], dw[a] = dy[t] . yp[r].
-template <class S, class A>
+template <class S, class A, int W>
 __global__ void combine_bwd_k(S* dyp, S* dw, const S* dy, const S* yp, const std::int64_t* src, const S* w, std::int64_t TK,
                               std::int64_t K, std::int64_t C) {
   const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
@@ -137,35 +230,63 @@ __global__ void combine_bwd_k(S* dyp, S* dw, const S* dy, const S* yp, const std
   if (r >= TK) return;
   const std::int64_t a = src[r], t = a / K;
   const A wa = ld(w + a);
-  A dot = 0;
-  for (std::int64_t c = lane; c < C; c += 32) {
-    const A g = ld(dy + t * C + c);
-    st(dyp + r * C + c, wa * g);
-    dot += g * ld(yp + r * C + c);
+  A dot = 0, g[W], o[W];
+  for (std::int64_t c = lane * W; c < C; c += 32 * W) {
+    ldw<W>(g, dy + t * C + c);
+    ldw<W>(o, yp + r * C + c);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      dot += g[e] * o[e];
+      g[e] *= wa;
+    }
+    stw<W>(dyp + r * C + c, g);
   }
-  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
   if (lane == 0) st(dw + a, dot);
 }
 // a = act(h): squared ReLU (F1 = F) or SwiGLU (gate rows then up rows, F1 = 2F).
-template <class S, class A> __global__ void act_k(S* a, const S* h, std::int64_t rows, std::int64_t F, bool swiglu) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * F) return;
-  const std::int64_t r = i / F, f = i % F, F1 = swiglu ? 2 * F : F;
-  const A x = ld(h + r * F1 + f);
-  st(a + i, swiglu ? silu_(x) * A(ld(h + r * F1 + F + f)) : (x > A(0) ? x * x : A(0)));
+template <class S, class A, int W> __global__ void act_k(S* a, const S* h, std::int64_t rows, std::int64_t F, bool swiglu) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x, nv = F / W;
+  if (i >= rows * nv) return;
+  const std::int64_t r = i / nv, f = (i % nv) * W, F1 = swiglu ? 2 * F : F;
+  A x[W], u[W], y[W];
+  ldw<W>(x, h + r * F1 + f);
+  if (swiglu) ldw<W>(u, h + r * F1 + F + f);
+#pragma unroll
+  for (int e = 0; e < W; ++e) y[e] = swiglu ? silu_(x[e]) * u[e] : (x[e] > A(0) ? x[e] * x[e] : A(0));
+  stw<W>(a + r * F + f, y);
 }
-template <class S, class A> __global__ void act_bwd_k(S* dh, const S* da, const S* h, std::int64_t rows, std::int64_t F, bool swiglu) {
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * F) return;
-  const std::int64_t r = i / F, f = i % F, F1 = swiglu ? 2 * F : F;
-  const A g = ld(da + i), x = ld(h + r * F1 + f);
+template <class S, class A, int W>
+__global__ void act_bwd_k(S* dh, const S* da, const S* h, std::int64_t rows, std::int64_t F, bool swiglu) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x, nv = F / W;
+  if (i >= rows * nv) return;
+  const std::int64_t r = i / nv, f = (i % nv) * W, F1 = swiglu ? 2 * F : F;
+  A g[W], x[W], u[W], d0[W], d1[W];
+  ldw<W>(g, da + r * F + f);
+  ldw<W>(x, h + r * F1 + f);
   if (swiglu) {
-    const A u = ld(h + r * F1 + F + f);
-    st(dh + r * F1 + f, g * u * dsilu_(x));
-    st(dh + r * F1 + F + f, g * silu_(x));
+    ldw<W>(u, h + r * F1 + F + f);
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      d0[e] = g[e] * u[e] * dsilu_(x[e]);
+      d1[e] = g[e] * silu_(x[e]);
+    }
+    stw<W>(dh + r * F1 + f, d0);
+    stw<W>(dh + r * F1 + F + f, d1);
   } else {
-    st(dh + r * F1 + f, x > A(0) ? g * A(2) * x : A(0));
+#pragma unroll
+    for (int e = 0; e < W; ++e) d0[e] = x[e] > A(0) ? g[e] * A(2) * x[e] : A(0);
+    stw<W>(dh + r * F1 + f, d0);
   }
+}
+// Calls launch(std::integral_constant<int, W>) with W = kVec<S> when every row length in `lens` is
+// a multiple of it and every pointer 16-byte aligned, else W = 1.
+template <class S, class L> void with_width(std::initializer_list<std::int64_t> lens, std::initializer_list<const void*> ptrs, L&& launch) {
+  bool vec = true;
+  for (auto n : lens) vec = vec && n % kVec<S> == 0;
+  for (auto p : ptrs) vec = vec && (p == nullptr || aligned16(p));
+  if (vec) launch(std::integral_constant<int, kVec<S>>{});
+  else launch(std::integral_constant<int, 1>{});
 }
 
 // Load-balancing loss per token: part[t] = sum_e f_e s_te / sum_e s_te; backward adds
@@ -211,9 +332,18 @@ void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& top
   std::int64_t* idx = ibuf.p;
   HCP_CUDA_DISPATCH(logits, {
     using A = typename Acc<S>::type;
-    router_fwd_k<S, A><<<blocks_for(Tn, 128), 128>>>(dptr<S>(scores), idx, dptr<S>(topk_w), dptr<S>(logits),
-                                                     bias ? dptr<S>(*bias) : nullptr, Tn, E, K, p.sigmoid, p.n_group,
-                                                     p.topk_group, p.renormalize, p.scaling);
+    const S* b = bias ? dptr<S>(*bias) : nullptr;
+    const auto warp = [&](auto j) {
+      router_fwd_warp_k<S, A, decltype(j)::value><<<blocks_for(Tn * 32, 256), 256>>>(
+          dptr<S>(scores), idx, dptr<S>(topk_w), dptr<S>(logits), b, Tn, static_cast<int>(E), static_cast<int>(K), p.sigmoid,
+          p.renormalize, p.scaling);
+    };
+    if (p.n_group > 1 || K > 32)
+      router_fwd_k<S, A><<<blocks_for(Tn, 128), 128>>>(dptr<S>(scores), idx, dptr<S>(topk_w), dptr<S>(logits), b, Tn, E, K,
+                                                       p.sigmoid, p.n_group, p.topk_group, p.renormalize, p.scaling);
+    else if (E <= 128) warp(std::integral_constant<int, 4>{});
+    else if (E <= 256) warp(std::integral_constant<int, 8>{});
+    else warp(std::integral_constant<int, 16>{});
   });
   check_launch("router_fwd");
   HCP_CUDA_CHECK(cudaMemcpy(topk_idx.data(), idx, topk_idx.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost));
@@ -239,7 +369,10 @@ void moe_permute_rows(Tensor& xp, const Tensor& x, const std::vector<std::int64_
   const std::int64_t TK = static_cast<std::int64_t>(src.size()), C = x.size(1);
   if (TK == 0) return;
   DeviceIndex map(&src);
-  HCP_CUDA_DISPATCH(x, gather_rows_k<S><<<blocks_for(TK * C, kThreads), kThreads>>>(dptr<S>(xp), dptr<S>(x), map.p, TK, C, topk));
+  HCP_CUDA_DISPATCH(x, with_width<S>({C}, {xp.raw(), x.raw()}, [&](auto w) {
+    constexpr int W = decltype(w)::value;
+    gather_rows_k<S, W><<<blocks_for(TK * C / W, kThreads), kThreads>>>(dptr<S>(xp), dptr<S>(x), map.p, TK, C, topk);
+  }));
   check_launch("moe_permute");
 }
 
@@ -251,7 +384,10 @@ void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64
   DeviceIndex inv(&src_inv);
   HCP_CUDA_DISPATCH(dxp, {
     using A = typename Acc<S>::type;
-    combine_k<S, A><<<blocks_for(Tn * C, kThreads), kThreads>>>(dptr<S>(dx), dptr<S>(dxp), inv.p, nullptr, Tn, topk, C);
+    with_width<S>({C}, {dx.raw(), dxp.raw()}, [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      combine_k<S, A, W><<<blocks_for(Tn * C / W, kThreads), kThreads>>>(dptr<S>(dx), dptr<S>(dxp), inv.p, nullptr, Tn, topk, C);
+    });
   });
   check_launch("moe_permute_bwd");
 }
@@ -264,7 +400,10 @@ void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t
   DeviceIndex inv(&src_inv);
   HCP_CUDA_DISPATCH(yp, {
     using A = typename Acc<S>::type;
-    combine_k<S, A><<<blocks_for(Tn * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(yp), inv.p, dptr<S>(topk_w), Tn, K, C);
+    with_width<S>({C}, {y.raw(), yp.raw()}, [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      combine_k<S, A, W><<<blocks_for(Tn * C / W, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(yp), inv.p, dptr<S>(topk_w), Tn, K, C);
+    });
   });
   check_launch("moe_combine_fwd");
 }
@@ -277,8 +416,11 @@ void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tenso
   DeviceIndex s(&src);
   HCP_CUDA_DISPATCH(yp, {
     using A = typename Acc<S>::type;
-    combine_bwd_k<S, A><<<blocks_for(TK * 32, kThreads), kThreads>>>(dptr<S>(dyp), dptr<S>(dtopk_w), dptr<S>(dy),
-                                                                     dptr<S>(yp), s.p, dptr<S>(topk_w), TK, K, C);
+    with_width<S>({C}, {dyp.raw(), dy.raw(), yp.raw()}, [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      combine_bwd_k<S, A, W><<<blocks_for(TK * 32, kThreads), kThreads>>>(dptr<S>(dyp), dptr<S>(dtopk_w), dptr<S>(dy),
+                                                                          dptr<S>(yp), s.p, dptr<S>(topk_w), TK, K, C);
+    });
   });
   check_launch("moe_combine_bwd");
 }
@@ -367,11 +509,13 @@ void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, c
   HCP_CUDA_DISPATCH(xp, {
     using A = typename Acc<S>::type;
     if (rows > 0)
-      act_k<S, A><<<blocks_for(rows * F, kThreads), kThreads>>>(dptr<S>(a), dptr<S>(h), rows, F, act == Activation::SwiGLU);
+      with_width<S>({F}, {a.raw(), h.raw()}, [&](auto w) {
+        constexpr int W = decltype(w)::value;
+        act_k<S, A, W><<<blocks_for(rows * F / W, kThreads), kThreads>>>(dptr<S>(a), dptr<S>(h), rows, F, act == Activation::SwiGLU);
+      });
   });
   check_launch("expert_mlp_fwd");
   grouped_gemm(false, true, per_expert(counts, es, a.raw(), F, W2.raw(), F, yp.raw(), C, 0, C, F, true, C * F), dt);
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, const Tensor& W1, const Tensor& W2,
@@ -386,7 +530,11 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
   const bool sw = act == Activation::SwiGLU;
   HCP_CUDA_DISPATCH(xp, {
     using A = typename Acc<S>::type;
-    if (rows > 0) act_k<S, A><<<blocks_for(rows * F, kThreads), kThreads>>>(dptr<S>(a), dptr<S>(h), rows, F, sw);
+    if (rows > 0)
+      with_width<S>({F}, {a.raw(), h.raw()}, [&](auto w) {
+        constexpr int W = decltype(w)::value;
+        act_k<S, A, W><<<blocks_for(rows * F / W, kThreads), kThreads>>>(dptr<S>(a), dptr<S>(h), rows, F, sw);
+      });
   });
   check_launch("expert_mlp_bwd");
   grouped_gemm(false, false, per_expert(counts, es, dyp.raw(), C, W2.raw(), F, da.raw(), F, 0, F, C, true, C * F), dt);  // da = dy W2_e
@@ -394,12 +542,14 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
   HCP_CUDA_DISPATCH(xp, {
     using A = typename Acc<S>::type;
     if (rows > 0)
-      act_bwd_k<S, A><<<blocks_for(rows * F, kThreads), kThreads>>>(dptr<S>(dh), dptr<S>(da), dptr<S>(h), rows, F, sw);
+      with_width<S>({F}, {dh.raw(), da.raw(), h.raw()}, [&](auto w) {
+        constexpr int W = decltype(w)::value;
+        act_bwd_k<S, A, W><<<blocks_for(rows * F / W, kThreads), kThreads>>>(dptr<S>(dh), dptr<S>(da), dptr<S>(h), rows, F, sw);
+      });
   });
   check_launch("expert_mlp_bwd");
   grouped_gemm(false, false, per_expert(counts, es, dh.raw(), F1, W1.raw(), C, dxp.raw(), C, 0, C, F1, true, F1 * C), dt);  // dx = dh W1_e
   grouped_gemm(true, false, per_expert(counts, es, dh.raw(), F1, xp.raw(), C, dW1.raw(), C, F1, C, 0, false, F1 * C), dt);  // dW1_e = dh^T x
-  HCP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace hcp::kernels::cuda_impl

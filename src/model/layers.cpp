@@ -230,7 +230,9 @@ void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
   const Tensor e_bias = as_dtype(p.at("e_bias"), rt);
   k::router_fwd(scores_, idx_, topk_w, logits, &e_bias, rp);
   topk_w_ = as_dtype(topk_w, dt);
-  Tensor xp = Tensor::zeros({T * K, C}, dt);
+  // Row buffers that a kernel writes whole are left unfilled (`empty`); zero-filled only where the
+  // kernel does not run.
+  Tensor xp = Tensor::empty({T * K, C}, dt);
   std::vector<std::int64_t> counts;
   if (T > 0) k::moe_permute(xp, counts, src_, x_, idx_, E);
   else counts.assign(static_cast<std::size_t>(E), 0);
@@ -241,11 +243,11 @@ void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
   for (const char* n : {"W1", "W2"})
     HCP_CHECK(p.at(n).size(0) == el, "moe: ", n, " holds ", p.at(n).size(0), " experts; EP rank ", ep_.rank(), " of ",
               ep_.size(), " holds ", el, " (experts ", disp_->first_expert(), "..", disp_->first_expert() + el - 1, ")");
-  h_ = Tensor::zeros({disp_->local_rows(), F1}, dt);
-  Tensor yl = Tensor::zeros({disp_->local_rows(), C}, dt);
+  h_ = Tensor::empty({disp_->local_rows(), F1}, dt);
+  Tensor yl = Tensor::empty({disp_->local_rows(), C}, dt);
   if (disp_->local_rows() > 0) k::expert_mlp_fwd(yl, h_, xl_, p.at("W1"), p.at("W2"), disp_->local_counts(), c_.act);
   yp_ = disp_->combine(yl);
-  Tensor out = Tensor::zeros({T, C}, dt);
+  Tensor out = Tensor::empty({T, C}, dt);
   if (T > 0) k::moe_combine_fwd(out, yp_, src_, topk_w_);
   if (c_.shared_ffn > 0) {
     shared_ = std::make_unique<MlpLayer>(grad_, MlpConfig{C, c_.shared_ffn, c_.act});
@@ -264,14 +266,20 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   // Each gradient is made once, where it is computed (the shared expert's by its MlpLayer); the
   // row buffers of the routed path are dropped as soon as they are spent.
   grads.clear();
-  for (const char* n : {"W1", "W2", "e_bias", "router"}) grads[n] = Tensor::zeros(p.at(n).shape(), p.at(n).dtype());
+  // The grouped MLP writes every element of the expert weights' gradients (zero for an expert that
+  // received no row) whenever it runs.
+  const bool mlp_runs = disp_->local_rows() > 0;
+  for (const char* n : {"W1", "W2", "e_bias", "router"}) {
+    const bool whole = mlp_runs && (n[0] == 'W');
+    grads[n] = whole ? Tensor::empty(p.at(n).shape(), p.at(n).dtype()) : Tensor::zeros(p.at(n).shape(), p.at(n).dtype());
+  }
   Tensor dyv = dy.view({T, C}), dxl = Tensor::zeros({T, C}, dt);
   // Routed experts: combine -> (dispatch) -> grouped MLP -> (combine) -> permute.
-  Tensor dyp = Tensor::zeros(yp_.shape(), dt), dw = Tensor::zeros({T, K}, dt);
+  Tensor dyp = Tensor::empty(yp_.shape(), dt), dw = Tensor::empty({T, K}, dt);
   if (T > 0) k::moe_combine_bwd(dyp, dw, dyv, yp_, src_, topk_w_);
   release_saved(yp_, topk_w_);
   Tensor dyl = disp_->dispatch(dyp);
-  Tensor dxloc = Tensor::zeros(xl_.shape(), dt);
+  Tensor dxloc = Tensor::empty(xl_.shape(), dt);
   if (disp_->local_rows() > 0)
     k::expert_mlp_bwd(dxloc, grads["W1"], grads["W2"], xl_, p.at("W1"), p.at("W2"), h_, disp_->local_counts(), c_.act, dyl);
   release_saved(xl_, h_, dyl, dyp);
