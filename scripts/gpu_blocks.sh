@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The hybrid model's blocks, stacks and a training run at Nemotron-3-Nano width on one GPU, beside
-# the same blocks in PyTorch timed on that GPU (jobs/bench/anchors.py --only blocks), then the table
-# of jobs/post/hcp_blocks.py. Usage: scripts/gpu_blocks.sh [mamba_ssm source dir]
+# the same blocks and a training loop of them in PyTorch timed on that GPU (jobs/bench/anchors.py
+# --only blocks,train), then the table of jobs/post/hcp_blocks.py. Usage: scripts/gpu_blocks.sh [mamba_ssm source dir]
 # (HCP_BUILD_DIR default build-gpu, HCP_CMAKE_ARGS, HCP_JOBS, HCP_LENS default "8192 32768";
 # results and logs to $HCP_LOG_DIR, default $build/gpu-blocks).
 set -euo pipefail
@@ -27,6 +27,7 @@ files+=("$out/nano13_l$first.h5")
 mpirun -n 1 "$build/drivers/train_hybrid" --deck inputs/train_nano_width.toml --set run.device=cuda \
   --out "$out/train.h5" > "$out/train.txt" 2>&1 || { tail -20 "$out/train.txt"; exit 1; }
 tail -3 "$out/train.txt"
-python3 jobs/bench/anchors.py --only blocks --block-lens "${lens// /,}" --warmup 3 --repeats 10 ${1:+--mamba-path "$1"} \
+python3 jobs/bench/anchors.py --only blocks,train --block-lens "${lens// /,}" --warmup 3 --repeats 10 ${1:+--mamba-path "$1"} \
   --out "$out/anchors_blocks.json" > "$out/anchors_blocks.txt" 2>&1 || { tail -20 "$out/anchors_blocks.txt"; exit 1; }
 python3 jobs/post/hcp_blocks.py --anchors "$out/anchors_blocks.json" "${files[@]}" | tee "$out/blocks.txt"
+grep "^train" "$out/anchors_blocks.txt" || true

@@ -8,6 +8,8 @@ Anchors: PyTorch scaled_dot_product_attention with the flash (FlashAttention-2) 
 (forward, and forward+backward), torch.matmul (cuBLAS) for the dense GEMM, a device-to-device copy,
 and, when --mamba-path names a directory holding the public mamba_ssm package sources (fetched by
 the user, never part of this repository), its Triton SSD kernels (mamba_chunk_scan_combined).
+With --only blocks (and train), the hybrid model's blocks at Nemotron-3-Nano sizes as a PyTorch user
+would write them, and a training loop of the M*E stack (nano_blocks, blocks, train).
 Timing: CUDA events around each call after warm-ups; median, min and max of the repeats (ms).
 `jobs/post/hcp_post.py anchors --bench <bench_kernels.h5> --anchors anchors.json` makes the ratio table.
 """
@@ -100,14 +102,14 @@ def load_mamba_triton(path):
     return mamba_chunk_scan_combined
 
 
-def blocks(res, path, L, warmup, repeats):
+def nano_blocks(path, L):
     """The hybrid model's blocks as a PyTorch user would write them, at Nemotron-3-Nano sizes, bf16,
     one sequence of L tokens: each block is RMSNorm -> mixer -> residual add. Mamba2 (in_proj,
     causal depthwise conv1d + SiLU, mamba_ssm Triton SSD, gated group RMSNorm, out_proj), attention
     (GQA projections, SDPA causal, cuDNN and flash), MoE (fp32 sigmoid router with selection bias,
     top-6 renormalised and scaled, sort-permute, torch._grouped_mm experts with relu^2, weighted
-    combine, shared expert), the stack M*E and the 13-block stack MEMEM*EMEMEM*. Forward and forward+backward; peak memory of the
-    forward+backward (torch.cuda.max_memory_allocated above what was allocated before)."""
+    combine, shared expert), the stack M*E and the 13-block stack MEMEM*EMEMEM*. Returns the blocks
+    by name, their parameters and rms()."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -196,7 +198,16 @@ def blocks(res, path, L, warmup, repeats):
                 x = kinds[by_char[ch]](x)
             return x
         kinds["stack_MEMEM*EMEMEM*"] = nano13
-    x0 = torch.randn(1, L, C, device=dev, dtype=bf)
+    params = [norm_w, *mp.values(), *ap_.values(), *(v for k, v in ep.items() if k != "e_bias")]
+    return kinds, params, rms
+
+
+def blocks(res, path, L, warmup, repeats):
+    """Forward and forward+backward of each block of nano_blocks() and of the stacks; peak memory of
+    the forward+backward (torch.cuda.max_memory_allocated above what was allocated before)."""
+    import torch
+    kinds, _, _ = nano_blocks(path, L)
+    x0 = torch.randn(1, L, 2688, device="cuda", dtype=torch.bfloat16)
     for name, f in kinds.items():
         tag = f"block_{name}_l{L}"
         try:
@@ -214,6 +225,52 @@ def blocks(res, path, L, warmup, repeats):
         torch.cuda.empty_cache()
 
 
+def train(res, path, L, warmup, repeats):
+    """A training loop of the stack M*E as train_hybrid runs it (inputs/train_nano_width.toml):
+    embedding (vocab 1024), the blocks, final RMSNorm, LM head, cross-entropy of the next token;
+    bf16 parameters cast from fp32 master weights every step, fp32 gradients, global-norm clipping
+    at 1.0, fused AdamW (betas 0.9 / 0.95, eps 1e-8, weight decay 0.01). Step time (CUDA events
+    around the whole step), tokens/s, peak memory and the loss of each step."""
+    import torch
+    import torch.nn.functional as F
+    kinds, params, rms = nano_blocks(path, L)
+    if "stack_M*E" not in kinds:
+        res[f"train_M*E_l{L}"] = {"error": "needs --mamba-path"}
+        return
+    V, C, dev = 1024, 2688, "cuda"
+    emb = (torch.randn(V, C, device=dev) * 0.02).to(torch.bfloat16).requires_grad_()
+    fnorm = torch.ones(C, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    head = (torch.randn(V, C, device=dev) / C ** 0.5).to(torch.bfloat16).requires_grad_()
+    params = params + [emb, fnorm, head]
+    master = [p.detach().float().clone() for p in params]
+    opt = torch.optim.AdamW(master, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, fused=True)
+    tokens = torch.randint(0, V, (1, L), device=dev)
+    losses = []
+
+    def step():
+        with torch.no_grad():
+            torch._foreach_copy_(params, master)
+        for p in params:
+            p.grad = None
+        h = kinds["stack_M*E"](F.embedding(tokens, emb))
+        logits = F.linear(rms(h, fnorm), head)
+        loss = F.cross_entropy(logits[0, :-1].float(), tokens[0, 1:])
+        loss.backward()
+        for m, p in zip(master, params):
+            m.grad = p.grad.float()
+        torch.nn.utils.clip_grad_norm_(master, 1.0, foreach=True)
+        opt.step()
+        losses.append(loss.detach())
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    r = timed(step, warmup, repeats)
+    r["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    r["tokens_per_s"] = L / (r["median_ms"] / 1e3)
+    r["loss"] = [float(x) for x in losses]
+    res[f"train_M*E_l{L}"] = r
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -221,13 +278,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--only", default="attention,dense,ssd",
-                    help="comma-separated anchor families to time: attention, dense (GEMM and copy), ssd, blocks")
+                    help="comma-separated anchor families to time: attention, dense (GEMM and copy), ssd, blocks, "
+                         "train (a training loop of the M*E stack at the first block length)")
     ap.add_argument("--block-lens", default="8192", help="sequence lengths of the blocks family, comma-separated")
     a = ap.parse_args()
     only = {f.strip() for f in a.only.split(",") if f.strip()}
-    unknown = only - {"attention", "dense", "ssd", "blocks"}
+    unknown = only - {"attention", "dense", "ssd", "blocks", "train"}
     if unknown:
-        print(f"anchors.py: --only: unknown family {sorted(unknown)} (allowed: attention, dense, ssd, blocks)", file=sys.stderr)
+        print(f"anchors.py: --only: unknown family {sorted(unknown)} (allowed: attention, dense, ssd, blocks, train)",
+              file=sys.stderr)
         return 2
     import torch
     if not torch.cuda.is_available():
@@ -246,12 +305,15 @@ def main():
     if "blocks" in only:
         for L in (int(x) for x in a.block_lens.split(",")):
             blocks(res, a.mamba_path, L, a.warmup, a.repeats)
+    if "train" in only:
+        train(res, a.mamba_path, int(a.block_lens.split(",")[0]), a.warmup, a.repeats)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     for k, v in res.items():
         if not k.startswith("_"):
             print(f"{k:55s} " + (f"{v['median_ms']:10.3f} ms" if "median_ms" in v else v.get("error", ""))
-                  + (f"  peak {v['peak_mib']:.0f} MiB" if "peak_mib" in v else ""))
+                  + (f"  peak {v['peak_mib']:.0f} MiB" if "peak_mib" in v else "")
+                  + (f"  {v['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in v else ""))
     return 0
 
 

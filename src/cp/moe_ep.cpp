@@ -27,6 +27,11 @@ EpDispatcher::EpDispatcher(Communicator& comm, std::int64_t experts, const std::
     send_rows_[static_cast<std::size_t>(e / el_)] += counts[static_cast<std::size_t>(e)];
     rows_ += counts[static_cast<std::size_t>(e)];
   }
+  if (ep_ == 1) {  // one rank: its own rows, already expert-major; nothing is exchanged or regrouped
+    local_counts_ = counts;
+    local_rows_ = rows_;
+    return;
+  }
   // Counts first: rank q receives, from every source, that source's counts of q's experts.
   // (Counts travel as fp64: exact below 2^53.)
   std::vector<double> cs(counts.begin(), counts.end()), cr(static_cast<std::size_t>(ep_ * el_));
