@@ -294,6 +294,18 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
   cases.push_back({2, 1, 128, Mask::None, {{0, 150, 0, 260, 0, 0}}, 150, 260});
   // Fewer tokens than one 128-key TMA box (the tensor maps' extents end inside the box).
   cases.push_back({4, 2, 128, Mask::Causal, {{0, 50, 0, 50, 0, 0}, {50, 20, 50, 20, 0, 0}}, 70, 70});
+  // 16 384 packed tokens in 128 causal sequences of 100 and 156, 8 query heads on one kv head: the
+  // dK/dV kernel splits each group's heads over blocks (the least divisor of 8 giving 512 blocks:
+  // 4 at D 128 with 128 key tiles, 2 at D 64 with 256) and sums the fp32 shares.
+  for (std::int64_t D : {128, 64}) {
+    std::vector<AttnSegment> many;
+    for (std::int64_t s = 0, at = 0; s < 128; ++s) {
+      const std::int64_t n = s % 2 ? 156 : 100;
+      many.push_back({at, n, at, n, 0, 0});
+      at += n;
+    }
+    cases.push_back({8, 1, D, Mask::Causal, many, 16384, 16384});
+  }
   for (DType d : kTypes)
     for (const auto& c : cases) {
       AttnParams p;
@@ -497,18 +509,21 @@ TEST(CudaKernels, SsdTensorCorePhasesMatchHost) {
 TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
   REQUIRE_GPU();
   for (DType d : kTypes)
-    for (int variant = 0; variant < 2; ++variant) {
-      // 0: sigmoid router with correction bias, group-limited (4 groups, 2 kept), renormalised,
-      //    scaled, squared-ReLU experts, one expert never chosen; 1: softmax router, SwiGLU.
+    for (int variant = 0; variant < 3; ++variant) {
+      // 0: sigmoid router with correction bias, group-limited (4 groups, 2 kept: the thread-per-token
+      //    kernel), renormalised, scaled, squared-ReLU experts, one expert never chosen; 1: softmax
+      //    router (warp per token), SwiGLU; 2: sigmoid router without a group limit over 40 experts
+      //    (warp per token, two per lane for some lanes) and rows of 30 / 21 channels, which the row
+      //    kernels take one element per thread (16-byte access: multiples of 8 bf16 / 4 fp32).
       RouterParams rp;
-      rp.experts = 16;
+      rp.experts = variant == 2 ? 40 : 16;
       rp.topk = 3;
-      rp.sigmoid = variant == 0;
+      rp.sigmoid = variant != 1;
       rp.n_group = variant == 0 ? 4 : 1;
       rp.topk_group = variant == 0 ? 2 : 1;
       rp.scaling = variant == 0 ? 2.5 : 1.0;
-      const Activation act = variant == 0 ? Activation::SquaredReLU : Activation::SwiGLU;
-      const std::int64_t T = 45, C = 32, F = 24, E = rp.experts, K = rp.topk, F1 = act == Activation::SwiGLU ? 2 * F : F;
+      const Activation act = variant == 1 ? Activation::SwiGLU : Activation::SquaredReLU;
+      const std::int64_t T = 45, C = variant == 2 ? 30 : 32, F = variant == 2 ? 21 : 24, E = rp.experts, K = rp.topk, F1 = act == Activation::SwiGLU ? 2 * F : F;
       Tensor logits = rnd({T, E}, 60, d, -2, 2), bias = rnd({E}, 61, d, -0.1, 0.1);
       bias.set(5, -50.0);  // expert 5 never selected
       Tensor sc = Tensor::zeros({T, E}, d), w = Tensor::zeros({T, K}, d), SC = Tensor::zeros({T, E}, d, Space::Cuda),
