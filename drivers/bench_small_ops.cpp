@@ -119,19 +119,21 @@ void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t s
     auto logits = T_({T, E}, 50), scores = T_({T, E}, 0), tw = T_({T, K}, 0), x = T_({T, C}, 51), xp = T_({T * K, C}, 0),
          W1 = T_({E, F, C}, 52, -0.1, 0.1), W2 = T_({E, C, F}, 53, -0.1, 0.1), h = T_({T * K, F}, 0), yp = T_({T * K, C}, 0),
          y = T_({T, C}, 0), dxp = T_({T * K, C}, 0), dW1 = T_({E, F, C}, 0), dW2 = T_({E, C, F}, 0);
-    auto idx = std::make_shared<std::vector<std::int64_t>>(), counts = std::make_shared<std::vector<std::int64_t>>(),
-         src = std::make_shared<std::vector<std::int64_t>>();
-    k::router_fwd(*scores, *idx, *tw, *logits, nullptr, *rp);
-    k::moe_permute(*xp, *counts, *src, *x, *idx, E);
+    // One routing shared by the ops, which run in this order (the router remakes it; the permute
+    // adds the permutation the combine uses).
+    auto route = std::make_shared<k::MoeRouting>();
+    k::router_fwd(*scores, *route, *tw, *logits, nullptr, *rp);
+    k::moe_permute(*xp, *route, *x);
     const std::string shp = "T=" + std::to_string(T) + " E=16 k=2 C=256 F=512 sqrelu";
     ops.push_back({"moe_router_fwd", "T=" + std::to_string(T) + " E=16 k=2", 0, es * 2 * T * E,
-                   [=] { k::router_fwd(*scores, *idx, *tw, *logits, nullptr, *rp); }});
-    ops.push_back({"moe_permute", shp, 0, es * 2 * T * K * C, [=] { k::moe_permute(*xp, *counts, *src, *x, *idx, E); }});
+                   [=] { k::router_fwd(*scores, *route, *tw, *logits, nullptr, *rp); }});
+    ops.push_back({"moe_permute", shp, 0, es * 2 * T * K * C, [=] { k::moe_permute(*xp, *route, *x); }});
     ops.push_back({"expert_mlp_fwd", shp, 4.0 * T * K * C * F, 0,
-                   [=] { k::expert_mlp_fwd(*yp, *h, *xp, *W1, *W2, *counts, k::Activation::SquaredReLU); }});
-    ops.push_back({"expert_mlp_bwd", shp, 8.0 * T * K * C * F, 0,
-                   [=] { k::expert_mlp_bwd(*dxp, *dW1, *dW2, *xp, *W1, *W2, *h, *counts, k::Activation::SquaredReLU, *yp); }});
-    ops.push_back({"moe_combine_fwd", shp, 0, es * 2 * T * K * C, [=] { k::moe_combine_fwd(*y, *yp, *src, *tw); }});
+                   [=] { k::expert_mlp_fwd(*yp, *h, *xp, *W1, *W2, route->counts, k::Activation::SquaredReLU); }});
+    ops.push_back({"expert_mlp_bwd", shp, 8.0 * T * K * C * F, 0, [=] {
+                     k::expert_mlp_bwd(*dxp, *dW1, *dW2, *xp, *W1, *W2, *h, route->counts, k::Activation::SquaredReLU, *yp);
+                   }});
+    ops.push_back({"moe_combine_fwd", shp, 0, es * 2 * T * K * C, [=] { k::moe_combine_fwd(*y, *yp, *route, *tw); }});
   }
 }
 

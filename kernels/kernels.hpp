@@ -186,28 +186,43 @@ struct RouterParams {
   bool renormalize = true;                        // top-k weights divided by their sum
   double scaling = 1.0;                           // routed scaling factor
 };
+// The token -> expert routing of one MoE call, kept where the tensors live so that a GPU run builds
+// and applies it on the device. Index arrays are F64 tensors holding integers (exact below 2^53):
+//   idx [T*k]  expert of each (token t, slot j) at t*k + j, by decreasing selection score;
+//   src [T*k]  the expert-sorted rows: row r is a copy of assignment src[r] (token src[r] / k);
+//              stable: token order within an expert;
+//   inv [T*k]  the row of assignment a (src[inv[a]] = a).
+// counts [E] (rows per expert) are on the host: they size the grouped GEMMs and the EP exchange.
+// router_fwd makes idx and counts (on the GPU, one copy of the E counts to the host); moe_permute
+// makes src and inv.
+struct MoeRouting {
+  Tensor idx, src, inv;
+  std::vector<std::int64_t> counts;
+  std::int64_t topk = 1;
+  std::vector<std::int64_t> indices() const;  // idx on the host, as integers
+  std::vector<std::int64_t> sources() const;  // src on the host, as integers
+};
+// A routing from given expert indices [T*k] (each in [0, experts)), its idx in space `sp`.
+MoeRouting moe_routing(const std::vector<std::int64_t>& topk_idx, std::int64_t topk, std::int64_t experts, Space sp);
 // logits [T,E] -> scores [T,E], selection by scores + correction_bias [E] (optional, selection only),
-// topk_idx [T*k] (by decreasing selection score, ties to the lower index), topk_w [T,k].
-void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& topk_w, const Tensor& logits,
-                const Tensor* correction_bias, const RouterParams& p);
+// route.idx and route.counts (ties to the lower index), topk_w [T,k].
+void router_fwd(Tensor& scores, MoeRouting& route, Tensor& topk_w, const Tensor& logits, const Tensor* correction_bias,
+                const RouterParams& p);
 // dlogits [T,E] from dtopk_w [T,k] and optionally dscores [T,E] (e.g. from the aux loss).
-void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
-                const Tensor& dtopk_w, const Tensor* dscores, const RouterParams& p);
-// Switch-style load-balancing loss E * sum_e f_e P_e, f_e = share of assignments to e, P_e = mean over
-// tokens of the normalised score. Backward adds d/dscores (scaled by dloss) into dscores.
-double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const RouterParams& p);
-void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
-                      const RouterParams& p, double dloss);
-// Permute token copies by expert (stable: token order within an expert). xp [T*k,C]; counts [E];
-// src [T*k]: xp row r is a copy of token src[r]/k (slot src[r]%k).
-void moe_permute(Tensor& xp, std::vector<std::int64_t>& counts, std::vector<std::int64_t>& src, const Tensor& x,
-                 const std::vector<std::int64_t>& topk_idx, std::int64_t experts);
+void router_bwd(Tensor& dlogits, const Tensor& scores, const MoeRouting& route, const Tensor& dtopk_w,
+                const Tensor* dscores, const RouterParams& p);
+// Switch-style load-balancing loss E * sum_e f_e P_e, f_e = share of assignments to e (route.counts),
+// P_e = mean over tokens of the normalised score. Backward adds d/dscores (scaled by dloss) into dscores.
+double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const RouterParams& p);
+void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& route, const RouterParams& p, double dloss);
+// Permute token copies by expert: makes route.src and route.inv; xp [T*k,C] row r = x row src[r] / k.
+void moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x);
 // dx [T,C] = sum of dxp rows of each token.
-void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64_t>& src, std::int64_t topk);
+void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const MoeRouting& route);
 // y [T,C] = sum_slots topk_w * yp row of that slot.
-void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t>& src, const Tensor& topk_w);
-void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp,
-                     const std::vector<std::int64_t>& src, const Tensor& topk_w);
+void moe_combine_fwd(Tensor& y, const Tensor& yp, const MoeRouting& route, const Tensor& topk_w);
+void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const MoeRouting& route,
+                     const Tensor& topk_w);
 enum class Activation { SquaredReLU, SwiGLU };
 // Grouped expert MLP over permuted rows: rows of expert e are consecutive (counts). W1 [E,F1,C]
 // (F1 = F, or 2F for SwiGLU: gate rows then up rows), W2 [E,C,F]. h [T*k,F1] saved for backward.

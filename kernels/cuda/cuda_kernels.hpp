@@ -14,6 +14,7 @@ struct SsdInputs;
 struct SsdGrads;
 struct SsdStateGrads;
 struct RouterParams;
+struct MoeRouting;
 enum class Activation;
 struct AdamWStep;
 }
@@ -64,19 +65,18 @@ double sum_squares(const Tensor& x);
 void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& s);
 
 // MoE.
-void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& topk_w, const Tensor& logits,
-                const Tensor* correction_bias, const RouterParams& p);
-void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const Tensor& dtopk_w,
+// The routing's index tensors live on the device; only the counts come to the host (router_fwd).
+void router_fwd(Tensor& scores, MoeRouting& route, Tensor& topk_w, const Tensor& logits, const Tensor* correction_bias,
+                const RouterParams& p);
+void router_bwd(Tensor& dlogits, const Tensor& scores, const MoeRouting& route, const Tensor& dtopk_w,
                 const Tensor* dscores, const RouterParams& p);
-// xp row r = x row src[r] / topk (the host builds counts and src).
-void moe_permute_rows(Tensor& xp, const Tensor& x, const std::vector<std::int64_t>& src, std::int64_t topk);
-void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64_t>& src, std::int64_t topk);
-void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t>& src, const Tensor& topk_w);
-void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const std::vector<std::int64_t>& src,
+void moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x);
+void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const MoeRouting& route);
+void moe_combine_fwd(Tensor& y, const Tensor& yp, const MoeRouting& route, const Tensor& topk_w);
+void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const MoeRouting& route,
                      const Tensor& topk_w);
-double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const RouterParams& p);
-void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
-                      const RouterParams& p, double dloss);
+double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const RouterParams& p);
+void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& route, const RouterParams& p, double dloss);
 void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,
                     const std::vector<std::int64_t>& counts, Activation act);
 void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, const Tensor& W1, const Tensor& W2,

@@ -1,9 +1,11 @@
 // MoE on the GPU: router (sigmoid/softmax scores, selection by score + correction bias, group-limited
 // top-k, renormalisation, scaling) with one warp per token (one thread per token with a group
-// limit), its backward; permute / combine and their backward as gathers with one owner per output,
-// 16 bytes per thread where rows allow (the row maps are built on the host, as the token->expert
-// assignment is a host vector in the kernel API); expert MLPs as grouped GEMMs
-// (grouped_gemm.cu: one launch over all experts per GEMM) with squared ReLU or SwiGLU between them.
+// limit), its backward; the routing on the device (a histogram of the choices, whose E counts are
+// the one copy to the host, and a stable counting sort, one block per expert); permute / combine
+// and their backward as gathers with one owner per output, 16 bytes per thread where rows allow;
+// expert MLPs as grouped GEMMs (grouped_gemm.cu: one launch over all experts per GEMM) with squared
+// ReLU or SwiGLU between them.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -22,7 +24,7 @@ template <class A> __device__ __forceinline__ bool before(A a, std::int64_t ia, 
 }
 
 template <class S, class A>
-__global__ void router_fwd_k(S* scores, std::int64_t* idx, S* w, const S* logits, const S* bias, std::int64_t Tn,
+__global__ void router_fwd_k(S* scores, double* idx, S* w, const S* logits, const S* bias, std::int64_t Tn,
                              std::int64_t E, std::int64_t K, bool sig, std::int64_t n_group, std::int64_t topk_group,
                              bool renorm, double scaling) {
   const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
@@ -69,11 +71,11 @@ __global__ void router_fwd_k(S* scores, std::int64_t* idx, S* w, const S* logits
     for (std::int64_t e = 0; e < E; ++e)
       if (allowed[e] && (best < 0 || before(sel(e), e, sel(best), best))) best = e;
     allowed[best] = 0;
-    idx[t * K + k] = best;
+    idx[t * K + k] = static_cast<double>(best);
     tot += score(best);
   }
   for (std::int64_t k = 0; k < K; ++k) {
-    A v = score(idx[t * K + k]);
+    A v = score(static_cast<std::int64_t>(idx[t * K + k]));
     if (renorm) v /= (tot + A(1e-20));
     st(w + t * K + k, v * A(scaling));
   }
@@ -82,7 +84,7 @@ __global__ void router_fwd_k(S* scores, std::int64_t* idx, S* w, const S* logits
 // The same without a group limit, one warp per token: lane l holds experts l, l + 32, ... (J of
 // them); the top-k are K rounds of a warp arg-max with the same tie rule (the lower expert index).
 template <class S, class A, int J>
-__global__ void router_fwd_warp_k(S* scores, std::int64_t* idx, S* w, const S* logits, const S* bias, std::int64_t Tn,
+__global__ void router_fwd_warp_k(S* scores, double* idx, S* w, const S* logits, const S* bias, std::int64_t Tn,
                                   int E, int K, bool sig, bool renorm, double scaling) {
   const std::int64_t t = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
@@ -140,13 +142,13 @@ __global__ void router_fwd_warp_k(S* scores, std::int64_t* idx, S* w, const S* l
   if (lane < K) {
     A v = my_score;
     if (renorm) v /= (tot + A(1e-20));
-    idx[t * K + lane] = my_idx;
+    idx[t * K + lane] = static_cast<double>(my_idx);
     st(w + t * K + lane, v * A(scaling));
   }
 }
 
 template <class S, class A>
-__global__ void router_bwd_k(S* dlogits, const S* scores, const std::int64_t* idx, const S* dw, const S* dscores,
+__global__ void router_bwd_k(S* dlogits, const S* scores, const double* idx, const S* dw, const S* dscores,
                              std::int64_t Tn, std::int64_t E, std::int64_t K, bool sig, bool renorm, double scaling) {
   const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (t >= Tn) return;
@@ -154,16 +156,17 @@ __global__ void router_bwd_k(S* dlogits, const S* scores, const std::int64_t* id
   S* dl = dlogits + t * E;
   const A sc = A(scaling);
   A sum = 0, dot = 0;
+  const auto at = [&](std::int64_t k) { return static_cast<std::int64_t>(idx[t * K + k]); };
   for (std::int64_t k = 0; k < K; ++k) {
-    sum += ld(sr + idx[t * K + k]);
-    dot += ld(dw + t * K + k) * ld(sr + idx[t * K + k]);
+    sum += ld(sr + at(k));
+    dot += ld(dw + t * K + k) * ld(sr + at(k));
   }
   sum += A(1e-20);
   // ds[e]: from the optional dscores plus the selected experts' weights.
   auto ds = [&](std::int64_t e) {
     A v = dscores ? A(ld(dscores + t * E + e)) : A(0);
     for (std::int64_t k = 0; k < K; ++k)
-      if (idx[t * K + k] == e) v += renorm ? sc * (A(ld(dw + t * K + k)) / sum - dot / (sum * sum)) : sc * A(ld(dw + t * K + k));
+      if (at(k) == e) v += renorm ? sc * (A(ld(dw + t * K + k)) / sum - dot / (sum * sum)) : sc * A(ld(dw + t * K + k));
     return v;
   };
   if (sig) {
@@ -194,11 +197,11 @@ template <int W, class S, class A> __device__ __forceinline__ void stw(S* p, con
 }
 // out row r = in row map[r] / div (a gather), C channels.
 template <class S, int W>
-__global__ void gather_rows_k(S* out, const S* in, const std::int64_t* map, std::int64_t rows, std::int64_t C, std::int64_t div) {
+__global__ void gather_rows_k(S* out, const S* in, const double* map, std::int64_t rows, std::int64_t C, std::int64_t div) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x, nv = C / W;
   if (i >= rows * nv) return;
   const std::int64_t r = i / nv, c = (i % nv) * W;
-  const S* src = in + (map[r] / div) * C + c;
+  const S* src = in + (static_cast<std::int64_t>(map[r]) / div) * C + c;
   S* dst = out + r * C + c;
   if constexpr (W == kVec<S>) *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
   else
@@ -207,7 +210,7 @@ __global__ void gather_rows_k(S* out, const S* in, const std::int64_t* map, std:
 }
 // y[t] = sum_k w[t,k] * yp[inv[t*K+k]] (w = nullptr: weight 1).
 template <class S, class A, int W>
-__global__ void combine_k(S* y, const S* yp, const std::int64_t* inv, const S* w, std::int64_t Tn, std::int64_t K,
+__global__ void combine_k(S* y, const S* yp, const double* inv, const S* w, std::int64_t Tn, std::int64_t K,
                           std::int64_t C) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x, nv = C / W;
   if (i >= Tn * nv) return;
@@ -215,7 +218,7 @@ __global__ void combine_k(S* y, const S* yp, const std::int64_t* inv, const S* w
   A acc[W] = {}, v[W];
   for (std::int64_t k = 0; k < K; ++k) {
     const A wk = w ? A(ld(w + t * K + k)) : A(1);
-    ldw<W>(v, yp + inv[t * K + k] * C + c);
+    ldw<W>(v, yp + static_cast<std::int64_t>(inv[t * K + k]) * C + c);
 #pragma unroll
     for (int e = 0; e < W; ++e) acc[e] += wk * v[e];
   }
@@ -223,12 +226,12 @@ __global__ void combine_k(S* y, const S* yp, const std::int64_t* inv, const S* w
 }
 // One warp per permuted row r: dyp[r] = w[a] dy[t], dw[a] = dy[t] . yp[r].
 template <class S, class A, int W>
-__global__ void combine_bwd_k(S* dyp, S* dw, const S* dy, const S* yp, const std::int64_t* src, const S* w, std::int64_t TK,
+__global__ void combine_bwd_k(S* dyp, S* dw, const S* dy, const S* yp, const double* src, const S* w, std::int64_t TK,
                               std::int64_t K, std::int64_t C) {
   const std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (r >= TK) return;
-  const std::int64_t a = src[r], t = a / K;
+  const std::int64_t a = static_cast<std::int64_t>(src[r]), t = a / K;
   const A wa = ld(w + a);
   A dot = 0, g[W], o[W];
   for (std::int64_t c = lane * W; c < C; c += 32 * W) {
@@ -289,6 +292,45 @@ template <class S, class L> void with_width(std::initializer_list<std::int64_t> 
   else launch(std::integral_constant<int, 1>{});
 }
 
+// counts[e] += the assignments to expert e (integer atomics: exact, in any order).
+__global__ void count_k(unsigned long long* counts, const double* idx, std::int64_t n, int E) {
+  extern __shared__ unsigned hist[];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    atomicAdd(&hist[static_cast<int>(idx[i])], 1u);
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    if (hist[e]) atomicAdd(&counts[e], static_cast<unsigned long long>(hist[e]));
+}
+// The stable expert sort: block e lists expert e's assignments in ascending order from row off[e]
+// (src[row] = a, inv[a] = row), by a block-wide count of "idx[a] == e" over chunks of blockDim.x.
+__global__ void route_sort_k(double* src, double* inv, const double* idx, const std::int64_t* off, std::int64_t n) {
+  __shared__ int warp_hits[32];
+  const int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  std::int64_t row = off[e];
+  for (std::int64_t a0 = 0; a0 < n; a0 += blockDim.x) {  // uniform over the block
+    const std::int64_t a = a0 + threadIdx.x;
+    const bool hit = a < n && static_cast<int>(idx[a]) == e;
+    const unsigned m = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) warp_hits[w] = __popc(m);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int i = 0; i < nw; ++i) {
+      before += i < w ? warp_hits[i] : 0;
+      total += warp_hits[i];
+    }
+    if (hit) {
+      const std::int64_t r = row + before + __popc(m & ((1u << lane) - 1u));
+      src[r] = static_cast<double>(a);
+      inv[a] = static_cast<double>(r);
+    }
+    row += total;
+    __syncthreads();
+  }
+}
+
 // Load-balancing loss per token: part[t] = sum_e f_e s_te / sum_e s_te; backward adds
 // k (f_e - inner_t) / sum_t into dscores.
 template <class S, class A>
@@ -306,11 +348,6 @@ __global__ void aux_k(double* part, S* dscores, const S* scores, const double* f
     }
 }
 
-std::vector<std::int64_t> inverse(const std::vector<std::int64_t>& src) {
-  std::vector<std::int64_t> inv(src.size());
-  for (std::size_t r = 0; r < src.size(); ++r) inv[static_cast<std::size_t>(src[r])] = static_cast<std::int64_t>(r);
-  return inv;
-}
 void same_dtype(std::initializer_list<const Tensor*> ts, const char* what) {
   const DType d = (*ts.begin())->dtype();
   for (const Tensor* t : ts)
@@ -321,15 +358,19 @@ void same_dtype(std::initializer_list<const Tensor*> ts, const char* what) {
 }
 }  // namespace
 
-void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& topk_w, const Tensor& logits,
-                const Tensor* bias, const RouterParams& p) {
+namespace {
+const double* ids(const Tensor& t) { return static_cast<const double*>(t.raw()); }  // an index tensor's integers
+}  // namespace
+
+void router_fwd(Tensor& scores, MoeRouting& route, Tensor& topk_w, const Tensor& logits, const Tensor* bias,
+                const RouterParams& p) {
   same_dtype({&logits, &scores, &topk_w, bias}, "router_fwd");
   HCP_CHECK(p.experts <= kMaxE && p.n_group <= 64, "router (CUDA): at most ", kMaxE, " experts and 64 groups");
   const std::int64_t Tn = logits.size(0), E = p.experts, K = p.topk;
-  topk_idx.assign(static_cast<std::size_t>(Tn * K), 0);
+  route.idx = Tensor::empty({Tn * K}, DType::F64, Space::Cuda);
+  route.counts.assign(static_cast<std::size_t>(E), 0);
   if (Tn == 0) return;
-  const DeviceIndex ibuf(nullptr, static_cast<std::size_t>(Tn * K));
-  std::int64_t* idx = ibuf.p;
+  double* idx = static_cast<double*>(route.idx.raw());
   HCP_CUDA_DISPATCH(logits, {
     using A = typename Acc<S>::type;
     const S* b = bias ? dptr<S>(*bias) : nullptr;
@@ -346,99 +387,117 @@ void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& top
     else warp(std::integral_constant<int, 16>{});
   });
   check_launch("router_fwd");
-  HCP_CUDA_CHECK(cudaMemcpy(topk_idx.data(), idx, topk_idx.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost));
+  // The counts per expert, the one copy to the host: they size the grouped GEMMs and the EP exchange.
+  const DeviceArray<unsigned long long> cnt(nullptr, static_cast<std::size_t>(E));
+  HCP_CUDA_CHECK(cudaMemsetAsync(cnt.p, 0, static_cast<std::size_t>(E) * sizeof(unsigned long long), 0));
+  const std::int64_t n = Tn * K;
+  const unsigned grid = static_cast<unsigned>(std::min<std::int64_t>(blocks_for(n, 256), 264));
+  count_k<<<grid, 256, static_cast<std::size_t>(E) * sizeof(unsigned)>>>(cnt.p, idx, n, static_cast<int>(E));
+  check_launch("router_fwd (counts)");
+  std::vector<unsigned long long> h(static_cast<std::size_t>(E));
+  HCP_CUDA_CHECK(cudaMemcpy(h.data(), cnt.p, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  route.counts.assign(h.begin(), h.end());
 }
 
-void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const Tensor& dtopk_w,
+void router_bwd(Tensor& dlogits, const Tensor& scores, const MoeRouting& route, const Tensor& dtopk_w,
                 const Tensor* dscores, const RouterParams& p) {
   same_dtype({&scores, &dlogits, &dtopk_w, dscores}, "router_bwd");
+  require_cuda(route.idx, "router_bwd: the routing");
   const std::int64_t E = p.experts, K = p.topk, Tn = scores.numel() / E;
   if (Tn == 0) return;
-  DeviceIndex idx(&topk_idx);
   HCP_CUDA_DISPATCH(scores, {
     using A = typename Acc<S>::type;
-    router_bwd_k<S, A><<<blocks_for(Tn, 128), 128>>>(dptr<S>(dlogits), dptr<S>(scores), idx.p, dptr<S>(dtopk_w),
+    router_bwd_k<S, A><<<blocks_for(Tn, 128), 128>>>(dptr<S>(dlogits), dptr<S>(scores), ids(route.idx), dptr<S>(dtopk_w),
                                                      dscores ? dptr<S>(*dscores) : nullptr, Tn, E, K, p.sigmoid,
                                                      p.renormalize, p.scaling);
   });
   check_launch("router_bwd");
 }
 
-void moe_permute_rows(Tensor& xp, const Tensor& x, const std::vector<std::int64_t>& src, std::int64_t topk) {
+void moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x) {
   same_dtype({&x, &xp}, "moe_permute");
-  const std::int64_t TK = static_cast<std::int64_t>(src.size()), C = x.size(1);
+  require_cuda(route.idx, "moe_permute: the routing");
+  const std::int64_t TK = route.idx.numel(), C = x.size(1), E = static_cast<std::int64_t>(route.counts.size());
+  route.src = Tensor::empty({TK}, DType::F64, Space::Cuda);
+  route.inv = Tensor::empty({TK}, DType::F64, Space::Cuda);
   if (TK == 0) return;
-  DeviceIndex map(&src);
+  std::vector<std::int64_t> off(static_cast<std::size_t>(E), 0);
+  for (std::int64_t e = 1; e < E; ++e)
+    off[static_cast<std::size_t>(e)] = off[static_cast<std::size_t>(e - 1)] + route.counts[static_cast<std::size_t>(e - 1)];
+  const DeviceIndex doff(&off);
+  route_sort_k<<<static_cast<unsigned>(E), 1024>>>(static_cast<double*>(route.src.raw()), static_cast<double*>(route.inv.raw()),
+                                                  ids(route.idx), doff.p, TK);
+  check_launch("moe_permute (sort)");
   HCP_CUDA_DISPATCH(x, with_width<S>({C}, {xp.raw(), x.raw()}, [&](auto w) {
     constexpr int W = decltype(w)::value;
-    gather_rows_k<S, W><<<blocks_for(TK * C / W, kThreads), kThreads>>>(dptr<S>(xp), dptr<S>(x), map.p, TK, C, topk);
+    gather_rows_k<S, W><<<blocks_for(TK * C / W, kThreads), kThreads>>>(dptr<S>(xp), dptr<S>(x), ids(route.src), TK, C,
+                                                                        route.topk);
   }));
   check_launch("moe_permute");
 }
 
-void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64_t>& src, std::int64_t topk) {
+void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const MoeRouting& route) {
   same_dtype({&dxp, &dx}, "moe_permute_bwd");
-  const std::int64_t TK = static_cast<std::int64_t>(src.size()), Tn = TK / topk, C = dxp.numel() / std::max<std::int64_t>(TK, 1);
+  require_cuda(route.inv, "moe_permute_bwd: the routing");
+  const std::int64_t TK = route.inv.numel(), topk = route.topk, Tn = TK / topk, C = dxp.numel() / std::max<std::int64_t>(TK, 1);
   if (TK == 0) return;
-  const std::vector<std::int64_t> src_inv = inverse(src);
-  DeviceIndex inv(&src_inv);
   HCP_CUDA_DISPATCH(dxp, {
     using A = typename Acc<S>::type;
     with_width<S>({C}, {dx.raw(), dxp.raw()}, [&](auto w) {
       constexpr int W = decltype(w)::value;
-      combine_k<S, A, W><<<blocks_for(Tn * C / W, kThreads), kThreads>>>(dptr<S>(dx), dptr<S>(dxp), inv.p, nullptr, Tn, topk, C);
+      combine_k<S, A, W><<<blocks_for(Tn * C / W, kThreads), kThreads>>>(dptr<S>(dx), dptr<S>(dxp), ids(route.inv), nullptr,
+                                                                          Tn, topk, C);
     });
   });
   check_launch("moe_permute_bwd");
 }
 
-void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t>& src, const Tensor& topk_w) {
+void moe_combine_fwd(Tensor& y, const Tensor& yp, const MoeRouting& route, const Tensor& topk_w) {
   same_dtype({&yp, &y, &topk_w}, "moe_combine_fwd");
-  const std::int64_t TK = static_cast<std::int64_t>(src.size()), C = yp.numel() / TK,
-                     K = topk_w.dim() == 2 ? topk_w.size(1) : 1, Tn = TK / K;
-  const std::vector<std::int64_t> src_inv = inverse(src);
-  DeviceIndex inv(&src_inv);
+  require_cuda(route.inv, "moe_combine_fwd: the routing");
+  const std::int64_t TK = route.inv.numel(), C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1, Tn = TK / K;
   HCP_CUDA_DISPATCH(yp, {
     using A = typename Acc<S>::type;
     with_width<S>({C}, {y.raw(), yp.raw()}, [&](auto w) {
       constexpr int W = decltype(w)::value;
-      combine_k<S, A, W><<<blocks_for(Tn * C / W, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(yp), inv.p, dptr<S>(topk_w), Tn, K, C);
+      combine_k<S, A, W><<<blocks_for(Tn * C / W, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(yp), ids(route.inv),
+                                                                          dptr<S>(topk_w), Tn, K, C);
     });
   });
   check_launch("moe_combine_fwd");
 }
 
-void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const std::vector<std::int64_t>& src,
+void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const MoeRouting& route,
                      const Tensor& topk_w) {
   same_dtype({&yp, &dyp, &dtopk_w, &dy, &topk_w}, "moe_combine_bwd");
-  const std::int64_t TK = static_cast<std::int64_t>(src.size()), C = yp.numel() / TK,
-                     K = topk_w.dim() == 2 ? topk_w.size(1) : 1;
-  DeviceIndex s(&src);
+  require_cuda(route.src, "moe_combine_bwd: the routing");
+  const std::int64_t TK = route.src.numel(), C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1;
   HCP_CUDA_DISPATCH(yp, {
     using A = typename Acc<S>::type;
     with_width<S>({C}, {dyp.raw(), dy.raw(), yp.raw()}, [&](auto w) {
       constexpr int W = decltype(w)::value;
       combine_bwd_k<S, A, W><<<blocks_for(TK * 32, kThreads), kThreads>>>(dptr<S>(dyp), dptr<S>(dtopk_w), dptr<S>(dy),
-                                                                          dptr<S>(yp), s.p, dptr<S>(topk_w), TK, K, C);
+                                                                          dptr<S>(yp), ids(route.src), dptr<S>(topk_w), TK, K, C);
     });
   });
   check_launch("moe_combine_bwd");
 }
 
 namespace {
-// Share of assignments per expert (host, from the host index vector).
-std::vector<double> expert_shares(const std::vector<std::int64_t>& idx, std::int64_t E) {
-  std::vector<double> h(static_cast<std::size_t>(E), 0.0);
-  for (auto e : idx) h[static_cast<std::size_t>(e)] += 1.0;
-  for (auto& v : h) v /= static_cast<double>(idx.size());
+// Share of the assignments per expert, from the routing's counts (on the host).
+std::vector<double> expert_shares(const MoeRouting& route) {
+  std::int64_t n = 0;
+  for (auto c : route.counts) n += c;
+  std::vector<double> h(route.counts.begin(), route.counts.end());
+  for (auto& v : h) v /= static_cast<double>(std::max<std::int64_t>(n, 1));
   return h;
 }
 }  // namespace
 
-double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const RouterParams& p) {
+double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const RouterParams& p) {
   same_dtype({&scores}, "moe_aux_loss_fwd");
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
-  const std::vector<double> shares = expert_shares(topk_idx, E);
+  const std::vector<double> shares = expert_shares(route);
   DeviceArray<double> sh(&shares);
   const DeviceArray<double> pbuf(nullptr, static_cast<std::size_t>(Tn));
   double* part = pbuf.p;
@@ -454,11 +513,10 @@ double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& t
   return static_cast<double>(E) * loss / static_cast<double>(Tn);
 }
 
-void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
-                      const RouterParams& p, double dloss) {
+void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& route, const RouterParams& p, double dloss) {
   same_dtype({&scores, &dscores}, "moe_aux_loss_bwd");
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
-  const std::vector<double> shares = expert_shares(topk_idx, E);
+  const std::vector<double> shares = expert_shares(route);
   DeviceArray<double> sh(&shares);
   HCP_CUDA_DISPATCH(scores, {
     using A = typename Acc<S>::type;
@@ -525,20 +583,25 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
   const std::int64_t F1 = W1.size(1), C = W1.size(2), F = W2.size(2), rows = total_rows(counts);
   const std::size_t es = dtype_size(dt);
   const std::int64_t R = std::max<std::int64_t>(rows, 1);
-  Tensor a = Tensor::empty({R, F}, dt, Space::Cuda), da = Tensor::empty({R, F}, dt, Space::Cuda),
-         dh = Tensor::empty({R, F1}, dt, Space::Cuda);
   const bool sw = act == Activation::SwiGLU;
-  HCP_CUDA_DISPATCH(xp, {
-    using A = typename Acc<S>::type;
-    if (rows > 0)
-      with_width<S>({F}, {a.raw(), h.raw()}, [&](auto w) {
-        constexpr int W = decltype(w)::value;
-        act_k<S, A, W><<<blocks_for(rows * F / W, kThreads), kThreads>>>(dptr<S>(a), dptr<S>(h), rows, F, sw);
-      });
-  });
-  check_launch("expert_mlp_bwd");
+  // One [rows, F] buffer at a time beside dh: a = act(h) is spent on dW2 and freed (stream-ordered)
+  // before da is made, and squared ReLU writes dh over da.
+  {
+    Tensor a = Tensor::empty({R, F}, dt, Space::Cuda);
+    HCP_CUDA_DISPATCH(xp, {
+      using A = typename Acc<S>::type;
+      if (rows > 0)
+        with_width<S>({F}, {a.raw(), h.raw()}, [&](auto w) {
+          constexpr int W = decltype(w)::value;
+          act_k<S, A, W><<<blocks_for(rows * F / W, kThreads), kThreads>>>(dptr<S>(a), dptr<S>(h), rows, F, sw);
+        });
+    });
+    check_launch("expert_mlp_bwd");
+    grouped_gemm(true, false, per_expert(counts, es, dyp.raw(), C, a.raw(), F, dW2.raw(), F, C, F, 0, false, C * F), dt);  // dW2_e = dy^T a
+  }
+  Tensor da = Tensor::empty({R, F}, dt, Space::Cuda);
   grouped_gemm(false, false, per_expert(counts, es, dyp.raw(), C, W2.raw(), F, da.raw(), F, 0, F, C, true, C * F), dt);  // da = dy W2_e
-  grouped_gemm(true, false, per_expert(counts, es, dyp.raw(), C, a.raw(), F, dW2.raw(), F, C, F, 0, false, C * F), dt);  // dW2_e = dy^T a
+  Tensor dh = sw ? Tensor::empty({R, F1}, dt, Space::Cuda) : da;  // element-wise: in place is safe
   HCP_CUDA_DISPATCH(xp, {
     using A = typename Acc<S>::type;
     if (rows > 0)
@@ -548,6 +611,7 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
       });
   });
   check_launch("expert_mlp_bwd");
+  da = Tensor();
   grouped_gemm(false, false, per_expert(counts, es, dh.raw(), F1, W1.raw(), C, dxp.raw(), C, 0, C, F1, true, F1 * C), dt);  // dx = dh W1_e
   grouped_gemm(true, false, per_expert(counts, es, dh.raw(), F1, xp.raw(), C, dW1.raw(), C, F1, C, 0, false, F1 * C), dt);  // dW1_e = dh^T x
 }

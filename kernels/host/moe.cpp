@@ -1,5 +1,6 @@
 // MoE on the host: router (sigmoid/softmax, correction bias for selection, group-limited top-k,
-// renormalisation, routed scaling), load-balancing loss, permute/combine, grouped expert MLPs.
+// renormalisation, routed scaling), load-balancing loss, permute/combine, grouped expert MLPs; the
+// routing's index tensors (MoeRouting) and their host views.
 #include <algorithm>
 #include <numeric>
 #include <optional>
@@ -27,10 +28,60 @@ void check_router(const RouterParams& p) {
 
 // Descending by value, ties to the lower index: a strict, deterministic order.
 template <class T> bool before(T a, std::int64_t ia, T b, std::int64_t ib) { return a > b || (a == b && ia < ib); }
+
+// The integers an F64 index tensor holds, on the host.
+std::vector<std::int64_t> ids(const Tensor& t) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(t.defined() ? t.numel() : 0));
+  if (v.empty()) return v;
+  const Tensor h = t.space() == Space::Host ? t : t.to(Space::Host);
+  const double* d = static_cast<const double*>(h.raw());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int64_t>(d[i]);
+  return v;
+}
+// An index tensor (F64) in space sp from integers.
+Tensor id_tensor(const std::vector<std::int64_t>& v, Space sp) {
+  Tensor t = Tensor::from(std::vector<double>(v.begin(), v.end()), {static_cast<std::int64_t>(v.size())}, DType::F64);
+  return sp == Space::Host ? t : t.to(sp);
+}
+std::vector<std::int64_t> expert_counts(const std::vector<std::int64_t>& idx, std::int64_t experts) {
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(experts), 0);
+  for (auto e : idx) {
+    HCP_CHECK(e >= 0 && e < experts, "moe: expert index ", e, " outside [0, ", experts, ")");
+    counts[static_cast<std::size_t>(e)]++;
+  }
+  return counts;
+}
+// T*k of a routing whose permutation moe_permute has made.
+std::int64_t permuted_rows(const MoeRouting& r, const char* what) {
+  HCP_CHECK(r.src.defined() && r.inv.defined(), what, ": the routing has no permutation (moe_permute first)");
+  return r.src.numel();
+}
+// Share of the assignments per expert, from the routing's counts.
+std::vector<double> assignment_shares(const MoeRouting& route, const RouterParams& p, std::int64_t tokens) {
+  HCP_CHECK(tokens > 0 && static_cast<std::int64_t>(route.counts.size()) == p.experts && route.idx.defined() &&
+                route.idx.numel() == tokens * p.topk,
+            "moe_aux_loss: the routing does not match scores of ", tokens, " tokens and ", p.experts, " experts");
+  std::vector<double> f(route.counts.begin(), route.counts.end());
+  for (auto& v : f) v /= static_cast<double>(tokens * p.topk);
+  return f;
+}
 }  // namespace
 
-void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& topk_w, const Tensor& logits,
-                const Tensor* bias, const RouterParams& p) {
+std::vector<std::int64_t> MoeRouting::indices() const { return ids(idx); }
+std::vector<std::int64_t> MoeRouting::sources() const { return ids(src); }
+
+MoeRouting moe_routing(const std::vector<std::int64_t>& topk_idx, std::int64_t topk, std::int64_t experts, Space sp) {
+  HCP_CHECK(topk >= 1 && static_cast<std::int64_t>(topk_idx.size()) % topk == 0, "moe_routing: ", topk_idx.size(),
+            " indices are not a whole number of tokens of ", topk);
+  MoeRouting r;
+  r.topk = topk;
+  r.counts = expert_counts(topk_idx, experts);
+  r.idx = id_tensor(topk_idx, sp);
+  return r;
+}
+
+void router_fwd(Tensor& scores, MoeRouting& route, Tensor& topk_w, const Tensor& logits, const Tensor* bias,
+                const RouterParams& p) {
   check_router(p);
   HCP_CHECK(logits.dim() == 2 && logits.size(1) == p.experts, "router: logits must be [T, experts=", p.experts,
             "], got ", shape_str(logits.shape()));
@@ -38,8 +89,10 @@ void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& top
   host::require_numel(scores, Tn * E, "router_fwd: scores [T,E]");
   host::require_numel(topk_w, Tn * K, "router_fwd: topk_w [T,k]");
   if (bias) host::require_numel(*bias, E, "router: correction bias [E]");
-  topk_idx.assign(static_cast<std::size_t>(Tn * K), 0);
-  HCP_ROUTE_CUDA(logits, cuda_impl::router_fwd(scores, topk_idx, topk_w, logits, bias, p));
+  route = MoeRouting{};
+  route.topk = K;
+  HCP_ROUTE_CUDA(logits, cuda_impl::router_fwd(scores, route, topk_w, logits, bias, p));
+  std::vector<std::int64_t> topk_idx(static_cast<std::size_t>(Tn * K), 0);
   HCP_DISPATCH_FLOAT(logits, {
     In<T> l_(logits, "logits");
     std::optional<In<T>> b_;
@@ -97,20 +150,23 @@ void router_fwd(Tensor& scores, std::vector<std::int64_t>& topk_idx, Tensor& top
       }
     });
   });
+  route.counts = expert_counts(topk_idx, E);
+  route.idx = id_tensor(topk_idx, Space::Host);
 }
 
-void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
-                const Tensor& dtopk_w, const Tensor* dscores, const RouterParams& p) {
+void router_bwd(Tensor& dlogits, const Tensor& scores, const MoeRouting& route, const Tensor& dtopk_w,
+                const Tensor* dscores, const RouterParams& p) {
   check_router(p);
   const std::int64_t E = p.experts, K = p.topk;
   HCP_CHECK(scores.numel() % E == 0, "router_bwd: scores are not [T,E]");
   const std::int64_t Tn = scores.numel() / E;
-  HCP_CHECK(static_cast<std::int64_t>(topk_idx.size()) == Tn * K, "router_bwd: topk_idx has ", topk_idx.size(),
-            " entries, expected ", Tn * K);
+  HCP_CHECK(route.idx.defined() && route.idx.numel() == Tn * K, "router_bwd: the routing has ",
+            route.idx.defined() ? route.idx.numel() : 0, " assignments, expected ", Tn * K);
   host::require_numel(dtopk_w, Tn * K, "router_bwd: dtopk_w");
   host::require_numel(dlogits, Tn * E, "router_bwd: dlogits");
   if (dscores) host::require_numel(*dscores, Tn * E, "router_bwd: dscores");
-  HCP_ROUTE_CUDA(scores, cuda_impl::router_bwd(dlogits, scores, topk_idx, dtopk_w, dscores, p));
+  HCP_ROUTE_CUDA(scores, cuda_impl::router_bwd(dlogits, scores, route, dtopk_w, dscores, p));
+  const std::vector<std::int64_t> topk_idx = route.indices();
   HCP_DISPATCH_FLOAT(scores, {
     In<T> s_(scores, "scores"), dw_(dtopk_w, "dtopk_w");
     std::optional<In<T>> ds_;
@@ -152,22 +208,12 @@ void router_bwd(Tensor& dlogits, const Tensor& scores, const std::vector<std::in
   });
 }
 
-namespace {
-std::vector<double> assignment_share(const std::vector<std::int64_t>& idx, std::int64_t E) {
-  std::vector<double> f(static_cast<std::size_t>(E), 0.0);
-  for (auto e : idx) f[static_cast<std::size_t>(e)] += 1.0;
-  for (auto& v : f) v /= static_cast<double>(idx.size());
-  return f;
-}
-}  // namespace
-
-double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& topk_idx, const RouterParams& p) {
+double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const RouterParams& p) {
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
-  HCP_CHECK(Tn > 0 && static_cast<std::int64_t>(topk_idx.size()) == Tn * p.topk, "moe_aux_loss: shapes");
+  const auto f = assignment_shares(route, p, Tn);
 #ifdef HCP_HAVE_CUDA
-  if (scores.space() == Space::Cuda) return cuda_impl::moe_aux_loss_fwd(scores, topk_idx, p);
+  if (scores.space() == Space::Cuda) return cuda_impl::moe_aux_loss_fwd(scores, route, p);
 #endif
-  const auto f = assignment_share(topk_idx, E);
   double loss = 0;
   for (std::int64_t t = 0; t < Tn; ++t) {
     double sum = 0;
@@ -177,12 +223,12 @@ double moe_aux_loss_fwd(const Tensor& scores, const std::vector<std::int64_t>& t
   return static_cast<double>(E) * loss / static_cast<double>(Tn);
 }
 
-void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<std::int64_t>& topk_idx,
-                      const RouterParams& p, double dloss) {
+void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& route, const RouterParams& p,
+                      double dloss) {
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
   host::require_numel(dscores, scores.numel(), "moe_aux_loss_bwd: dscores");
-  HCP_ROUTE_CUDA(scores, cuda_impl::moe_aux_loss_bwd(dscores, scores, topk_idx, p, dloss));
-  const auto f = assignment_share(topk_idx, E);
+  const auto f = assignment_shares(route, p, Tn);
+  HCP_ROUTE_CUDA(scores, cuda_impl::moe_aux_loss_bwd(dscores, scores, route, p, dloss));
   for (std::int64_t t = 0; t < Tn; ++t) {
     double sum = 0, inner = 0;
     for (std::int64_t e = 0; e < E; ++e) sum += scores.get(t * E + e);
@@ -193,23 +239,25 @@ void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<s
   }
 }
 
-void moe_permute(Tensor& xp, std::vector<std::int64_t>& counts, std::vector<std::int64_t>& src, const Tensor& x,
-                 const std::vector<std::int64_t>& topk_idx, std::int64_t experts) {
+void moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x) {
   HCP_CHECK(x.dim() == 2, "moe_permute: x must be [T,C]");
-  const std::int64_t Tn = x.size(0), C = x.size(1), TK = static_cast<std::int64_t>(topk_idx.size());
-  HCP_CHECK(Tn > 0 && TK % Tn == 0, "moe_permute: ", TK, " assignments for ", Tn, " tokens");
+  const std::int64_t Tn = x.size(0), C = x.size(1), K = route.topk, E = static_cast<std::int64_t>(route.counts.size());
+  const std::int64_t TK = route.idx.defined() ? route.idx.numel() : 0;
+  HCP_CHECK(Tn > 0 && TK == Tn * K, "moe_permute: ", TK, " assignments for ", Tn, " tokens of ", K);
   host::require_numel(xp, TK * C, "moe_permute: xp [T*k,C]");
-  counts.assign(static_cast<std::size_t>(experts), 0);
-  for (auto e : topk_idx) {
-    HCP_CHECK(e >= 0 && e < experts, "moe_permute: expert index ", e, " outside [0, ", experts, ")");
-    counts[static_cast<std::size_t>(e)]++;
+  HCP_ROUTE_CUDA(x, cuda_impl::moe_permute(xp, route, x));
+  const std::vector<std::int64_t> topk_idx = route.indices();
+  std::vector<std::int64_t> off(static_cast<std::size_t>(E), 0);
+  for (std::int64_t e = 1; e < E; ++e)
+    off[static_cast<std::size_t>(e)] = off[static_cast<std::size_t>(e - 1)] + route.counts[static_cast<std::size_t>(e - 1)];
+  std::vector<std::int64_t> src(static_cast<std::size_t>(TK), 0), inv(static_cast<std::size_t>(TK), 0);
+  for (std::int64_t a = 0; a < TK; ++a) {
+    const std::int64_t r = off[static_cast<std::size_t>(topk_idx[static_cast<std::size_t>(a)])]++;
+    src[static_cast<std::size_t>(r)] = a;
+    inv[static_cast<std::size_t>(a)] = r;
   }
-  std::vector<std::int64_t> off(static_cast<std::size_t>(experts), 0);
-  for (std::int64_t e = 1; e < experts; ++e) off[static_cast<std::size_t>(e)] = off[static_cast<std::size_t>(e - 1)] + counts[static_cast<std::size_t>(e - 1)];
-  src.assign(static_cast<std::size_t>(TK), 0);
-  for (std::int64_t a = 0; a < TK; ++a) src[static_cast<std::size_t>(off[static_cast<std::size_t>(topk_idx[static_cast<std::size_t>(a)])]++)] = a;
-  const std::int64_t K = TK / Tn;
-  HCP_ROUTE_CUDA(x, cuda_impl::moe_permute_rows(xp, x, src, K));
+  route.src = id_tensor(src, Space::Host);
+  route.inv = id_tensor(inv, Space::Host);
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x");
     Out<T> xp_(xp, "xp");
@@ -222,21 +270,13 @@ void moe_permute(Tensor& xp, std::vector<std::int64_t>& counts, std::vector<std:
   });
 }
 
-namespace {
-std::vector<std::int64_t> inverse(const std::vector<std::int64_t>& src) {
-  std::vector<std::int64_t> inv(src.size());
-  for (std::size_t r = 0; r < src.size(); ++r) inv[static_cast<std::size_t>(src[r])] = static_cast<std::int64_t>(r);
-  return inv;
-}
-}  // namespace
-
-void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64_t>& src, std::int64_t topk) {
-  const std::int64_t TK = static_cast<std::int64_t>(src.size()), Tn = TK / topk;
-  HCP_CHECK(dxp.numel() % TK == 0, "moe_permute_bwd: dxp is not [T*k, C]");
+void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const MoeRouting& route) {
+  const std::int64_t TK = permuted_rows(route, "moe_permute_bwd"), topk = route.topk, Tn = TK / topk;
+  HCP_CHECK(TK > 0 && dxp.numel() % TK == 0, "moe_permute_bwd: dxp is not [T*k, C]");
   const std::int64_t C = dxp.numel() / TK;
   host::require_numel(dx, Tn * C, "moe_permute_bwd: dx [T,C]");
-  const auto inv = inverse(src);
-  HCP_ROUTE_CUDA(dxp, cuda_impl::moe_permute_bwd(dx, dxp, src, topk));
+  HCP_ROUTE_CUDA(dxp, cuda_impl::moe_permute_bwd(dx, dxp, route));
+  const std::vector<std::int64_t> inv = ids(route.inv);
   HCP_DISPATCH_FLOAT(dxp, {
     In<T> d_(dxp, "dxp");
     Out<T> dx_(dx, "dx");
@@ -252,13 +292,13 @@ void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const std::vector<std::int64
   });
 }
 
-void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t>& src, const Tensor& topk_w) {
-  const std::int64_t TK = static_cast<std::int64_t>(src.size());
+void moe_combine_fwd(Tensor& y, const Tensor& yp, const MoeRouting& route, const Tensor& topk_w) {
+  const std::int64_t TK = permuted_rows(route, "moe_combine");
   HCP_CHECK(TK > 0 && yp.numel() % TK == 0 && topk_w.numel() == TK, "moe_combine: yp / topk_w shapes");
   const std::int64_t C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1, Tn = TK / K;
   host::require_numel(y, Tn * C, "moe_combine: y [T,C]");
-  const auto inv = inverse(src);
-  HCP_ROUTE_CUDA(yp, cuda_impl::moe_combine_fwd(y, yp, src, topk_w));
+  HCP_ROUTE_CUDA(yp, cuda_impl::moe_combine_fwd(y, yp, route, topk_w));
+  const std::vector<std::int64_t> inv = ids(route.inv);
   HCP_DISPATCH_FLOAT(yp, {
     In<T> yp_(yp, "yp"), w_(topk_w, "topk_w");
     Out<T> y_(y, "y");
@@ -275,15 +315,16 @@ void moe_combine_fwd(Tensor& y, const Tensor& yp, const std::vector<std::int64_t
   });
 }
 
-void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp,
-                     const std::vector<std::int64_t>& src, const Tensor& topk_w) {
-  const std::int64_t TK = static_cast<std::int64_t>(src.size());
+void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const MoeRouting& route,
+                     const Tensor& topk_w) {
+  const std::int64_t TK = permuted_rows(route, "moe_combine_bwd");
   HCP_CHECK(TK > 0 && yp.numel() % TK == 0 && topk_w.numel() == TK, "moe_combine_bwd: shapes");
   const std::int64_t C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1;
   host::require_numel(dyp, yp.numel(), "moe_combine_bwd: dyp");
   host::require_numel(dtopk_w, TK, "moe_combine_bwd: dtopk_w");
   host::require_numel(dy, (TK / K) * C, "moe_combine_bwd: dy");
-  HCP_ROUTE_CUDA(yp, cuda_impl::moe_combine_bwd(dyp, dtopk_w, dy, yp, src, topk_w));
+  HCP_ROUTE_CUDA(yp, cuda_impl::moe_combine_bwd(dyp, dtopk_w, dy, yp, route, topk_w));
+  const std::vector<std::int64_t> src = route.sources();
   HCP_DISPATCH_FLOAT(yp, {
     In<T> yp_(yp, "yp"), w_(topk_w, "topk_w"), dy_(dy, "dy");
     Out<T> dp_(dyp, "dyp"), dw_(dtopk_w, "dtopk_w");

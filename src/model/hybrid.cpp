@@ -139,11 +139,10 @@ std::vector<Tensor> HybridModel::routing() const {
   std::vector<Tensor> out;
   for (const Block& b : blocks_) {
     if (!b.moe) continue;
-    const std::vector<std::int64_t>& sel = b.moe->selection();
+    const Tensor& sel = b.moe->selection();
     const std::int64_t K = b.moe->topk();
     Tensor t = Tensor::zeros({tl_, K}, DType::F64);
-    for (std::int64_t i = 0; i < std::min<std::int64_t>(tl_ * K, static_cast<std::int64_t>(sel.size())); ++i)
-      t.set(i, static_cast<double>(sel[static_cast<std::size_t>(i)]));
+    if (sel.defined() && sel.numel() == tl_ * K && sel.numel() > 0) t.copy_from(sel.view({tl_, K}));
     out.push_back(t);
   }
   return out;

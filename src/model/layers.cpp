@@ -228,15 +228,13 @@ void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
   Tensor topk_w = Tensor::zeros({T, K}, rt);
   const auto rp = c_.router();
   const Tensor e_bias = as_dtype(p.at("e_bias"), rt);
-  k::router_fwd(scores_, idx_, topk_w, logits, &e_bias, rp);
+  k::router_fwd(scores_, route_, topk_w, logits, &e_bias, rp);
   topk_w_ = as_dtype(topk_w, dt);
   // Row buffers that a kernel writes whole are left unfilled (`empty`); zero-filled only where the
   // kernel does not run.
   Tensor xp = Tensor::empty({T * K, C}, dt);
-  std::vector<std::int64_t> counts;
-  if (T > 0) k::moe_permute(xp, counts, src_, x_, idx_, E);
-  else counts.assign(static_cast<std::size_t>(E), 0);
-  disp_ = std::make_unique<cp::EpDispatcher>(ep_, E, counts);
+  if (T > 0) k::moe_permute(xp, route_, x_);
+  disp_ = std::make_unique<cp::EpDispatcher>(ep_, E, route_.counts);
   local_counts_ = disp_->local_counts();
   xl_ = disp_->dispatch(xp);
   const std::int64_t el = disp_->local_experts(), F1 = p.at("W1").size(1);
@@ -248,7 +246,7 @@ void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
   if (disp_->local_rows() > 0) k::expert_mlp_fwd(yl, h_, xl_, p.at("W1"), p.at("W2"), disp_->local_counts(), c_.act);
   yp_ = disp_->combine(yl);
   Tensor out = Tensor::empty({T, C}, dt);
-  if (T > 0) k::moe_combine_fwd(out, yp_, src_, topk_w_);
+  if (T > 0) k::moe_combine_fwd(out, yp_, route_, topk_w_);
   if (c_.shared_ffn > 0) {
     shared_ = std::make_unique<MlpLayer>(grad_, MlpConfig{C, c_.shared_ffn, c_.act});
     Tensor ys = Tensor::zeros({T, C}, dt);
@@ -276,7 +274,7 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   Tensor dyv = dy.view({T, C}), dxl = Tensor::zeros({T, C}, dt);
   // Routed experts: combine -> (dispatch) -> grouped MLP -> (combine) -> permute.
   Tensor dyp = Tensor::empty(yp_.shape(), dt), dw = Tensor::empty({T, K}, dt);
-  if (T > 0) k::moe_combine_bwd(dyp, dw, dyv, yp_, src_, topk_w_);
+  if (T > 0) k::moe_combine_bwd(dyp, dw, dyv, yp_, route_, topk_w_);
   release_saved(yp_, topk_w_);
   Tensor dyl = disp_->dispatch(dyp);
   Tensor dxloc = Tensor::empty(xl_.shape(), dt);
@@ -287,19 +285,19 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   release_saved(dxloc);
   disp_.reset();
   if (T > 0) {
-    k::moe_permute_bwd(dxl, dxp, src_, K);
+    k::moe_permute_bwd(dxl, dxp, route_);
     release_saved(dxp);
     // Router: top-k weights -> scores -> logits -> router weight and x.
     const DType rt = router_dtype(dt);
     Tensor dlogits = Tensor::zeros({T, E}, rt), dxr = Tensor::zeros({T, C}, rt);
     Tensor dWr = Tensor::zeros(p.at("router").shape(), rt);
-    k::router_bwd(dlogits, scores_, idx_, as_dtype(dw, rt), nullptr, c_.router());
+    k::router_bwd(dlogits, scores_, route_, as_dtype(dw, rt), nullptr, c_.router());
     k::linear_bwd(&dxr, &dWr, nullptr, as_dtype(x_, rt), as_dtype(p.at("router"), rt), dlogits);
     grads["router"] = as_dtype(dWr, dt);
     k::axpy(dxl, 1.0, as_dtype(dxr, dt));
   }
   release_saved(scores_);
-  std::vector<std::int64_t>().swap(src_);
+  release_saved(route_.src, route_.inv);
   // The router's gradient is a partial sum over this rank's tokens; the experts' over the tokens
   // they received, so it is summed over the ranks holding the same experts only.
   reduce_grad(grad_, grads["router"]);

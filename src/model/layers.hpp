@@ -103,8 +103,9 @@ class MoeLayer {
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
   // Token copies each local expert received in the last forward.
   const std::vector<std::int64_t>& local_counts() const { return local_counts_; }
-  // The experts each local token chose in the last forward, [T, topk] row-major.
-  const std::vector<std::int64_t>& selection() const { return idx_; }
+  // The experts each local token chose in the last forward, [T * topk] (F64 integers, in the run's
+  // memory space).
+  const Tensor& selection() const { return route_.idx; }
   std::int64_t topk() const { return c_.topk; }
 
  private:
@@ -113,7 +114,8 @@ class MoeLayer {
   std::unique_ptr<cp::EpDispatcher> disp_;
   std::unique_ptr<MlpLayer> shared_;
   Tensor x_, scores_, topk_w_, xl_, h_, yp_;
-  std::vector<std::int64_t> idx_, src_, local_counts_;
+  kernels::MoeRouting route_;  // of the last forward; its permutation is dropped after the backward
+  std::vector<std::int64_t> local_counts_;
 };
 
 }  // namespace hcp::model

@@ -506,6 +506,10 @@ TEST(CudaKernels, SsdTensorCorePhasesMatchHost) {
   check_ssd(ssd_case(1, 420, 8, 64, 1, 64, 128, DType::BF16, {50, 128, 129, 300}), true, " tc packed");
 }
 
+namespace {
+std::vector<double> ids_of(const Tensor& t) { return t.to(Space::Host).to_vector(); }
+}  // namespace
+
 TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
   REQUIRE_GPU();
   for (DType d : kTypes)
@@ -528,25 +532,28 @@ TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
       bias.set(5, -50.0);  // expert 5 never selected
       Tensor sc = Tensor::zeros({T, E}, d), w = Tensor::zeros({T, K}, d), SC = Tensor::zeros({T, E}, d, Space::Cuda),
              Wt = Tensor::zeros({T, K}, d, Space::Cuda);
-      std::vector<std::int64_t> idx, IDX;
+      MoeRouting idx, IDX;  // the host's and the device's routing
       router_fwd(sc, idx, w, logits, &bias, rp);
       Tensor L = dev(logits), Bs = dev(bias);
       router_fwd(SC, IDX, Wt, L, &Bs, rp);
       expect_match(SC, sc, d, "router scores");
       expect_match(Wt, w, d, "router weights");
-      EXPECT_EQ(IDX, idx) << "router selection " << to_string(d);
+      EXPECT_EQ(IDX.indices(), idx.indices()) << "router selection " << to_string(d);
+      EXPECT_EQ(IDX.counts, idx.counts) << "router counts " << to_string(d);
+      EXPECT_EQ(idx.counts[5], 0);
       Tensor dw = rnd({T, K}, 62, d), dl = Tensor::zeros({T, E}, d), DL = Tensor::zeros({T, E}, d, Space::Cuda);
       router_bwd(dl, sc, idx, dw, nullptr, rp);
       router_bwd(DL, SC, IDX, dev(dw), nullptr, rp);
       expect_match(DL, dl, d, "router dlogits");
       // permute -> experts -> combine, and back
       Tensor x = rnd({T, C}, 63, d), xp = Tensor::zeros({T * K, C}, d), XP = Tensor::zeros({T * K, C}, d, Space::Cuda);
-      std::vector<std::int64_t> cnt, src, CNT, SRC;
-      moe_permute(xp, cnt, src, x, idx, E);
+      moe_permute(xp, idx, x);
       Tensor X = dev(x);
-      moe_permute(XP, CNT, SRC, X, IDX, E);
-      EXPECT_EQ(CNT, cnt);
-      EXPECT_EQ(cnt[5], 0);
+      moe_permute(XP, IDX, X);
+      EXPECT_EQ(IDX.sources(), idx.sources()) << "permutation (stable) " << to_string(d);
+      EXPECT_EQ(ids_of(IDX.inv), ids_of(idx.inv)) << "inverse permutation " << to_string(d);
+      const std::vector<std::int64_t>&cnt = idx.counts, &CNT = IDX.counts;
+      const MoeRouting &src = idx, &SRC = IDX;
       expect_match(XP, xp, d, "permute");
       Tensor W1 = rnd({E, F1, C}, 64, d, -0.3, 0.3), W2 = rnd({E, C, F}, 65, d, -0.3, 0.3);
       Tensor yp = Tensor::zeros({T * K, C}, d), h = Tensor::zeros({T * K, F1}, d), YP = Tensor::zeros({T * K, C}, d, Space::Cuda),
@@ -575,8 +582,8 @@ TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
       expect_match(GW1, dW1, d, "expert dW1");
       expect_match(GW2, dW2, d, "expert dW2");
       Tensor dx = Tensor::zeros({T, C}, d), DX = Tensor::zeros({T, C}, d, Space::Cuda);
-      moe_permute_bwd(dx, dxp, src, K);
-      moe_permute_bwd(DX, DXP, SRC, K);
+      moe_permute_bwd(dx, dxp, src);
+      moe_permute_bwd(DX, DXP, SRC);
       expect_match(DX, dx, d, "permute dx");
       // Load-balancing loss and its gradient (added into dscores).
       const double la = moe_aux_loss_fwd(sc, idx, rp), LA = moe_aux_loss_fwd(SC, IDX, rp);

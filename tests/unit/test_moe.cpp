@@ -19,20 +19,21 @@ TEST(Moe, RouterSelectionRules) {
   Tensor logits = Tensor::from({1.0, -2.0, 3.0, 0.0}, {1, 4}, DType::F64);
   Tensor bias = Tensor::from({0, 5.0, 0, 0}, {4}, DType::F64);
   Tensor s = Tensor::zeros({1, 4}, DType::F64), w = Tensor::zeros({1, 2}, DType::F64);
-  std::vector<std::int64_t> idx;
-  router_fwd(s, idx, w, logits, nullptr, p);
-  EXPECT_EQ(idx, (std::vector<std::int64_t>{2, 0}));
-  router_fwd(s, idx, w, logits, &bias, p);
-  EXPECT_EQ(idx, (std::vector<std::int64_t>{1, 2}));
+  MoeRouting r;
+  router_fwd(s, r, w, logits, nullptr, p);
+  EXPECT_EQ(r.indices(), (std::vector<std::int64_t>{2, 0}));
+  EXPECT_EQ(r.counts, (std::vector<std::int64_t>{1, 0, 1, 0}));
+  router_fwd(s, r, w, logits, &bias, p);
+  EXPECT_EQ(r.indices(), (std::vector<std::int64_t>{1, 2}));
   const double s1 = 1 / (1 + std::exp(2.0)), s2 = 1 / (1 + std::exp(-3.0));
   EXPECT_NEAR(w.get(0), 2.5 * s1 / (s1 + s2), 1e-14);  // weights from unbiased scores
   // Group-limited: groups {0,1} and {2,3}; only one group allowed -> both picks from group 1.
   p.n_group = 2;
   p.topk_group = 1;
-  router_fwd(s, idx, w, logits, nullptr, p);
-  EXPECT_EQ(idx, (std::vector<std::int64_t>{2, 3}));
+  router_fwd(s, r, w, logits, nullptr, p);
+  EXPECT_EQ(r.indices(), (std::vector<std::int64_t>{2, 3}));
   p.n_group = 3;
-  EXPECT_NE(test::error_of([&] { router_fwd(s, idx, w, logits, nullptr, p); }).find("n_group (3) must divide experts (4)"),
+  EXPECT_NE(test::error_of([&] { router_fwd(s, r, w, logits, nullptr, p); }).find("n_group (3) must divide experts (4)"),
             std::string::npos);
 }
 
@@ -49,7 +50,7 @@ TEST(Moe, RouterAndAuxLossGradients) {
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int64_t e = 0; e < 6; ++e) logits.set(t * 6 + e, 0.37 * double((e * 7 + t * 3) % 6) - 0.9);
     Tensor dw = rand({T, 2}, 1);
-    std::vector<std::int64_t> idx;
+    MoeRouting idx;
     auto fwd = [&](Tensor& s, Tensor& w) { router_fwd(s, idx, w, logits, nullptr, p); };
     auto loss = [&] {
       Tensor s = Tensor::zeros({T, 6}, DType::F64), w = Tensor::zeros({T, 2}, DType::F64);
@@ -67,22 +68,25 @@ TEST(Moe, RouterAndAuxLossGradients) {
 
 TEST(Moe, PermuteCombineAndExpertsAgainstPerTokenLoop) {
   const std::int64_t T = 6, C = 4, F = 3, E = 4, K = 2;
-  std::vector<std::int64_t> idx{0, 2, 2, 3, 0, 2, 3, 0, 2, 0, 0, 3};  // expert 1 receives no tokens
+  const std::vector<std::int64_t> idx{0, 2, 2, 3, 0, 2, 3, 0, 2, 0, 0, 3};  // expert 1 receives no tokens
   Tensor x = rand({T, C}, 2), tw = rand({T, K}, 3, 0.1, 1.0);
   for (Activation act : {Activation::SquaredReLU, Activation::SwiGLU}) {
     const std::int64_t F1 = act == Activation::SwiGLU ? 2 * F : F;
     Tensor W1 = rand({E, F1, C}, 4), W2 = rand({E, C, F}, 5), dy = rand({T, C}, 6);
-    auto forward = [&](Tensor& y, Tensor& xp, Tensor& h, Tensor& yp, std::vector<std::int64_t>& counts,
-                       std::vector<std::int64_t>& src) {
-      moe_permute(xp, counts, src, x, idx, E);
-      expert_mlp_fwd(yp, h, xp, W1, W2, counts, act);
-      moe_combine_fwd(y, yp, src, tw);
+    auto forward = [&](Tensor& y, Tensor& xp, Tensor& h, Tensor& yp, MoeRouting& r) {
+      r = moe_routing(idx, K, E, Space::Host);
+      moe_permute(xp, r, x);
+      expert_mlp_fwd(yp, h, xp, W1, W2, r.counts, act);
+      moe_combine_fwd(y, yp, r, tw);
     };
     Tensor y = Tensor::zeros({T, C}, DType::F64), xp = Tensor::zeros({T * K, C}, DType::F64),
            h = Tensor::zeros({T * K, F1}, DType::F64), yp = Tensor::zeros({T * K, C}, DType::F64);
-    std::vector<std::int64_t> counts, src;
-    forward(y, xp, h, yp, counts, src);
+    MoeRouting route;
+    forward(y, xp, h, yp, route);
+    const std::vector<std::int64_t>& counts = route.counts;
     EXPECT_EQ(counts, (std::vector<std::int64_t>{5, 0, 4, 3}));
+    // Stable: expert 0's rows are assignments 0, 4, 7, 9, 10 in order, then expert 2's, expert 3's.
+    EXPECT_EQ(route.sources(), (std::vector<std::int64_t>{0, 4, 7, 9, 10, 1, 2, 5, 8, 3, 6, 11}));
     // Per-token reference: y_t = sum_k w_tk * MLP_{e_tk}(x_t).
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int64_t c = 0; c < C; ++c) {
@@ -106,16 +110,16 @@ TEST(Moe, PermuteCombineAndExpertsAgainstPerTokenLoop) {
     auto loss = [&] {
       Tensor y2 = Tensor::zeros({T, C}, DType::F64), xp2 = Tensor::zeros({T * K, C}, DType::F64),
              h2 = Tensor::zeros({T * K, F1}, DType::F64), yp2 = Tensor::zeros({T * K, C}, DType::F64);
-      std::vector<std::int64_t> c2, s2;
-      forward(y2, xp2, h2, yp2, c2, s2);
+      MoeRouting r2;
+      forward(y2, xp2, h2, yp2, r2);
       return test::dot(y2, dy);
     };
     Tensor dyp = Tensor::zeros(yp.shape(), DType::F64), dtw = Tensor::zeros(tw.shape(), DType::F64),
            dxp = Tensor::zeros(xp.shape(), DType::F64), dW1 = Tensor::zeros(W1.shape(), DType::F64),
            dW2 = Tensor::zeros(W2.shape(), DType::F64), dx = Tensor::zeros(x.shape(), DType::F64);
-    moe_combine_bwd(dyp, dtw, dy, yp, src, tw);
+    moe_combine_bwd(dyp, dtw, dy, yp, route, tw);
     expert_mlp_bwd(dxp, dW1, dW2, xp, W1, W2, h, counts, act, dyp);
-    moe_permute_bwd(dx, dxp, src, K);
+    moe_permute_bwd(dx, dxp, route);
     const std::string tag = act == Activation::SwiGLU ? " (swiglu)" : " (squared relu)";
     test::fd_check(x, dx, loss, "moe dx" + tag);
     test::fd_check(tw, dtw, loss, "moe dtopk_w" + tag);
