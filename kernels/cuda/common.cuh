@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 #include <vector>
 
@@ -57,6 +58,30 @@ template <class S, class A> __device__ __forceinline__ void st_vec(S* p, const A
   *reinterpret_cast<uint4*>(p) = raw;
 }
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+// Row kernels that take W consecutive channels per thread: kVec<S> (16-byte accesses) when every row
+// length and base pointer allows it (with_width), else 1; the arithmetic per element is the same.
+template <int W, class S, class A> __device__ __forceinline__ void ldw(A (&v)[W], const S* p) {
+  if constexpr (W == kVec<S>) ld_vec<S, A>(v, p);
+  else
+#pragma unroll
+    for (int i = 0; i < W; ++i) v[i] = ld(p + i);
+}
+template <int W, class S, class A> __device__ __forceinline__ void stw(S* p, const A (&v)[W]) {
+  if constexpr (W == kVec<S>) st_vec<S, A>(p, v);
+  else
+#pragma unroll
+    for (int i = 0; i < W; ++i) st(p + i, v[i]);
+}
+// Calls launch(std::integral_constant<int, W>) with W = kVec<S> when every row length in `lens` is
+// a multiple of it and every pointer 16-byte aligned, else W = 1.
+template <class S, class L>
+void with_width(std::initializer_list<std::int64_t> lens, std::initializer_list<const void*> ptrs, L&& launch) {
+  bool vec = true;
+  for (auto n : lens) vec = vec && n % kVec<S> == 0;
+  for (auto p : ptrs) vec = vec && (p == nullptr || aligned16(p));
+  if (vec) launch(std::integral_constant<int, kVec<S>>{});
+  else launch(std::integral_constant<int, 1>{});
+}
 
 // Sum / maximum over the warp (butterfly: every lane gets the same result).
 template <class A> __device__ __forceinline__ A warp_sum(A v) {
@@ -123,6 +148,10 @@ inline void check_all(std::initializer_list<const Tensor*> ts, DType dt, const c
       HCP_CHECK(t->dtype() == dt, what, ": every tensor must have the dtype of the first input (", to_string(dt), "), got ",
                 to_string(t->dtype()));
     }
+}
+// Every non-null tensor on the GPU and contiguous, with the first one's dtype.
+inline void check_same(std::initializer_list<const Tensor*> ts, const char* what) {
+  check_all(ts, (*ts.begin())->dtype(), what);
 }
 template <class S> S* dptr(Tensor& t) { return static_cast<S*>(t.raw()); }
 template <class S> const S* dptr(const Tensor& t) { return static_cast<const S*>(t.raw()); }
