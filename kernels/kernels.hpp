@@ -228,6 +228,7 @@ enum class Activation { SquaredReLU, SwiGLU };
 // (F1 = F, or 2F for SwiGLU: gate rows then up rows), W2 [E,C,F]. h [T*k,F1] saved for backward.
 void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,
                     const std::vector<std::int64_t>& counts, Activation act);
+// dxp may be dyp itself: dyp is read in full before dxp is written.
 void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, const Tensor& W1, const Tensor& W2,
                     const Tensor& h, const std::vector<std::int64_t>& counts, Activation act, const Tensor& dyp);
 

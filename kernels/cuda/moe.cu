@@ -171,7 +171,8 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
   const std::int64_t R = std::max<std::int64_t>(rows, 1);
   const bool sw = act == Activation::SwiGLU;
   // One [rows, F] buffer at a time beside dh: a = act(h) is spent on dW2 and freed (stream-ordered)
-  // before da is made, and squared ReLU writes dh over da.
+  // before da is made, and squared ReLU writes dh over da. dyp's last reader is da's GEMM, before
+  // dxp is written (dxp may be dyp).
   {
     Tensor a = Tensor::empty({R, F}, dt, Space::Cuda);
     HCP_CUDA_DISPATCH(xp, {

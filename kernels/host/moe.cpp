@@ -441,6 +441,17 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
     std::vector<std::int64_t> expert_of(static_cast<std::size_t>(s.rows));
     for (std::int64_t e = 0; e < s.E; ++e)
       for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) expert_of[static_cast<std::size_t>(r)] = e;
+    // dW2 first: it is the last reader of dy other than row r's own da, so dxp may alias dyp.
+    Kokkos::parallel_for("expert_mlp_bwd_dW2", Range(0, s.E * s.C), [&](std::int64_t ec) {
+      const std::int64_t e = ec / s.C, c = ec % s.C;
+      T* out = dw2 + ec * s.F;
+      for (std::int64_t f = 0; f < s.F; ++f) out[f] = 0;
+      for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) {
+        const T g = dyb[r * s.C + c];
+        const T* hr = hb + r * s.F1;
+        for (std::int64_t f = 0; f < s.F; ++f) out[f] += g * act_fwd(hr, f, s.F, act);
+      }
+    });
     // dh [rows, F1] (pre-activation gradient), per row.
     std::vector<T> dh(static_cast<std::size_t>(s.rows * s.F1));
     Kokkos::parallel_for("expert_mlp_bwd_dh", Range(0, s.rows), [&](std::int64_t r) {
@@ -461,21 +472,11 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
       // dx_r = dh_r W1_e, streaming W1's rows; each dx[r,c] still sums over f in order.
       host::combine_rows(dxb + r * s.C, dh.data() + r * s.F1, 1, w1 + e * s.F1 * s.C, s.F1, s.C);
     });
-    // Weight gradients: one work item per weight row; rows of the expert summed in order.
+    // dW1: one work item per weight row; rows of the expert summed in order.
     Kokkos::parallel_for("expert_mlp_bwd_dW1", Range(0, s.E * s.F1), [&](std::int64_t ef) {
       const std::int64_t e = ef / s.F1, f = ef % s.F1, r0 = s.off[static_cast<std::size_t>(e)];
       host::combine_rows(dw1 + ef * s.C, dh.data() + r0 * s.F1 + f, s.F1, xb + r0 * s.C,
                          s.off[static_cast<std::size_t>(e + 1)] - r0, s.C);
-    });
-    Kokkos::parallel_for("expert_mlp_bwd_dW2", Range(0, s.E * s.C), [&](std::int64_t ec) {
-      const std::int64_t e = ec / s.C, c = ec % s.C;
-      T* out = dw2 + ec * s.F;
-      for (std::int64_t f = 0; f < s.F; ++f) out[f] = 0;
-      for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) {
-        const T g = dyb[r * s.C + c];
-        const T* hr = hb + r * s.F1;
-        for (std::int64_t f = 0; f < s.F; ++f) out[f] += g * act_fwd(hr, f, s.F, act);
-      }
     });
   });
 }

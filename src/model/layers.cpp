@@ -271,13 +271,13 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
     const bool whole = mlp_runs && (n[0] == 'W');
     grads[n] = whole ? Tensor::empty(p.at(n).shape(), p.at(n).dtype()) : Tensor::zeros(p.at(n).shape(), p.at(n).dtype());
   }
-  Tensor dyv = dy.view({T, C}), dxl = Tensor::zeros({T, C}, dt);
+  Tensor dyv = dy.view({T, C}), dxl = Tensor::empty({T, C}, dt);  // moe_permute_bwd writes every row
   // Routed experts: combine -> (dispatch) -> grouped MLP -> (combine) -> permute.
   Tensor dyp = Tensor::empty(yp_.shape(), dt), dw = Tensor::empty({T, K}, dt);
   if (T > 0) k::moe_combine_bwd(dyp, dw, dyv, yp_, route_, topk_w_);
   release_saved(yp_, topk_w_);
   Tensor dyl = disp_->dispatch(dyp);
-  Tensor dxloc = Tensor::empty(xl_.shape(), dt);
+  Tensor dxloc = dyl;  // the grouped MLP writes dx over dy once dy is spent (expert_mlp_bwd)
   if (disp_->local_rows() > 0)
     k::expert_mlp_bwd(dxloc, grads["W1"], grads["W2"], xl_, p.at("W1"), p.at("W2"), h_, disp_->local_counts(), c_.act, dyl);
   release_saved(xl_, h_, dyl, dyp);

@@ -581,6 +581,13 @@ TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
       expect_match(DXP, dxp, d, "expert dxp");
       expect_match(GW1, dW1, d, "expert dW1");
       expect_match(GW2, dW2, d, "expert dW2");
+      {  // dx written over dy (as MoeLayer runs it): bitwise the device's separate-buffer result
+        Tensor over = DYP.clone(), OW1 = Tensor::zeros(W1.shape(), d, Space::Cuda), OW2 = Tensor::zeros(W2.shape(), d, Space::Cuda);
+        expert_mlp_bwd(over, OW1, OW2, XP, DW1, DW2, Hh, CNT, act, over);
+        EXPECT_EQ(over.to(Space::Host).to_vector(), DXP.to(Space::Host).to_vector()) << "dx over dy " << to_string(d);
+        EXPECT_EQ(OW1.to(Space::Host).to_vector(), GW1.to(Space::Host).to_vector()) << "dW1, dx over dy " << to_string(d);
+        EXPECT_EQ(OW2.to(Space::Host).to_vector(), GW2.to(Space::Host).to_vector()) << "dW2, dx over dy " << to_string(d);
+      }
       Tensor dx = Tensor::zeros({T, C}, d), DX = Tensor::zeros({T, C}, d, Space::Cuda);
       moe_permute_bwd(dx, dxp, src);
       moe_permute_bwd(DX, DXP, SRC);

@@ -121,6 +121,12 @@ TEST(Moe, PermuteCombineAndExpertsAgainstPerTokenLoop) {
     expert_mlp_bwd(dxp, dW1, dW2, xp, W1, W2, h, counts, act, dyp);
     moe_permute_bwd(dx, dxp, route);
     const std::string tag = act == Activation::SwiGLU ? " (swiglu)" : " (squared relu)";
+    // dxp may be dyp itself (MoeLayer writes dx over dy): bitwise the same gradients.
+    Tensor over = dyp.clone(), oW1 = Tensor::zeros(W1.shape(), DType::F64), oW2 = Tensor::zeros(W2.shape(), DType::F64);
+    expert_mlp_bwd(over, oW1, oW2, xp, W1, W2, h, counts, act, over);
+    EXPECT_EQ(over.to_vector(), dxp.to_vector()) << "dx written over dy" << tag;
+    EXPECT_EQ(oW1.to_vector(), dW1.to_vector()) << "dW1 with dx over dy" << tag;
+    EXPECT_EQ(oW2.to_vector(), dW2.to_vector()) << "dW2 with dx over dy" << tag;
     test::fd_check(x, dx, loss, "moe dx" + tag);
     test::fd_check(tw, dtw, loss, "moe dtopk_w" + tag);
     test::fd_check(W1, dW1, loss, "moe dW1" + tag);
