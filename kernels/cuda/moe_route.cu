@@ -22,6 +22,8 @@ template <class A> __device__ __forceinline__ bool before(A a, std::int64_t ia, 
   return a > b || (a == b && ia < ib);
 }
 
+// One thread per token: scores, the group limit (the topk_group groups with the largest sum of their
+// two best selection scores), the top-k by selection score and their weights.
 template <class S, class A>
 __global__ void router_fwd_k(S* scores, double* idx, S* w, const S* logits, const S* bias, std::int64_t Tn,
                              std::int64_t E, std::int64_t K, bool sig, std::int64_t n_group, std::int64_t topk_group,

@@ -13,6 +13,14 @@ int g_device = -1;
 cublasHandle_t g_cublas = nullptr;
 std::string g_name;
 
+// The current device's default memory pool.
+cudaMemPool_t default_pool() {
+  cudaMemPool_t pool;
+  int dev = 0;
+  HCP_CUDA_CHECK(cudaGetDevice(&dev));
+  HCP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  return pool;
+}
 // Tensors live in the device's default memory pool, stream-ordered on the default stream: an
 // allocation or a free queues behind the work already issued instead of synchronising the device (as
 // cudaMalloc/cudaFree do), and freed blocks stay cached for the next step (release threshold: never,
@@ -22,10 +30,8 @@ void* dev_alloc(std::size_t n) {
   void* p = nullptr;
   if (cudaMallocAsync(&p, n, 0) == cudaSuccess) return p;
   cudaGetLastError();
-  cudaMemPool_t pool;
-  HCP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, g_device));
   HCP_CUDA_CHECK(cudaDeviceSynchronize());
-  HCP_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+  HCP_CUDA_CHECK(cudaMemPoolTrimTo(default_pool(), 0));
   HCP_CUDA_CHECK(cudaMallocAsync(&p, n, 0));
   return p;
 }
@@ -176,12 +182,8 @@ void init(int local_rank) {
   g_name = "cuda:" + std::to_string(g_device) + " " + prop.name;
   // Tensors and scratch from cudaMallocAsync stay cached in the default pool across synchronisations
   // (the pool would otherwise hand them back to the driver at every synchronise and map them again).
-  {
-    cudaMemPool_t pool;
-    HCP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, g_device));
-    std::uint64_t keep = UINT64_MAX;
-    HCP_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-  }
+  std::uint64_t keep = UINT64_MAX;
+  HCP_CUDA_CHECK(cudaMemPoolSetAttribute(default_pool(), cudaMemPoolAttrReleaseThreshold, &keep));
   HCP_CUBLAS_CHECK(cublasCreate(&g_cublas));
   // fp32 GEMMs in true fp32 (no TF32), so CUDA results can be held to host tolerances.
   HCP_CUBLAS_CHECK(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH));
@@ -236,15 +238,6 @@ double event_elapsed_ms(void* a, void* b) {
 }
 void event_release(void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
 
-namespace {
-cudaMemPool_t default_pool() {
-  cudaMemPool_t pool;
-  int dev = 0;
-  HCP_CUDA_CHECK(cudaGetDevice(&dev));
-  HCP_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
-  return pool;
-}
-}  // namespace
 std::size_t pool_high_water(bool reset) {
   const cudaMemPool_t pool = default_pool();
   std::uint64_t v = 0;

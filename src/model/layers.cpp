@@ -268,7 +268,7 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   // received no row) whenever it runs.
   const bool mlp_runs = disp_->local_rows() > 0;
   for (const char* n : {"W1", "W2", "e_bias", "router"}) {
-    const bool whole = mlp_runs && (n[0] == 'W');
+    const bool whole = mlp_runs && is_expert_weight(n);
     grads[n] = whole ? Tensor::empty(p.at(n).shape(), p.at(n).dtype()) : Tensor::zeros(p.at(n).shape(), p.at(n).dtype());
   }
   Tensor dyv = dy.view({T, C}), dxl = Tensor::empty({T, C}, dt);  // moe_permute_bwd writes every row
