@@ -8,26 +8,27 @@ namespace hcp {
 namespace {
 
 // A buffer as MPI sees it: host memory as is; device memory (a device backend is registered and
-// says so) through a page-locked host copy: copied in for data MPI reads, out for data it writes.
-// Open MPI here is not CUDA-aware, and NCCL refuses several ranks on one GPU.
+// says so) through a page-locked host buffer of the communicator's cache: copied in for data MPI
+// reads, out for data it writes. Open MPI here is not CUDA-aware, and NCCL refuses several ranks on
+// one GPU.
 class Stage {
  public:
-  Stage(const void* p, std::size_t bytes, bool copy_in) : dev_(const_cast<void*>(p)), bytes_(bytes) {
+  Stage(PinnedCache* cache, const void* p, std::size_t bytes, bool copy_in) : dev_(const_cast<void*>(p)), bytes_(bytes) {
     const DeviceOps* ops = device_ops();
     if (!ops || !p || bytes == 0 || !ops->is_device_ptr(p)) {
       host_ = dev_;
       return;
     }
     ops_ = ops;
-    host_ = ops->alloc_pinned(bytes);
+    cache_ = cache;
+    host_ = cache->take(bytes);
     if (copy_in) ops->copy(host_, Space::Host, p, Space::Cuda, bytes);
   }
   ~Stage() {
-    if (ops_) ops_->free_pinned(host_);
+    if (cache_) cache_->give(host_);
   }
   Stage(const Stage&) = delete;
   Stage& operator=(const Stage&) = delete;
-  Stage(Stage&& o) noexcept : ops_(o.ops_), dev_(o.dev_), host_(o.host_), bytes_(o.bytes_) { o.ops_ = nullptr; }
   void* host() const { return host_; }
   void copy_out() const {
     if (ops_) ops_->copy(dev_, Space::Cuda, host_, Space::Host, bytes_);
@@ -35,6 +36,7 @@ class Stage {
 
  private:
   const DeviceOps* ops_ = nullptr;
+  PinnedCache* cache_ = nullptr;
   void* dev_ = nullptr;
   void* host_ = nullptr;
   std::size_t bytes_ = 0;
@@ -82,6 +84,15 @@ struct Timer {
 
 }  // namespace
 
+PinnedCache* MpiCommunicator::cache() {
+  if (!pinned_) {
+    const DeviceOps* ops = device_ops();
+    if (!ops) return nullptr;  // no device backend: no buffer is ever staged
+    pinned_ = std::make_unique<PinnedCache>(ops->alloc_pinned, ops->free_pinned);
+  }
+  return pinned_.get();
+}
+
 std::string MpiCommunicator::backend() const { return device_ops() ? "mpi (device buffers host-staged)" : "mpi"; }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
@@ -99,7 +110,7 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dt) {
   Timer t;
-  Stage sb(send, nbytes(count * size_, dt), true), rb(recv, nbytes(count * size_, dt), false);
+  Stage sb(cache(), send, nbytes(count * size_, dt), true), rb(cache(), recv, nbytes(count * size_, dt), false);
   HCP_MPI_CHECK(MPI_Alltoall(sb.host(), icount(count), mpi_type(dt), rb.host(), icount(count), mpi_type(dt), comm_));
   rb.copy_out();
   record("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
@@ -121,7 +132,7 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::vector<std::int6
     ro += recv_counts[k];
     if (k != rank_) bytes += send_counts[k];
   }
-  Stage sb(send, nbytes(so, dt), true), rb(recv, nbytes(ro, dt), false);
+  Stage sb(cache(), send, nbytes(so, dt), true), rb(cache(), recv, nbytes(ro, dt), false);
   HCP_MPI_CHECK(MPI_Alltoallv(sb.host(), sc.data(), sd.data(), mpi_type(dt), rb.host(), rc.data(), rd.data(),
                               mpi_type(dt), comm_));
   rb.copy_out();
@@ -130,7 +141,7 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::vector<std::int6
 
 void MpiCommunicator::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
   Timer t;
-  Stage sb(send, nbytes(count, dt), true), rb(recv, nbytes(count * size_, dt), false);
+  Stage sb(cache(), send, nbytes(count, dt), true), rb(cache(), recv, nbytes(count * size_, dt), false);
   HCP_MPI_CHECK(MPI_Allgather(sb.host(), icount(count), mpi_type(dt), rb.host(), icount(count), mpi_type(dt), comm_));
   rb.copy_out();
   record("all_gather", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
@@ -138,7 +149,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, std::int64_t coun
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, ReduceOp op) {
   Timer t;
-  Stage sb(send, nbytes(count * size_, dt), true), rb(recv, nbytes(count, dt), false);
+  Stage sb(cache(), send, nbytes(count * size_, dt), true), rb(cache(), recv, nbytes(count, dt), false);
   HCP_MPI_CHECK(MPI_Reduce_scatter_block(sb.host(), rb.host(), icount(count), mpi_type(dt), mpi_op(dt, op), comm_));
   rb.copy_out();
   record("reduce_scatter", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
@@ -146,7 +157,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t 
 
 void MpiCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, ReduceOp op) {
   Timer t;
-  Stage b(buf, nbytes(count, dt), true);
+  Stage b(cache(), buf, nbytes(count, dt), true);
   HCP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, b.host(), icount(count), mpi_type(dt), mpi_op(dt, op), comm_));
   b.copy_out();
   // Ring all-reduce cost: 2 (p-1)/p of the buffer per rank.
@@ -156,7 +167,7 @@ void MpiCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, Reduce
 
 void MpiCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {
   Timer t;
-  Stage b(buf, nbytes(count, dt), rank_ == root);
+  Stage b(cache(), buf, nbytes(count, dt), rank_ == root);
   HCP_MPI_CHECK(MPI_Bcast(b.host(), icount(count), mpi_type(dt), root, comm_));
   if (rank_ != root) b.copy_out();
   record("broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0, t.elapsed());
@@ -164,14 +175,14 @@ void MpiCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int roo
 
 void MpiCommunicator::send(const void* buf, std::int64_t count, DType dt, int dst, int tag) {
   Timer t;
-  Stage b(buf, nbytes(count, dt), true);
+  Stage b(cache(), buf, nbytes(count, dt), true);
   HCP_MPI_CHECK(MPI_Send(b.host(), icount(count), mpi_type(dt), dst, tag, comm_));
   record("send", count * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
 }
 
 void MpiCommunicator::recv(void* buf, std::int64_t count, DType dt, int src, int tag) {
   Timer t;
-  Stage b(buf, nbytes(count, dt), false);
+  Stage b(cache(), buf, nbytes(count, dt), false);
   HCP_MPI_CHECK(MPI_Recv(b.host(), icount(count), mpi_type(dt), src, tag, comm_, MPI_STATUS_IGNORE));
   b.copy_out();
   record("recv", 0, t.elapsed());
@@ -182,8 +193,8 @@ RingRequest MpiCommunicator::ring_post(const void* send, void* recv, std::int64_
   RingRequest r;
   r.posted_at = MPI_Wtime();
   MPI_Request rq[2];
-  auto rs = std::make_shared<Stage>(recv, nbytes(count, dt), false);
-  auto ss = std::make_shared<Stage>(send, nbytes(count, dt), true);
+  auto rs = std::make_shared<Stage>(cache(), recv, nbytes(count, dt), false);
+  auto ss = std::make_shared<Stage>(cache(), send, nbytes(count, dt), true);
   HCP_MPI_CHECK(MPI_Irecv(rs->host(), icount(count), mpi_type(dt), src, tag, comm_, &rq[0]));
   HCP_MPI_CHECK(MPI_Isend(ss->host(), icount(count), mpi_type(dt), dst, tag, comm_, &rq[1]));
   // Staging buffers live until ring_wait (the receive one is copied out there).

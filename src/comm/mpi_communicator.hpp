@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/pinned_cache.hpp"
 
 namespace hcp {
 
@@ -45,8 +46,10 @@ class MpiCommunicator final : public Communicator {
   using Communicator::reduce_scatter;
 
  private:
+  PinnedCache* cache();  // the staging buffers' cache (made on first use; null without a device backend)
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  std::unique_ptr<PinnedCache> pinned_;  // declared before staged_: outlives the stages that hold its buffers
   std::vector<MPI_Request> pending_;  // requests of in-flight ring steps, indexed by RingRequest handles
   std::vector<std::shared_ptr<void>> staged_;  // their staging buffers (same index)
 };

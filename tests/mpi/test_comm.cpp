@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
+
 #include "comm/mpi_communicator.hpp"
+#include "comm/pinned_cache.hpp"
 #include "comm/process_grid.hpp"
 #include "harness.hpp"
 
@@ -122,6 +125,53 @@ TEST_P(Comm, RingStepAndSendRecv) {
 
 INSTANTIATE_TEST_SUITE_P(DTypes, Comm, ::testing::Values(DType::F32, DType::F64, DType::BF16),
                          [](const auto& info) { return to_string(info.param); });
+
+namespace {
+int g_allocs = 0, g_frees = 0;  // calls of the test's allocator
+void* counted_alloc(std::size_t n) {
+  ++g_allocs;
+  return std::malloc(n);
+}
+void counted_free(void* p) {
+  ++g_frees;
+  std::free(p);
+}
+}  // namespace
+
+// The host-staged path's buffer cache: an idle buffer of the size class is reused without a new
+// allocation, taken buffers are never handed out twice, everything is freed once.
+TEST(PinnedCache, ReusesIdleBuffersAndFreesOnce) {
+  g_allocs = g_frees = 0;
+  {
+    PinnedCache c(counted_alloc, counted_free);
+    void* a = c.take(100000);  // a 128 KiB buffer
+    void* b = c.take(100000);  // a is taken: a second one
+    EXPECT_NE(a, b);
+    c.give(a);
+    EXPECT_EQ(c.take(120000), a);  // same size class, idle: reused
+    EXPECT_EQ(g_allocs, 2);
+    void* big = c.take(std::size_t{1} << 20);
+    c.give(big);
+    c.give(b);
+    EXPECT_EQ(c.take(1000), b);  // the smallest idle buffer that holds it, not the 1 MiB one
+    EXPECT_EQ(c.take(std::size_t{1} << 20), big);
+    EXPECT_EQ(g_allocs, 3);
+    EXPECT_EQ(c.held_bytes(), 2 * (std::size_t{128} << 10) + (std::size_t{1} << 20));
+    c.give(big);
+    const auto error_of = [](auto&& f) {
+      try {
+        f();
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    EXPECT_NE(error_of([&] { c.give(big); }).find("was not taken"), std::string::npos);
+    int local = 0;
+    EXPECT_NE(error_of([&] { c.give(&local); }).find("not from this cache"), std::string::npos);
+  }
+  EXPECT_EQ(g_frees, 3);
+}
 
 TEST(ProcessGrid, SplitsAndErrors) {
   MpiCommunicator w(MPI_COMM_WORLD);
