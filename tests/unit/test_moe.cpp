@@ -66,6 +66,26 @@ TEST(Moe, RouterAndAuxLossGradients) {
   }
 }
 
+// A routing names its rule when misused: indices outside the experts, a combine before the
+// permutation exists, a router backward over another number of tokens.
+TEST(Moe, RoutingErrorsNameTheRule) {
+  EXPECT_NE(test::error_of([] { moe_routing({0, 7}, 1, 4, Space::Host); }).find("expert index 7 outside [0, 4)"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([] { moe_routing({0, 1, 2}, 2, 4, Space::Host); }).find("not a whole number of tokens"),
+            std::string::npos);
+  const MoeRouting r = moe_routing({0, 1, 1, 3}, 2, 4, Space::Host);
+  EXPECT_EQ(r.counts, (std::vector<std::int64_t>{1, 2, 0, 1}));
+  Tensor y = Tensor::zeros({2, 3}, DType::F64), yp = Tensor::zeros({4, 3}, DType::F64), w = Tensor::zeros({2, 2}, DType::F64);
+  EXPECT_NE(test::error_of([&] { moe_combine_fwd(y, yp, r, w); }).find("no permutation (moe_permute first)"),
+            std::string::npos);
+  RouterParams p;
+  p.experts = 4;
+  p.topk = 2;
+  Tensor s = Tensor::zeros({3, 4}, DType::F64), dl = Tensor::zeros({3, 4}, DType::F64), dw = Tensor::zeros({3, 2}, DType::F64);
+  EXPECT_NE(test::error_of([&] { router_bwd(dl, s, r, dw, nullptr, p); }).find("the routing has 4 assignments, expected 6"),
+            std::string::npos);
+}
+
 TEST(Moe, PermuteCombineAndExpertsAgainstPerTokenLoop) {
   const std::int64_t T = 6, C = 4, F = 3, E = 4, K = 2;
   const std::vector<std::int64_t> idx{0, 2, 2, 3, 0, 2, 3, 0, 2, 0, 0, 3};  // expert 1 receives no tokens
