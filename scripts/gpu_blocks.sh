@@ -27,7 +27,7 @@ files+=("$out/nano13_l$first.h5")
 mpirun -n 1 "$build/drivers/train_hybrid" --deck inputs/train_nano_width.toml --set run.device=cuda \
   --out "$out/train.h5" > "$out/train.txt" 2>&1 || { tail -20 "$out/train.txt"; exit 1; }
 tail -3 "$out/train.txt"
+files+=("$out/train.h5")
 python3 jobs/bench/anchors.py --only blocks,train --block-lens "${lens// /,}" --warmup 3 --repeats 10 ${1:+--mamba-path "$1"} \
   --out "$out/anchors_blocks.json" > "$out/anchors_blocks.txt" 2>&1 || { tail -20 "$out/anchors_blocks.txt"; exit 1; }
 python3 jobs/post/hcp_blocks.py --anchors "$out/anchors_blocks.json" "${files[@]}" | tee "$out/blocks.txt"
-grep "^train" "$out/anchors_blocks.txt" || true

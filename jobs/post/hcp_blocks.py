@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Blocks and steps of the hybrid model against the same blocks in PyTorch: cp_hybrid results
 files (cp = 1, BSHD, phases per block kind) beside jobs/bench/anchors.py --only blocks (the same
-blocks as a PyTorch user writes them, timed on the same GPU).
+blocks as a PyTorch user writes them, timed on the same GPU); train_hybrid files (cp = 1, BSHD)
+beside its --only train loop of the same pattern.
 
   hcp_blocks.py --anchors A.json F.h5 [F.h5 ...]
 
@@ -9,8 +10,10 @@ Per file and strategy: each block kind of the pattern (ours: the median of its f
 bwd/<kind> phases over repeats, divided by the blocks of that kind), and the whole step against the
 PyTorch stack of the same pattern when anchors.py timed it (block_stack_<pattern>_l<L>); ratio = ours
 / PyTorch, forward + backward (below 1: faster). Memory: our tensors allocated in the step (max over
-ranks) beside PyTorch's max_memory_allocated above what was allocated before its step.
-Exit 2 on a file that is not a cp = 1 BSHD cp_hybrid run.
+ranks) beside PyTorch's max_memory_allocated above what was allocated before its step. A training
+run gives one row: the median of its step times (every step) against anchors.py's training loop
+(train_<pattern>_l<L>, L = rows per step x max_len).
+Exit 2 on a file that is not a cp = 1 BSHD cp_hybrid or train_hybrid run.
 """
 import argparse
 import json
@@ -32,10 +35,15 @@ def rows_of(path, anc):
     with h5py.File(path, "r") as f:
         cfg = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f["config"].attrs.items()}
         deck = tomllib.loads(cfg["deck_resolved"])
-        if cfg["driver"] != "cp_hybrid" or int(cfg["cp_size"]) != 1 or deck["data"]["format"] != "bshd":
-            raise ValueError(f"{path}: hcp_blocks takes cp = 1 BSHD cp_hybrid runs")
-        L = deck["data"]["batch"] * deck["data"]["seqlen"]
+        if cfg["driver"] not in ("cp_hybrid", "train_hybrid") or int(cfg["cp_size"]) != 1 or deck["data"]["format"] != "bshd":
+            raise ValueError(f"{path}: hcp_blocks takes cp = 1 BSHD cp_hybrid or train_hybrid runs")
         pat = deck["model"]["pattern"]
+        if cfg["driver"] == "train_hybrid":
+            L = deck["data"]["seqs_per_step"] * deck["data"]["max_len"]
+            step = hcp_post._timings(f)["train"]["step"]
+            a = anc.get(f"train_{pat}_l{L}", {})
+            return [(L, "train", f"training step {pat}", None, step, None, a.get("median_ms"), None, a.get("peak_mib"))]
+        L = deck["data"]["batch"] * deck["data"]["seqlen"]
         mem = {s: float(np.max(f["memory"][s]["step_tensor_bytes"][()])) / 2**20
                for s in f.get("memory", {}) if "step_tensor_bytes" in f["memory"][s]}
         timings = hcp_post._timings(f)
@@ -61,7 +69,7 @@ def rows_of(path, anc):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--anchors", required=True, help="jobs/bench/anchors.py --only blocks output (JSON)")
+    p.add_argument("--anchors", required=True, help="jobs/bench/anchors.py --only blocks[,train] output (JSON)")
     p.add_argument("files", nargs="+")
     a = p.parse_args(argv)
     try:

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""jobs/post/hcp_blocks.py joins cp_hybrid phases with anchors.py's blocks: a cp = 1 run of M*E-,
-an anchors file whose every block and the stack take exactly twice our time, so every ratio must
-read 0.50 and every block kind (the MLP without an anchor) and the step must appear; a cp = 2 file
-is refused with exit 2.
+"""jobs/post/hcp_blocks.py joins cp_hybrid phases with anchors.py's blocks: a cp = 1 run of M*E-
+and a cp = 1 train_hybrid run of it, an anchors file whose every block, the stack and the training
+loop take exactly twice our time, so every ratio must read 0.50 and every block kind (the MLP
+without an anchor), the step and the training step must appear; a cp = 2 file is refused with
+exit 2.
 Usage: blocks_table.py BINDIR MPIRUN...   Prints RESULT blocks_table PASS|FAIL."""
 import json
 import os
@@ -30,6 +31,12 @@ with tempfile.TemporaryDirectory() as tmp:
         if r.returncode != 0:
             print(r.stdout[-1500:], r.stderr[-1500:])
             bad.append(f"cp_hybrid np {n} failed")
+    train = ["--set", "data.format=bshd", "--set", "data.seqs_per_step=1", "--set", "data.max_len=64", "--set",
+             "model.pattern=M*E-", "--set", "train.steps=3", "--set", "train.reference=false", "--out", f"{tmp}/train.h5"]
+    r = subprocess.run(mpirun + ["-n", "1", f"{bindir}/train_hybrid"] + train, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stdout[-1500:], r.stderr[-1500:])
+        bad.append("train_hybrid failed")
     if not bad:
         with h5py.File(f"{tmp}/np1.h5", "r") as f:
             ph = hcp_post._timings(f)["p2p"]
@@ -39,14 +46,16 @@ with tempfile.TemporaryDirectory() as tmp:
                 anc[f"block_{a}_l{L}/fwd"] = {"median_ms": 2 * ph[f"fwd/{k}"]}
                 anc[f"block_{a}_l{L}/fwdbwd"] = {"median_ms": 2 * (ph[f"fwd/{k}"] + ph[f"bwd/{k}"])}
         anc[f"block_stack_M*E-_l{L}/fwdbwd"] = {"median_ms": 2 * ph["step"], "peak_mib": 1.0}
+        with h5py.File(f"{tmp}/train.h5", "r") as f:
+            anc[f"train_M*E-_l{L}"] = {"median_ms": 2 * hcp_post._timings(f)["train"]["step"], "peak_mib": 1.0}
         with open(f"{tmp}/a.json", "w") as fh:
             json.dump(anc, fh)
         tool = [sys.executable, os.path.join(post, "hcp_blocks.py"), "--anchors", f"{tmp}/a.json"]
-        r = subprocess.run(tool + [f"{tmp}/np1.h5"], capture_output=True, text=True)
+        r = subprocess.run(tool + [f"{tmp}/np1.h5", f"{tmp}/train.h5"], capture_output=True, text=True)
         print(r.stdout, end="")
         rows = [l for l in r.stdout.splitlines() if not l.startswith("#")]
         want = ["Mamba2 block vs mamba", "attention block vs attention_cudnn", "attention block vs attention_flash",
-                "MoE block vs moe", "MLP block", "step M*E-"]
+                "MoE block vs moe", "MLP block", "step M*E-", "training step M*E-"]
         for w in want:
             match = [l for l in rows if w in l]
             if not match:
