@@ -201,6 +201,12 @@ struct MoeRouting {
   std::int64_t topk = 1;
   std::vector<std::int64_t> indices() const;  // idx on the host, as integers
   std::vector<std::int64_t> sources() const;  // src on the host, as integers
+  // The first row of each expert in the expert-sorted order (exclusive prefix sums of counts).
+  std::vector<std::int64_t> offsets() const {
+    std::vector<std::int64_t> off(counts.size(), 0);
+    for (std::size_t e = 1; e < counts.size(); ++e) off[e] = off[e - 1] + counts[e - 1];
+    return off;
+  }
 };
 // A routing from given expert indices [T*k] (each in [0, experts)), its idx in space `sp`.
 MoeRouting moe_routing(const std::vector<std::int64_t>& topk_idx, std::int64_t topk, std::int64_t experts, Space sp);

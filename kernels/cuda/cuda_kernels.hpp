@@ -75,8 +75,10 @@ void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const MoeRouting& route);
 void moe_combine_fwd(Tensor& y, const Tensor& yp, const MoeRouting& route, const Tensor& topk_w);
 void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const MoeRouting& route,
                      const Tensor& topk_w);
-double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const RouterParams& p);
-void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& route, const RouterParams& p, double dloss);
+// shares: each expert's share of the assignments (the host computes them from the routing's counts).
+double moe_aux_loss_fwd(const Tensor& scores, const std::vector<double>& shares, const RouterParams& p);
+void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<double>& shares, const RouterParams& p,
+                      double dloss);
 void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,
                     const std::vector<std::int64_t>& counts, Activation act);
 void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, const Tensor& W1, const Tensor& W2,

@@ -69,21 +69,9 @@ __global__ void aux_k(double* part, S* dscores, const S* scores, const double* f
 
 }  // namespace
 
-namespace {
-// Share of the assignments per expert, from the routing's counts (on the host).
-std::vector<double> expert_shares(const MoeRouting& route) {
-  std::int64_t n = 0;
-  for (auto c : route.counts) n += c;
-  std::vector<double> h(route.counts.begin(), route.counts.end());
-  for (auto& v : h) v /= static_cast<double>(std::max<std::int64_t>(n, 1));
-  return h;
-}
-}  // namespace
-
-double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const RouterParams& p) {
+double moe_aux_loss_fwd(const Tensor& scores, const std::vector<double>& shares, const RouterParams& p) {
   check_same({&scores}, "moe_aux_loss_fwd");
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
-  const std::vector<double> shares = expert_shares(route);
   DeviceArray<double> sh(&shares);
   const DeviceArray<double> pbuf(nullptr, static_cast<std::size_t>(Tn));
   double* part = pbuf.p;
@@ -99,10 +87,10 @@ double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const Rou
   return static_cast<double>(E) * loss / static_cast<double>(Tn);
 }
 
-void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& route, const RouterParams& p, double dloss) {
+void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<double>& shares, const RouterParams& p,
+                      double dloss) {
   check_same({&scores, &dscores}, "moe_aux_loss_bwd");
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
-  const std::vector<double> shares = expert_shares(route);
   DeviceArray<double> sh(&shares);
   HCP_CUDA_DISPATCH(scores, {
     using A = typename Acc<S>::type;

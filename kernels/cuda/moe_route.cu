@@ -335,9 +335,7 @@ void moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x) {
   route.src = Tensor::empty({TK}, DType::F64, Space::Cuda);
   route.inv = Tensor::empty({TK}, DType::F64, Space::Cuda);
   if (TK == 0) return;
-  std::vector<std::int64_t> off(static_cast<std::size_t>(E), 0);
-  for (std::int64_t e = 1; e < E; ++e)
-    off[static_cast<std::size_t>(e)] = off[static_cast<std::size_t>(e - 1)] + route.counts[static_cast<std::size_t>(e - 1)];
+  const std::vector<std::int64_t> off = route.offsets();
   const DeviceIndex doff(&off);
   route_sort_k<<<static_cast<unsigned>(E), 1024>>>(static_cast<double*>(route.src.raw()), static_cast<double*>(route.inv.raw()),
                                                   ids(route.idx), doff.p, TK);

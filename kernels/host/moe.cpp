@@ -212,7 +212,7 @@ double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const Rou
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
   const auto f = assignment_shares(route, p, Tn);
 #ifdef HCP_HAVE_CUDA
-  if (scores.space() == Space::Cuda) return cuda_impl::moe_aux_loss_fwd(scores, route, p);
+  if (scores.space() == Space::Cuda) return cuda_impl::moe_aux_loss_fwd(scores, f, p);
 #endif
   double loss = 0;
   for (std::int64_t t = 0; t < Tn; ++t) {
@@ -228,7 +228,7 @@ void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& r
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
   host::require_numel(dscores, scores.numel(), "moe_aux_loss_bwd: dscores");
   const auto f = assignment_shares(route, p, Tn);
-  HCP_ROUTE_CUDA(scores, cuda_impl::moe_aux_loss_bwd(dscores, scores, route, p, dloss));
+  HCP_ROUTE_CUDA(scores, cuda_impl::moe_aux_loss_bwd(dscores, scores, f, p, dloss));
   for (std::int64_t t = 0; t < Tn; ++t) {
     double sum = 0, inner = 0;
     for (std::int64_t e = 0; e < E; ++e) sum += scores.get(t * E + e);
@@ -241,15 +241,13 @@ void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& r
 
 void moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x) {
   HCP_CHECK(x.dim() == 2, "moe_permute: x must be [T,C]");
-  const std::int64_t Tn = x.size(0), C = x.size(1), K = route.topk, E = static_cast<std::int64_t>(route.counts.size());
+  const std::int64_t Tn = x.size(0), C = x.size(1), K = route.topk;
   const std::int64_t TK = route.idx.defined() ? route.idx.numel() : 0;
   HCP_CHECK(Tn > 0 && TK == Tn * K, "moe_permute: ", TK, " assignments for ", Tn, " tokens of ", K);
   host::require_numel(xp, TK * C, "moe_permute: xp [T*k,C]");
   HCP_ROUTE_CUDA(x, cuda_impl::moe_permute(xp, route, x));
   const std::vector<std::int64_t> topk_idx = route.indices();
-  std::vector<std::int64_t> off(static_cast<std::size_t>(E), 0);
-  for (std::int64_t e = 1; e < E; ++e)
-    off[static_cast<std::size_t>(e)] = off[static_cast<std::size_t>(e - 1)] + route.counts[static_cast<std::size_t>(e - 1)];
+  std::vector<std::int64_t> off = route.offsets();
   std::vector<std::int64_t> src(static_cast<std::size_t>(TK), 0), inv(static_cast<std::size_t>(TK), 0);
   for (std::int64_t a = 0; a < TK; ++a) {
     const std::int64_t r = off[static_cast<std::size_t>(topk_idx[static_cast<std::size_t>(a)])]++;
