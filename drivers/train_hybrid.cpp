@@ -17,6 +17,7 @@
 #include "hybrid_common.hpp"
 #include "study.hpp"
 #include "train_io.hpp"
+#include "train_replica.hpp"
 
 using namespace hcp;
 
@@ -111,44 +112,26 @@ void run(DriverContext& ctx) {
   const std::int64_t steps = d.get_int("train.steps"), every = d.get_int("train.checkpoint_every"),
                      stop_after = d.get_int("train.stop_after");
   const std::string ck = d.get_string("train.checkpoint"), resume = d.get_string("train.resume");
-  // Master weights, AdamW moments and the update in `mt`; the model steps in s.dt (a bf16 copy of
-  // the master weights, its gradients widened back before the update).
-  const DType mt = s.dt == DType::BF16 ? DType::F32 : s.dt;
-  const auto compute_params = [&](const model::ParamMap& master) {
-    if (mt == s.dt) return master;
-    model::ParamMap c;
-    for (const auto& [n, t] : master) c[n] = t.to(s.dt);
-    return c;
-  };
-  const auto widen = [&](model::ParamMap& g) {
-    for (auto& [n, t] : g)
-      if (t.dtype() != mt) t = t.to(mt);
-  };
+  // Master weights, AdamW moments and the update in mw.master; the model steps in s.dt.
+  const drivers::MasterWeights mw(s.dt);
   // Each rank holds its EP rank's experts (parameters, gradients, moments); the replica all of them.
   const model::ExpertGroups groups(cpc, drivers::ep_size_of(d, s.cfg, s.cp));
   const model::ShardMap shards = model::expert_shards(s.cfg, groups);
   const bool owner = groups.replicas().rank() == 0 && grid.dp_rank == 0;  // writes its experts' rows
-  model::HybridConfig cfg1 = s.cfg;
-  cfg1.ep = 1;
   const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
   // Model, gradients and optimizer state live on run.device.
-  model::ParamMap p = drivers::in_space(model::hybrid_init(s.cfg, mt, seed, &groups), drivers::space_of(d));
+  model::ParamMap p = drivers::in_space(model::hybrid_init(s.cfg, mw.master, seed, &groups), drivers::space_of(d));
   model::AdamW opt(s.opt, p);
   std::set<std::string> split;
   for (const auto& [n, sh] : shards) split.insert(n);
   opt.set_split(split, &groups.ep());
-  model::ParamMap rp;  // the cp=1 replica (rank 0)
-  std::unique_ptr<model::AdamW> ropt;
   drivers::TrainSeries ts;
   std::vector<double>& loss = ts.loss;
   std::vector<double>& ref_loss = ts.loss_reference;
   if (!resume.empty()) drivers::read_checkpoint(resume, p, opt, loss, with_ref ? &ref_loss : nullptr, shards);
-  if (with_ref && ctx.root()) {
-    rp = drivers::in_space(model::hybrid_init(cfg1, mt, seed), drivers::space_of(d));
-    ropt = std::make_unique<model::AdamW>(s.opt, rp);
-    std::vector<double> unused;  // the checkpoint holds the CP run's state; the replica resumes from it too
-    if (!resume.empty()) drivers::read_checkpoint(resume, rp, *ropt, unused, nullptr);
-  }
+  std::unique_ptr<drivers::Replica> replica;  // rank 0
+  if (with_ref && ctx.root())
+    replica = std::make_unique<drivers::Replica>(*self, s.cfg, mw, s.opt, seed, drivers::space_of(d), resume);
   const std::int64_t start = opt.steps_done();
   HCP_CHECK(start < steps, "train.resume: the checkpoint is at step ", start, ", not before train.steps = ", steps);
   if (ctx.root())
@@ -167,10 +150,10 @@ void run(DriverContext& ctx) {
     model::ParamMap g;
     cpc.barrier();
     const double t0 = MPI_Wtime();
-    const model::StepResult res = m.step(compute_params(p), drivers::local_ids(b.tokens, b.layout, s.cp, r),
+    const model::StepResult res = m.step(mw.compute(p), drivers::local_ids(b.tokens, b.layout, s.cp, r),
                                          drivers::local_ids(b.labels, b.layout, s.cp, r), g);
     drivers::require_finite("the loss", res.loss, t);  // before the update (the same on every rank)
-    widen(g);
+    mw.widen(g);
     const double gn = opt.step(p, g, model::is_buffer);
     drivers::require_finite("the gradient norm", gn, t);
     const double ms = cpc.all_reduce_scalar((MPI_Wtime() - t0) * 1e3, ReduceOp::Max);
@@ -180,18 +163,14 @@ void run(DriverContext& ctx) {
     ts.label_tokens.push_back(static_cast<double>(res.label_tokens));
     ts.step_ms.push_back(ms);
     double rl = 0;
-    if (ropt) {
-      model::HybridModel mr(*self, cfg1, b.layout);
-      model::ParamMap rg;
-      rl = mr.step(compute_params(rp), b.tokens, b.labels, rg).loss;
-      widen(rg);
-      ropt->step(rp, rg, model::is_buffer);
+    if (replica) {
+      rl = replica->step(b);
       ref_loss.push_back(rl);
       worst = nan_max(worst, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300));
     }
     if (ctx.root()) {
       std::printf("step %4lld/%lld  loss %.6f", static_cast<long long>(t), static_cast<long long>(steps), res.loss);
-      if (ropt) std::printf("  cp1 %.6f (rel %.1e)", rl, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300));
+      if (replica) std::printf("  cp1 %.6f (rel %.1e)", rl, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300));
       std::printf("  lr %.2e  gnorm %.3f  tokens/s %.0f  step %.1f ms\n", opt.last_lr(), gn,
                   static_cast<double>(b.layout.total()) / (ms * 1e-3), ms);
       std::fflush(stdout);
