@@ -1,6 +1,7 @@
 // Which cases of a CP driver run: the strategy choice a deck names, the cases that cannot run the
 // shape (skipped and reported when the deck asked for all of them), and the validate phase.
 #include <algorithm>
+#include <optional>
 
 #include "common.hpp"
 #include "device.hpp"
@@ -34,17 +35,55 @@ std::vector<std::string> runnable(Communicator& comm, const Selection& sel, cons
   return ok;
 }
 
+// The model of the case with the largest peak among `names` (the cases run one after another).
+static MemoryModel largest(const Cases& c, const Deck& d, int cp, const std::vector<std::string>& names) {
+  std::optional<MemoryModel> best;
+  for (const std::string& n : names) {
+    MemoryModel m = c.memory(d, cp, n);
+    if (!best || m.peak() > best->peak()) best = std::move(m);
+  }
+  return *best;
+}
+
 void validate_cases(DriverContext& ctx, const Cases& c) {
-  save_set(ctx.deck);
-  hdf5_io(ctx.deck);
-  init_device(ctx.deck);
-  const int cp = cp_size_of(ctx.deck, ctx.world->size());
-  if (c.footprint) c.footprint(ctx.deck, cp).require_fits(space_of(ctx.deck));
-  ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
-  runnable(*grid.cp, select(ctx.deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(ctx.deck, *grid.cp, cp, n); });
+  const Deck& d = ctx.deck;
+  save_set(d);
+  hdf5_io(d);
+  const bool cuda = space_of(d) == Space::Cuda;
+  // A dry run estimates GPU ranks without a GPU when run.memory_gib gives the memory.
+  if (!(ctx.dry_run && cuda && d.get_float("run.memory_gib") > 0)) init_device(d);
+  const int world = ctx.world_size(), cp = cp_size_of(d, world);
+  const Selection sel = select(d, c.key, c.all_word, c.all);
+  int local = 1;
+  node_local_rank(&local);
+  // --ranks N: the N ranks are taken to share this node (GPU ranks: one GPU each).
+  const MemoryLimit lim = memory_limit(d, cuda, ctx.ranks > 0 ? (cuda ? 1 : ctx.ranks) : local);
+  // Sizes that cannot fit even in the smallest case are refused before the cases' shape rules are
+  // tried (building a case builds its token layout).
+  if (!ctx.dry_run) {
+    MemoryModel least = c.memory(d, cp, sel.names.front());
+    for (const std::string& n : sel.names) {
+      MemoryModel m = c.memory(d, cp, n);
+      if (m.peak() < least.peak()) least = std::move(m);
+    }
+    admit(d, least, lim, cp, [&](int k) { return c.memory(d, k, sel.names.front()); }, ctx.root());
+  }
+  std::vector<std::string> names = sel.names;
+  if (world == ctx.world->size()) {  // the shape rules of each case need the CP group itself
+    ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
+    names = runnable(*grid.cp, sel, [&](const std::string& n) { c.make(d, *grid.cp, cp, n); });
+  }
+  const auto at_cp = [&](int k) { return largest(c, d, k, names); };
+  const MemoryModel m = at_cp(cp);
+  if (ctx.dry_run) {
+    if (ctx.root()) print_memory(m, lim, cp, world, ctx.driver, at_cp);
+    return;
+  }
+  admit(d, m, lim, cp, at_cp, ctx.root());
 }
 
 std::vector<std::string> Study::cases(const Cases& c, std::vector<std::pair<std::string, std::string>>* skipped) {
+  memory_ = c.memory;
   return runnable(comm, select(deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(deck, comm, cp, n); },
                   skipped);
 }

@@ -48,6 +48,18 @@ inline std::vector<std::int64_t> parse_lengths(const Deck& d, const std::string&
   return out;
 }
 
+// The admission check's keys (memory_model.hpp), of every driver that estimates its memory.
+inline void add_memory_keys(DeckSchema& s) {
+  s.add_string("run.memory_check", "refuse",
+               "a run whose estimated memory per rank exceeds the limit (MemAvailable, cgroup limit, GPU free memory): "
+               "refuse, warn, off",
+               {"refuse", "warn", "off"})
+      .add_float("run.memory_gib", 0.0,
+                 "memory per rank for the admission check and --dry-run, GiB (0: read it: the smallest of MemAvailable "
+                 "and the cgroup limit, or the GPU's free memory, shared among the ranks using it)",
+                 0.0);
+}
+
 // The deck keys every CP driver reads through global_layout / cp_size_of and its run loop:
 // [data] format, seq_lens, batch, seqlen, dtype, seed; [parallel] cp_size; [run] warmup, repeats,
 // check. Defaults of the sizes are the driver's own.
@@ -67,7 +79,10 @@ inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_defaul
       .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
       .add_int("run.warmup", 1, "untimed iterations", 0)
       .add_int("run.repeats", 3, "timed iterations", 1)
-      .add_bool("run.check", true, "compare with a cp=1 run and fail on mismatch")
+      .add_string("run.check", "reference",
+                  "reference: every strategy against the unpadded cp=1 problem on rank 0 (which holds it whole); cross: "
+                  "every strategy against the first, shard by shard on each rank (no rank holds the global problem); off",
+                  {"reference", "cross", "off"})
       .add_string("run.save", "auto",
                   "what the results file keeps, comma-separated: all | auto (all but tensors over 2^27 elements) | "
                   "activations | gradients | timings | comm | memory | summary (errors, statistics of every tensor) | tensor names")
@@ -75,6 +90,7 @@ inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_defaul
                   "how tensors are written: collective (parallel HDF5, each rank its rows), gather (rank 0 writes), "
                   "auto (collective when HDF5 has MPI)",
                   {"auto", "collective", "gather"});
+  add_memory_keys(s);
 }
 
 // run.save, checked (the deck's file:line and the key name a bad item).

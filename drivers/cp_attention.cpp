@@ -36,7 +36,7 @@ strategy = "all"            # p2p | allgather | a2a | all
 [run]
 warmup = 1
 repeats = 3
-check = true                # compare with cp=1
+check = "reference"         # reference (cp=1 on rank 0) | cross (strategies against each other) | off
 )";
 
 DeckSchema schema() {
@@ -65,7 +65,7 @@ cp::CpAttnConfig config(const Deck& d, int cp, const std::string& strategy) {
 drivers::Cases cases() {
   return {"parallel.strategy", "all", {"p2p", "allgather", "a2a"},
           [](const Deck& d, Communicator& c, int cp, const std::string& n) { cp::CpAttention a(c, config(d, cp, n)); },
-          drivers::attention_footprint};
+          drivers::attention_memory};
 }
 
 void run(DriverContext& ctx) {

@@ -26,7 +26,7 @@ mamba_cp = "hidden_parallel"
 [run]
 warmup = 1
 repeats = 3
-check = true
+check = "reference"
 )";
 
 DeckSchema schema() {
@@ -45,15 +45,9 @@ drivers::Cases cases() {
             drivers::ep_size_of(d, h, cp);
             model::HybridModel m(c, h, drivers::make_token_batch(d, cp, h.vocab, 1).layout);
           },
-          [](const Deck& d, int cp) {
-            drivers::Footprint t("data.seqlen/data.batch/data.seq_lens");
-            const model::HybridConfig h = drivers::hybrid_config(d, cp::AttnStrategy::P2P);
-            drivers::Footprint f = drivers::hybrid_footprint(h, drivers::footprint_tokens(d, cp, t), drivers::dtype_bytes(d),
-                                                             "data.seqlen/data.batch/data.seq_lens and the model sizes");
-            // Parameters and gradients of this rank; the reference's whole set on rank 0.
-            drivers::add_parameters(f, h, drivers::ep_size_of(d, h, cp), 2, drivers::dtype_bytes(d));
-            if (d.get_bool("run.check")) drivers::add_parameters(f, h, 1, 3, drivers::dtype_bytes(d));
-            return f;
+          [](const Deck& d, int cp, const std::string& n) {
+            const model::HybridConfig h = drivers::hybrid_config(d, cp::attn_strategy_from_string(n));
+            return drivers::hybrid_memory(d, h, cp, drivers::ep_size_of(d, h, cp), n);
           }};
 }
 

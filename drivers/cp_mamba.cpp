@@ -40,7 +40,7 @@ mamba_cp = "both"  # hidden_parallel | state_passing | both
 [run]
 warmup = 1
 repeats = 3
-check = true
+check = "reference"
 )";
 
 DeckSchema schema() {
@@ -71,7 +71,7 @@ drivers::Cases cases() {
             const Setup s = make_setup(d, cp);
             model::make_mamba2(cp::mamba_cp_from_string(n), c, s.cfg, s.global);
           },
-          [](const Deck& d, int cp) { return drivers::mamba_footprint(d, cp, drivers::mamba_from_deck(d, d.get_int("mamba.hidden"))); }};
+          drivers::mamba_memory};
 }
 
 void run(DriverContext& ctx) {

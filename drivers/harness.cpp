@@ -72,6 +72,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       DriverContext ctx;
       ctx.world = &world;
       ctx.git_rev = HCP_GIT_REV;
+      ctx.driver = spec.name;
       for (int i = 0; i < argc; ++i) ctx.cmdline += (i ? " " : "") + std::string(argv[i]);
 
       CLI::App app{spec.description, spec.name};
@@ -85,6 +86,11 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       app.add_flag("--print-deck", print_deck, "print the resolved deck and exit");
       app.add_flag("--help-deck", help_deck, "list the deck keys this driver reads and exit");
       app.add_flag("--quiet", ctx.quiet, "no progress lines on stderr during long runs");
+      app.add_flag("--dry-run", ctx.dry_run,
+                   "validate the deck, print the memory per rank by part (and the smallest power-of-two cp that fits) "
+                   "and exit 0; nothing is allocated");
+      app.add_option("--ranks", ctx.ranks, "with --dry-run: the number of ranks to estimate for (default: those launched)")
+          ->check(CLI::Range(1, 1 << 24));
       bool exit_now = false;
       bool ok = agree_on_errors(world, [&] {
         try {
@@ -108,8 +114,10 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
           exit_now = true;
           return;
         }
-        if (!ctx.out.empty()) check_output_path(ctx.out);
+        if (ctx.ranks > 0 && !ctx.dry_run) throw Error("command line: --ranks " + std::to_string(ctx.ranks) + " needs --dry-run");
+        if (!ctx.out.empty() && !ctx.dry_run) check_output_path(ctx.out);
         if (spec.validate) spec.validate(ctx);
+        if (ctx.dry_run) exit_now = true;
       });
       if (!ok) {
         status = 2;

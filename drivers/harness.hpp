@@ -17,10 +17,16 @@ namespace hcp {
 struct DriverContext {
   Communicator* world = nullptr;
   Deck deck;
+  std::string driver;     // the driver's name
   std::string out;        // results file (--out), "" for none
   std::string cmdline;    // the command line, for /config
   std::string git_rev;    // the build's git revision
   bool quiet = false;
+  // --dry-run: validate, print the memory estimate by part and exit 0 (nothing allocated);
+  // `ranks` (--ranks N, > 0) the world size to estimate for instead of the launched one.
+  bool dry_run = false;
+  int ranks = 0;
+  int world_size() const { return ranks > 0 ? ranks : world->size(); }
   bool root() const { return world->rank() == 0; }
 };
 

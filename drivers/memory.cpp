@@ -57,6 +57,16 @@ void Study::write_memory(const std::string& strategy) {
                 "host RSS high-water %.1f",
                 strategy.c_str(), work, live, rss);
   std::string line = buf;
+  double est = 0;
+  if (memory_) {
+    // The model's tensors of every rank against this rank's measured high-water (alive before the
+    // step and allocated in it): the extremes of the ratio over the ranks.
+    est = static_cast<double>(memory_(deck, cp, strategy).every_rank());
+    const double measured = mem_.live + mem_.work, ratio = measured > 0 ? est / measured : 0;
+    const double lo = -comm.all_reduce_scalar(-ratio, ReduceOp::Max), hi = comm.all_reduce_scalar(ratio, ReduceOp::Max);
+    std::snprintf(buf, sizeof buf, ", model %.2f (model / measured over ranks %.3f..%.3f)", est / 1048576.0, lo, hi);
+    line += buf;
+  }
   if (space == Space::Cuda) {
     const double used = mib(mem_.device_used), pool = mib(mem_.pool_peak);
     std::snprintf(buf, sizeof buf, ", device used %.1f, device pool high-water %.2f", used, pool);
@@ -68,6 +78,7 @@ void Study::write_memory(const std::string& strategy) {
   writer_->per_rank(m + "step_tensor_bytes", mem_.work, "bytes of tensors allocated beyond those alive before the timed loop (high-water)");
   writer_->per_rank(m + "live_tensor_bytes", mem_.live, "bytes of tensors alive before the timed loop");
   writer_->per_rank(m + "host_rss_peak_bytes", mem_.rss_peak, "bytes (process high-water since start)");
+  if (memory_) writer_->per_rank(m + "model_bytes", est, "bytes every rank holds by the memory model (memory_model.hpp)");
   if (space == Space::Cuda) {
     writer_->per_rank(m + "device_used_bytes", mem_.device_used, "bytes (cudaMemGetInfo: the whole GPU)");
     writer_->per_rank(m + "device_pool_peak_bytes", mem_.pool_peak,

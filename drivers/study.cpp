@@ -27,7 +27,8 @@ Study::Study(DriverContext& c, std::string name, double (*tolerance)(DType))
       self(*(self_ = c.world->split(c.world->rank(), 0))),
       space(space_of(c.deck)),
       dt(dtype_from_string(c.deck.get_string("data.dtype"))),
-      check(c.deck.get_bool("run.check")),
+      check(check_mode(c.deck) == CheckMode::Reference),
+      cross(check_mode(c.deck) == CheckMode::Cross),
       warmup(static_cast<int>(c.deck.get_int("run.warmup"))),
       repeats(static_cast<int>(c.deck.get_int("run.repeats"))),
       tol(tolerance(dt)) {

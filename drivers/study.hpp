@@ -19,7 +19,7 @@
 #include "comm/process_grid.hpp"
 #include "core/layout.hpp"
 #include "core/tensor.hpp"
-#include "footprint.hpp"
+#include "memory_model.hpp"
 #include "harness.hpp"
 #include "io/results.hpp"
 
@@ -60,8 +60,10 @@ struct Cases {
   std::string key, all_word;
   std::vector<std::string> all;
   std::function<void(const Deck&, Communicator&, int, const std::string&)> make;
-  // The run's memory per rank from the deck (footprint.hpp), refused before make() when it cannot fit.
-  std::function<Footprint(const Deck&, int)> footprint;
+  // The memory model of case `name` at CP size cp (memory_model.hpp): the validate phase refuses a
+  // run whose largest case cannot fit, --dry-run prints it, and each case's memory line shows it
+  // beside the measured high-water.
+  std::function<MemoryModel(const Deck&, int cp, const std::string& name)> memory;
 };
 // The validate phase of a CP driver: the GPU of run.device, the process grid, and the cases the
 // deck names (a skipped case is no error; runnable's rules).
@@ -111,7 +113,8 @@ class Study {
   Communicator& self;   // this rank alone: the cp=1 reference
   const Space space;
   const DType dt;
-  const bool check;
+  const bool check;  // run.check = "reference": against the unpadded cp=1 problem on rank 0
+  const bool cross;  // run.check = "cross": every case against the first, shard by shard
   const int warmup, repeats;
   const double tol;
   // How compare() measures a tensor's error: max|got - ref| / max|ref| (the default), or, with
@@ -187,6 +190,8 @@ class Study {
     double work = 0, live = 0, rss_peak = 0, device_used = 0, pool_peak = 0;
   } mem_;
   std::vector<std::string> mem_lines_;  // "# memory per rank" lines printed by finish()
+  // The cases' memory model (Cases::memory), shown beside the measured high-water of each case.
+  std::function<MemoryModel(const Deck&, int, const std::string&)> memory_;
   double memory_start();               // resets the high-water marks; the bytes alive now
   void memory_stop(double live0);      // fills mem_
   void write_memory(const std::string& strategy);  // its line, and /memory/<strategy>/ when writing

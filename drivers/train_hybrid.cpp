@@ -60,6 +60,7 @@ DeckSchema schema() {
       .add_int("train.stop_after", 0, "stop (with a checkpoint) after this many steps of this run (0: run to the end)", 0);
   drivers::add_adamw_keys(s);
   drivers::add_device_key(s);
+  drivers::add_memory_keys(s);
   return s;
 }
 
@@ -73,7 +74,7 @@ struct Setup {
 Setup make_setup(const DriverContext& ctx) {
   const Deck& d = ctx.deck;
   Setup s;
-  s.cp = drivers::cp_size_of(d, ctx.world->size());
+  s.cp = drivers::cp_size_of(d, ctx.world_size());
   s.dt = dtype_from_string(d.get_string("data.dtype"));
   s.cfg = drivers::hybrid_config(d, cp::attn_strategy_from_string(d.get_string("parallel.attention")));
   s.opt = drivers::adamw_from_deck(d);
@@ -87,9 +88,19 @@ Setup make_setup(const DriverContext& ctx) {
 }
 
 void validate(DriverContext& ctx) {
-  drivers::init_device(ctx.deck);
+  const Deck& d = ctx.deck;
+  const bool cuda = drivers::space_of(d) == Space::Cuda;
+  if (!(ctx.dry_run && cuda && d.get_float("run.memory_gib") > 0)) drivers::init_device(d);
   Setup s = make_setup(ctx);
-  drivers::train_footprint(ctx.deck, s.cfg, s.cp, drivers::ep_size_of(ctx.deck, s.cfg, s.cp)).require_fits(drivers::space_of(ctx.deck));
+  const auto at_cp = [&](int k) { return drivers::train_memory(d, s.cfg, k, drivers::ep_size_of(d, s.cfg, k)); };
+  int local = 1;
+  node_local_rank(&local);
+  const drivers::MemoryLimit lim = drivers::memory_limit(d, cuda, ctx.ranks > 0 ? (cuda ? 1 : ctx.ranks) : local);
+  if (ctx.dry_run) {
+    if (ctx.root()) drivers::print_memory(at_cp(s.cp), lim, s.cp, ctx.world_size(), ctx.driver, at_cp);
+    return;
+  }
+  drivers::admit(d, at_cp(s.cp), lim, s.cp, at_cp, ctx.root());
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
   model::HybridModel m(*g.cp, s.cfg, drivers::step_batch(ctx.deck, s.cp, s.cfg.vocab, 1).layout);
   const std::string resume = ctx.deck.get_string("train.resume");

@@ -43,7 +43,7 @@ study() {  # driver mode tokens extra...
   local driver="$1" mode="$2" tokens="$3"; shift 3
   HCP_ROOT="$root" HCP_BUILD_DIR="$build" HCP_LAUNCH=mpirun SLURM_NTASKS="$ranks" HCP_DRIVER="$driver" HCP_MODE="$mode" \
     HCP_CP_SIZES="$sizes" HCP_TOKENS="$tokens" HCP_OUTDIR="$out/${driver}_$mode" \
-    HCP_EXTRA="$extra_dev --set run.check=false --set run.warmup=1 --set run.repeats=3 $*" \
+    HCP_EXTRA="$extra_dev --set run.check=off --set run.warmup=1 --set run.repeats=3 $*" \
     bash jobs/slurm/cp_scaling.sbatch > "$out/${driver}_$mode.log" 2>&1 \
     && tail -1 "$out/${driver}_$mode.log" || { tail -20 "$out/${driver}_$mode.log"; echo "FAIL: $driver $mode"; return 1; }
 }

@@ -23,7 +23,7 @@ bindir, mpirun = sys.argv[1], sys.argv[2:]
 bad = []
 with tempfile.TemporaryDirectory() as tmp:
     common = ["--quiet", "--set", "data.format=bshd", "--set", "data.batch=1", "--set", "data.seqlen=64",
-              "--set", "model.pattern=M*E-", "--set", "parallel.attention=p2p", "--set", "run.check=false",
+              "--set", "model.pattern=M*E-", "--set", "parallel.attention=p2p", "--set", "run.check=off",
               "--set", "run.repeats=3"]
     for n in (1, 2):
         r = subprocess.run(mpirun + ["-n", str(n), f"{bindir}/cp_hybrid"] + common + ["--out", f"{tmp}/np{n}.h5"],

@@ -5,7 +5,7 @@ allocated during the timed step beyond what was alive before it). Runs cp_mamba 
 rank falls with cp: for both Mamba strategies cp * mem(cp) / mem(1) <= 1.6 at cp 2 and 4 (1 would
 be exactly 1/cp; a memory that does not fall gives cp); for attention, whose exchange buffers make
 cp = 2 cost more than the local cp = 1 path, mem(4) / mem(2) <= 0.8 for every strategy. What is
-alive before the step (inputs and outputs; no cp=1 reference with run.check = false) falls as 1/cp
+alive before the step (inputs and outputs; no cp=1 reference with run.check = "off") falls as 1/cp
 for every strategy: cp * live(cp) / live(1) <= 1.2 (each rank makes only its own rows).
 Usage: memory_per_rank.py BINDIR MPIRUN...   Prints the table and RESULT memory_per_rank PASS|FAIL."""
 import re
@@ -23,7 +23,7 @@ mem, live = {}, {}
 for drv, args in runs.items():
     for np_ in (1, 2, 4):
         out = subprocess.run(mpirun + ["-n", str(np_), f"{bindir}/{drv}", "--quiet", "--set", "run.repeats=1",
-                                       "--set", "run.check=false"] + args, capture_output=True, text=True)
+                                       "--set", "run.check=off"] + args, capture_output=True, text=True)
         if out.returncode != 0:
             print(out.stdout[-2000:], out.stderr[-2000:])
             print("RESULT memory_per_rank FAIL")

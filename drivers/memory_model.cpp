@@ -1,0 +1,409 @@
+// The memory model of memory_model.hpp: per-token counts of the tensors each layer and strategy
+// allocates (the tensors are named beside each term), the limit a rank can have, the admission
+// check and the --dry-run report.
+#include "memory_model.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "common.hpp"
+#include "comm/process_grid.hpp"
+#include "core/dtype.hpp"
+#ifdef HCP_HAVE_CUDA
+#include "kernels/cuda/runtime.hpp"
+#endif
+
+namespace hcp::drivers {
+
+std::int64_t padded_tokens(const Deck& d, int cp, const MemoryModel& m) {
+  if (d.get_string("data.format") == "bshd") return m.mul(d.get_int("data.batch"), d.get_int("data.seqlen"));
+  std::int64_t T = 0;
+  for (std::int64_t n : parse_lengths(d, "data.seq_lens")) T = m.sum(T, m.mul((n + 2 * cp - 1) / (2 * cp), 2 * cp));
+  return T;
+}
+
+std::int64_t real_tokens(const Deck& d, const MemoryModel& m) {
+  if (d.get_string("data.format") == "bshd") return m.mul(d.get_int("data.batch"), d.get_int("data.seqlen"));
+  std::int64_t T = 0;
+  for (std::int64_t n : parse_lengths(d, "data.seq_lens")) T = m.sum(T, n);
+  return T;
+}
+
+std::int64_t dtype_bytes(const Deck& d) {
+  return static_cast<std::int64_t>(dtype_size(dtype_from_string(d.get_string("data.dtype"))));
+}
+
+CheckMode check_mode(const Deck& d) {
+  const std::string& v = d.get_string("run.check");
+  return v == "reference" ? CheckMode::Reference : v == "cross" ? CheckMode::Cross : CheckMode::Off;
+}
+
+namespace {
+constexpr std::int64_t acc_bytes(std::int64_t es) { return es == 2 ? 4 : es; }  // bf16 sums in fp32
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+// Q = tl H D, KV = tl Hkv D elements; "a" sizes in the accumulation dtype.
+std::int64_t attention_work_bytes(const MemoryModel& m, const std::string& strategy, int cp, std::int64_t tl,
+                                  std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t es) {
+  const std::int64_t acc = acc_bytes(es);
+  const std::int64_t Q = m.mul(m.mul(tl, H * D), es), KV = m.mul(m.mul(tl, Hkv * D), es);
+  const std::int64_t Qa = Q / es * acc, KVa = KV / es * acc, lse = m.mul(tl, H * acc);
+  if (cp == 1) return Q + lse;  // the saved output and LSE; the gradients are written in place
+  if (strategy == "p2p")
+    // saved o and LSE, the fp32 output merge (op, oacc) / the dQ accumulator and partial, K/V double
+    // buffers (cur, nxt) with the partial dK/dV, and the travelling dK/dV accumulator pair
+    return m.sum(m.sum(2 * Q + Qa, m.mul(6, KV)), m.sum(m.mul(4, KVa), 2 * lse));
+  if (strategy == "allgather")
+    // saved o and LSE, dQ; the global K/V, their gradients and the rank-major copies for the
+    // reduce-scatter (each cp * KV), this rank's dK/dV
+    return m.sum(m.sum(2 * Q, m.mul(6 * cp, KV)), 2 * KV + lse);
+  // a2a: Q, O, dO, dQ in head layout (each the size of Q) with the all-to-all send/receive buffers
+  // of the largest of them, and the K/V heads this rank reads (and their gradients) over the whole
+  // sequence: n heads of cp * tl tokens.
+  const std::int64_t hl = std::max<std::int64_t>(H / cp, 1), g = std::max<std::int64_t>(H / std::max<std::int64_t>(Hkv, 1), 1);
+  std::int64_t n = 1;
+  for (std::int64_t r = 0; r < cp; ++r) n = std::max(n, ((r + 1) * hl - 1) / g + 1 - r * hl / g);
+  const std::int64_t KH = m.mul(m.mul(m.mul(tl, cp), n * D), es);
+  return m.sum(m.sum(m.mul(8, Q), m.mul(4, KH)), lse);
+}
+
+// Elements per local token of one Mamba2 mixer's step beyond its input and output: zxbcdt and its
+// gradient (d_in_proj), the pre- and post-conv x/B/C and their gradients (conv_dim), the SSD output,
+// gate and norm terms (d_inner) and dt/dA (heads); hidden parallel at cp > 1 adds the all-to-all
+// buffers (x, B, C, dt there and back, B/C repeated when n_groups < cp).
+std::int64_t mamba_work_per_token(const model::Mamba2Config& c, const std::string& strategy, int cp) {
+  const std::int64_t di = c.d_inner(), GN = c.groups * c.d_state, H = c.heads;
+  if (strategy == "state_passing") return 16 * di + 20 * GN + 4 * H + 64;
+  if (cp == 1) return 12 * di + 12 * GN + 4 * H + 64;
+  const std::int64_t rep = c.groups < cp ? cp / c.groups : 1;
+  return 18 * di + 12 * GN * rep + 4 * H + 64;
+}
+
+std::int64_t mamba_param_count(const model::Mamba2Config& c) {
+  // in_proj, conv weight and bias, A_log / D / dt_bias, norm weight, out_proj
+  return c.d_in_proj() * c.hidden + c.conv_dim() * (c.conv + 1) + 3 * c.heads + c.d_inner() + c.hidden * c.d_inner();
+}
+
+namespace {
+// Host kernels compute bf16 in fp32: each kernel widens its operands into fp32 copies for the call.
+bool host_bf16(const Deck& d) { return d.get_string("run.device") == "host" && d.get_string("data.dtype") == "bf16"; }
+
+// The attention backward kernel's operands (q, o, dout, dq and the K/V it reads with their
+// gradients), in elements: the largest call of a step, widened on host bf16 ranks.
+std::int64_t attention_kernel_elements(const MemoryModel& m, const std::string& strategy, int cp, std::int64_t tl,
+                                       std::int64_t H, std::int64_t Hkv, std::int64_t D) {
+  const std::int64_t q = m.mul(m.mul(4, tl), H * D);
+  std::int64_t kv_tokens = tl;
+  if (cp > 1 && strategy == "allgather") kv_tokens = m.mul(tl, cp);
+  if (cp > 1 && strategy == "a2a") return m.sum(q, m.mul(m.mul(4, m.mul(tl, cp)), D * std::max<std::int64_t>(1, Hkv / cp + 1)));
+  return m.sum(q, m.mul(m.mul(4, kv_tokens), Hkv * D));
+}
+}  // namespace
+
+MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy) {
+  MemoryModel m("data.seqlen/data.batch/data.seq_lens, attention.heads, attention.kv_heads, attention.head_dim");
+  const std::int64_t H = d.get_int("attention.heads"), Hkv = d.get_int("attention.kv_heads"), D = d.get_int("attention.head_dim");
+  const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp;
+  // q, dout, o, dq and k, v, dk, dv of this rank's tokens
+  m.add("inputs and outputs", {tl, 4 * (H + Hkv) * D}, es);
+  m.add("step buffers", {attention_work_bytes(m, strategy, cp, tl, H, Hkv, D, es)});
+  if (host_bf16(d)) m.add("fp32 kernel operands (host bf16)", {attention_kernel_elements(m, strategy, cp, tl, H, Hkv, D)}, 4);
+  if (check_mode(d) == CheckMode::Reference) {
+    const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
+    if (host_bf16(d)) m.add("cp=1 reference step", {attention_kernel_elements(m, strategy, 1, T, H, Hkv, D)}, 4, Holder::Rank0Before);
+    // the unpadded inputs (q, k, v, dout), the results, its saved output and LSE
+    m.add("cp=1 reference step", {T, 4 * (H + Hkv) * D}, es, Holder::Rank0Before);
+    m.add("cp=1 reference step", {attention_work_bytes(m, strategy, 1, T, H, Hkv, D, es)}, 1, Holder::Rank0Before);
+    m.add("cp=1 reference results", {T, 2 * (H + Hkv) * D}, es, Holder::Rank0Kept);
+    // one result gathered in global order and its real rows, on every rank
+    m.add("gathered results (check)", {Tp + T, H * D}, es);
+  }
+  return m.with_slack();
+}
+
+MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
+  MemoryModel m("data.seqlen/data.batch/data.seq_lens, mamba.hidden, mamba.heads, mamba.head_dim, mamba.n_groups, mamba.d_state");
+  const model::Mamba2Config c = [&] {
+    model::Mamba2Config k;
+    k.hidden = d.get_int("mamba.hidden");
+    k.heads = d.get_int("mamba.heads");
+    k.head_dim = d.get_int("mamba.head_dim");
+    k.groups = d.get_int("mamba.n_groups");
+    k.d_state = d.get_int("mamba.d_state");
+    k.conv = d.get_int("mamba.conv");
+    return k;
+  }();
+  const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp, P = mamba_param_count(c);
+  m.add("inputs and outputs", {tl, 4 * c.hidden}, es);  // x, dy, y, dx
+  m.add("parameters", {P}, es);
+  m.add("gradients", {P}, es);
+  m.add("step buffers", {tl, mamba_work_per_token(c, strategy, cp)}, es);
+  if (check_mode(d) == CheckMode::Reference) {
+    const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
+    m.add("cp=1 reference step", {T, 4 * c.hidden + mamba_work_per_token(c, "hidden_parallel", 1)}, es, Holder::Rank0Before);
+    m.add("cp=1 reference step", {3, P}, es, Holder::Rank0Before);
+    m.add("cp=1 reference results", {T, 2 * c.hidden}, es, Holder::Rank0Kept);
+    m.add("cp=1 reference results", {P}, es, Holder::Rank0Kept);
+    m.add("gathered results (check)", {Tp + T, c.hidden}, es);
+  }
+  return m.with_slack();
+}
+
+// Per local token (elements): what each block kind keeps for its backward (the block's input and
+// output, its norm's rstd, the mixer's saved tensors), and what its step adds while it runs.
+void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, const std::string& strategy, int cp, int ep,
+                     std::int64_t tl, std::int64_t es, Holder holder) {
+  const std::int64_t C = h.hidden, block = 2 * C + 1;
+  const auto& mc = h.mamba;
+  const auto& a = h.attn;
+  const auto& e = h.moe;
+  const std::string mstrat = h.mamba_cp == model::MambaCp::StatePassing ? "state_passing" : "hidden_parallel";
+  // Mamba2: zxbcdt, the conv input and output, y, the gate and norm (4 d_inner), dt terms.
+  const std::int64_t m_saved = mc.d_in_proj() + mc.conv_dim() + 4 * mc.d_inner() + 8;
+  // Attention: q, k, v (after the projections), the output before and after Wo, the LSE.
+  const std::int64_t a_saved = 3 * a.heads * a.head_dim + 2 * a.kv_heads * a.head_dim + a.heads;
+  // MoE: per chosen expert the token copy and the expert's hidden activations, the shared expert,
+  // router scores and probabilities, the chosen indices and weights.
+  const std::int64_t e_saved = e.topk * (C + 3 * e.ffn) + 2 * e.shared_ffn + 2 * e.experts + 4 * e.topk;
+  const std::int64_t f_saved = 2 * h.mlp.ffn;
+  std::int64_t saved = 0, work = 0, work_bytes = 0;
+  for (char k : h.pattern) {
+    saved += block;
+    if (k == 'M') {
+      saved += m_saved;
+      work = std::max(work, mamba_work_per_token(mc, mstrat, cp) - m_saved + 2 * C);
+    } else if (k == '*') {
+      saved += a_saved;
+      // the projections' gradients beside the CP attention's own buffers
+      work = std::max(work, (a.heads + 2 * a.kv_heads) * a.head_dim + 2 * C);
+      work_bytes = std::max(work_bytes, attention_work_bytes(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, es));
+    } else if (k == 'E') {
+      saved += e_saved;
+      // the expert inputs' gradients; with ep > 1 the dispatched copies and their receive buffers
+      work = std::max(work, e.topk * (C + e.ffn) + (ep > 1 ? e.topk * C : 0) + 2 * C);
+    } else if (k == '-') {
+      saved += f_saved;
+      work = std::max(work, h.mlp.ffn + 2 * C);
+    }
+  }
+  const std::string act = holder == Holder::EveryRank ? "activations" : "cp=1 reference step";
+  const std::string buf = holder == Holder::EveryRank ? "step buffers" : "cp=1 reference step";
+  // embedding output, final norm, logits and their gradient (fp32 for bf16)
+  m.add(act, {tl, 2 * C + saved}, es, holder);
+  m.add(act, {tl, 2 * h.vocab}, acc_bytes(es), holder);
+  m.add(buf, {tl, work}, es, holder);
+  m.add(buf, {work_bytes}, 1, holder);
+}
+
+MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep, const std::string& strategy) {
+  MemoryModel m("data.seqlen/data.batch/data.seq_lens and the model sizes");
+  const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp;
+  const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
+  m.add("parameters", {P}, es);
+  m.add("gradients", {P}, es);
+  add_hybrid_step(m, h, strategy, cp, ep, tl, es, Holder::EveryRank);
+  if (check_mode(d) == CheckMode::Reference) {
+    const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
+    m.add("cp=1 reference step", {2, P1}, es, Holder::Rank0Before);  // every expert, and the gradients
+    add_hybrid_step(m, h, strategy, 1, 1, T, es, Holder::Rank0Before);
+    // block outputs, logits gradient, parameter gradients, routing (fp64)
+    m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.hidden + h.vocab}, es, Holder::Rank0Kept);
+    m.add("cp=1 reference results", {P1}, es, Holder::Rank0Kept);
+    m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.moe.topk}, 8, Holder::Rank0Kept);
+    // the logits gradient gathered and its real rows; the whole experts' gradients gathered
+    m.add("gathered results (check)", {Tp + T, h.vocab}, es);
+    m.add("gathered results (check)", {P1}, es);
+  }
+  return m.with_slack();
+}
+
+MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
+  MemoryModel m("data.seqs_per_step, data.max_len and the model sizes");
+  const std::int64_t es = dtype_bytes(d), ms = std::max<std::int64_t>(es, 4);
+  const std::int64_t T = m.mul(d.get_int("data.seqs_per_step"), d.get_int("data.max_len") + 2 * cp), tl = ceil_div(T, cp);
+  const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
+  // master weights, AdamW moments and the widened gradients (master dtype); the step's compute copy
+  // and its gradients (run dtype)
+  m.add("parameters", {P}, es);
+  m.add("gradients", {P}, es);
+  m.add("optimizer", {4, P}, ms);
+  const std::string attn = d.get_string("parallel.attention");
+  add_hybrid_step(m, h, attn == "all" ? "a2a" : attn, cp, ep, tl, es, Holder::EveryRank);
+  if (d.get_bool("train.reference")) {
+    m.add("cp=1 replica", {4, P1}, ms, Holder::Rank0Kept);
+    m.add("cp=1 replica", {2, P1}, es, Holder::Rank0Kept);
+    add_hybrid_step(m, h, "p2p", 1, 1, T, es, Holder::Rank0Kept);
+  }
+  return m.with_slack();
+}
+
+// ---- admission -----------------------------------------------------------------------------------------
+namespace {
+double gib(double b) { return b / (1024.0 * 1024 * 1024); }
+std::string gib_str(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g GiB", gib(b));
+  return buf;
+}
+
+double meminfo_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemAvailable:") return kb * 1024.0;
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return std::numeric_limits<double>::infinity();
+}
+
+double read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string v;
+  if (!(in >> v) || v == "max") return std::numeric_limits<double>::infinity();
+  try {
+    return std::stod(v);
+  } catch (const std::exception&) {
+    return std::numeric_limits<double>::infinity();
+  }
+}
+
+// The headroom under this process's cgroup limits: v2 (memory.max - memory.current of the cgroup and
+// each ancestor), else v1 (memory.limit_in_bytes - memory.usage_in_bytes). Infinity when unlimited.
+double cgroup_headroom() {
+  double best = std::numeric_limits<double>::infinity();
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) {
+      std::string path = line.substr(3);
+      while (true) {
+        const std::string dir = "/sys/fs/cgroup" + (path == "/" ? std::string() : path);
+        const double max = read_number(dir + "/memory.max"), cur = read_number(dir + "/memory.current");
+        if (std::isfinite(max)) best = std::min(best, max - (std::isfinite(cur) ? cur : 0));
+        if (path.empty() || path == "/") break;
+        path = path.substr(0, path.find_last_of('/'));
+        if (path.empty()) path = "/";
+      }
+    }
+  }
+  const double lim = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+               use = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+  if (std::isfinite(lim) && lim < 1e18) best = std::min(best, lim - (std::isfinite(use) ? use : 0));
+  return best;
+}
+}  // namespace
+
+MemoryLimit memory_limit(const Deck& d, bool cuda, int ranks_per_node) {
+  MemoryLimit l;
+  l.sharing = std::max(ranks_per_node, 1);
+  const double given = d.get_float("run.memory_gib");
+  if (given > 0) {
+    l.bytes = given * 1024.0 * 1024 * 1024;
+    l.source = "run.memory_gib";
+    l.sharing = 1;
+    return l;
+  }
+  if (cuda) {
+#ifdef HCP_HAVE_CUDA
+    if (cuda::device_count() > 0) {
+      const int dev = cuda::device_count();
+      l.sharing = std::max(1, (l.sharing + dev - 1) / dev);
+      l.bytes = static_cast<double>(cuda::free_memory()) / l.sharing;
+      l.source = "GPU free memory";
+      return l;
+    }
+#endif
+    l.source = "no GPU here and no run.memory_gib";
+    return l;
+  }
+  const double avail = meminfo_available(), cg = cgroup_headroom();
+  l.bytes = std::min(avail, cg) / l.sharing;
+  l.source = cg < avail ? "cgroup memory limit" : "MemAvailable";
+  return l;
+}
+
+namespace {
+std::string parts_text(const MemoryModel& m, Holder h) {
+  std::string s;
+  for (const MemoryPart& p : m.parts())
+    if (p.holder == h) s += (s.empty() ? "" : ", ") + p.name + " " + gib_str(static_cast<double>(p.bytes));
+  return s;
+}
+}  // namespace
+
+void admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp, const std::function<MemoryModel(int)>& at_cp,
+           bool root) {
+  const std::string mode = d.get_string("run.memory_check");
+  if (mode == "off") return;
+  const double every = static_cast<double>(m.every_rank()), r0 = static_cast<double>(m.rank0());
+  if (std::max(every, r0) <= lim.bytes) return;
+  std::ostringstream os;
+  os << "a rank of this run needs about " << gib_str(every) << " (" << parts_text(m, Holder::EveryRank) << ")";
+  if (m.reference_held())
+    os << " and rank 0 about " << gib_str(r0) << " with the cp=1 reference (" << parts_text(m, Holder::Rank0Before)
+       << (m.total(Holder::Rank0Kept) ? "; kept: " + parts_text(m, Holder::Rank0Kept) : "") << ")";
+  os << ", but a rank has " << gib_str(lim.bytes) << " (" << lim.source << ", " << lim.sharing
+     << (lim.sharing == 1 ? " rank uses it" : " ranks share it") << "): ";
+  if (every > lim.bytes) {
+    // More ranks help when some larger CP size fits (the shape rules of that size aside).
+    int fits_at = 0;
+    double at_max = every;
+    for (int k = 2 * cp; k <= 4096 * cp && !fits_at; k *= 2) {
+      try {
+        at_max = static_cast<double>(at_cp(k).every_rank());
+        if (at_max <= lim.bytes) fits_at = k;
+      } catch (const std::exception&) {
+      }
+    }
+    if (fits_at) os << "use more ranks (about " << gib_str(at_max) << " per rank at cp " << fits_at << ") or lower those sizes";
+    else os << "more ranks do not make it fit (" << gib_str(at_max) << " per rank at cp " << 4096 * cp << "); lower those sizes";
+    if (m.reference_held())
+      os << "; run.check = \"cross\" checks without the cp=1 reference and the global copies it gathers";
+  } else {
+    os << "the CP part fits; the cp=1 reference on rank 0 does not: set run.check = \"cross\" (the strategies against "
+          "each other, shard by shard) or \"off\"";
+  }
+  if (mode == "warn") {
+    if (root) std::fprintf(stderr, "warning: %s: %s (run.memory_check = \"warn\": running anyway)\n", m.keys().c_str(), os.str().c_str());
+    return;
+  }
+  HCP_INPUT_CHECK(false, m.keys(), os.str(), " (run.memory_check = \"warn\" or \"off\" where this limit is not the truth)");
+}
+
+void print_memory(const MemoryModel& m, const MemoryLimit& lim, int cp, int world, const std::string& driver,
+                  const std::function<MemoryModel(int)>& at_cp) {
+  const char* holder[] = {"every rank", "rank 0, beside the cases", "rank 0, before the cases"};
+  std::printf("# %s --dry-run: %d ranks, cp %d; memory per rank (estimate of tensor storage)\n", driver.c_str(), world, cp);
+  for (const MemoryPart& p : m.parts())
+    std::printf("  %-28s %-26s %12.4f GiB\n", p.name.c_str(), holder[static_cast<int>(p.holder)], gib(static_cast<double>(p.bytes)));
+  const bool fits = static_cast<double>(m.peak()) <= lim.bytes;
+  std::printf("# every rank %.4f GiB, rank 0 %.4f GiB; limit %.4f GiB per rank (%s): %s\n", gib(static_cast<double>(m.every_rank())),
+              gib(static_cast<double>(m.rank0())), gib(lim.bytes), lim.source.c_str(), fits ? "fits" : "does not fit");
+  // The smallest power-of-two CP size whose ranks fit (the reference on rank 0 as the deck says).
+  int smallest = 0;
+  for (int c = 1; c <= (1 << 20) && std::isfinite(lim.bytes); c *= 2) {
+    try {
+      if (static_cast<double>(at_cp(c).peak()) <= lim.bytes) {
+        smallest = c;
+        break;
+      }
+    } catch (const std::exception&) {
+    }
+  }
+  if (smallest) std::printf("# smallest power-of-two cp that fits: %d\n", smallest);
+  std::string js = "{\"driver\":\"" + driver + "\",\"world\":" + std::to_string(world) + ",\"cp\":" + std::to_string(cp) +
+                   ",\"every_rank\":" + std::to_string(m.every_rank()) + ",\"rank0\":" + std::to_string(m.rank0()) +
+                   ",\"limit\":" + (std::isfinite(lim.bytes) ? std::to_string(static_cast<std::int64_t>(lim.bytes)) : "null") +
+                   ",\"fits\":" + (fits ? "true" : "false") + ",\"smallest_cp\":" + std::to_string(smallest) + ",\"parts\":{";
+  for (std::size_t i = 0; i < m.parts().size(); ++i) {
+    const MemoryPart& p = m.parts()[i];
+    js += (i ? "," : "") + ("\"" + p.name + (p.holder == Holder::EveryRank ? "" : " (rank 0)") + "\":" + std::to_string(p.bytes));
+  }
+  std::printf("MEMORY %s}}\n", js.c_str());
+}
+
+}  // namespace hcp::drivers
