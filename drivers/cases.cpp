@@ -59,8 +59,8 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
   // --ranks N: the N ranks are taken to share this node (GPU ranks: one GPU each).
   const MemoryLimit lim = memory_limit(d, cuda, ctx.ranks > 0 ? (cuda ? 1 : ctx.ranks) : local);
   // Sizes that cannot fit even in the smallest case are refused before the cases' shape rules are
-  // tried (building a case builds its token layout).
-  if (!ctx.dry_run) {
+  // tried (building a case builds its token layout); "warn" warns once, below.
+  if (!ctx.dry_run && d.get_string("run.memory_check") == "refuse") {
     MemoryModel least = c.memory(d, cp, sel.names.front());
     for (const std::string& n : sel.names) {
       MemoryModel m = c.memory(d, cp, n);

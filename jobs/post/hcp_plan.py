@@ -23,9 +23,9 @@ attention FLOPs (causal, balanced by DualChunkSwap) at the attention rates, proj
 at the GEMM rate, the SSD at its state-update rate. MoE traffic assumes uniform routing. What the
 model leaves out: kernel launch and glue time, memory traffic of the element-wise kernels, contention
 between the CP group's links. Times are estimates; bytes are exact for the layouts `bytes` checks.
-Memory per rank: parameters exactly (routed experts 1/ep), their gradients, fp32 master weights and
-AdamW moments for a training step, and the activations each block keeps for its backward (an
-estimate per token of its saved tensors, 1/cp of the tokens).
+Memory per rank is not modelled here: predict, sweep and validate run `cp_hybrid --dry-run --ranks N`
+(--bin DIR, default build/drivers) and read its model (drivers/memory_model.cpp), the one the
+drivers' admission check uses.
 """
 import argparse
 import math
@@ -127,61 +127,46 @@ def moe_bytes(cp, B, L, e, hidden, dtype, ep=0):
     return 4 * (B * L // cp) * e["topk"] * hidden * ES[dtype] * (ep - 1) // ep
 
 
-# ---- memory per rank -----------------------------------------------------------------------------
-def param_count(model, ep):
-    """Elements of the parameters one rank holds, and of those the routed experts' (1/ep of them):
-    the drivers' model::param_count."""
-    C, V, pat = model["hidden"], model["vocab"], model["pattern"]
-    m, a, e = model["mamba"], model["attention"], model["moe"]
-    total, experts = 2 * V * C + C, 0
-    for ch in pat:
-        total += C
-        if ch == "M":
-            di, G, N, H = m["heads"] * m["head_dim"], m["n_groups"], m["d_state"], m["heads"]
-            conv_dim = di + 2 * G * N
-            total += (2 * di + 2 * G * N + H) * C + conv_dim * (m.get("conv", 4) + 1) + 3 * H + di + C * di
-        elif ch == "*":
-            total += 2 * (a["heads"] + a["kv_heads"]) * a["head_dim"] * C
-        elif ch == "-":
-            total += 2 * model.get("mlp_ffn", 64) * C
-        elif ch == "E":
-            ex = e["experts"] // max(ep, 1) * 2 * e["ffn"] * C
-            experts += ex
-            total += ex + e["experts"] * (C + 1) + (2 * e.get("shared_ffn", 0) * C)
-    return total, experts
+# ---- memory per rank: the drivers' own model (drivers/memory_model.cpp), read from --dry-run -------
+DEFAULT_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "drivers")
 
 
-def activation_elements(model, kind, topk_rows=True):
-    """Elements per token a block of `kind` keeps for its backward (its input and output, and the
-    mixer's saved tensors): an estimate of what the layers hold, not a count of their allocations."""
-    C, m, a, e = model["hidden"], model["mamba"], model["attention"], model["moe"]
-    n = 3 * C + 1  # block input, norm output, mixer output; rstd
-    if kind == "M":
-        di, G, N, H = m["heads"] * m["head_dim"], m["n_groups"], m["d_state"], m["heads"]
-        n += (2 * di + 2 * G * N + H) + (di + 2 * G * N) + 2 * di + 2 * H
-    elif kind == "*":
-        n += (2 * a["heads"] + 2 * a["kv_heads"]) * a["head_dim"] + a["heads"]
-    elif kind == "E":
-        k = e["topk"]
-        n += 2 * e["experts"] + k * (2 * C + e["ffn"]) + 2 * k + e.get("shared_ffn", 0)
-    elif kind == "-":
-        n += model.get("mlp_ffn", 64)
-    return n
+def driver_memory(bindir, deck_text, sets, ranks, driver="cp_hybrid"):
+    """The MEMORY line of `driver --dry-run --ranks N` on a deck (TOML text) with --set overrides: the
+    estimate per rank by part, the limit, whether it fits and the smallest power-of-two cp that does."""
+    import json
+    import subprocess
+    import tempfile
+    exe = os.path.join(bindir, driver)
+    if not os.access(exe, os.X_OK):
+        raise OSError(f"{exe}: no driver to ask for the memory model (build first, or give --bin DIR)")
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
+        f.write(deck_text)
+        f.flush()
+        cmd = [exe, "--deck", f.name, "--dry-run", "--ranks", str(ranks)]
+        for kv in sets:
+            cmd += ["--set", kv]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+    for line in out.stdout.splitlines():
+        if line.startswith("MEMORY "):
+            return json.loads(line[7:])
+    raise ValueError(f"{' '.join(cmd)}: no MEMORY line (exit {out.returncode}): {out.stderr.strip()[-500:]}")
 
 
-def memory_per_rank(model, L, cp, ep=None, B=1, train=False):
-    """Bytes one rank holds in a step at CP size cp (EP size ep, default cp): parameters (exact) and
-    their gradients, the optimizer state when training (fp32 master weights and AdamW moments), and
-    the activations kept for the backward (estimated, 1/cp of the tokens) with the logits and their
-    gradient."""
-    es = ES[model["dtype"]]
-    tl = B * L / cp
-    total, experts = param_count(model, ep or cp)
-    params = total * es
-    optim = total * (12 if es == 2 else 2 * es) if train else 0
-    acts = tl * es * (sum(activation_elements(model, k) for k in model["pattern"]) + 2 * model["vocab"])
-    return {"parameters": params, "expert_parameters": experts * es, "gradients": params, "optimizer": optim,
-            "activations": acts, "total": 2 * params + optim + acts}
+def step_memory(a, L, cp):
+    """The cp_hybrid step's memory per rank of the --model deck at L tokens (one BSHD row) and CP size
+    cp, on GPU ranks of --memory-gib GiB (run.device = cuda, no reference: run.check = off)."""
+    with open(a.model) as f:
+        text = f.read()
+    d = tomllib.loads(text)
+    # EP over the CP group, or over the largest group that divides the experts (as plan() assumes)
+    ep = d.get("parallel", {}).get("ep", 0) or cp
+    experts = d.get("moe", {}).get("experts", 0)
+    if experts and experts % ep:
+        ep = math.gcd(experts, cp)
+    sets = ["data.format=bshd", "data.batch=1", f"data.seqlen={L}", "run.check=off", "run.device=cuda",
+            f"run.memory_gib={a.memory_gib}", f"parallel.cp_size={cp}", f"parallel.ep={ep}"]
+    return driver_memory(a.bin, text, sets, cp)
 
 
 # ---- time ----------------------------------------------------------------------------------------
@@ -370,10 +355,10 @@ def cmd_predict(a):
         print("# no strategy of some layer kind runs at this cp")
         return 1
     print("# best: " + ", ".join(f"{k} {v[0]}" for k, v in best.items()) + f"; step {step:.2f} ms (forward+backward)")
-    for train in (False, True):
-        mem = memory_per_rank(model, a.tokens, a.cp, model.get("ep") or None, train=train)
-        print(f"# memory per rank ({'training step' if train else 'forward+backward'}, GiB): "
-              + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in mem.items()))
+    mem = step_memory(a, a.tokens, a.cp)
+    print(f"# memory per rank (cp_hybrid --dry-run, forward+backward, GiB): "
+          + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in mem["parts"].items())
+          + f"; total {mem['every_rank'] / 2**30:.2f} of {a.memory_gib:g}: {'fits' if mem['fits'] else 'does not fit'}")
     return 0
 
 
@@ -388,11 +373,17 @@ def cmd_sweep(a):
                 continue
             best, step = plan(model, machine, L, cp)
             if best is not None:
-                mem = memory_per_rank(model, L, cp, model.get("ep") or None, train=True)["total"]
-                rows.append((L, cp, step, {k: v[0] for k, v in best.items()}, mem))
-    print(f"# {'tokens':>9} {'cp':>5} {'step ms':>10} {'GiB/rank':>9}  best strategy per layer kind (GiB: training step)")
-    for L, cp, step, b, mem in rows:
-        print(f"  {L:>9} {cp:>5} {step:>10.2f} {mem / 2**30:>9.2f}  " + " ".join(f"{k}:{v}" for k, v in sorted(b.items())))
+                mem = step_memory(a, L, cp)
+                rows.append((L, cp, step, {k: v[0] for k, v in best.items()}, mem["every_rank"], mem["fits"]))
+    print(f"# {'tokens':>9} {'cp':>5} {'step ms':>10} {'GiB/rank':>9} {'fits':>4}  best strategy per layer kind "
+          f"(GiB: the cp_hybrid step, cp_hybrid --dry-run; fits: in {a.memory_gib:g} GiB)")
+    for L, cp, step, b, mem, fits in rows:
+        print(f"  {L:>9} {cp:>5} {step:>10.2f} {mem / 2**30:>9.2f} {'yes' if fits else 'no':>4}  "
+              + " ".join(f"{k}:{v}" for k, v in sorted(b.items())))
+    for L in lens:
+        ok = [cp for (l, cp, _, _, _, fits) in rows if l == L and fits]
+        print(f"# smallest cp that fits {L} tokens in {a.memory_gib:g} GiB: {min(ok) if ok else 'none of ' + a.cp}")
+    rows = [r[:5] for r in rows]
     if a.csv:
         with open(a.csv, "w") as f:
             f.write("tokens,cp,step_ms,train_bytes_per_rank," + ",".join(f"best_{k}" for k in ("*", "E", "M")) + "\n")
@@ -431,44 +422,34 @@ def _run_info(path):
         for strat in f.get("memory", {}):
             g = f["memory"][strat]
             if "step_tensor_bytes" in g:
-                mem[strat] = float(g["step_tensor_bytes"][()].max())
+                mem[strat] = float((g["step_tensor_bytes"][()] + g["live_tensor_bytes"][()]).max())
         params = float(f["memory/parameters/bytes"][()].max()) if "memory/parameters/bytes" in f else None
-        return {"path": path, "deck": deck, "cp": int(cfg["cp_size"]), "tokens": deck["data"]["batch"] * deck["data"]["seqlen"],
+        return {"path": path, "deck": deck, "deck_text": cfg["deck_resolved"], "world": int(cfg["world_size"]),
+                "cp": int(cfg["cp_size"]), "tokens": deck["data"]["batch"] * deck["data"]["seqlen"],
                 "timings": hcp_post._timings(f), "comm": comm, "memory": mem, "param_bytes": params}
 
 
-def validate_memory(calib, files, band):
-    """Parameter bytes per rank (exact against /memory/parameters/bytes) and the step's memory per
-    rank: kappa * (gradients + estimated activations), kappa the measured / estimated ratio of the
-    cp = 1 calibration runs (what the layers allocate beyond what they keep, e.g. backward
-    temporaries), against /memory/<strategy>/step_tensor_bytes (max over ranks)."""
-    def est(r):
-        d = r["deck"]
-        m = memory_per_rank(model_of(d), d["data"]["seqlen"], r["cp"], d["parallel"].get("ep", 0) or None,
-                            B=d["data"]["batch"])
-        return m["parameters"], m["gradients"] + m["activations"]
-    ratios = [meas / est(c)[1] for c in calib if c["cp"] == 1 for meas in c["memory"].values()]
-    if not ratios:
-        print("# memory: no cp = 1 calibration run with /memory")
-        return True
-    kappa = sum(ratios) / len(ratios)
-    print(f"# memory: kappa {kappa:.3f} (measured / estimated step memory of {len(ratios)} cp=1 case(s))")
-    print(f"# {'file':<36} {'cp':>3} {'param bytes':>12} {'predicted':>12} {'step MiB':>10} {'predicted':>10} {'error':>7}")
-    worst, exact, n = 0.0, 0, 0
+def validate_memory(a, files, band):
+    """Parameter bytes per rank (exact: the model's parameters part against /memory/parameters/bytes)
+    and the model's memory of every rank (cp_hybrid --dry-run of the run's own deck) against the
+    measured high-water (alive before the step + allocated in it, max over ranks): model / measured
+    in [1, band]."""
+    print(f"# {'file':<36} {'cp':>3} {'strategy':<10} {'param bytes':>12} {'model':>12} {'MiB':>9} {'model MiB':>10} {'ratio':>6}")
+    lo, hi, exact, n = float("inf"), 0.0, 0, 0
     for path in files:
         r = _run_info(path)
-        pb, sb = est(r)
-        if r["param_bytes"] is not None:
-            n += 1
-            exact += int(r["param_bytes"] == pb)
         for strat, meas in r["memory"].items():
-            err = (kappa * sb - meas) / meas
-            worst = max(worst, abs(err))
-            print(f"  {path.split('/')[-1]:<36} {r['cp']:>3} {r['param_bytes'] or 0:>12.0f} {pb:>12} {meas / 2**20:>10.3f} "
-                  f"{kappa * sb / 2**20:>10.3f} {err * 100:>6.0f}%")
-    ok = exact == n and worst <= band
-    print(f"RESULT plan_memory params {'EXACT' if exact == n else 'DIFFER'} {exact}/{n}, step worst |error| "
-          f"{worst * 100:.0f}% (band {band * 100:.0f}%) {'WITHIN' if worst <= band else 'OUTSIDE'}")
+            mem = driver_memory(a.bin, r["deck_text"], [f"parallel.attention={strat}", "run.check=off", "run.memory_gib=1e6"], r["world"])
+            pb = mem["parts"].get("parameters", 0)
+            n += 1
+            exact += int(r["param_bytes"] is not None and r["param_bytes"] == pb)
+            ratio = mem["every_rank"] / meas
+            lo, hi = min(lo, ratio), max(hi, ratio)
+            print(f"  {path.split('/')[-1]:<36} {r['cp']:>3} {strat:<10} {r['param_bytes'] or 0:>12.0f} {pb:>12} "
+                  f"{meas / 2**20:>9.3f} {mem['every_rank'] / 2**20:>10.3f} {ratio:>6.3f}")
+    ok = exact == n and 1.0 <= lo and hi <= band
+    print(f"RESULT plan_memory params {'EXACT' if exact == n else 'DIFFER'} {exact}/{n}, model / measured "
+          f"{lo:.2f}..{hi:.2f} (band 1..{band:g}) {'WITHIN' if ok else 'OUTSIDE'}")
     return ok
 
 
@@ -555,7 +536,7 @@ def cmd_validate(a):
             err = (pred - meas) / meas
             worst = max(worst, abs(err))
             print(f"  {path.split('/')[-1]:<36} {cp:>3} {strat:<10} {meas:>12.2f} {pred:>13.2f} {err * 100:>6.0f}%")
-    mem_ok = validate_memory(calib, a.files, a.memory_band)
+    mem_ok = validate_memory(a, a.files, a.memory_band)
     print(f"RESULT plan_validate worst |error| {worst * 100:.0f}% (band {a.band * 100:.0f}%) "
           f"{'WITHIN' if worst <= a.band else 'OUTSIDE'}")
     return 0 if worst <= a.band and mem_ok else 1
@@ -583,12 +564,16 @@ def main(argv=None):
             s.add_argument("--cp", required=True)
             s.add_argument("--out", required=True)
             s.add_argument("--csv")
+        s.add_argument("--memory-gib", type=float, default=141.0, help="memory per GPU, GiB (default 141: an H200)")
+        s.add_argument("--bin", default=DEFAULT_BIN, help="folder of the driver binaries (default build/drivers)")
         s.set_defaults(fn=fn)
     v = sub.add_parser("validate")
     v.add_argument("--machine", required=True)
     v.add_argument("--calibrate", required=True, help="cp_hybrid runs, comma-separated: one at cp = 1, others for the network")
     v.add_argument("--band", type=float, default=0.15, help="largest relative step-time error accepted")
-    v.add_argument("--memory-band", type=float, default=0.15, help="largest relative step-memory error accepted")
+    v.add_argument("--memory-band", type=float, default=1.5,
+                   help="largest model / measured memory per rank accepted (the model must not be below 1)")
+    v.add_argument("--bin", default=DEFAULT_BIN, help="folder of the driver binaries (default build/drivers)")
     v.add_argument("files", nargs="+")
     v.set_defaults(fn=cmd_validate)
     a = p.parse_args(argv)
