@@ -54,6 +54,11 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
   if (!(ctx.dry_run && cuda && d.get_float("run.memory_gib") > 0)) init_device(d);
   const int world = ctx.world_size(), cp = cp_size_of(d, world);
   const Selection sel = select(d, c.key, c.all_word, c.all);
+  const std::string& plant = d.get_string("run.plant_fault");
+  HCP_INPUT_CHECK(plant.empty() || std::find(c.all.begin(), c.all.end(), plant) != c.all.end(), d.where("run.plant_fault"),
+                  "key 'run.plant_fault' = \"", plant, "\" is not a case of this driver (", join(c.all), ")");
+  HCP_INPUT_CHECK(plant.empty() || check_mode(d) != CheckMode::Off, d.where("run.plant_fault"),
+                  "key 'run.plant_fault' needs run.check = \"reference\" or \"cross\" (a fault no check sees proves nothing)");
   int local = 1;
   node_local_rank(&local);
   // --ranks N: the N ranks are taken to share this node (GPU ranks: one GPU each).

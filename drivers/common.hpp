@@ -83,6 +83,9 @@ inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_defaul
                   "reference: every strategy against the unpadded cp=1 problem on rank 0 (which holds it whole); cross: "
                   "every strategy against the first, shard by shard on each rank (no rank holds the global problem); off",
                   {"reference", "cross", "off"})
+      .add_string("run.plant_fault", "",
+                  "for testing the checks: the case (strategy) whose first checked result gets one element moved by "
+                  "1e-3 of its largest magnitude, so that the run must FAIL (\"\": none)")
       .add_string("run.save", "auto",
                   "what the results file keeps, comma-separated: all | auto (all but tensors over 2^27 elements) | "
                   "activations | gradients | timings | comm | memory | summary (errors, statistics of every tensor) | tensor names")

@@ -169,6 +169,14 @@ class Study {
   // tokens in global order, each rank its own rows (the first CP group's), when the file keeps it.
   void result(Errors& e, const std::string& name, const std::string& path, const Tensor& local, const Tensor& ref,
               const SeqLayout& global, bool pads_zero, const std::string& layout, const std::string& units);
+  // run.check = "cross": this rank's shard of result `name` against the first case's shard of it
+  // (real rows only when `global` is given), the worst error reduced over the CP group with one
+  // all-reduce; the first case keeps its shards as the baseline. Every rank gets the same entry.
+  void cross_compare(Errors& e, const std::string& name, const Tensor& local, const SeqLayout* global = nullptr);
+  // A scalar every rank holds the same (a loss), against the first case's, relative.
+  void cross_scalar(Errors& e, const std::string& name, double v);
+  // The case whose results follow (run.plant_fault perturbs the named one's first result).
+  void begin_case(const std::string& name) { case_ = name; planted_ = false; }
   // Rank 0's verdict (errors within tolerance and `extra`), agreed by every rank; writes /summary.
   bool verdict(const std::string& strategy, const Errors& e, bool extra = true);
 
@@ -190,6 +198,11 @@ class Study {
     double work = 0, live = 0, rss_peak = 0, device_used = 0, pool_peak = 0;
   } mem_;
   std::vector<std::string> mem_lines_;  // "# memory per rank" lines printed by finish()
+  std::map<std::string, Tensor> first_;        // run.check = "cross": the first case's shards
+  std::map<std::string, double> first_scalar_;
+  std::string case_;
+  bool planted_ = false;
+  Tensor planted(const Tensor& local);  // `local`, perturbed when run.plant_fault names this case
   // The cases' memory model (Cases::memory), shown beside the measured high-water of each case.
   std::function<MemoryModel(const Deck&, int, const std::string&)> memory_;
   double memory_start();               // resets the high-water marks; the bytes alive now
