@@ -120,7 +120,7 @@ std::int64_t mamba_param_count(const model::Mamba2Config& c);
 // ---- the drivers' models -----------------------------------------------------------------------------
 MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy);
 MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy);
-// cp_hybrid (a forward+backward step) at `tokens` padded global tokens of which `real` real, EP size ep.
+// cp_hybrid: one forward+backward step of the model at EP size ep, attention strategy `strategy`.
 MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep, const std::string& strategy);
 // train_hybrid: the step's tokens, master weights, AdamW moments, the replica on rank 0.
 MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep);
