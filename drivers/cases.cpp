@@ -35,12 +35,12 @@ std::vector<std::string> runnable(Communicator& comm, const Selection& sel, cons
   return ok;
 }
 
-// The model of the case with the largest peak among `names` (the cases run one after another).
-static MemoryModel largest(const Cases& c, const Deck& d, int cp, const std::vector<std::string>& names) {
+// The model of the case with the largest (or smallest) peak among `names`.
+static MemoryModel by_peak(const Cases& c, const Deck& d, int cp, const std::vector<std::string>& names, bool largest) {
   std::optional<MemoryModel> best;
   for (const std::string& n : names) {
     MemoryModel m = c.memory(d, cp, n);
-    if (!best || m.peak() > best->peak()) best = std::move(m);
+    if (!best || (largest ? m.peak() > best->peak() : m.peak() < best->peak())) best = std::move(m);
   }
   return *best;
 }
@@ -49,9 +49,7 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
   const Deck& d = ctx.deck;
   save_set(d);
   hdf5_io(d);
-  const bool cuda = space_of(d) == Space::Cuda;
-  // A dry run estimates GPU ranks without a GPU when run.memory_gib gives the memory.
-  if (!(ctx.dry_run && cuda && d.get_float("run.memory_gib") > 0)) init_device(d);
+  const MemoryLimit lim = device_and_limit(ctx);
   const int world = ctx.world_size(), cp = cp_size_of(d, world);
   const Selection sel = select(d, c.key, c.all_word, c.all);
   const std::string& plant = d.get_string("run.plant_fault");
@@ -59,26 +57,17 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
                   "key 'run.plant_fault' = \"", plant, "\" is not a case of this driver (", join(c.all), ")");
   HCP_INPUT_CHECK(plant.empty() || check_mode(d) != CheckMode::Off, d.where("run.plant_fault"),
                   "key 'run.plant_fault' needs run.check = \"reference\" or \"cross\" (a fault no check sees proves nothing)");
-  int local = 1;
-  node_local_rank(&local);
-  // --ranks N: the N ranks are taken to share this node (GPU ranks: one GPU each).
-  const MemoryLimit lim = memory_limit(d, cuda, ctx.ranks > 0 ? (cuda ? 1 : ctx.ranks) : local);
   // Sizes that cannot fit even in the smallest case are refused before the cases' shape rules are
   // tried (building a case builds its token layout); "warn" warns once, below.
-  if (!ctx.dry_run && d.get_string("run.memory_check") == "refuse") {
-    MemoryModel least = c.memory(d, cp, sel.names.front());
-    for (const std::string& n : sel.names) {
-      MemoryModel m = c.memory(d, cp, n);
-      if (m.peak() < least.peak()) least = std::move(m);
-    }
-    admit(d, least, lim, cp, [&](int k) { return c.memory(d, k, sel.names.front()); }, ctx.root());
-  }
+  if (!ctx.dry_run && d.get_string("run.memory_check") == "refuse")
+    admit(d, by_peak(c, d, cp, sel.names, false), lim, cp, [&](int k) { return by_peak(c, d, k, sel.names, false); },
+          ctx.root());
   std::vector<std::string> names = sel.names;
   if (world == ctx.world->size()) {  // the shape rules of each case need the CP group itself
     ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
     names = runnable(*grid.cp, sel, [&](const std::string& n) { c.make(d, *grid.cp, cp, n); });
   }
-  const auto at_cp = [&](int k) { return largest(c, d, k, names); };
+  const auto at_cp = [&](int k) { return by_peak(c, d, k, names, true); };
   const MemoryModel m = at_cp(cp);
   if (ctx.dry_run) {
     if (ctx.root()) print_memory(m, lim, cp, world, ctx.driver, at_cp);

@@ -176,9 +176,9 @@ void run(DriverContext& ctx) {
       if (ph != "forward" && ph != "backward" && ph != "ring_wait") phases += " " + ph + "=" + drivers::fmt("%.2f", st.slowest(v));
     notes.push_back(phases);
     if (!hp) notes.push_back(halo_note);
-    std::string errs = "# " + name + " max |cp - cp1| / max |cp1|:";
+    std::string errs = "# " + name + (st.cross ? " against " + names.front() : std::string(" max |cp - cp1| / max |cp1|")) + ":";
     for (auto& [n, v] : e.rel) errs += " " + n + "=" + drivers::fmt("%.1e", v);
-    if (st.check || (st.cross && !e.rel.empty())) notes.push_back(st.cross ? std::string("# ") + name + " against " + names.front() + errs.substr(errs.find(':')) : errs);
+    if (!e.rel.empty()) notes.push_back(errs);
     table.row({name, drivers::fmt("%.3f", st.slowest(smp.at("forward"))), drivers::fmt("%.3f", st.slowest(smp.at("backward"))),
                drivers::fmt_int(bytes), drivers::fmt_int(model), drivers::fmt_int(allreduce), drivers::fmt("%.1e", e.worst)});
   }

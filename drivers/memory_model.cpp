@@ -1,19 +1,11 @@
 // The memory model of memory_model.hpp: per-token counts of the tensors each layer and strategy
-// allocates (the tensors are named beside each term), the limit a rank can have, the admission
-// check and the --dry-run report.
+// allocates (the tensors are named beside each term). The limit, admission and --dry-run report
+// are in memory_admission.cpp.
 #include "memory_model.hpp"
 
-#include <cmath>
-#include <cstdio>
-#include <fstream>
-#include <sstream>
-
 #include "common.hpp"
-#include "comm/process_grid.hpp"
 #include "core/dtype.hpp"
-#ifdef HCP_HAVE_CUDA
-#include "kernels/cuda/runtime.hpp"
-#endif
+#include "layer_keys.hpp"
 
 namespace hcp::drivers {
 
@@ -126,16 +118,7 @@ MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy)
 
 MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
   MemoryModel m("data.seqlen/data.batch/data.seq_lens, mamba.hidden, mamba.heads, mamba.head_dim, mamba.n_groups, mamba.d_state");
-  const model::Mamba2Config c = [&] {
-    model::Mamba2Config k;
-    k.hidden = d.get_int("mamba.hidden");
-    k.heads = d.get_int("mamba.heads");
-    k.head_dim = d.get_int("mamba.head_dim");
-    k.groups = d.get_int("mamba.n_groups");
-    k.d_state = d.get_int("mamba.d_state");
-    k.conv = d.get_int("mamba.conv");
-    return k;
-  }();
+  const model::Mamba2Config c = mamba_from_deck(d, d.get_int("mamba.hidden"));
   const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp, P = mamba_param_count(c);
   m.add("inputs and outputs", {tl, 4 * c.hidden}, es);  // x, dy, y, dx
   m.add("parameters", {P}, es);
@@ -230,180 +213,13 @@ MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, in
   m.add("parameters", {P}, es);
   m.add("gradients", {P}, es);
   m.add("optimizer", {4, P}, ms);
-  const std::string attn = d.get_string("parallel.attention");
-  add_hybrid_step(m, h, attn == "all" ? "a2a" : attn, cp, ep, tl, es, Holder::EveryRank);
+  add_hybrid_step(m, h, d.get_string("parallel.attention"), cp, ep, tl, es, Holder::EveryRank);
   if (d.get_bool("train.reference")) {
     m.add("cp=1 replica", {4, P1}, ms, Holder::Rank0Kept);
     m.add("cp=1 replica", {2, P1}, es, Holder::Rank0Kept);
     add_hybrid_step(m, h, "p2p", 1, 1, T, es, Holder::Rank0Kept);
   }
   return m.with_slack();
-}
-
-// ---- admission -----------------------------------------------------------------------------------------
-namespace {
-double gib(double b) { return b / (1024.0 * 1024 * 1024); }
-std::string gib_str(double b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g GiB", gib(b));
-  return buf;
-}
-
-double meminfo_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  while (in >> key >> kb) {
-    if (key == "MemAvailable:") return kb * 1024.0;
-    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  return std::numeric_limits<double>::infinity();
-}
-
-double read_number(const std::string& path) {
-  std::ifstream in(path);
-  std::string v;
-  if (!(in >> v) || v == "max") return std::numeric_limits<double>::infinity();
-  try {
-    return std::stod(v);
-  } catch (const std::exception&) {
-    return std::numeric_limits<double>::infinity();
-  }
-}
-
-// The headroom under this process's cgroup limits: v2 (memory.max - memory.current of the cgroup and
-// each ancestor), else v1 (memory.limit_in_bytes - memory.usage_in_bytes). Infinity when unlimited.
-double cgroup_headroom() {
-  double best = std::numeric_limits<double>::infinity();
-  std::ifstream in("/proc/self/cgroup");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("0::", 0) == 0) {
-      std::string path = line.substr(3);
-      while (true) {
-        const std::string dir = "/sys/fs/cgroup" + (path == "/" ? std::string() : path);
-        const double max = read_number(dir + "/memory.max"), cur = read_number(dir + "/memory.current");
-        if (std::isfinite(max)) best = std::min(best, max - (std::isfinite(cur) ? cur : 0));
-        if (path.empty() || path == "/") break;
-        path = path.substr(0, path.find_last_of('/'));
-        if (path.empty()) path = "/";
-      }
-    }
-  }
-  const double lim = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
-               use = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
-  if (std::isfinite(lim) && lim < 1e18) best = std::min(best, lim - (std::isfinite(use) ? use : 0));
-  return best;
-}
-}  // namespace
-
-MemoryLimit memory_limit(const Deck& d, bool cuda, int ranks_per_node) {
-  MemoryLimit l;
-  l.sharing = std::max(ranks_per_node, 1);
-  const double given = d.get_float("run.memory_gib");
-  if (given > 0) {
-    l.bytes = given * 1024.0 * 1024 * 1024;
-    l.source = "run.memory_gib";
-    l.sharing = 1;
-    return l;
-  }
-  if (cuda) {
-#ifdef HCP_HAVE_CUDA
-    if (cuda::device_count() > 0) {
-      const int dev = cuda::device_count();
-      l.sharing = std::max(1, (l.sharing + dev - 1) / dev);
-      l.bytes = static_cast<double>(cuda::free_memory()) / l.sharing;
-      l.source = "GPU free memory";
-      return l;
-    }
-#endif
-    l.source = "no GPU here and no run.memory_gib";
-    return l;
-  }
-  const double avail = meminfo_available(), cg = cgroup_headroom();
-  l.bytes = std::min(avail, cg) / l.sharing;
-  l.source = cg < avail ? "cgroup memory limit" : "MemAvailable";
-  return l;
-}
-
-namespace {
-std::string parts_text(const MemoryModel& m, Holder h) {
-  std::string s;
-  for (const MemoryPart& p : m.parts())
-    if (p.holder == h) s += (s.empty() ? "" : ", ") + p.name + " " + gib_str(static_cast<double>(p.bytes));
-  return s;
-}
-}  // namespace
-
-void admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp, const std::function<MemoryModel(int)>& at_cp,
-           bool root) {
-  const std::string mode = d.get_string("run.memory_check");
-  if (mode == "off") return;
-  const double every = static_cast<double>(m.every_rank()), r0 = static_cast<double>(m.rank0());
-  if (std::max(every, r0) <= lim.bytes) return;
-  std::ostringstream os;
-  os << "a rank of this run needs about " << gib_str(every) << " (" << parts_text(m, Holder::EveryRank) << ")";
-  if (m.reference_held())
-    os << " and rank 0 about " << gib_str(r0) << " with the cp=1 reference (" << parts_text(m, Holder::Rank0Before)
-       << (m.total(Holder::Rank0Kept) ? "; kept: " + parts_text(m, Holder::Rank0Kept) : "") << ")";
-  os << ", but a rank has " << gib_str(lim.bytes) << " (" << lim.source << ", " << lim.sharing
-     << (lim.sharing == 1 ? " rank uses it" : " ranks share it") << "): ";
-  if (every > lim.bytes) {
-    // More ranks help when some larger CP size fits (the shape rules of that size aside).
-    int fits_at = 0;
-    double at_max = every;
-    for (int k = 2 * cp; k <= 4096 * cp && !fits_at; k *= 2) {
-      try {
-        at_max = static_cast<double>(at_cp(k).every_rank());
-        if (at_max <= lim.bytes) fits_at = k;
-      } catch (const std::exception&) {
-      }
-    }
-    if (fits_at) os << "use more ranks (about " << gib_str(at_max) << " per rank at cp " << fits_at << ") or lower those sizes";
-    else os << "more ranks do not make it fit (" << gib_str(at_max) << " per rank at cp " << 4096 * cp << "); lower those sizes";
-    if (m.reference_held())
-      os << "; run.check = \"cross\" checks without the cp=1 reference and the global copies it gathers";
-  } else {
-    os << "the CP part fits; the cp=1 reference on rank 0 does not: set run.check = \"cross\" (the strategies against "
-          "each other, shard by shard) or \"off\"";
-  }
-  if (mode == "warn") {
-    if (root) std::fprintf(stderr, "warning: %s: %s (run.memory_check = \"warn\": running anyway)\n", m.keys().c_str(), os.str().c_str());
-    return;
-  }
-  HCP_INPUT_CHECK(false, m.keys(), os.str(), " (run.memory_check = \"warn\" or \"off\" where this limit is not the truth)");
-}
-
-void print_memory(const MemoryModel& m, const MemoryLimit& lim, int cp, int world, const std::string& driver,
-                  const std::function<MemoryModel(int)>& at_cp) {
-  const char* holder[] = {"every rank", "rank 0, beside the cases", "rank 0, before the cases"};
-  std::printf("# %s --dry-run: %d ranks, cp %d; memory per rank (estimate of tensor storage)\n", driver.c_str(), world, cp);
-  for (const MemoryPart& p : m.parts())
-    std::printf("  %-28s %-26s %12.4f GiB\n", p.name.c_str(), holder[static_cast<int>(p.holder)], gib(static_cast<double>(p.bytes)));
-  const bool fits = static_cast<double>(m.peak()) <= lim.bytes;
-  std::printf("# every rank %.4f GiB, rank 0 %.4f GiB; limit %.4f GiB per rank (%s): %s\n", gib(static_cast<double>(m.every_rank())),
-              gib(static_cast<double>(m.rank0())), gib(lim.bytes), lim.source.c_str(), fits ? "fits" : "does not fit");
-  // The smallest power-of-two CP size whose ranks fit (the reference on rank 0 as the deck says).
-  int smallest = 0;
-  for (int c = 1; c <= (1 << 20) && std::isfinite(lim.bytes); c *= 2) {
-    try {
-      if (static_cast<double>(at_cp(c).peak()) <= lim.bytes) {
-        smallest = c;
-        break;
-      }
-    } catch (const std::exception&) {
-    }
-  }
-  if (smallest) std::printf("# smallest power-of-two cp that fits: %d\n", smallest);
-  std::string js = "{\"driver\":\"" + driver + "\",\"world\":" + std::to_string(world) + ",\"cp\":" + std::to_string(cp) +
-                   ",\"every_rank\":" + std::to_string(m.every_rank()) + ",\"rank0\":" + std::to_string(m.rank0()) +
-                   ",\"limit\":" + (std::isfinite(lim.bytes) ? std::to_string(static_cast<std::int64_t>(lim.bytes)) : "null") +
-                   ",\"fits\":" + (fits ? "true" : "false") + ",\"smallest_cp\":" + std::to_string(smallest) + ",\"parts\":{";
-  for (std::size_t i = 0; i < m.parts().size(); ++i) {
-    const MemoryPart& p = m.parts()[i];
-    js += (i ? "," : "") + ("\"" + p.name + (p.holder == Holder::EveryRank ? "" : " (rank 0)") + "\":" + std::to_string(p.bytes));
-  }
-  std::printf("MEMORY %s}}\n", js.c_str());
 }
 
 }  // namespace hcp::drivers

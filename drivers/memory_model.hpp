@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "harness.hpp"
 #include "io/deck.hpp"
 #include "model/hybrid.hpp"
 #include "model/mamba2.hpp"
@@ -139,6 +140,10 @@ struct MemoryLimit {
   std::string source;
 };
 MemoryLimit memory_limit(const Deck& d, bool cuda, int ranks_per_node);
+// The validate phase's device and limit: selects the GPU of run.device (a dry run with run.memory_gib
+// needs none) and reads the limit of one rank of this run (--ranks N: N ranks sharing this node, or
+// one GPU each).
+MemoryLimit device_and_limit(const DriverContext& ctx);
 // Refuses (run.memory_check = "refuse"), warns ("warn") or skips ("off") a run whose model exceeds
 // the limit on any rank; the message names the part that does not fit and what would help. `cp` and
 // `world` are the run's; `at_cp(c)` rebuilds the model at CP size c (to say whether more ranks help).

@@ -130,54 +130,11 @@ Tensor Study::compare_real(Errors& e, const std::string& name, const Tensor& got
   return real;
 }
 
-Tensor Study::planted(const Tensor& local) {
-  if (planted_ || case_.empty() || deck.get_string("run.plant_fault") != case_ || local.numel() == 0) return local;
-  planted_ = true;
-  Tensor t = host(local).clone();
-  double mx = 0;
-  for (std::int64_t i = 0; i < t.numel(); ++i) mx = std::max(mx, std::abs(t.get(i)));
-  t.set(0, t.get(0) + 1e-3 * (mx > 0 ? mx : 1.0));  // one element of the first row, on every rank
-  return t;
-}
-
-void Study::cross_compare(Errors& e, const std::string& name, const Tensor& local_in, const SeqLayout* global) {
-  if (!cross) return;
-  Tensor local = host(planted(local_in));
-  if (global) {  // this rank's real rows (pads are not results)
-    std::vector<std::int64_t> keep;
-    const std::vector<std::int64_t> idx = cp::local_real_index(*global, cp, grid.cp_rank);
-    for (std::size_t i = 0; i < idx.size(); ++i)
-      if (idx[i] >= 0) keep.push_back(static_cast<std::int64_t>(i));
-    if (static_cast<std::int64_t>(keep.size()) != local.size(0)) local = cp::take_rows(local, keep);
-  }
-  const auto it = first_.find(name);
-  if (it == first_.end()) {
-    first_[name] = local.clone();
-    return;
-  }
-  const ErrorStats st = hcp::compare(local, it->second);
-  // One all-reduce: maxima for the max-norm error, sums for the norm-wise one.
-  double v[3] = {norm_wise ? st.sq_diff : st.max_abs, norm_wise ? st.sq_ref : st.ref_max, static_cast<double>(st.nonfinite)};
-  comm.all_reduce(v, 3, DType::F64, norm_wise ? ReduceOp::Sum : ReduceOp::Max);
-  const double err = norm_wise ? std::sqrt(v[0]) / std::max(std::sqrt(v[1]), 1e-300) : v[0] / std::max(v[1], 1e-300);
-  e.add(name, v[2] > 0 ? INFINITY : err);
-}
-
-void Study::cross_scalar(Errors& e, const std::string& name, double v) {
-  if (!cross) return;
-  const auto it = first_scalar_.find(name);
-  if (it == first_scalar_.end()) {
-    first_scalar_[name] = v;
-    return;
-  }
-  e.add(name, std::isfinite(v) ? std::abs(v - it->second) / std::max(std::abs(it->second), 1e-300) : INFINITY);
-}
-
 void Study::result(Errors& e, const std::string& name, const std::string& path, const Tensor& local_in, const Tensor& ref,
                    const SeqLayout& global, bool pads_zero, const std::string& layout, const std::string& units) {
-  const Tensor local = check ? planted(local_in) : local_in;
+  const Tensor local = planted(local_in);
   if (check) compare_real(e, name, host(cp::dcs_gather(comm, local, global)), ref, global, pads_zero);
-  cross_compare(e, name, local_in, &global);
+  cross_compare(e, name, local, &global);
   if (!writer_) return;
   // Row of each local token in the file: its index among the real tokens in global order; -1 for a
   // pad and on the ranks of other CP groups (data-parallel replicas hold the same rows).

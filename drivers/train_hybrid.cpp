@@ -89,13 +89,9 @@ Setup make_setup(const DriverContext& ctx) {
 
 void validate(DriverContext& ctx) {
   const Deck& d = ctx.deck;
-  const bool cuda = drivers::space_of(d) == Space::Cuda;
-  if (!(ctx.dry_run && cuda && d.get_float("run.memory_gib") > 0)) drivers::init_device(d);
+  const drivers::MemoryLimit lim = drivers::device_and_limit(ctx);
   Setup s = make_setup(ctx);
   const auto at_cp = [&](int k) { return drivers::train_memory(d, s.cfg, k, drivers::ep_size_of(d, s.cfg, k)); };
-  int local = 1;
-  node_local_rank(&local);
-  const drivers::MemoryLimit lim = drivers::memory_limit(d, cuda, ctx.ranks > 0 ? (cuda ? 1 : ctx.ranks) : local);
   if (ctx.dry_run) {
     if (ctx.root()) drivers::print_memory(at_cp(s.cp), lim, s.cp, ctx.world_size(), ctx.driver, at_cp);
     return;
