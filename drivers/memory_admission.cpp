@@ -46,25 +46,28 @@ double read_number(const std::filesystem::path& path) {
   }
 }
 
-// The headroom under this process's cgroup limits: v2 (memory.max - memory.current of the cgroup and
-// each ancestor), else v1 (memory.limit_in_bytes - memory.usage_in_bytes). Infinity when unlimited.
+// The headroom under this process's cgroup limits: limit - usage of its memory cgroup and of each
+// ancestor, v2 ("0::/path": memory.max, memory.current) and v1 ("N:...memory...:/path":
+// memory.limit_in_bytes, memory.usage_in_bytes). Infinity when unlimited.
 double cgroup_headroom() {
   double best = std::numeric_limits<double>::infinity();
   std::ifstream in("/proc/self/cgroup");
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("0::/", 0) != 0) continue;
-    // this process's cgroup and each ancestor up to the root
-    for (std::filesystem::path p(line.substr(3));; p = p.parent_path()) {
-      const std::filesystem::path dir = std::filesystem::path("/sys/fs/cgroup") / p.relative_path();
-      const double max = read_number(dir / "memory.max"), cur = read_number(dir / "memory.current");
-      if (std::isfinite(max)) best = std::min(best, max - (std::isfinite(cur) ? cur : 0));
-      if (p == p.root_path()) break;
+    const std::size_t c1 = line.find(':'), c2 = line.find(':', c1 + 1);
+    if (c1 == std::string::npos || c2 == std::string::npos) continue;
+    const std::string controllers = line.substr(c1 + 1, c2 - c1 - 1);
+    const bool v2 = controllers.empty();
+    if (!v2 && ("," + controllers + ",").find(",memory,") == std::string::npos) continue;
+    const std::filesystem::path root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+    for (std::filesystem::path p(line.substr(c2 + 1));; p = p.parent_path()) {
+      const std::filesystem::path dir = root / p.relative_path();
+      const double max = read_number(dir / (v2 ? "memory.max" : "memory.limit_in_bytes")),
+                   cur = read_number(dir / (v2 ? "memory.current" : "memory.usage_in_bytes"));
+      if (std::isfinite(max) && max < 1e18) best = std::min(best, max - (std::isfinite(cur) ? cur : 0));
+      if (p == p.root_path() || p.empty()) break;
     }
   }
-  const double lim = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
-               use = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
-  if (std::isfinite(lim) && lim < 1e18) best = std::min(best, lim - (std::isfinite(use) ? use : 0));
   return best;
 }
 }  // namespace
@@ -184,7 +187,9 @@ void print_memory(const MemoryModel& m, const MemoryLimit& lim, int cp, int worl
   js << ",\"fits\":" << (fits ? "true" : "false") << ",\"smallest_cp\":" << smallest << ",\"parts\":{";
   for (std::size_t i = 0; i < m.parts().size(); ++i) {
     const MemoryPart& p = m.parts()[i];
-    js << (i ? "," : "") << '"' << p.name << (p.holder == Holder::EveryRank ? "" : " (rank 0)") << "\":" << p.bytes;
+    js << (i ? "," : "") << '"' << p.name;
+    if (p.holder != Holder::EveryRank) js << " (" << holder[static_cast<int>(p.holder)] << ")";
+    js << "\":" << p.bytes;
   }
   std::printf("MEMORY %s}}\n", js.str().c_str());
 }
