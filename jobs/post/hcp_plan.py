@@ -153,11 +153,9 @@ def driver_memory(bindir, deck_text, sets, ranks, driver="cp_hybrid"):
     raise ValueError(f"{' '.join(cmd)}: no MEMORY line (exit {out.returncode}): {out.stderr.strip()[-500:]}")
 
 
-def step_memory(a, L, cp):
-    """The cp_hybrid step's memory per rank of the --model deck at L tokens (one BSHD row) and CP size
-    cp, on GPU ranks of --memory-gib GiB (run.device = cuda, no reference: run.check = off)."""
-    with open(a.model) as f:
-        text = f.read()
+def step_memory(a, text, L, cp):
+    """The cp_hybrid step's memory per rank of the --model deck (its TOML text) at L tokens (one BSHD
+    row) and CP size cp, on GPU ranks of --memory-gib GiB (run.device = cuda, run.check = off)."""
     d = tomllib.loads(text)
     # EP over the CP group, or over the largest group that divides the experts (as plan() assumes)
     ep = d.get("parallel", {}).get("ep", 0) or cp
@@ -355,7 +353,8 @@ def cmd_predict(a):
         print("# no strategy of some layer kind runs at this cp")
         return 1
     print("# best: " + ", ".join(f"{k} {v[0]}" for k, v in best.items()) + f"; step {step:.2f} ms (forward+backward)")
-    mem = step_memory(a, a.tokens, a.cp)
+    with open(a.model) as f:
+        mem = step_memory(a, f.read(), a.tokens, a.cp)
     print(f"# memory per rank (cp_hybrid --dry-run, forward+backward, GiB): "
           + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in mem["parts"].items())
           + f"; total {mem['every_rank'] / 2**30:.2f} of {a.memory_gib:g}: {'fits' if mem['fits'] else 'does not fit'}")
@@ -366,6 +365,8 @@ def cmd_sweep(a):
     model, machine = load_model(a.model), load_machine(a.machine, a.rates)
     lens = [int(x) for x in a.tokens.split(",")]
     cps = [int(x) for x in a.cp.split(",")]
+    with open(a.model) as f:
+        text = f.read()
     rows = []
     for L in lens:
         for cp in cps:
@@ -373,7 +374,7 @@ def cmd_sweep(a):
                 continue
             best, step = plan(model, machine, L, cp)
             if best is not None:
-                mem = step_memory(a, L, cp)
+                mem = step_memory(a, text, L, cp)
                 rows.append((L, cp, step, {k: v[0] for k, v in best.items()}, mem["every_rank"], mem["fits"]))
     print(f"# {'tokens':>9} {'cp':>5} {'step ms':>10} {'GiB/rank':>9} {'fits':>4}  best strategy per layer kind "
           f"(GiB: the cp_hybrid step, cp_hybrid --dry-run; fits: in {a.memory_gib:g} GiB)")
