@@ -69,7 +69,7 @@ void run(DriverContext& ctx) {
   std::unique_ptr<ResultsWriter> w;
   if (!ctx.out.empty()) w = std::make_unique<ResultsWriter>(ctx.out, *ctx.world);
   if (w) {
-    std::string backend = "host (Kokkos Serial)";
+    std::string backend = "host (Kokkos Serial, " + k::host_blas() + ")";
 #ifdef HCP_HAVE_CUDA
     if (sp == Space::Cuda) backend = cuda::device_name();
 #endif
@@ -80,7 +80,7 @@ void run(DriverContext& ctx) {
   }
   if (ctx.root()) {
     std::printf("# bench_kernels (%s, suite %s, one rank's figures; %d ranks ran) dtype=%s repeats=%d\n",
-                sp == Space::Cuda ? "cuda" : Kokkos::DefaultHostExecutionSpace::name(), ctx.deck.get_string("bench.suite").c_str(),
+                sp == Space::Cuda ? "cuda" : (std::string(Kokkos::DefaultHostExecutionSpace::name()) + ", " + k::host_blas()).c_str(), ctx.deck.get_string("bench.suite").c_str(),
                 ctx.world->size(), to_string(dt).c_str(), reps);
     std::printf("# %-28s %-42s %10s %10s %10s %10s %10s\n", "op", "shape", "median_ms", "min_ms", "max_ms", "GFLOP/s|GB/s",
                 "scratch_MB");

@@ -3,6 +3,7 @@
 #include <initializer_list>
 
 #include "bench_ops.hpp"
+#include "kernels/host/gemm.hpp"
 #include "kernels/kernels.hpp"
 #ifdef HCP_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.hpp"
@@ -91,6 +92,14 @@ void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t s
     const std::string shp = "M=" + std::to_string(M) + " K=512 N=512";
     ops.push_back({"linear_fwd", shp, 2.0 * M * K * N, 0, [=] { k::linear_fwd(*y, *x, *W, b.get()); }});
     ops.push_back({"linear_bwd", shp, 4.0 * M * K * N, 0, [=] { k::linear_bwd(dx.get(), dW.get(), db.get(), *x, *W, *y); }});
+    if (x->space() == Space::Host) {  // the BLAS alone on linear_fwd's product, its anchor
+      ops.push_back({"blas_gemm", shp + " (x W^T)", 2.0 * M * K * N, 0, [=] {
+                       if (x->dtype() == DType::F64)
+                         k::host::gemm(false, true, M, N, K, 1.0, x->data<double>(), K, W->data<double>(), K, 0.0, y->data<double>(), N);
+                       else
+                         k::host::gemm(false, true, M, N, K, 1.0f, x->data<float>(), K, W->data<float>(), K, 0.0f, y->data<float>(), N);
+                     }});
+    }
     const std::int64_t T = 1024 * sc;
     auto xr = T_({T, 8, 64}, 44), yr = T_({T, 8, 64}, 45);
     auto pos = std::make_shared<std::vector<std::int64_t>>();

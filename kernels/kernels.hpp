@@ -146,6 +146,8 @@ void gated_rmsnorm_bwd(Tensor& dx, Tensor& dz, Tensor& dw, const Tensor& x, cons
                        const Tensor& rstd, std::int64_t groups, const Tensor& dy);
 
 // =============================== dense ops ======================================================
+// The BLAS under the host dense products (OpenBLAS: its build line, e.g. "OpenBLAS 0.3.21 ...").
+std::string host_blas();
 // y [M,N] = x [M,K] W^T ([N,K]) + bias [N] (optional).
 void linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias);
 // Any of dx, dW, dbias may be nullptr.

@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config
       openmpi-bin libopenmpi-dev
       libhdf5-openmpi-dev hdf5-tools
-      libtrilinos-kokkos-dev
+      libtrilinos-kokkos-dev libopenblas-serial-dev
       libgtest-dev libbenchmark-dev
       libcli11-dev libtomlplusplus-dev
       python3-h5py python3-numpy python3-matplotlib

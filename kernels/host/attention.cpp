@@ -1,10 +1,11 @@
-// Flash-style attention on the host: tiled keys, online softmax, LSE output; backward from the
-// saved O and LSE. Segments (kernels.hpp) carry the block structure that varlen THD and the CP
+// Flash-style attention on the host: query blocks against key tiles as BLAS GEMMs, online
+// softmax, LSE output; backward from the saved O and LSE. Segments (kernels.hpp) carry the block structure that varlen THD and the CP
 // strategies need.
 #include <algorithm>
 #include <vector>
 
 #include "kernels/host/common.hpp"
+#include "kernels/host/gemm.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::kernels {
@@ -53,57 +54,78 @@ inline std::int64_t visible(const AttnSegment& g, std::int64_t i, Mask m) {
 
 double scale_of(const AttnParams& p) { return p.scale != 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim)); }
 
-template <class T>
-void fwd_impl(T* o, T* lse, const T* q, const T* k, const T* v, const AttnParams& p, const Shapes& s) {
-  const std::int64_t H = s.H, D = s.D, Hkv = s.Hkv, grp = H / Hkv;
-  const T scale = static_cast<T>(scale_of(p));
-  std::fill(o, o + s.tq * H * D, T(0));
-  std::fill(lse, lse + s.tq * H, -std::numeric_limits<T>::infinity());
-  // Flatten (segment, row, head) work items.
-  std::vector<std::pair<std::int64_t, std::int64_t>> rows;  // (segment, row in segment)
-  for (std::size_t gi = 0; gi < p.segments.size(); ++gi)
-    for (std::int64_t i = 0; i < p.segments[gi].q_len; ++i) rows.emplace_back(static_cast<std::int64_t>(gi), i);
-  const std::int64_t tile = p.kv_tile;
-  Kokkos::parallel_for(
-      "attention_fwd", Range(0, static_cast<std::int64_t>(rows.size()) * H), [&](std::int64_t w) {
-        const auto& g = p.segments[static_cast<std::size_t>(rows[static_cast<std::size_t>(w / H)].first)];
-        const std::int64_t i = rows[static_cast<std::size_t>(w / H)].second, h = w % H, hk = h / grp;
-        const std::int64_t row = g.q_start + i, nvis = visible(g, i, p.mask);
-        if (nvis == 0) return;
-        const T* qr = q + (row * H + h) * D;
-        std::vector<T> acc(static_cast<std::size_t>(D), T(0)), sc(static_cast<std::size_t>(tile));
-        T m = -std::numeric_limits<T>::infinity(), l = 0;
-        for (std::int64_t j0 = 0; j0 < nvis; j0 += tile) {
-          const std::int64_t j1 = std::min(nvis, j0 + tile);
-          T mt = m;
-          for (std::int64_t j = j0; j < j1; ++j) {
-            const T* kr = k + ((g.kv_start + j) * Hkv + hk) * D;
-            T dot = 0;
-            for (std::int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
-            sc[static_cast<std::size_t>(j - j0)] = dot * scale;
-            mt = std::max(mt, dot * scale);
-          }
-          const T corr = std::exp(m - mt);  // m = -inf on the first tile: corr = 0
-          l *= corr;
-          for (auto& a : acc) a *= corr;
-          for (std::int64_t j = j0; j < j1; ++j) {
-            const T pj = std::exp(sc[static_cast<std::size_t>(j - j0)] - mt);
-            l += pj;
-            const T* vr = v + ((g.kv_start + j) * Hkv + hk) * D;
-            for (std::int64_t d = 0; d < D; ++d) acc[static_cast<std::size_t>(d)] += pj * vr[d];
-          }
-          m = mt;
-        }
-        T* orow = o + (row * H + h) * D;
-        for (std::int64_t d = 0; d < D; ++d) orow[d] = acc[static_cast<std::size_t>(d)] / l;
-        lse[row * H + h] = m + std::log(l);
-      });
+// Query rows per block of the tiled products (keys per block: AttnParams::kv_tile).
+constexpr std::int64_t kQueryBlock = 64;
+
+// A block of `nq` query rows (segment rows i0..) against keys j0..j0+nb of segment g: the number of
+// those keys row r sees, in [0, nb].
+inline std::int64_t block_visible(const AttnSegment& g, std::int64_t i0, std::int64_t r, std::int64_t j0, std::int64_t nb,
+                                  Mask m) {
+  return std::clamp<std::int64_t>(visible(g, i0 + r, m) - j0, 0, nb);
 }
 
+// Forward, one work item per KV head (its query heads, every segment in order): scores and P·V of a
+// query block against a key tile are two GEMMs; the online softmax runs between them.
+template <class T>
+void fwd_impl(T* o, T* lse, const T* q, const T* k, const T* v, const AttnParams& p, const Shapes& s) {
+  const std::int64_t H = s.H, D = s.D, Hkv = s.Hkv, grp = H / Hkv, qs = H * D, ks = Hkv * D, Bk = p.kv_tile;
+  const T scale = static_cast<T>(scale_of(p)), ninf = -std::numeric_limits<T>::infinity();
+  std::fill(o, o + s.tq * H * D, T(0));
+  std::fill(lse, lse + s.tq * H, ninf);
+  Kokkos::parallel_for("attention_fwd", Range(0, Hkv), [&](std::int64_t hk) {
+    std::vector<T> sc(static_cast<std::size_t>(kQueryBlock * Bk)), acc(static_cast<std::size_t>(kQueryBlock * D));
+    std::vector<T> m(static_cast<std::size_t>(kQueryBlock)), l(static_cast<std::size_t>(kQueryBlock));
+    for (const auto& g : p.segments)
+      for (std::int64_t h = hk * grp; h < (hk + 1) * grp; ++h)
+        for (std::int64_t i0 = 0; i0 < g.q_len; i0 += kQueryBlock) {
+          const std::int64_t nq = std::min(kQueryBlock, g.q_len - i0), nvis = visible(g, i0 + nq - 1, p.mask);
+          const T* qb = q + (g.q_start + i0) * qs + h * D;
+          std::fill(acc.begin(), acc.end(), T(0));
+          std::fill(m.begin(), m.end(), ninf);
+          std::fill(l.begin(), l.end(), T(0));
+          for (std::int64_t j0 = 0; j0 < nvis; j0 += Bk) {
+            const std::int64_t nb = std::min(Bk, nvis - j0);
+            const T* kb = k + (g.kv_start + j0) * ks + hk * D;
+            host::gemm(false, true, nq, nb, D, scale, qb, qs, kb, ks, T(0), sc.data(), nb);
+            for (std::int64_t r = 0; r < nq; ++r) {
+              T* sr = sc.data() + r * nb;
+              const std::int64_t nv = block_visible(g, i0, r, j0, nb, p.mask);
+              T mt = m[r];
+              for (std::int64_t c = 0; c < nv; ++c) mt = std::max(mt, sr[c]);
+              if (mt == ninf) {  // nothing visible yet: the row adds nothing
+                std::fill(sr, sr + nb, T(0));
+                continue;
+              }
+              const T corr = std::exp(m[r] - mt);  // m = -inf before the row's first key: corr = 0
+              l[r] *= corr;
+              for (std::int64_t d = 0; d < D; ++d) acc[r * D + d] *= corr;
+              for (std::int64_t c = 0; c < nv; ++c) {
+                sr[c] = std::exp(sr[c] - mt);
+                l[r] += sr[c];
+              }
+              std::fill(sr + nv, sr + nb, T(0));
+              m[r] = mt;
+            }
+            host::gemm(false, false, nq, D, nb, T(1), sc.data(), nb, v + (g.kv_start + j0) * ks + hk * D, ks, T(1),
+                       acc.data(), D);
+          }
+          for (std::int64_t r = 0; r < nq; ++r) {
+            if (l[r] == T(0)) continue;  // a row that sees no key: O = 0, LSE = -inf
+            const std::int64_t row = g.q_start + i0 + r;
+            for (std::int64_t d = 0; d < D; ++d) o[row * qs + h * D + d] = acc[r * D + d] / l[r];
+            lse[row * H + h] = m[r] + std::log(l[r]);
+          }
+        }
+  });
+}
+
+// Backward from the saved O and LSE, one work item per KV head (so dK/dV rows and the dQ rows of
+// its query heads belong to it alone): per query block and key tile, S and dP are GEMMs, then
+// dV += P^T dO, dK += dS^T Q and dQ += dS K.
 template <class T>
 void bwd_impl(T* dq, T* dk, T* dv, const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout,
               const AttnParams& p, const Shapes& s) {
-  const std::int64_t H = s.H, D = s.D, Hkv = s.Hkv, grp = H / Hkv;
+  const std::int64_t H = s.H, D = s.D, Hkv = s.Hkv, grp = H / Hkv, qs = H * D, ks = Hkv * D, Bk = p.kv_tile;
   const T scale = static_cast<T>(scale_of(p));
   std::fill(dq, dq + s.tq * H * D, T(0));
   std::fill(dk, dk + s.tkv * Hkv * D, T(0));
@@ -115,62 +137,39 @@ void bwd_impl(T* dq, T* dk, T* dv, const T* q, const T* k, const T* v, const T* 
     for (std::int64_t d = 0; d < D; ++d) acc += dout[w * D + d] * o[w * D + d];
     delta[static_cast<std::size_t>(w)] = acc;
   });
-  auto dscore = [&](const AttnSegment& g, std::int64_t i, std::int64_t j, std::int64_t h, T* pout) -> T {
-    const std::int64_t row = g.q_start + i, col = g.kv_start + j, hk = h / grp;
-    const T* qr = q + (row * H + h) * D;
-    const T* kr = k + (col * Hkv + hk) * D;
-    const T* vr = v + (col * Hkv + hk) * D;
-    const T* dor = dout + (row * H + h) * D;
-    T sdot = 0, dp = 0;
-    for (std::int64_t d = 0; d < D; ++d) {
-      sdot += qr[d] * kr[d];
-      dp += dor[d] * vr[d];
-    }
-    const T pr = std::exp(sdot * scale - lse[row * H + h]);
-    *pout = pr;
-    return pr * (dp - delta[static_cast<std::size_t>(row * H + h)]);
-  };
-  // Pass 1: dq, one work item per (segment row, head).
-  std::vector<std::pair<std::int64_t, std::int64_t>> rows;
-  for (std::size_t gi = 0; gi < p.segments.size(); ++gi)
-    for (std::int64_t i = 0; i < p.segments[gi].q_len; ++i) rows.emplace_back(static_cast<std::int64_t>(gi), i);
-  Kokkos::parallel_for("attention_bwd_dq", Range(0, static_cast<std::int64_t>(rows.size()) * H), [&](std::int64_t w) {
-    const auto& g = p.segments[static_cast<std::size_t>(rows[static_cast<std::size_t>(w / H)].first)];
-    const std::int64_t i = rows[static_cast<std::size_t>(w / H)].second, h = w % H;
-    const std::int64_t row = g.q_start + i, nvis = visible(g, i, p.mask);
-    if (nvis == 0 || std::isinf(lse[row * H + h])) return;
-    T* dqr = dq + (row * H + h) * D;
-    for (std::int64_t j = 0; j < nvis; ++j) {
-      T pr;
-      const T ds = dscore(g, i, j, h, &pr) * scale;
-      const T* kr = k + ((g.kv_start + j) * Hkv + h / grp) * D;
-      for (std::int64_t d = 0; d < D; ++d) dqr[d] += ds * kr[d];
-    }
-  });
-  // Pass 2: dk, dv, one work item per (key row, kv head); visits every segment holding the row.
-  Kokkos::parallel_for("attention_bwd_dkv", Range(0, s.tkv * Hkv), [&](std::int64_t w) {
-    const std::int64_t col = w / Hkv, hk = w % Hkv;
-    T* dkr = dk + (col * Hkv + hk) * D;
-    T* dvr = dv + (col * Hkv + hk) * D;
-    for (const auto& g : p.segments) {
-      if (col < g.kv_start || col >= g.kv_start + g.kv_len) continue;
-      const std::int64_t j = col - g.kv_start;
-      for (std::int64_t i = 0; i < g.q_len; ++i) {
-        if (j >= visible(g, i, p.mask)) continue;
-        const std::int64_t row = g.q_start + i;
-        for (std::int64_t h = hk * grp; h < (hk + 1) * grp; ++h) {
-          if (std::isinf(lse[row * H + h])) continue;
-          T pr;
-          const T ds = dscore(g, i, j, h, &pr) * scale;
-          const T* qr = q + (row * H + h) * D;
-          const T* dor = dout + (row * H + h) * D;
-          for (std::int64_t d = 0; d < D; ++d) {
-            dvr[d] += pr * dor[d];
-            dkr[d] += ds * qr[d];
+  Kokkos::parallel_for("attention_bwd", Range(0, Hkv), [&](std::int64_t hk) {
+    std::vector<T> pm(static_cast<std::size_t>(kQueryBlock * Bk)), ds(static_cast<std::size_t>(kQueryBlock * Bk));
+    for (const auto& g : p.segments)
+      for (std::int64_t h = hk * grp; h < (hk + 1) * grp; ++h)
+        for (std::int64_t i0 = 0; i0 < g.q_len; i0 += kQueryBlock) {
+          const std::int64_t nq = std::min(kQueryBlock, g.q_len - i0), nvis = visible(g, i0 + nq - 1, p.mask);
+          const std::int64_t row0 = g.q_start + i0;
+          const T* qb = q + row0 * qs + h * D;
+          const T* dob = dout + row0 * qs + h * D;
+          T* dqb = dq + row0 * qs + h * D;
+          for (std::int64_t j0 = 0; j0 < nvis; j0 += Bk) {
+            const std::int64_t nb = std::min(Bk, nvis - j0), col0 = g.kv_start + j0;
+            const T* kb = k + col0 * ks + hk * D;
+            const T* vb = v + col0 * ks + hk * D;
+            host::gemm(false, true, nq, nb, D, scale, qb, qs, kb, ks, T(0), pm.data(), nb);
+            host::gemm(false, true, nq, nb, D, T(1), dob, qs, vb, ks, T(0), ds.data(), nb);
+            for (std::int64_t r = 0; r < nq; ++r) {
+              T* pr = pm.data() + r * nb;
+              T* dr = ds.data() + r * nb;
+              const T lr = lse[(row0 + r) * H + h], dl = delta[static_cast<std::size_t>((row0 + r) * H + h)];
+              const std::int64_t nv = std::isinf(lr) ? 0 : block_visible(g, i0, r, j0, nb, p.mask);
+              for (std::int64_t c = 0; c < nv; ++c) {
+                pr[c] = std::exp(pr[c] - lr);
+                dr[c] = pr[c] * (dr[c] - dl) * scale;
+              }
+              std::fill(pr + nv, pr + nb, T(0));
+              std::fill(dr + nv, dr + nb, T(0));
+            }
+            host::gemm(true, false, nb, D, nq, T(1), pm.data(), nb, dob, qs, T(1), dv + col0 * ks + hk * D, ks);
+            host::gemm(true, false, nb, D, nq, T(1), ds.data(), nb, qb, qs, T(1), dk + col0 * ks + hk * D, ks);
+            host::gemm(false, false, nq, D, nb, T(1), ds.data(), nb, kb, ks, T(1), dqb, qs);
           }
         }
-      }
-    }
   });
 }
 

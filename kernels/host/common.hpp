@@ -74,18 +74,6 @@ template <class T> class Out {
   T* p_ = nullptr;
 };
 
-// out[0..K) = sum_j coef[j * coef_stride] * rows[j * K + 0..K), j = 0..n-1 in order: a weighted sum of
-// contiguous rows (the cache-friendly form of a matrix product's row).
-template <class T>
-inline void combine_rows(T* out, const T* coef, std::int64_t coef_stride, const T* rows, std::int64_t n, std::int64_t K) {
-  for (std::int64_t k = 0; k < K; ++k) out[k] = 0;
-  for (std::int64_t j = 0; j < n; ++j) {
-    const T a = coef[j * coef_stride];
-    const T* r = rows + j * K;
-    for (std::int64_t k = 0; k < K; ++k) out[k] += a * r[k];
-  }
-}
-
 template <class T> inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
 template <class T> inline T softplus(T x) { return x > T(20) ? x : std::log1p(std::exp(x)); }
 template <class T> inline T silu(T x) { return x * sigmoid(x); }

@@ -1,9 +1,11 @@
 // Linear (GEMM), RoPE, embedding, cross-entropy and elementwise helpers on the host (CUDA twin:
 // kernels/cuda/dense.cu).
+#include <algorithm>
 #include <optional>
 #include <vector>
 
 #include "kernels/host/common.hpp"
+#include "kernels/host/gemm.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::kernels {
@@ -26,16 +28,11 @@ void linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias)
     std::optional<In<T>> b_;
     if (bias) b_.emplace(*bias, "bias");
     Out<T> y_(y, "y");
-    const T* xb = x_.get();
-    const T* Wb = W_.get();
     const T* bb = b_ ? b_->get() : nullptr;
     T* yb = y_.get();
-    Kokkos::parallel_for("linear_fwd", Range(0, M * N), [&](std::int64_t i) {
-      const std::int64_t m = i / N, n = i % N;
-      T acc = bb ? bb[n] : T(0);
-      for (std::int64_t k = 0; k < K; ++k) acc += xb[m * K + k] * Wb[n * K + k];
-      yb[i] = acc;
-    });
+    if (bb)
+      for (std::int64_t m = 0; m < M; ++m) std::copy(bb, bb + N, yb + m * N);
+    host::gemm(false, true, M, N, K, T(1), x_.get(), K, W_.get(), K, bb ? T(1) : T(0), yb, N);
   });
 }
 
@@ -51,23 +48,15 @@ void linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Te
     const T* xb = x_.get();
     const T* Wb = W_.get();
     const T* dyb = dy_.get();
-    if (dx) {
+    if (dx) {  // dx [M,K] = dy [M,N] W [N,K]
       host::require_numel(*dx, M * K, "linear_bwd: dx");
       Out<T> o(*dx, "dx");
-      T* p = o.get();
-      // Row by row, streaming W's rows (contiguous); each dx[m,k] still sums over n in order.
-      Kokkos::parallel_for("linear_bwd_dx", Range(0, M), [&](std::int64_t m) {
-        host::combine_rows(p + m * K, dyb + m * N, 1, Wb, N, K);
-      });
+      host::gemm(false, false, M, K, N, T(1), dyb, N, Wb, K, T(0), o.get(), K);
     }
-    if (dW) {
+    if (dW) {  // dW [N,K] = dy^T [N,M] x [M,K]
       host::require_numel(*dW, N * K, "linear_bwd: dW");
       Out<T> o(*dW, "dW");
-      T* p = o.get();
-      // Weight row by weight row, streaming x's rows; each dW[n,k] still sums over m in order.
-      Kokkos::parallel_for("linear_bwd_dW", Range(0, N), [&](std::int64_t n) {
-        host::combine_rows(p + n * K, dyb + n, N, xb, M, K);
-      });
+      host::gemm(true, false, N, K, M, T(1), dyb, N, xb, K, T(0), o.get(), K);
     }
     if (dbias) {
       host::require_numel(*dbias, N, "linear_bwd: dbias");

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/host/common.hpp"
+#include "kernels/host/gemm.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::kernels {
@@ -390,28 +391,16 @@ void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, c
     const T* w2 = W2_.get();
     T* yb = y_.get();
     T* hb = h_.get();
-    // The expert of each row, then one work item per row (all experts in one launch).
-    std::vector<std::int64_t> expert_of(static_cast<std::size_t>(s.rows));
-    for (std::int64_t e = 0; e < s.E; ++e)
-      for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) expert_of[static_cast<std::size_t>(r)] = e;
-    Kokkos::parallel_for("expert_mlp_fwd", Range(0, s.rows), [&](std::int64_t r) {
-      const std::int64_t e = expert_of[static_cast<std::size_t>(r)];
-      const T* xr = xb + r * s.C;
-      T* hr = hb + r * s.F1;
-      for (std::int64_t f = 0; f < s.F1; ++f) {
-        const T* wr = w1 + (e * s.F1 + f) * s.C;
-        T acc = 0;
-        for (std::int64_t c = 0; c < s.C; ++c) acc += xr[c] * wr[c];
-        hr[f] = acc;
-      }
-      std::vector<T> a(static_cast<std::size_t>(s.F));
-      for (std::int64_t f = 0; f < s.F; ++f) a[static_cast<std::size_t>(f)] = act_fwd(hr, f, s.F, act);
-      for (std::int64_t c = 0; c < s.C; ++c) {
-        const T* wr = w2 + (e * s.C + c) * s.F;
-        T acc = 0;
-        for (std::int64_t f = 0; f < s.F; ++f) acc += a[static_cast<std::size_t>(f)] * wr[f];
-        yb[r * s.C + c] = acc;
-      }
+    // One work item per expert: H_e = X_e W1_e^T, A_e = act(H_e), Y_e = A_e W2_e^T (two GEMMs).
+    Kokkos::parallel_for("expert_mlp_fwd", Range(0, s.E), [&](std::int64_t e) {
+      const std::int64_t r0 = s.off[static_cast<std::size_t>(e)], n = s.off[static_cast<std::size_t>(e + 1)] - r0;
+      if (n == 0) return;
+      T* hr = hb + r0 * s.F1;
+      host::gemm(false, true, n, s.F1, s.C, T(1), xb + r0 * s.C, s.C, w1 + e * s.F1 * s.C, s.C, T(0), hr, s.F1);
+      std::vector<T> a(static_cast<std::size_t>(n * s.F));
+      for (std::int64_t r = 0; r < n; ++r)
+        for (std::int64_t f = 0; f < s.F; ++f) a[static_cast<std::size_t>(r * s.F + f)] = act_fwd(hr + r * s.F1, f, s.F, act);
+      host::gemm(false, true, n, s.C, s.F, T(1), a.data(), s.F, w2 + e * s.C * s.F, s.F, T(0), yb + r0 * s.C, s.C);
     });
   });
 }
@@ -436,45 +425,41 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
     T* dxb = dx_.get();
     T* dw1 = dW1_.get();
     T* dw2 = dW2_.get();
-    std::vector<std::int64_t> expert_of(static_cast<std::size_t>(s.rows));
-    for (std::int64_t e = 0; e < s.E; ++e)
-      for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) expert_of[static_cast<std::size_t>(r)] = e;
-    // dW2 first: it is the last reader of dy other than row r's own da, so dxp may alias dyp.
-    Kokkos::parallel_for("expert_mlp_bwd_dW2", Range(0, s.E * s.C), [&](std::int64_t ec) {
-      const std::int64_t e = ec / s.C, c = ec % s.C;
-      T* out = dw2 + ec * s.F;
-      for (std::int64_t f = 0; f < s.F; ++f) out[f] = 0;
-      for (std::int64_t r = s.off[static_cast<std::size_t>(e)]; r < s.off[static_cast<std::size_t>(e + 1)]; ++r) {
-        const T g = dyb[r * s.C + c];
-        const T* hr = hb + r * s.F1;
-        for (std::int64_t f = 0; f < s.F; ++f) out[f] += g * act_fwd(hr, f, s.F, act);
+    // One work item per expert (its rows, its weights). dW2 and dA read dY before dX is written, so
+    // dxp may alias dyp.
+    Kokkos::parallel_for("expert_mlp_bwd", Range(0, s.E), [&](std::int64_t e) {
+      const std::int64_t r0 = s.off[static_cast<std::size_t>(e)], n = s.off[static_cast<std::size_t>(e + 1)] - r0;
+      T* dw1e = dw1 + e * s.F1 * s.C;
+      T* dw2e = dw2 + e * s.C * s.F;
+      if (n == 0) {
+        std::fill(dw1e, dw1e + s.F1 * s.C, T(0));
+        std::fill(dw2e, dw2e + s.C * s.F, T(0));
+        return;
       }
-    });
-    // dh [rows, F1] (pre-activation gradient), per row.
-    std::vector<T> dh(static_cast<std::size_t>(s.rows * s.F1));
-    Kokkos::parallel_for("expert_mlp_bwd_dh", Range(0, s.rows), [&](std::int64_t r) {
-      const std::int64_t e = expert_of[static_cast<std::size_t>(r)];
-      const T* hr = hb + r * s.F1;
-      // da = dy_r W2_e, streaming W2's rows; each da[f] still sums over c in order.
-      std::vector<T> da_row(static_cast<std::size_t>(s.F));
-      host::combine_rows(da_row.data(), dyb + r * s.C, 1, w2 + e * s.C * s.F, s.C, s.F);
-      for (std::int64_t f = 0; f < s.F; ++f) {
-        const T da = da_row[static_cast<std::size_t>(f)];
-        if (act == Activation::SquaredReLU) {
-          dh[static_cast<std::size_t>(r * s.F1 + f)] = hr[f] > T(0) ? da * T(2) * hr[f] : T(0);
-        } else {
-          dh[static_cast<std::size_t>(r * s.F1 + f)] = da * hr[s.F + f] * host::dsilu(hr[f]);
-          dh[static_cast<std::size_t>(r * s.F1 + s.F + f)] = da * host::silu(hr[f]);
+      const T* hr = hb + r0 * s.F1;
+      const T* dy = dyb + r0 * s.C;
+      std::vector<T> a(static_cast<std::size_t>(n * s.F)), da(static_cast<std::size_t>(n * s.F)),
+          dh(static_cast<std::size_t>(n * s.F1));
+      for (std::int64_t r = 0; r < n; ++r)
+        for (std::int64_t f = 0; f < s.F; ++f) a[static_cast<std::size_t>(r * s.F + f)] = act_fwd(hr + r * s.F1, f, s.F, act);
+      host::gemm(true, false, s.C, s.F, n, T(1), dy, s.C, a.data(), s.F, T(0), dw2e, s.F);               // dW2 = dY^T A
+      host::gemm(false, false, n, s.F, s.C, T(1), dy, s.C, w2 + e * s.C * s.F, s.F, T(0), da.data(), s.F);  // dA = dY W2
+      for (std::int64_t r = 0; r < n; ++r) {
+        const T* h_r = hr + r * s.F1;
+        T* dh_r = dh.data() + r * s.F1;
+        for (std::int64_t f = 0; f < s.F; ++f) {
+          const T g = da[static_cast<std::size_t>(r * s.F + f)];
+          if (act == Activation::SquaredReLU) {
+            dh_r[f] = h_r[f] > T(0) ? g * T(2) * h_r[f] : T(0);
+          } else {
+            dh_r[f] = g * h_r[s.F + f] * host::dsilu(h_r[f]);
+            dh_r[s.F + f] = g * host::silu(h_r[f]);
+          }
         }
       }
-      // dx_r = dh_r W1_e, streaming W1's rows; each dx[r,c] still sums over f in order.
-      host::combine_rows(dxb + r * s.C, dh.data() + r * s.F1, 1, w1 + e * s.F1 * s.C, s.F1, s.C);
-    });
-    // dW1: one work item per weight row; rows of the expert summed in order.
-    Kokkos::parallel_for("expert_mlp_bwd_dW1", Range(0, s.E * s.F1), [&](std::int64_t ef) {
-      const std::int64_t e = ef / s.F1, f = ef % s.F1, r0 = s.off[static_cast<std::size_t>(e)];
-      host::combine_rows(dw1 + ef * s.C, dh.data() + r0 * s.F1 + f, s.F1, xb + r0 * s.C,
-                         s.off[static_cast<std::size_t>(e + 1)] - r0, s.C);
+      host::gemm(true, false, s.F1, s.C, n, T(1), dh.data(), s.F1, xb + r0 * s.C, s.C, T(0), dw1e, s.C);  // dW1 = dH^T X
+      host::gemm(false, false, n, s.C, s.F1, T(1), dh.data(), s.F1, w1 + e * s.F1 * s.C, s.C, T(0), dxb + r0 * s.C,
+                 s.C);  // dX = dH W1
     });
   });
 }

@@ -153,6 +153,50 @@ TEST(Attention, GradientsFiniteDifference) {
   }
 }
 
+// Sequences longer than one query block of the tiled host kernel (64 rows), key tiles that end
+// inside and outside the causal edge, a segment that sees no keys: O against the naive reference and
+// the backward against a central difference of <w, O> along one random direction of (q, k, v).
+TEST(Attention, ManyQueryBlocksAndKeyTiles) {
+  for (Mask m : {Mask::Causal, Mask::None})
+    for (std::int64_t tile : {7, 64, 200}) {
+      const std::int64_t H = 4, Hkv = 2, D = 16;
+      auto l = SeqLayout::thd({0, 150, 151, 280});
+      const std::int64_t T = l.total();
+      Tensor q = rand({T, H, D}, 31), k = rand({T, Hkv, D}, 32), v = rand({T, Hkv, D}, 33), w = rand({T, H, D}, 34);
+      auto p = params(H, Hkv, D, m, l, tile);
+      AttnSegment none{};  // query rows that see no key: O = 0, LSE = -inf, no gradient
+      none.q_start = 150;
+      none.q_len = 1;
+      none.kv_start = 0;
+      none.kv_len = 10;
+      none.q_pos0 = 0;
+      none.kv_pos0 = 5;
+      if (m == Mask::Causal) p.segments[1] = none;
+      Tensor o = Tensor::zeros({T, H, D}, DType::F64), lse = Tensor::zeros({T, H}, DType::F64);
+      attention_fwd(o, lse, q, k, v, p);
+      test::expect_close(o, naive(q, k, v, p), 1e-13, 1e-12, "o, kv_tile " + std::to_string(tile));
+      if (m == Mask::Causal) {
+        EXPECT_TRUE(std::isinf(lse.get(150 * H)) && lse.get(150 * H) < 0);
+      }
+      Tensor dq = Tensor::zeros(q.shape(), DType::F64), dk = Tensor::zeros(k.shape(), DType::F64),
+             dv = Tensor::zeros(v.shape(), DType::F64);
+      attention_bwd(dq, dk, dv, q, k, v, o, lse, w, p);
+      Tensor uq = rand(q.shape(), 35), uk = rand(k.shape(), 36), uv = rand(v.shape(), 37);
+      auto loss_at = [&](double eps) {
+        Tensor qe = q.clone(), ke = k.clone(), ve = v.clone();
+        for (std::int64_t i = 0; i < q.numel(); ++i) qe.set(i, q.get(i) + eps * uq.get(i));
+        for (std::int64_t i = 0; i < k.numel(); ++i) ke.set(i, k.get(i) + eps * uk.get(i));
+        for (std::int64_t i = 0; i < v.numel(); ++i) ve.set(i, v.get(i) + eps * uv.get(i));
+        Tensor oe = Tensor::zeros({T, H, D}, DType::F64), le = Tensor::zeros({T, H}, DType::F64);
+        attention_fwd(oe, le, qe, ke, ve, p);
+        return test::dot(oe, w);
+      };
+      const double eps = 1e-5, fd = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
+      const double an = test::dot(dq, uq) + test::dot(dk, uk) + test::dot(dv, uv);
+      EXPECT_NEAR(an, fd, 1e-7 * std::max(1.0, std::abs(fd))) << "kv_tile " << tile;
+    }
+}
+
 TEST(Attention, Fp32AndBf16Inputs) {
   const std::int64_t H = 2, D = 16, T = 33;
   auto l = SeqLayout::bshd(1, T);
