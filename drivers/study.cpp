@@ -40,6 +40,9 @@ std::string Study::backend() const { return device_desc(deck, comm); }
 Samples Study::time(const std::function<void(Clock&)>& body, const std::function<void()>& before) {
   Samples s;
   Clock clock(space);
+  step_comm.clear();
+  step_comm_equal = true;
+  std::map<std::string, CommCounter> first_step;
   const double live0 = memory_start();
   // Progress on long runs: a line to stderr (tables stay clean on stdout) at most every 2 s, on
   // rank 0, unless --quiet. A short run prints none.
@@ -57,10 +60,34 @@ Samples Study::time(const std::function<void(Clock&)>& body, const std::function
     if (it == warmup) comm.reset_counters();
     comm.barrier();
     const double rw0 = ring_wait_seconds(comm);
+    const std::map<std::string, CommCounter> c0 = comm.counters();
     clock.start();
     body(clock);
     const auto laps = clock.read();
     if (it < warmup) continue;
+    std::map<std::string, CommCounter> step;
+    for (const auto& [op, c] : comm.counters()) {
+      const auto b = c0.find(op);
+      const CommCounter d = b == c0.end() ? c : CommCounter{c.calls - b->second.calls, c.bytes_sent - b->second.bytes_sent,
+                                                             c.seconds - b->second.seconds};
+      if (d.calls > 0) step[op] = d;
+    }
+    if (it > warmup) {
+      bool same = step.size() == first_step.size();
+      for (const auto& [op, d] : step) {
+        const auto f = first_step.find(op);
+        same = same && f != first_step.end() && f->second.calls == d.calls && f->second.bytes_sent == d.bytes_sent;
+      }
+      step_comm_equal = step_comm_equal && same;
+    } else {
+      first_step = step;
+    }
+    for (const auto& [op, d] : step) {
+      CommCounter& t = step_comm[op];
+      t.calls += d.calls;
+      t.bytes_sent += d.bytes_sent;
+      t.seconds += d.seconds;
+    }
     for (const auto& [phase, ms] : laps) s[phase].push_back(ms);
     s["ring_wait"].push_back((ring_wait_seconds(comm) - rw0) * 1e3);
   }
@@ -72,15 +99,15 @@ double Study::slowest(const std::vector<double>& ms) { return comm.all_reduce_sc
 
 std::int64_t Study::bytes_per_step(const std::vector<std::string>& ops) const {
   std::int64_t b = 0;
-  for (const auto& [op, c] : comm.counters())
-    if (ops.empty() ? op != "barrier" : std::find(ops.begin(), ops.end(), op) != ops.end()) b += c.bytes_sent;
+  for (const auto& [op, c] : step_comm)
+    if (ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end()) b += c.bytes_sent;
   return b / repeats;
 }
 
 void Study::write_timings(const std::string& strategy, const Samples& s) {
   write_memory(strategy);
   if (!writer_) return;
-  writer_->comm(comm, strategy + "/");
+  writer_->comm(step_comm, repeats, step_comm_equal, strategy + "/");
   for (const auto& [phase, v] : s)
     if (phase != "ring_wait") writer_->timings(strategy + "/" + phase, v);
 }
@@ -158,6 +185,7 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
                                                  {"command_line", ctx.cmdline},
                                                  {"git_revision", ctx.git_rev},
                                                  {"backend", backend},
+                                                 {"host_blas", kernels::host_blas()},
                                                  {"dtype", to_string(dt)}});
   w.config(attrs);
   w.config_int("cp_size", cp);

@@ -129,11 +129,14 @@ class Study {
   std::vector<std::string> cases(const Cases& c, std::vector<std::pair<std::string, std::string>>* skipped);
 
   // Runs body(clock) warmup + repeats times, a barrier before each; `before` runs untimed ahead of
-  // each iteration. Counters cover exactly the timed iterations.
+  // each iteration. step_comm sums the communicator's counters inside the timed bodies only (the
+  // barrier, the timing reductions and `before` are not the strategy's traffic).
   Samples time(const std::function<void(Clock&)>& body, const std::function<void()>& before = {});
+  std::map<std::string, CommCounter> step_comm;
+  bool step_comm_equal = true;  // every timed step made the same calls with the same bytes
   // Median over repeats, maximum over the CP group (the step time the slowest rank sets).
   double slowest(const std::vector<double>& ms);
-  // Bytes sent per timed iteration by the ops `ops` (all but barrier when empty), this rank.
+  // Bytes sent per timed step by the ops `ops` (all when empty), this rank.
   std::int64_t bytes_per_step(const std::vector<std::string>& ops = {}) const;
   // This rank's bytes `sent` against its model `mine`: ok on every rank, and both maxima over ranks.
   struct BytesCheck {

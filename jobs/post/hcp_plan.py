@@ -317,7 +317,7 @@ def cmd_bytes(a):
             if data["format"] != "bshd" or drv not in ("cp_attention", "cp_mamba") or cp != int(cfg["world_size"]):
                 print(f"error: {path}: bytes checks BSHD cp_attention / cp_mamba runs with cp = ranks", file=sys.stderr)
                 return 2
-            B, L, dt, reps = data["batch"], data["seqlen"], data["dtype"], deck["run"]["repeats"]
+            B, L, dt = data["batch"], data["seqlen"], data["dtype"]
             for strat in f["comm"]:
                 ops = f["comm"][strat]
                 measured = [0.0] * cp
@@ -325,7 +325,7 @@ def cmd_bytes(a):
                     if op in ("barrier", "all_reduce"):  # the parameter all-reduce is checked apart
                         continue
                     for r, v in enumerate(ops[op]["bytes_sent"][()]):
-                        measured[r] += v / reps
+                        measured[r] += v  # per timed step
                 for r in range(cp):
                     if drv == "cp_attention":
                         at = deck["attention"]
@@ -411,13 +411,12 @@ def _run_info(path):
         deck = tomllib.loads(cfg["deck_resolved"])
         if cfg["driver"] != "cp_hybrid" or deck["data"]["format"] != "bshd":
             raise ValueError(f"{path}: validate takes BSHD cp_hybrid runs")
-        reps = deck["run"]["repeats"]
         comm = {}
         for strat in f.get("comm", {}):
             for op in f["comm"][strat]:
                 if op in STEPS_PER_CALL:
                     g = f["comm"][strat][op]
-                    comm.setdefault(strat, {})[op] = [(c / reps, b / reps, s / reps * 1e3) for c, b, s in
+                    comm.setdefault(strat, {})[op] = [(int(c), int(b), s * 1e3) for c, b, s in
                                                       zip(g["calls"][()], g["bytes_sent"][()], g["seconds"][()])]
         mem = {}
         for strat in f.get("memory", {}):

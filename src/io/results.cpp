@@ -519,40 +519,66 @@ void ResultsWriter::per_rank(const std::string& path, double v, const std::strin
   H5Gclose(g);
 }
 
-void ResultsWriter::comm(const Communicator& c, const std::string& prefix) {
+void ResultsWriter::comm(const std::map<std::string, CommCounter>& counters, int steps, bool equal, const std::string& prefix) {
+  HCP_CHECK(steps > 0, "results: communication counters need at least one step");
   // Every rank must report the same op names: take the union by exchanging a fixed list.
   static const char* kOps[] = {"all_to_all", "all_to_all_v", "all_gather", "reduce_scatter", "all_reduce",
                                "broadcast",  "send",         "recv",       "ring_post",      "ring_wait",
                                "barrier"};
   const int p = comm_.size();
+  const double all_equal = comm_.all_reduce_scalar(equal ? 0.0 : 1.0, ReduceOp::Max) == 0 ? 1 : 0;
   for (const char* op : kOps) {
-    auto it = c.counters().find(op);
-    CommCounter cc = it == c.counters().end() ? CommCounter{} : it->second;
+    auto it = counters.find(op);
+    CommCounter cc = it == counters.end() ? CommCounter{} : it->second;
     double any = comm_.all_reduce_scalar(static_cast<double>(cc.calls), ReduceOp::Max);
     if (any == 0) continue;
-    const double mine[3] = {static_cast<double>(cc.bytes_sent), cc.seconds, static_cast<double>(cc.calls)};
-    std::vector<double> all(3 * static_cast<std::size_t>(p));
-    comm_.all_gather(mine, all.data(), 3, DType::F64);
-    std::vector<double> bytes, secs, calls;
+    const std::int64_t mine[2] = {cc.bytes_sent / steps, cc.calls / steps};
+    std::vector<std::int64_t> ints(2 * static_cast<std::size_t>(p));
+    comm_.all_gather(mine, ints.data(), 2, DType::F64);  // 8-byte items, exchanged as they are
+    std::vector<double> secs(static_cast<std::size_t>(p));
+    const double s1 = cc.seconds / steps;
+    comm_.all_gather(&s1, secs.data(), 1, DType::F64);
+    std::vector<std::int64_t> bytes, calls;
     for (int r = 0; r < p; ++r) {
-      bytes.push_back(all[3 * static_cast<std::size_t>(r)]);
-      secs.push_back(all[3 * static_cast<std::size_t>(r) + 1]);
-      calls.push_back(all[3 * static_cast<std::size_t>(r) + 2]);
+      bytes.push_back(ints[2 * static_cast<std::size_t>(r)]);
+      calls.push_back(ints[2 * static_cast<std::size_t>(r) + 1]);
     }
     const std::string base = "/comm/" + prefix + op;
     if (!save_.keeps(base, p) || !writes()) continue;
     hid_t g = group(base);
-    const auto put = [&](const char* n, std::vector<double>& v) {
+    const auto put_int = [&](const char* n, const std::vector<std::int64_t>& v) {
       const std::string what = "dataset " + base + "/" + n;
-      hid_t ds = create_dataset(g, n, {p}, DType::F64, 0, path_, what);
-      write_from_root(ds, DType::F64, v.data(), io_ == H5Io::Collective, comm_.rank() == 0, path_, what);
+      const hsize_t dim = static_cast<hsize_t>(p);
+      hid_t space = HCP_H5_CHECK(H5Screate_simple(1, &dim, nullptr));
+      hid_t ds = HCP_H5_WRITE(H5Dcreate2(g, n, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path_, what);
+      hid_t fs = HCP_H5_CHECK(H5Dget_space(ds));
+      hid_t ms = HCP_H5_CHECK(H5Scopy(fs));
+      hid_t dxpl = HCP_H5_CHECK(H5Pcreate(H5P_DATASET_XFER));
+#ifdef H5_HAVE_PARALLEL
+      if (io_ == H5Io::Collective) HCP_H5_CHECK(H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE));
+#endif
+      const bool root = comm_.rank() == 0;
+      if (!root) H5Sselect_none(fs), H5Sselect_none(ms);
+      HCP_H5_WRITE(H5Dwrite(ds, H5T_NATIVE_INT64, ms, fs, dxpl, root ? v.data() : nullptr), path_, what);
+      H5Pclose(dxpl);
+      H5Sclose(ms);
+      H5Sclose(fs);
       H5Dclose(ds);
+      H5Sclose(space);
     };
-    put("bytes_sent", bytes);
-    put("seconds", secs);
-    put("calls", calls);
+    put_int("bytes_sent", bytes);
+    put_int("calls", calls);
+    {
+      const std::string what = "dataset " + base + "/seconds";
+      hid_t ds = create_dataset(g, "seconds", {p}, DType::F64, 0, path_, what);
+      write_from_root(ds, DType::F64, secs.data(), io_ == H5Io::Collective, comm_.rank() == 0, path_, what);
+      H5Dclose(ds);
+    }
     string_attr(g, "layout", "[rank]");
-    string_attr(g, "units", "bytes_sent: bytes, seconds: s, calls: count");
+    string_attr(g, "units", "bytes_sent: bytes per step, seconds: s per step, calls: count per step");
+    string_attr(g, "per", "timed step: the sum over the timed steps divided by their number");
+    double_attr(g, "steps", static_cast<double>(steps));
+    double_attr(g, "steps_equal", all_equal);
     // What the counters count: the payload each rank hands to the communicator per call (for a
     // collective, the bytes that leave this rank in its logical exchange; an all-reduce counts as a
     // ring's 2 (n-1)/n of the buffer), not bytes on the wire (no protocol headers, no relaying by

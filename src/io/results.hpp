@@ -76,8 +76,10 @@ class ResultsWriter {
   void timings(const std::string& phase, const std::vector<double>& ms_per_repeat);
   // One figure per rank at `path` ([ranks] dataset, e.g. /memory/<strategy>/<what>).
   void per_rank(const std::string& path, double v, const std::string& units);
-  // Per-rank communicator counters: /comm/<prefix><op>/{bytes_sent,seconds,calls} [ranks].
-  void comm(const Communicator& c, const std::string& prefix = "");
+  // Per-rank communicator counters summed over `steps` timed steps, written per step:
+  // /comm/<prefix><op>/{bytes_sent,calls} (int64) and seconds [ranks]; `equal`: every step made the
+  // same calls with the same bytes (attribute steps_equal; otherwise the figures are means).
+  void comm(const std::map<std::string, CommCounter>& counters, int steps, bool equal, const std::string& prefix = "");
   // /summary/<name> with max_abs, max_rel, tolerance and pass (1/0).
   void summary(const std::string& name, double max_abs, double max_rel, double tol, bool pass);
   // /summary/<prefix>/<name> of each of rank 0's relative errors (other ranks pass any list): the
