@@ -90,8 +90,7 @@ void fwd_impl(T* o, T* lse, const T* q, const T* k, const T* v, const AttnParams
             for (std::int64_t r = 0; r < nq; ++r) {
               T* sr = sc.data() + r * nb;
               const std::int64_t nv = block_visible(g, i0, r, j0, nb, p.mask);
-              T mt = m[r];
-              for (std::int64_t c = 0; c < nv; ++c) mt = std::max(mt, sr[c]);
+              const T mt = host::row_max(sr, nv, m[r]);
               if (mt == ninf) {  // nothing visible yet: the row adds nothing
                 std::fill(sr, sr + nb, T(0));
                 continue;
@@ -99,10 +98,9 @@ void fwd_impl(T* o, T* lse, const T* q, const T* k, const T* v, const AttnParams
               const T corr = std::exp(m[r] - mt);  // m = -inf before the row's first key: corr = 0
               l[r] *= corr;
               for (std::int64_t d = 0; d < D; ++d) acc[r * D + d] *= corr;
-              for (std::int64_t c = 0; c < nv; ++c) {
-                sr[c] = std::exp(sr[c] - mt);
-                l[r] += sr[c];
-              }
+              for (std::int64_t c = 0; c < nv; ++c) sr[c] -= mt;
+              host::exp_inplace(sr, nv);
+              l[r] += host::row_sum(sr, nv);
               std::fill(sr + nv, sr + nb, T(0));
               m[r] = mt;
             }
@@ -158,10 +156,9 @@ void bwd_impl(T* dq, T* dk, T* dv, const T* q, const T* k, const T* v, const T* 
               T* dr = ds.data() + r * nb;
               const T lr = lse[(row0 + r) * H + h], dl = delta[static_cast<std::size_t>((row0 + r) * H + h)];
               const std::int64_t nv = std::isinf(lr) ? 0 : block_visible(g, i0, r, j0, nb, p.mask);
-              for (std::int64_t c = 0; c < nv; ++c) {
-                pr[c] = std::exp(pr[c] - lr);
-                dr[c] = pr[c] * (dr[c] - dl) * scale;
-              }
+              for (std::int64_t c = 0; c < nv; ++c) pr[c] -= lr;
+              host::exp_inplace(pr, nv);
+              for (std::int64_t c = 0; c < nv; ++c) dr[c] = pr[c] * (dr[c] - dl) * scale;
               std::fill(pr + nv, pr + nb, T(0));
               std::fill(dr + nv, dr + nb, T(0));
             }

@@ -2,6 +2,7 @@
 #pragma once
 #include <Kokkos_Core.hpp>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "core/tensor.hpp"
@@ -73,6 +74,19 @@ template <class T> class Out {
   Tensor tmp_;
   T* p_ = nullptr;
 };
+
+// exp(x[i]) for i < n, in place: libm's exp for double; for float a vectorised form
+// (kernels/host/vmath.cpp) within 2 ulp of expf on [-87, 88], about 1.6e-38 below -87 (the softmax
+// sums it with terms >= 1). x must not be NaN and must be <= 88.
+inline void exp_inplace(double* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
+}
+void exp_inplace(float* x, std::int64_t n);
+// max(init, x[0..n)) (NaN-free input) and sum of x[0..n), in eight lanes combined in a fixed order.
+float row_max(const float* x, std::int64_t n, float init);
+double row_max(const double* x, std::int64_t n, double init);
+float row_sum(const float* x, std::int64_t n);
+double row_sum(const double* x, std::int64_t n);
 
 template <class T> inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
 template <class T> inline T softplus(T x) { return x > T(20) ? x : std::log1p(std::exp(x)); }

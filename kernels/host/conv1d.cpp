@@ -12,6 +12,8 @@ using host::In;
 using host::Out;
 using host::Range;
 
+constexpr std::int64_t kMaxConvWidth = 16;  // mamba.conv's bound in the decks
+
 struct ConvShape {
   std::int64_t B, L, C, W;
 };
@@ -20,6 +22,7 @@ ConvShape check_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const
   HCP_CHECK(x.dim() == 3, "conv1d: x must be [B,L,C], got ", shape_str(x.shape()));
   HCP_CHECK(w.dim() == 2 && w.size(0) == x.size(2), "conv1d: weight must be [C=", x.size(2), ", W], got ",
             shape_str(w.shape()));
+  HCP_CHECK(w.size(1) >= 1 && w.size(1) <= kMaxConvWidth, "conv1d: width ", w.size(1), " outside [1, ", kMaxConvWidth, "]");
   if (bias) host::require_numel(*bias, x.size(2), "conv1d: bias [C]");
   if (seq)
     HCP_CHECK(static_cast<std::int64_t>(seq->size()) == x.size(0) * x.size(1), "conv1d: seq_idx has ", seq->size(),
@@ -88,9 +91,10 @@ void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Te
     T* dxb = dx_.get();
     T* dwb = dw_.get();
     std::vector<T> dbv(static_cast<std::size_t>(s.C), T(0));
-    // One work item per channel: dx[:,:,c], dw[c,:], dbias[c] are written only by it.
+    // One work item per channel: dx[:,:,c], dw[c,:], dbias[c] are written only by it. dw and dbias
+    // sum over every token: fp64 accumulators keep their error at the inputs' rounding at any length.
     Kokkos::parallel_for("conv1d_bwd", Range(0, s.C), [&](std::int64_t c) {
-      for (std::int64_t k = 0; k < s.W; ++k) dwb[c * s.W + k] = 0;
+      double dwacc[kMaxConvWidth] = {}, dbacc = 0;
       for (std::int64_t b = 0; b < s.B; ++b)
         for (std::int64_t t = 0; t < s.L; ++t) dxb[(b * s.L + t) * s.C + c] = 0;
       for (std::int64_t b = 0; b < s.B; ++b)
@@ -98,15 +102,17 @@ void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Te
           const std::int64_t i = (b * s.L + t) * s.C + c;
           T du = dyb[i];
           if (silu) du *= host::dsilu(conv_u(xb, wb, bb, seq_idx, s, b, t, c));
-          dbv[static_cast<std::size_t>(c)] += du;
+          dbacc += du;
           const std::int64_t st = seq_idx ? (*seq_idx)[b * s.L + t] : 0;
           for (std::int64_t k = 0; k < s.W; ++k) {
             const std::int64_t src = t - (s.W - 1) + k;
             if (src < 0 || (seq_idx && (*seq_idx)[b * s.L + src] != st)) continue;
             dxb[(b * s.L + src) * s.C + c] += wb[c * s.W + k] * du;
-            dwb[c * s.W + k] += xb[(b * s.L + src) * s.C + c] * du;
+            dwacc[k] += xb[(b * s.L + src) * s.C + c] * du;
           }
         }
+      for (std::int64_t k = 0; k < s.W; ++k) dwb[c * s.W + k] = static_cast<T>(dwacc[k]);
+      dbv[static_cast<std::size_t>(c)] = static_cast<T>(dbacc);
     });
     if (dbias) {
       Out<T> db_(*dbias, "dbias");

@@ -223,7 +223,9 @@ void bwd_impl(const SsdGrads& gr, const SsdData<T>& d, const T* dy, const T* dfi
       std::vector<T> dS(static_cast<std::size_t>(P * N), T(0));
       if (dfin) std::copy(dfin + (b * p.heads + h) * P * N, dfin + (b * p.heads + h + 1) * P * N, dS.begin());
       std::vector<T> states(static_cast<std::size_t>(Q * P * N));
-      T dA = 0, dDh = 0, ddtb = 0;
+      // Per-head parameter gradients sum over every token: fp64 accumulators keep their error at
+      // the inputs' rounding, whatever the sequence length (an fp32 sum drifts as ~sqrt(L) ulp).
+      double dA = 0, dDh = 0, ddtb = 0;
       for (std::int64_t c = nchunks - 1; c >= 0; --c) {
         const std::int64_t c0 = c * Q, c1 = std::min(L, c0 + Q);
         std::copy(starts.begin() + c * P * N, starts.begin() + (c + 1) * P * N, S.begin());
@@ -280,9 +282,9 @@ void bwd_impl(const SsdGrads& gr, const SsdData<T>& d, const T* dy, const T* dfi
           ddtb += graw;
         }
       }
-      dA_part[static_cast<std::size_t>(b * p.heads + h)] = dA * A;  // dA/dA_log = A
-      dD_part[static_cast<std::size_t>(b * p.heads + h)] = dDh;
-      ddtb_part[static_cast<std::size_t>(b * p.heads + h)] = ddtb;
+      dA_part[static_cast<std::size_t>(b * p.heads + h)] = static_cast<T>(dA * A);  // dA/dA_log = A
+      dD_part[static_cast<std::size_t>(b * p.heads + h)] = static_cast<T>(dDh);
+      ddtb_part[static_cast<std::size_t>(b * p.heads + h)] = static_cast<T>(ddtb);
     }
   });
 }
@@ -355,17 +357,18 @@ void init_state_bwd_impl(const SsdData<T>& d, const T* dy, const T* ddecay, T* d
       if (ddecay && L > 0)
         dcs[static_cast<std::size_t>(L - 1)] += ddecay[b * p.heads + h] * std::exp(cs[static_cast<std::size_t>(L - 1)]);
       // cs_t = A sum_{s<=t} dt_s: d dt_s = A sum_{t>=s} dcs_t, dA = sum_t dcs_t cs_t / A.
-      T acc = 0, dA = 0, ddtb = 0;
+      // Sums over every token in fp64, as in bwd_impl.
+      double acc = 0, dA = 0, ddtb = 0;
       for (std::int64_t t = L - 1; t >= 0; --t) {
         acc += dcs[static_cast<std::size_t>(t)];
         dA += acc * d.dt_at(b, t, h);
         const std::size_t k = static_cast<std::size_t>((b * L + t) * p.heads + h);
-        const T graw = A * acc * d.ddte[k];
+        const T graw = static_cast<T>(A * acc * d.ddte[k]);
         ddt[k] += graw;
         ddtb += graw;
       }
-      dA_part[static_cast<std::size_t>(b * p.heads + h)] = dA * A;  // dA/dA_log = A
-      ddtb_part[static_cast<std::size_t>(b * p.heads + h)] = ddtb;
+      dA_part[static_cast<std::size_t>(b * p.heads + h)] = static_cast<T>(dA * A);  // dA/dA_log = A
+      ddtb_part[static_cast<std::size_t>(b * p.heads + h)] = static_cast<T>(ddtb);
     }
   });
 }

@@ -1,7 +1,11 @@
 // conv1d, norms, linear, RoPE, embedding, cross-entropy: finite-difference gradients and
-// independent checks of the forward.
+// independent checks of the forward; the float exp of the host softmax against libm.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <vector>
+
+#include "kernels/host/common.hpp"
 #include "kernels/kernels.hpp"
 #include "unit/fd.hpp"
 
@@ -177,4 +181,33 @@ TEST(Dense, EmbeddingAndCrossEntropy) {
   test::fd_check(logits, dl, closs, "cross-entropy dlogits");
   EXPECT_NE(test::error_of([&] { cross_entropy_fwd(logits, {7, 0, 0, 0}, -100, nullptr); }).find("label 7 outside"),
             std::string::npos);
+}
+
+// The float exp of the host softmax against libm in double: within 2 ulp on [-87, 88], monotone,
+// exact at 0; below -87 a tiny positive value; double goes to libm itself.
+TEST(HostExp, FloatWithinTwoUlpOfLibm) {
+  std::vector<float> x;
+  for (double v = -87.0; v <= 88.0; v += 0.00731) x.push_back(static_cast<float>(v));
+  for (float v : {0.0f, -0.0f, 1e-8f, -1e-8f, 0.34657f, -0.34657f, 88.0f, -87.0f}) x.push_back(v);
+  std::vector<float> y = x;
+  host::exp_inplace(y.data(), static_cast<std::int64_t>(y.size()));
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double ref = std::exp(static_cast<double>(x[i]));
+    worst = std::max(worst, std::abs(y[i] - ref) / ref);
+  }
+  EXPECT_LE(worst, 2.0 * 0x1p-23) << "worst relative error " << worst;
+  float one = 0.0f;
+  host::exp_inplace(&one, 1);
+  EXPECT_EQ(one, 1.0f);
+  std::vector<float> ramp;
+  for (int i = 0; i < 20000; ++i) ramp.push_back(-20.0f + 0.001f * static_cast<float>(i));
+  host::exp_inplace(ramp.data(), static_cast<std::int64_t>(ramp.size()));
+  for (std::size_t i = 1; i < ramp.size(); ++i) EXPECT_LE(ramp[i - 1], ramp[i]) << "at " << i;
+  float low[2] = {-100.0f, -1e30f};
+  host::exp_inplace(low, 2);
+  EXPECT_TRUE(low[0] > 0 && low[0] < 1e-37f && low[1] == low[0]);
+  double d = -1.5;
+  host::exp_inplace(&d, 1);
+  EXPECT_EQ(d, std::exp(-1.5));
 }
