@@ -18,6 +18,9 @@
   hcp_post.py study DIR [--title T]   a study directory (e.g. a Slurm job's HCP_OUTDIR) in one command:
       the timing table, DIR/timings.csv, DIR/scaling.png, DIR/breakdown.png, DIR/errors.png and the
       error summary of every finished *.h5 in DIR; exit as summary does
+  hcp_post.py scale [--csv] F.h5 ...   what CP trades, per file and strategy: step time, tensor memory per
+      rank (max over ranks; the memory model beside it; x cp against the file of fewest ranks: 1.00
+      is the ideal 1/cp), bytes sent per rank and step, and the check (reference / cross / off)
   hcp_post.py loss --out L.png F.h5 [--min-drop X] training loss curve(s); exit 1 unless the loss fell by X
   hcp_post.py anchors --anchors A.json F.h5   bench_kernels (suite anchors) against jobs/bench/anchors.py of
       the same run: our time, anchor time, ratio (anchor time / ours: >= 1 means at least as fast),
@@ -235,6 +238,70 @@ def cmd_table(a):
         detail = " ".join(f"{k}={v:.2f}" for k, v in r["phases"].items())
         ovs = "-" if r["overlap"] is None else f"{r['overlap']:.2f}"
         print(f"  {r['file']:<40} {r['cp']:>3} {r['strategy']:<16} {r['step_ms']:10.2f} {ovs:>8}  {detail}")
+    return 0
+
+
+def _scale_rows(files):
+    """One dict per (file, strategy): driver, tokens, cp, step_ms, memory per rank and its model
+    (MiB, max over ranks), MB sent per rank and step (max over ranks) and the check's verdict."""
+    import tomllib
+    rows = []
+    for path in files:
+        with h5py.File(path, "r") as f:
+            cfg = _config(f)
+            deck = tomllib.loads(cfg.get("deck_resolved", "")) if cfg.get("deck_resolved") else {}
+            check = str(deck.get("run", {}).get("check", "-"))
+            order = cfg.get("strategy", "").split(",")
+            timings = _timings(f)
+            data = deck.get("data", {})
+            tokens = int(cfg.get("tokens", 0) or 0) or (
+                data.get("batch", 1) * data.get("seqlen", 0) if data.get("format") == "bshd"
+                else sum(int(x) for x in str(data.get("seq_lens", "0")).replace(",", " ").split()))
+            for strat in sorted(timings, key=lambda n: order.index(n) if n in order else len(order)):
+                mem = f.get(f"memory/{strat}")
+                if mem is None or "step_tensor_bytes" not in mem:
+                    continue
+                held = (mem["step_tensor_bytes"][()] + mem["live_tensor_bytes"][()]).max() / 2**20
+                model = mem["model_bytes"][()].max() / 2**20 if "model_bytes" in mem else float("nan")
+                sent = 0
+                if f"comm/{strat}" in f:
+                    per_rank = sum(np.asarray(g["bytes_sent"][()], dtype=np.float64) for g in f[f"comm/{strat}"].values())
+                    sent = float(np.max(per_rank)) / 1e6
+                verdict = "-"
+                if f"summary/{strat}" in f:
+                    entries = []
+                    f[f"summary/{strat}"].visititems(lambda n, o: entries.append(o) if "pass" in o.attrs else None)
+                    worst = max((float(o.attrs["max_rel"]) for o in entries), default=0.0)
+                    ok = all(bool(o.attrs["pass"]) for o in entries)
+                    verdict = f"{check} {'pass' if ok else 'FAIL'} {worst:.1e}"
+                elif check == "cross" and order and strat == order[0]:
+                    verdict = "cross baseline"
+                rows.append({"file": path.split("/")[-1], "driver": cfg.get("driver", "?"), "tokens": tokens,
+                             "dtype": cfg.get("dtype", "?"), "cp": int(cfg.get("cp_size", 0)), "strategy": strat,
+                             "step_ms": _step_ms(timings[strat]), "mem_mib": float(held), "model_mib": float(model),
+                             "sent_mb": sent, "check": verdict})
+    for r in rows:  # memory x cp against the same driver, tokens and strategy at the fewest ranks
+        base = min((b for b in rows if (b["driver"], b["tokens"], b["strategy"], b["dtype"]) ==
+                    (r["driver"], r["tokens"], r["strategy"], r["dtype"])), key=lambda b: b["cp"])
+        r["mem_vs_ideal"] = r["mem_mib"] * r["cp"] / (base["mem_mib"] * base["cp"])
+    return rows
+
+
+def cmd_scale(a):
+    rows = _scale_rows(a.files)
+    cols = ["driver", "tokens", "dtype", "cp", "strategy", "step_ms", "mem_mib", "model_mib", "mem_vs_ideal", "sent_mb", "check"]
+    if a.csv:
+        import csv
+        w = csv.writer(sys.stdout)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow([f"{r[c]:.6g}" if isinstance(r[c], float) else r[c] for c in cols])
+        return 0
+    print(f"# {'driver':<13} {'tokens':>7} {'dtype':<5} {'cp':>3} {'strategy':<16} {'step_ms':>10} {'MiB/rank':>9} "
+          f"{'model':>8} {'x cp/base':>9} {'MB sent/rank':>12}  check")
+    for r in rows:
+        print(f"  {r['driver']:<13} {r['tokens']:>7} {r['dtype']:<5} {r['cp']:>3} {r['strategy']:<16} {r['step_ms']:10.1f} "
+              f"{r['mem_mib']:9.1f} {r['model_mib']:8.1f} {r['mem_vs_ideal']:9.2f} {r['sent_mb']:12.2f}  {r['check']}")
     return 0
 
 
@@ -515,6 +582,10 @@ def main(argv=None):
     fmt.add_argument("--json", action="store_true", help="JSON on stdout: a list of rows with their phases")
     t.add_argument("files", nargs="+")
     t.set_defaults(fn=cmd_table)
+    sc = sub.add_parser("scale")
+    sc.add_argument("--csv", action="store_true", help="CSV on stdout instead of the table")
+    sc.add_argument("files", nargs="+")
+    sc.set_defaults(fn=cmd_scale)
     ps = sub.add_parser("plot-scaling")
     ps.add_argument("--out", required=True)
     ps.add_argument("--title", default="CP scaling")
