@@ -49,12 +49,9 @@ bool agree_on_errors(Communicator& comm, const std::function<void()>& fn, std::s
   return false;
 }
 
-// The results file can be created where --out points: checked before any work, so that a long run
-// does not end on "cannot create results file".
-static void check_output_path(const std::string& out) {
+void check_output_path(const std::string& out, const std::string& where) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const std::string where = "--out " + out;
   HCP_INPUT_CHECK(!fs::is_directory(out, ec), where, "is a directory (give a file name)");
   const fs::path dir = fs::path(out).has_parent_path() ? fs::path(out).parent_path() : fs::path(".");
   HCP_INPUT_CHECK(fs::is_directory(dir, ec), where, "folder '", dir.string(), "' does not exist");
@@ -93,6 +90,15 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
           ->check(CLI::Range(1, 1 << 24));
       bool exit_now = false;
       bool ok = agree_on_errors(world, [&] {
+        // An option that takes a value, followed by another option or by nothing: name it (CLI11
+        // would report the next word as unexpected instead).
+        for (int i = 1; i < argc; ++i) {
+          const std::string a = argv[i];
+          if (a != "--deck" && a != "--out" && a != "--set" && a != "--ranks") continue;
+          if (i + 1 == argc || std::string(argv[i + 1]).rfind("--", 0) == 0)
+            throw Error("command line: " + a + " needs a value" +
+                        (i + 1 == argc ? std::string(" (it is the last word)") : " (got '" + std::string(argv[i + 1]) + "')"));
+        }
         try {
           app.parse(argc, argv);
         } catch (const CLI::CallForHelp&) {
@@ -115,7 +121,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
           return;
         }
         if (ctx.ranks > 0 && !ctx.dry_run) throw Error("command line: --ranks " + std::to_string(ctx.ranks) + " needs --dry-run");
-        if (!ctx.out.empty() && !ctx.dry_run) check_output_path(ctx.out);
+        if (!ctx.out.empty() && !ctx.dry_run) check_output_path(ctx.out, "--out " + ctx.out);
         if (spec.validate) spec.validate(ctx);
         if (ctx.dry_run) exit_now = true;
       });

@@ -39,6 +39,11 @@ struct DriverSpec {
   std::function<void(DriverContext&)> run;
 };
 
+// A file can be created at `path` (its folder exists and is writable, it is not a folder): checked
+// before any work, so that a long run does not end on "cannot create". `where` names the input
+// (e.g. "--out F" or the deck line of a key).
+void check_output_path(const std::string& path, const std::string& where);
+
 int run_driver(int argc, char** argv, const DriverSpec& spec);
 
 // Agree on an error across ranks: if any rank's `fn` throws, rank 0 prints the lowest failing

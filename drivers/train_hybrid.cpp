@@ -99,10 +99,16 @@ void validate(DriverContext& ctx) {
   drivers::admit(d, at_cp(s.cp), lim, s.cp, at_cp, ctx.root());
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
   model::HybridModel m(*g.cp, s.cfg, drivers::step_batch(ctx.deck, s.cp, s.cfg.vocab, 1).layout);
+  if (d.get_int("train.checkpoint_every") > 0 || d.get_int("train.stop_after") > 0)
+    check_output_path(d.get_string("train.checkpoint"), d.where("train.checkpoint") + ": train.checkpoint = \"" +
+                                                            d.get_string("train.checkpoint") + "\"");
   const std::string resume = ctx.deck.get_string("train.resume");
   if (!resume.empty()) {
     HCP_CHECK(std::ifstream(resume).good(), "train.resume: cannot read checkpoint file '", resume, "'");
-    drivers::check_resume(resume, schema(), ctx.deck, ctx.world->rank(), ctx.world->size());  // whole, same run
+    const model::ExpertGroups eg(*g.cp, drivers::ep_size_of(d, s.cfg, s.cp));
+    std::vector<std::string> names;
+    for (const auto& [n, t] : model::hybrid_init(s.cfg, DType::F32, 0, &eg)) names.push_back(n);
+    drivers::check_resume(resume, schema(), ctx.deck, names, ctx.world->rank(), ctx.world->size());  // whole, same run
   }
 }
 

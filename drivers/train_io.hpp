@@ -3,6 +3,7 @@
 // parameters of the results file (/train/*, /params/*).
 #pragma once
 #include <cmath>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -84,7 +85,11 @@ inline std::string deck_value(const Deck& d, const DeckKey& k) {
 // written by a run with the same values of every key that changes the run. The datasets are shared
 // out: rank r of n reads and checks those of index r, r + n, ... (the harness agrees on any rank's
 // error), so each is read once, not once per rank.
-inline void check_resume(const std::string& path, const DeckSchema& schema, const Deck& deck, int rank = 0, int nranks = 1) {
+// Also: every dataset the resume reads is among the checksummed ones (the model's parameters and
+// moments, step, loss, and loss_reference when train.reference is on), and the series are as long
+// as the step count.
+inline void check_resume(const std::string& path, const DeckSchema& schema, const Deck& deck,
+                         const std::vector<std::string>& params, int rank = 0, int nranks = 1) {
   ResultsReader r(path);
   HCP_INPUT_CHECK(r.exists("/checkpoint/step"), deck.where("train.resume"), "train.resume: '", path,
                   "' is not a train_hybrid checkpoint (no /checkpoint/step)");
@@ -111,7 +116,30 @@ inline void check_resume(const std::string& path, const DeckSchema& schema, cons
                     name, " fails its checksum (", got, " != ", want, ")");
   }
   HCP_INPUT_CHECK(n > 0, deck.where("train.resume"), "train.resume: checkpoint '", path, "' lists no datasets");
+  std::set<std::string> listed;
+  {
+    std::istringstream all(sums);
+    while (all >> name >> want) listed.insert(name);
+  }
+  const bool with_ref = deck.get_bool("train.reference");
+  std::vector<std::string> needed{"/checkpoint/step", "/checkpoint/loss"};
+  if (with_ref) needed.push_back("/checkpoint/loss_reference");
+  for (const auto& pn : params)
+    for (const char* part : {"params", "adam_m", "adam_v"}) needed.push_back(std::string("/checkpoint/") + part + "/" + pn);
+  for (const auto& nd : needed) {
+    if (listed.count(nd)) continue;
+    if (nd == "/checkpoint/loss_reference")
+      HCP_INPUT_FAIL(deck.where("train.reference"), "train.resume: train.reference = true, but checkpoint '", path,
+                     "' holds no /checkpoint/loss_reference (it was written without the replica): resume with "
+                     "train.reference = false");
+    HCP_INPUT_FAIL(deck.where("train.resume"), "train.resume: checkpoint '", path, "' is damaged: dataset ", nd,
+                   " that the resume reads is missing or not checksummed");
+  }
   const auto step = static_cast<std::int64_t>(r.read("/checkpoint/step").get(0));
+  const auto series_ok = [&](const char* ds) { return r.read(ds).numel() == step; };
+  HCP_INPUT_CHECK(series_ok("/checkpoint/loss") && (!with_ref || series_ok("/checkpoint/loss_reference")),
+                  deck.where("train.resume"), "train.resume: checkpoint '", path, "' is damaged: its loss series are ",
+                  "not ", step, " steps long");
   HCP_INPUT_CHECK(step < deck.get_int("train.steps"), deck.where("train.steps"), "train.resume: checkpoint '", path,
                   "' is at step ", step, ", not before train.steps = ", deck.get_int("train.steps"));
   const Deck then = Deck::parse(schema, text, path + ":/checkpoint/deck_resolved");

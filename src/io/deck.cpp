@@ -1,5 +1,6 @@
 #include "io/deck.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -40,6 +41,9 @@ void check_rules(const DeckKey& k, const DeckValue& v, const std::string& where)
   if (auto p = std::get_if<std::int64_t>(&v)) num = static_cast<double>(*p), numeric = true;
   if (auto p = std::get_if<double>(&v)) num = *p, numeric = true;
   if (numeric) {
+    // NaN fails every comparison below and inf passes a one-sided range: neither is a setting.
+    if (!std::isfinite(num))
+      HCP_INPUT_FAIL(where, "key '", k.key, "' = ", fmt_value(v), " must be a finite number");
     if (k.min && num < *k.min)
       HCP_INPUT_FAIL(where, "key '", k.key, "' = ", fmt_value(v), " is out of range: must be >= ", *k.min);
     if (k.max && num > *k.max)
@@ -99,7 +103,10 @@ DeckValue from_text(const DeckKey& k, const std::string& s, const std::string& w
         if (s == "false" || s == "0") return false;
         break;
     }
-  } catch (const std::exception&) {
+  } catch (const std::out_of_range&) {
+    HCP_INPUT_FAIL(where, "key '", k.key, "' = ", s, " is outside the range of ",
+                   k.type == DeckKey::Type::Int ? "a 64-bit integer" : "a double (magnitude <= 1.8e308)");
+  } catch (const std::invalid_argument&) {
   }
   HCP_INPUT_FAIL(where, "key '", k.key, "' must be ", type_name(k.type), ", got '", s, "'");
 }
@@ -196,11 +203,18 @@ Deck Deck::load(const DeckSchema& schema, const std::string& path, const std::ve
   std::error_code ec;
   HCP_INPUT_CHECK(!std::filesystem::is_directory(path, ec), "--deck " + path, "deck file '", path,
                   "' is a directory, not a TOML file");
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   HCP_INPUT_CHECK(in.good(), "--deck " + path, "cannot read deck file '", path, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(schema, ss.str(), path, overrides);
+  // A deck is a few hundred lines: read at most 1 MiB, so /dev/zero or a wrong file ends at once.
+  constexpr std::size_t kMaxDeckBytes = std::size_t{1} << 20;
+  std::string text(kMaxDeckBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  HCP_INPUT_CHECK(text.size() <= kMaxDeckBytes, "--deck " + path, "deck file '", path,
+                  "' is larger than 1 MiB: not a deck (a deck is a short TOML file)");
+  HCP_INPUT_CHECK(text.find('\0') == std::string::npos, "--deck " + path, "deck file '", path,
+                  "' holds NUL bytes: not a TOML text file");
+  return parse(schema, text, path, overrides);
 }
 
 const DeckValue& Deck::value(const std::string& key, DeckKey::Type t) const {

@@ -7,12 +7,18 @@
 # CLASS is one of
 #   huge        sizes that cannot fit: refused from the estimate in < 5 s, exit 2, no file
 #   nan         a non-finite loss stops training: exit 3, the step named, no results file
-#   checkpoint  damaged or mismatched checkpoints refused before any step (exit 2, key or dataset named)
+#   checkpoint  damaged or mismatched checkpoints refused before any step (exit 2, key or dataset
+#               named), also a dataset removed with its checksum and a replica turned on at resume
 #   kill9       kill -9 of one rank: every rank gone in < 30 s, no finished-looking results file
 #   sigterm     SIGTERM while the results file is being written: non-zero exit, no .tmp-* left
 #   fulldisk    a full file system (a 64 KiB tmpfs; needs root, else skipped with exit 77): exit 3,
 #               "No space left on device" with the file and dataset named, nothing left
-#   unwritable  --out in a missing, read-only or non-folder place, --deck a folder: exit 2 up front
+#   unwritable  --out or train.checkpoint in a missing, read-only or non-folder place, --deck a
+#               folder: exit 2 up front
+#   nonfinite   nan, inf and -inf in every float key of every driver (enumerated from --help-deck),
+#               by --set and by a deck line: exit 2 naming the key and "finite", before any work
+#   deck        --deck /dev/zero, a binary deck, a float beyond a double, --deck without a value:
+#               exit 2 in < 5 s with the input named
 #   post        hcp_post.py on damaged and unfinished files: one error line, exit 2, no traceback
 # BINDIR holds the drivers. Prints "RESULT reliability CLASS PASS" when every assertion holds.
 set -uo pipefail
@@ -96,6 +102,26 @@ PY
     resume --set data.dtype=fp64 --set "train.resume=$work/ck.h5"
   expect 2 "^error: --set train.steps=2: train.resume: checkpoint .* is at step 2, not before train.steps = 2" \
     resume --set train.steps=2 --set "train.resume=$work/ck.h5"
+  # Tampering that keeps the checksums consistent: a dataset removed together with its line.
+  cp "$work/ck.h5" "$work/tampered.h5"
+  $py - "$work/tampered.h5" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    g = f["/checkpoint/adam_v"]
+    name = sorted(g.keys())[0]
+    del g[name]
+    a = f["/checkpoint"].attrs["checksums"]
+    text = a.decode() if isinstance(a, bytes) else a
+    f["/checkpoint"].attrs["checksums"] = "\n".join(l for l in text.splitlines() if not l.startswith("/checkpoint/adam_v/" + name + " "))
+PY
+  expect 2 "^error: .*tampered.h5' is damaged: dataset /checkpoint/adam_v/.* that the resume reads is missing" \
+    resume --set "train.resume=$work/tampered.h5"
+  # A checkpoint written without the replica, resumed with it.
+  "${mpirun[@]}" -n 2 "$bin/train_hybrid" "${common[@]}" --set train.reference=false --set train.stop_after=2 \
+    --set "train.checkpoint=$work/noref.h5" --out "$work/noref_run.h5" > "$work/noref.log" 2>&1 \
+    || { echo "FAILED: the run without the replica"; cat "$work/noref.log"; exit 1; }
+  expect 2 "^error: .*train.resume: train.reference = true, but checkpoint .*noref.h5' holds no /checkpoint/loss_reference" \
+    resume --set "train.resume=$work/noref.h5"
   [ ! -e "$work/never.h5" ] || { echo "FAILED: a refused resume wrote a results file"; fail=1; }
   # Allowed: more steps, another rank count.
   expect 0 "RESULT train_hybrid PASS" "${mpirun[@]}" -n 1 "$bin/train_hybrid" "${common[@]}" --set train.steps=5 \
@@ -142,6 +168,11 @@ unwritable)
     "${mpirun[@]}" -n 2 "$bin/train_hybrid" --out /nonexistent/x.h5 && under 5
   expect 2 "^error: --out $work: is a directory" "${mpirun[@]}" -n 2 "$bin/train_hybrid" --out "$work" && under 5
   expect 2 "^error: --deck $work: deck file '$work' is a directory" "${mpirun[@]}" -n 2 "$bin/cp_mamba" --deck "$work"
+  expect 2 "^error: .*train.checkpoint = \"/nonexistent/ck.h5\": folder '/nonexistent' does not exist" \
+    "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set train.checkpoint_every=1 --set train.checkpoint=/nonexistent/ck.h5 \
+    --out "$work/never.h5" && under 5
+  expect 2 "^error: .*train.checkpoint = \"$work\": is a directory" \
+    "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set train.stop_after=1 --set "train.checkpoint=$work" --out "$work/never.h5"
   mkdir -p "$work/ro"
   if [ "$(id -u)" -eq 0 ]; then  # root writes through file modes: a read-only mount instead
     mount -t tmpfs -o ro,size=64k tmpfs "$work/ro" 2> /dev/null && trap 'umount "$work/ro"' EXIT || rmdir "$work/ro"
@@ -151,9 +182,45 @@ unwritable)
   if [ -d "$work/ro" ]; then
     expect 2 "^error: --out $work/ro/x.h5: folder '$work/ro' is not writable" \
       "${mpirun[@]}" -n 2 "$bin/cp_attention" --out "$work/ro/x.h5" && under 5
+    expect 2 "^error: .*train.checkpoint = \"$work/ro/ck.h5\": folder '$work/ro' is not writable" \
+      "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set train.checkpoint_every=2 --set "train.checkpoint=$work/ro/ck.h5" \
+      --out "$work/never.h5" && under 5
   else
     echo "read-only folder: not checked (no read-only mount as root here)"
   fi ;;
+nonfinite)
+  # Every float key of every driver, from its --help-deck; each value by --set, one per driver by
+  # a deck line. Single-process runs: the refusal comes from the deck, before MPI work.
+  cases=0
+  for drv in cp_attention cp_mamba cp_hybrid train_hybrid; do
+    keys=$("$bin/$drv" --help-deck 2>/dev/null | sed -n 's/^  \([a-z_.0-9]*\) (a number,.*/\1/p')
+    [ -n "$keys" ] || { echo "FAILED: $drv --help-deck lists no float key"; fail=1; continue; }
+    for k in $keys; do
+      for v in nan inf -inf; do
+        cases=$((cases + 1))
+        expect 2 "^error: --set $k=$v: key '$k' = -?(nan|inf).* must be a finite number" \
+          "$bin/$drv" --set "$k=$v" --out "$work/never.h5" > "$work/case.log" || cat "$work/case.log"
+      done
+    done
+    k=$(head -1 <<<"$keys")
+    printf '[%s]\n%s = nan\n' "${k%%.*}" "${k#*.}" > "$work/$drv.toml"
+    cases=$((cases + 1))
+    expect 2 "^error: $work/$drv.toml:2: key '$k' = nan must be a finite number" \
+      "$bin/$drv" --deck "$work/$drv.toml" --out "$work/never.h5"
+  done
+  echo "non-finite float settings refused: $cases cases"
+  nothing_left "$work" ;;
+deck)
+  expect 2 "^error: --deck /dev/zero: deck file '/dev/zero' is larger than 1 MiB" \
+    "${mpirun[@]}" -n 2 "$bin/cp_mamba" --deck /dev/zero --out "$work/never.h5" && under 5
+  printf '[run]\nrepeats = 1\0\0\n' > "$work/binary.toml"
+  expect 2 "^error: --deck $work/binary.toml: .* holds NUL bytes" \
+    "${mpirun[@]}" -n 2 "$bin/cp_mamba" --deck "$work/binary.toml" --out "$work/never.h5" && under 5
+  expect 2 "^error: --set attention.rope_theta=1e999: key 'attention.rope_theta' = 1e999 is outside the range of a double" \
+    "$bin/cp_hybrid" --set attention.rope_theta=1e999 --out "$work/never.h5"
+  expect 2 "^error: command line: --deck needs a value \(got '--set'\)" "$bin/cp_hybrid" --deck --set run.repeats=1
+  expect 2 "^error: command line: --deck needs a value \(it is the last word\)" "$bin/cp_hybrid" --deck
+  nothing_left "$work" ;;
 post)
   "${mpirun[@]}" -n 2 "$bin/cp_attention" --set run.repeats=1 --out "$work/good.h5" > "$work/good.log" 2>&1 \
     || { echo "FAILED: the run that makes a results file"; cat "$work/good.log"; exit 1; }
