@@ -113,6 +113,8 @@ MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy)
     // one result gathered in global order and its real rows, on every rank
     m.add("gathered results (check)", {Tp + T, H * D}, es);
   }
+  // run.check = cross: the first strategy's o, dq, dk, dv shards, kept while the others run
+  if (check_mode(d) == CheckMode::Cross) m.add("first strategy's results (cross check)", {tl, 2 * (H + Hkv) * D}, es);
   return m.with_slack();
 }
 
@@ -131,6 +133,10 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
     m.add("cp=1 reference results", {T, 2 * c.hidden}, es, Holder::Rank0Kept);
     m.add("cp=1 reference results", {P}, es, Holder::Rank0Kept);
     m.add("gathered results (check)", {Tp + T, c.hidden}, es);
+  }
+  if (check_mode(d) == CheckMode::Cross) {  // the first strategy's y, dh shards and gradients
+    m.add("first strategy's results (cross check)", {tl, 2 * c.hidden}, es);
+    m.add("first strategy's results (cross check)", {P}, es);
   }
   return m.with_slack();
 }
@@ -199,6 +205,10 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
     // the logits gradient gathered and its real rows; the whole experts' gradients gathered
     m.add("gathered results (check)", {Tp + T, h.vocab}, es);
     m.add("gathered results (check)", {P1}, es);
+  }
+  if (check_mode(d) == CheckMode::Cross) {  // the first strategy's block outputs, logits gradient, gradients
+    m.add("first strategy's results (cross check)", {tl, static_cast<std::int64_t>(h.pattern.size()) * h.hidden + h.vocab}, es);
+    m.add("first strategy's results (cross check)", {P}, es);
   }
   return m.with_slack();
 }

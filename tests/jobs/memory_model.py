@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The memory model (drivers/memory_model.cpp) against what the ranks hold. Each CP driver runs every
 strategy at np 1, 2, 3 and 4 with run.check = "off" (no cp=1 reference: every rank holds only its
-share) and prints, per case, the model's bytes of every rank beside each rank's measured tensor
+share), and two cases with run.check = "cross" (every rank also keeps the first strategy's shards
+while the others run), and prints, per case, the model's bytes of every rank beside each rank's measured tensor
 high-water (alive before the step + allocated in it): model / measured must lie in [1.0, 1.5] on every
 rank (an estimate below 1 admits runs that do not fit; far above 1 refuses runs that do). And the
 model must fall with cp: for every driver and strategy, model(np 4) < model(np 2) and model(np 4) <
@@ -23,6 +24,12 @@ runs = [
                                    "--set", "attention.head_dim=32", "--set", "data.dtype=fp32"]),
     ("cp_attention", "thd bf16", ["--set", "data.seq_lens=700, 300, 520", "--set", "attention.heads=12",
                                   "--set", "attention.head_dim=32", "--set", "data.dtype=bf16"]),
+    ("cp_attention", "bshd fp32 cross", ["--set", "data.format=bshd", "--set", "data.batch=1", "--set", "data.seqlen=1536",
+                                         "--set", "attention.heads=12", "--set", "attention.kv_heads=2",
+                                         "--set", "attention.head_dim=32", "--set", "data.dtype=fp32", "--set", "run.check=cross"]),
+    ("cp_mamba", "bshd fp32 cross", ["--set", "data.format=bshd", "--set", "data.batch=1", "--set", "data.seqlen=2400",
+                                     "--set", "mamba.heads=12", "--set", "data.dtype=fp32", "--set", "parallel.mamba_cp=both",
+                                     "--set", "run.check=cross"]),
     ("cp_mamba", "bshd fp64", ["--set", "data.format=bshd", "--set", "data.batch=1", "--set", "data.seqlen=2400",
                                "--set", "mamba.heads=12"]),
     ("cp_mamba", "thd fp32 groups 4", ["--set", "data.seq_lens=900, 1000", "--set", "mamba.heads=12",
