@@ -26,7 +26,8 @@
       the same run: our time, anchor time, ratio (anchor time / ours: >= 1 means at least as fast),
       TFLOP/s or GB/s, and the fraction of the copy ceiling for memory-bound kernels
 Exit 2, with one error line, on a file that cannot be read, is unfinished (<out>.tmp-<pid>) or is
-damaged (groups or attributes missing).
+damaged: every command first checks each file's /checksums (every numeric dataset and /summary
+attribute, recorded by the run when the file was complete), then groups and attributes it needs.
 """
 import argparse
 import os
@@ -34,6 +35,51 @@ import sys
 
 import h5py
 import numpy as np
+
+
+class Damaged(Exception):
+    """A results file whose contents differ from its /checksums manifest."""
+
+
+def _mix64(x):
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic), as the writer's mix64."""
+    x = x + np.uint64(0x9e3779b97f4a7c15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xbf58476d1ce4e5b9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94d049bb133111eb)
+    return x ^ (x >> np.uint64(31))
+
+
+def _checksum(values):
+    v = np.ascontiguousarray(np.asarray(values, dtype=np.float64).ravel())
+    with np.errstate(over="ignore"):
+        keyed = v.view(np.uint64) ^ _mix64(np.arange(v.size, dtype=np.uint64))
+        return f"{int(_mix64(keyed).sum(dtype=np.uint64)):016x}"
+
+
+def verify(path):
+    """Raises Damaged unless every numeric dataset and every numeric /summary attribute of the file
+    matches its line in /checksums (written by the run when the file was complete)."""
+    with h5py.File(path, "r") as f:
+        if "checksums" not in f:
+            raise Damaged("it has no /checksums (not written by this version of the drivers, or damaged)")
+        listed = {}
+        for line in bytes(np.asarray(f["checksums"][()], dtype=np.uint8)).decode(errors="replace").split("\n"):
+            if line.strip():
+                name, _, value = line.rpartition(" ")
+                listed[name] = value
+        present = []
+        f.visititems(lambda n, o: present.append("/" + n) if isinstance(o, h5py.Dataset) and n != "checksums"
+                     and o.dtype.kind in "fiu" else None)
+        for name in present:
+            if name not in listed:
+                raise Damaged(f"dataset {name} is not in its /checksums")
+        for name, want in listed.items():
+            obj, _, attr = name.partition("@")
+            if obj not in f or (attr and attr not in f[obj].attrs):
+                raise Damaged(f"{name} listed in /checksums is missing")
+            got = _checksum(f[obj].attrs[attr] if attr else f[obj][()])
+            if got != want:
+                raise Damaged(f"{'attribute' if attr else 'dataset'} {name} fails its checksum ({got} != {want})")
 
 
 def _datasets(f, prefixes):
@@ -427,9 +473,12 @@ def cmd_study(a):
     files = [os.path.join(a.dir, n) for n in names]
     for path in files:
         try:
-            h5py.File(path, "r").close()
+            verify(path)
         except OSError as e:
             print(f"error: cannot read HDF5 file '{path}': {e}", file=sys.stderr)
+            return 2
+        except Damaged as e:
+            print(f"error: '{path}' is damaged: {e}", file=sys.stderr)
             return 2
     title = a.title or os.path.basename(os.path.normpath(a.dir))
     print(f"# study {a.dir}: {len(files)} files" + (f" ({len(unfinished)} unfinished, left out)" if unfinished else ""))
@@ -466,7 +515,7 @@ def cmd_loss(a):
     with h5py.File(a.file, "r") as f:
         if "train/loss" not in f:
             print(f"error: {a.file} has no /train/loss (not a train_hybrid file)", file=sys.stderr)
-            return 1
+            return 2
         loss = np.asarray(f["train/loss"][()])
         ref = np.asarray(f["train/loss_reference"][()]) if "train/loss_reference" in f else None
     other = None
@@ -623,12 +672,20 @@ def main(argv=None):
                   "it when complete)", file=sys.stderr)
             return 2
         try:
-            h5py.File(path, "r").close()
+            verify(path)
         except OSError as e:
             print(f"error: cannot read HDF5 file '{path}': {e}", file=sys.stderr)
             return 2
+        except Damaged as e:
+            print(f"error: '{path}' is damaged: {e}", file=sys.stderr)
+            return 2
     try:
         return a.fn(a)
+    except BrokenPipeError:
+        # The reader of stdout went away (e.g. `| head`): not a damaged file. Quiet, and no second
+        # error when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (KeyError, OSError, ValueError, TypeError, IndexError) as e:
         # A file that opens but whose groups or attributes are not what a driver writes: one line, exit 2
         # (exit 1 means "compared, and a check failed").

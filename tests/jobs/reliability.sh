@@ -19,7 +19,8 @@
 #               by --set and by a deck line: exit 2 naming the key and "finite", before any work
 #   deck        --deck /dev/zero, a binary deck, a float beyond a double, --deck without a value:
 #               exit 2 in < 5 s with the input named
-#   post        hcp_post.py on damaged and unfinished files: one error line, exit 2, no traceback
+#   post        hcp_post.py on damaged and unfinished files (an attribute removed, a pass flipped, one
+#               byte of data flipped: every command checks /checksums): one error line, exit 2
 # BINDIR holds the drivers. Prints "RESULT reliability CLASS PASS" when every assertion holds.
 set -uo pipefail
 class="$1"; work="$2"; bin="$3"; shift 3
@@ -154,7 +155,10 @@ sigterm)
   wait $job; rc=$?
   echo "SIGTERM: mpirun exit $rc"
   [ "$rc" -ne 0 ] || { echo "FAILED: a terminated run exited 0"; fail=1; }
-  nothing_left "$work" ;;
+  nothing_left "$work"
+  # The race: SIGTERM to one rank the moment the file appears (rank 0 may still be inside the
+  # collective create), 30 tries.
+  $py "$here/sigterm_race.py" "$work" "$bin/cp_attention" 30 "${mpirun[@]}" || fail=1 ;;
 fulldisk)
   [ "$(id -u)" -eq 0 ] || { echo "SKIP: mounting a small tmpfs needs root"; exit 77; }
   mkdir -p "$work/full"
@@ -232,7 +236,47 @@ with h5py.File(sys.argv[1], "r+") as f:
     f["summary"].visititems(lambda n, o: names.append(n) if "max_rel" in o.attrs else None)
     del f["summary"][names[0]].attrs["max_rel"]
 PY
-  expect 2 "^error: summary: a results file is damaged" $py "$post" summary "$work/damaged.h5"
+  expect 2 "^error: '.*damaged.h5' is damaged: /summary/.*@max_rel listed in /checksums is missing" \
+    $py "$post" summary "$work/damaged.h5"
+  # A pass attribute turned to a fail, and one flipped byte in a dataset's data: damaged, for every
+  # command that reads results files (not a failed run, not a silent wrong figure).
+  cp "$work/good.h5" "$work/flipped_pass.h5"
+  cp "$work/good.h5" "$work/flipped_byte.h5"
+  $py - "$work/flipped_pass.h5" "$work/flipped_byte.h5" <<'PY'
+import sys, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    names = []
+    f["summary"].visititems(lambda n, o: names.append(n) if "pass" in o.attrs else None)
+    f["summary"][names[0]].attrs["pass"] = 0.0
+with h5py.File(sys.argv[2], "r") as f:
+    names = []
+    f["timings"].visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    offset = f["timings"][names[0]].id.get_offset()
+with open(sys.argv[2], "r+b") as raw:
+    raw.seek(offset + 6)
+    b = raw.read(1)
+    raw.seek(offset + 6)
+    raw.write(bytes([b[0] ^ 0x10]))
+PY
+  for cmd in summary table scale "plot-scaling --out $work/s.png" "plot-errors --out $work/e.png"; do
+    # shellcheck disable=SC2086
+    expect 2 "^error: '.*flipped_pass.h5' is damaged: attribute /summary/.*@pass fails its checksum" \
+      $py "$post" $cmd "$work/flipped_pass.h5"
+    # shellcheck disable=SC2086
+    expect 2 "^error: '.*flipped_byte.h5' is damaged: dataset /timings/.* fails its checksum" \
+      $py "$post" $cmd "$work/flipped_byte.h5"
+  done
+  expect 2 "^error: '.*flipped_byte.h5' is damaged" $py "$post" compare "$work/good.h5" "$work/flipped_byte.h5"
+  mkdir -p "$work/study" && cp "$work/flipped_byte.h5" "$work/study/"
+  expect 2 "^error: '.*flipped_byte.h5' is damaged" $py "$post" study "$work/study"
+  expect 0 "RESULT summary PASS" $py "$post" summary "$work/good.h5"
+  # A reader that goes away (| head) is not a damaged file: exit 0, nothing on stderr.
+  many=(); for _ in $(seq 1 200); do many+=("$work/good.h5"); done
+  $py "$post" summary "${many[@]}" 2> "$work/pipe.err" | head -1 > /dev/null
+  rc=${PIPESTATUS[0]}
+  echo "summary | head -1: exit $rc, stderr: $(head -c 200 "$work/pipe.err")"
+  [ "$rc" -eq 0 ] && [ ! -s "$work/pipe.err" ] || { echo "FAILED: a closed pipe was reported"; fail=1; }
+  expect 2 "^error: .*has no /train/loss" $py "$post" loss --out "$work/l.png" "$work/good.h5"
   cp "$work/good.h5" "$work/run.h5.tmp-1234"
   expect 2 "^error: .*is an unfinished results file" $py "$post" summary "$work/run.h5.tmp-1234"
   head -c 3000 "$work/good.h5" > "$work/truncated.h5"
