@@ -1,5 +1,5 @@
 # Sourced by the scripts/gpu_*.sh: gpu_build LOGDIR [TARGET ...] configures $build (Release, CUDA on,
-# no Google Benchmark; HCP_CMAKE_ARGS added) and builds the targets (all without any) with
+# HCP_CMAKE_ARGS added) and builds the targets (all without any) with
 # HCP_JOBS jobs (default: every core), logs in LOGDIR/{configure,build}.log; on a failure it prints
 # the log's tail and exits 1.
 gpu_build() {
@@ -8,7 +8,7 @@ gpu_build() {
   local targets=()
   [ $# -gt 0 ] && targets=(--target "$@")
   # shellcheck disable=SC2086
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON -DHCP_BUILD_BENCHMARKS=OFF ${HCP_CMAKE_ARGS:-} \
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DHCP_WITH_CUDA=ON ${HCP_CMAKE_ARGS:-} \
     > "$logs/configure.log" 2>&1 || { tail -30 "$logs/configure.log"; exit 1; }
   cmake --build "$build" -j "${HCP_JOBS:-$(nproc)}" "${targets[@]}" > "$logs/build.log" 2>&1 \
     || { tail -40 "$logs/build.log"; exit 1; }
