@@ -201,11 +201,7 @@ std::uint64_t dataset_sum(hid_t f, const std::string& path, const std::string& f
     }
     if (n > 0) HCP_H5_WRITE(H5Dread(ds, H5T_NATIVE_DOUBLE, ms, fs, H5P_DEFAULT, buf.data()), file, "dataset " + path);
     H5Sclose(ms);
-    for (hsize_t i = 0; i < n; ++i) {
-      std::uint64_t b = 0;
-      std::memcpy(&b, &buf[static_cast<std::size_t>(i)], sizeof b);
-      acc += mix64(b ^ mix64(static_cast<std::uint64_t>(r0 * row_len + i)));
-    }
+    acc += checksum_values(buf.data(), buf.size(), static_cast<std::uint64_t>(r0 * row_len));
   }
   H5Sclose(fs);
   H5Dclose(ds);
@@ -227,13 +223,7 @@ extern "C" herr_t seal_attr(hid_t obj, const char* name, const H5A_info_t*, void
       H5Aclose(a);
       return -1;
     }
-    std::uint64_t acc = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      std::uint64_t b = 0;
-      std::memcpy(&b, &v[i], sizeof b);
-      acc += mix64(b ^ mix64(static_cast<std::uint64_t>(i)));
-    }
-    out->emplace_back(name, acc);
+    out->emplace_back(name, checksum_values(v.data(), n, 0));
   }
   H5Tclose(t);
   H5Aclose(a);

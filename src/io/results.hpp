@@ -119,6 +119,8 @@ class ResultsWriter {
 // of its parts' checksum_part(part, index of the part's first element).
 std::string checksum(const Tensor& t);
 std::uint64_t checksum_part(const Tensor& t, std::int64_t first_element);
+// The same sum over n values as doubles, the first keyed by index `first`.
+std::uint64_t checksum_values(const double* v, std::size_t n, std::uint64_t first);
 std::string checksum_hex(std::uint64_t v);
 
 // Reading back (single process): datasets as double tensors, string/double attributes.

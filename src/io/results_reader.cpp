@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "io/results.hpp"
 
@@ -11,16 +12,21 @@ namespace {
 hid_t h5_type(DType dt) { return dt == DType::F64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT; }
 }  // namespace
 
-std::uint64_t checksum_part(const Tensor& t, std::int64_t first) {
-  const Tensor h = t.space() == Space::Cuda ? t.to(Space::Host) : t;
+std::uint64_t checksum_values(const double* v, std::size_t n, std::uint64_t first) {
   std::uint64_t acc = 0;
-  for (std::int64_t i = 0; i < h.numel(); ++i) {
-    const double v = h.get(i);
+  for (std::size_t i = 0; i < n; ++i) {
     std::uint64_t b = 0;
-    std::memcpy(&b, &v, sizeof b);
-    acc += mix64(b ^ mix64(static_cast<std::uint64_t>(first + i)));  // each value keyed by its index
+    std::memcpy(&b, &v[i], sizeof b);
+    acc += mix64(b ^ mix64(first + i));  // each value keyed by its index
   }
   return acc;
+}
+
+std::uint64_t checksum_part(const Tensor& t, std::int64_t first) {
+  const Tensor h = t.space() == Space::Cuda ? t.to(Space::Host) : t;
+  std::vector<double> v(static_cast<std::size_t>(h.numel()));
+  for (std::int64_t i = 0; i < h.numel(); ++i) v[static_cast<std::size_t>(i)] = h.get(i);
+  return checksum_values(v.data(), v.size(), static_cast<std::uint64_t>(first));
 }
 
 std::string checksum_hex(std::uint64_t v) {
