@@ -82,6 +82,19 @@ def verify(path):
                 raise Damaged(f"{'attribute' if attr else 'dataset'} {name} fails its checksum ({got} != {want})")
 
 
+def _unusable(path):
+    """Why a results file cannot be used (unfinished, unreadable, damaged), or None."""
+    if ".tmp-" in path.rsplit("/", 1)[-1]:
+        return f"'{path}' is an unfinished results file (a run writes <out>.tmp-<pid> and renames it when complete)"
+    try:
+        verify(path)
+    except OSError as e:
+        return f"cannot read HDF5 file '{path}': {e}"
+    except Damaged as e:
+        return f"'{path}' is damaged: {e}"
+    return None
+
+
 def _datasets(f, prefixes):
     out = {}
 
@@ -472,13 +485,9 @@ def cmd_study(a):
         return 2
     files = [os.path.join(a.dir, n) for n in names]
     for path in files:
-        try:
-            verify(path)
-        except OSError as e:
-            print(f"error: cannot read HDF5 file '{path}': {e}", file=sys.stderr)
-            return 2
-        except Damaged as e:
-            print(f"error: '{path}' is damaged: {e}", file=sys.stderr)
+        why = _unusable(path)
+        if why:
+            print(f"error: {why}", file=sys.stderr)
             return 2
     title = a.title or os.path.basename(os.path.normpath(a.dir))
     print(f"# study {a.dir}: {len(files)} files" + (f" ({len(unfinished)} unfinished, left out)" if unfinished else ""))
@@ -667,17 +676,9 @@ def main(argv=None):
     pa.set_defaults(fn=cmd_anchors)
     a = p.parse_args(argv)
     for path in [getattr(a, k) for k in ("a", "b", "file") if hasattr(a, k)] + list(getattr(a, "files", [])):
-        if ".tmp-" in path.rsplit("/", 1)[-1]:
-            print(f"error: '{path}' is an unfinished results file (a run writes <out>.tmp-<pid> and renames "
-                  "it when complete)", file=sys.stderr)
-            return 2
-        try:
-            verify(path)
-        except OSError as e:
-            print(f"error: cannot read HDF5 file '{path}': {e}", file=sys.stderr)
-            return 2
-        except Damaged as e:
-            print(f"error: '{path}' is damaged: {e}", file=sys.stderr)
+        why = _unusable(path)
+        if why:
+            print(f"error: {why}", file=sys.stderr)
             return 2
     try:
         return a.fn(a)
