@@ -82,4 +82,14 @@ std::vector<std::string> Study::cases(const Cases& c, std::vector<std::pair<std:
                   skipped);
 }
 
+std::vector<std::string> case_tensors(const Cases& c,
+                                      const std::vector<std::pair<std::string, std::vector<std::string>>>& groups) {
+  std::vector<std::string> cases = c.all, out;
+  cases.push_back("reference");
+  for (const auto& cs : cases)
+    for (const auto& [group, names] : groups)
+      for (const auto& n : names) out.push_back("/" + group + "/" + cs + "/" + n);
+  return out;
+}
+
 }  // namespace hcp::drivers

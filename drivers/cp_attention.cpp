@@ -171,6 +171,9 @@ int main(int argc, char** argv) {
                         kBuiltinDeck,
                         "cp_attention.h5",
                         [](DriverContext& c) { drivers::validate_cases(c, cases()); },
-                        run};
+                        run,
+                        [](const Deck&) {
+                          return drivers::case_tensors(cases(), {{"activations", {"out"}}, {"gradients", {"dq", "dk", "dv"}}});
+                        }};
   return run_driver(argc, argv, spec);
 }

@@ -211,6 +211,13 @@ int main(int argc, char** argv) {
                         kDeck,
                         "cp_hybrid.h5",
                         [](DriverContext& c) { drivers::validate_cases(c, cases()); },
-                        run};
+                        run,
+                        [](const Deck& d) {
+                          const model::HybridConfig h = drivers::hybrid_config(d, cp::AttnStrategy::P2P);
+                          std::vector<std::string> blocks, grads = model::hybrid_param_names(h);
+                          for (std::size_t i = 0; i < h.pattern.size(); ++i) blocks.push_back("block_" + std::to_string(i));
+                          grads.push_back("logits");
+                          return drivers::case_tensors(cases(), {{"activations", blocks}, {"gradients", grads}});
+                        }};
   return run_driver(argc, argv, spec);
 }

@@ -200,6 +200,12 @@ int main(int argc, char** argv) {
                         kDeck,
                         "cp_mamba.h5",
                         [](DriverContext& c) { drivers::validate_cases(c, cases()); },
-                        run};
+                        run,
+                        [](const Deck& d) {
+                          std::vector<std::string> grads{"input"};
+                          for (const auto& p : model::mamba2_params(drivers::mamba_from_deck(d, d.get_int("mamba.hidden"))))
+                            grads.push_back(p.name);
+                          return drivers::case_tensors(cases(), {{"activations", {"out"}}, {"gradients", grads}});
+                        }};
   return run_driver(argc, argv, spec);
 }

@@ -37,6 +37,9 @@ struct DriverSpec {
   std::string default_out;    // default --out ("" = no file)
   std::function<void(DriverContext&)> validate;  // optional, collective error agreement
   std::function<void(DriverContext&)> run;
+  // The /activations and /gradients datasets a run of this deck writes, for run.save's check (a
+  // tensor name in run.save must name one of them); absent: no check.
+  std::function<std::vector<std::string>(const Deck&)> result_tensors;
 };
 
 // A file can be created at `path` (its folder exists and is writable, it is not a folder): checked

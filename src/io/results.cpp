@@ -354,6 +354,13 @@ void ResultsWriter::attribute(const std::string& path, const std::string& name, 
   bcast(v);
   if (!writes()) return;
   open();
+  // A group run.save left out has no object to carry the attribute: nothing to write. Each link
+  // is looked up in turn (H5Oexists_by_name fails on a missing intermediate group).
+  for (std::size_t end = path.find('/', 1);; end = path.find('/', end + 1)) {
+    const std::string part = path.substr(0, end);
+    if (part.size() > 1 && H5Lexists(file_, part.c_str(), H5P_DEFAULT) <= 0) return;
+    if (end == std::string::npos) break;
+  }
   hid_t o = HCP_H5_CHECK(H5Oopen(file_, path.c_str(), H5P_DEFAULT));
   string_attr(o, name, v);
   H5Oclose(o);

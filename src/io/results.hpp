@@ -47,6 +47,9 @@ class SaveSet {
   explicit SaveSet(const std::string& list);  // throws hcp::Error naming a malformed item
   bool keeps(const std::string& path, std::int64_t numel) const;
   bool keeps_class(const std::string& cls) const;
+  // The first tensor-name item that names none of `tensors` (the dataset paths a run writes under
+  // /activations and /gradients), or "" when every item names something.
+  std::string unmatched(const std::vector<std::string>& tensors) const;
   const std::string& text() const { return text_; }
 
  private:

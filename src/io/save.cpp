@@ -62,6 +62,15 @@ bool SaveSet::keeps_class(const std::string& cls) const {
   return false;
 }
 
+namespace {
+// A tensor-name item names `path`: a path below the root, or the path's last components.
+bool names(const std::string& item, const std::string& path) {
+  const std::string slash = "/" + item;
+  if (path == slash || path.rfind(slash + "/", 0) == 0) return true;
+  return path.size() > slash.size() && path.compare(path.size() - slash.size(), slash.size(), slash) == 0;
+}
+}  // namespace
+
 bool SaveSet::keeps(const std::string& path, std::int64_t numel) const {
   const std::string cls = class_of(path);
   if (!is_class(cls)) return true;
@@ -69,12 +78,20 @@ bool SaveSet::keeps(const std::string& path, std::int64_t numel) const {
     if (it == "all" || it == cls) return true;
     if (it == "auto" && numel <= kAutoMaxElements) return true;
     if (it == "auto" || is_class(it)) continue;
-    const std::string slash = "/" + it;
-    if (path == slash || path.rfind(slash + "/", 0) == 0) return true;  // a path below the root
-    if (path.size() > slash.size() && path.compare(path.size() - slash.size(), slash.size(), slash) == 0)
-      return true;  // a last component (or a path ending the dataset's)
+    if (names(it, path)) return true;
   }
   return false;
+}
+
+std::string SaveSet::unmatched(const std::vector<std::string>& tensors) const {
+  for (const auto& it : items_) {
+    if (it == "all" || it == "auto" || is_class(it)) continue;
+    const std::string first = it.substr(0, it.find('/'));
+    // Below /timings, /comm, /memory, /summary: names a run makes as it goes (phases, ops).
+    if (it.find('/') != std::string::npos && is_class(first) && first != "activations" && first != "gradients") continue;
+    if (std::none_of(tensors.begin(), tensors.end(), [&](const std::string& p) { return names(it, p); })) return it;
+  }
+  return "";
 }
 
 }  // namespace hcp

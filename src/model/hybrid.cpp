@@ -84,6 +84,22 @@ ParamCount param_count(const HybridConfig& cin, int ep) {
   return n;
 }
 
+std::vector<std::string> hybrid_param_names(const HybridConfig& cin) {
+  HybridConfig c = cin;
+  c.finalize();
+  std::vector<std::string> n{"embed", "lm_head", "final_norm"};
+  for (std::size_t i = 0; i < c.pattern.size(); ++i) {
+    const std::string pre = block_prefix(i);
+    const std::vector<ParamSpec> specs = c.pattern[i] == 'M'   ? mamba2_params(c.mamba)
+                                         : c.pattern[i] == '*' ? attention_params(c.attn)
+                                         : c.pattern[i] == 'E' ? moe_params(c.moe)
+                                                               : mlp_params(c.mlp);
+    for (const ParamSpec& s : specs) n.push_back(pre + s.name);
+    n.push_back(pre + "norm");
+  }
+  return n;
+}
+
 ParamMap hybrid_init(const HybridConfig& cin, DType dt, std::uint64_t seed, const ExpertGroups* groups) {
   HybridConfig c = cin;
   c.finalize();

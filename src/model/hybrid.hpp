@@ -64,6 +64,8 @@ using ShardMap = std::map<std::string, Shard>;  // only the split parameters, by
 // the mixer's parameters as "L<i>.<name>". With `groups`, the routed experts' W1 / W2 are this
 // rank's rows only (bit for bit the rows of the whole init); without, whole.
 ParamMap hybrid_init(const HybridConfig& c, DType dt, std::uint64_t seed, const ExpertGroups* groups = nullptr);
+// The names hybrid_init gives, without making any tensor.
+std::vector<std::string> hybrid_param_names(const HybridConfig& c);
 // The parameters `groups` splits, and this rank's part of each.
 ShardMap expert_shards(const HybridConfig& c, const ExpertGroups& groups);
 // Elements of the parameters one rank holds: all of them, and of those the routed experts'.

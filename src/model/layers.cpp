@@ -33,6 +33,18 @@ void init_param_rows(ParamMap& p, const std::string& name, const Shape& whole, R
   p[name] = t;
 }
 
+ParamMap init_params(const std::vector<ParamSpec>& specs, DType dt, std::uint64_t seed, RowRange experts) {
+  ParamMap p;
+  for (const ParamSpec& sp : specs) {
+    const std::string& drawn = sp.seed_name.empty() ? sp.name : sp.seed_name;
+    ParamMap one;
+    if (sp.expert_rows) init_param_rows(one, drawn, sp.shape, experts, dt, seed + sp.seed_offset, sp.lo, sp.hi);
+    else init_param(one, drawn, sp.shape, dt, seed + sp.seed_offset, sp.lo, sp.hi);
+    p[sp.name] = one.at(drawn);
+  }
+  return p;
+}
+
 void reduce_grad(Communicator& c, Tensor& g) {
   if (c.size() == 1) return;  // one rank: the sum is the gradient itself
   if (g.dtype() != DType::BF16) {
@@ -52,14 +64,15 @@ void all_reduce_grads(Communicator& c, ParamMap& g) {
 }  // namespace
 
 // ================================ attention ======================================================
-ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed) {
-  ParamMap p;
+std::vector<ParamSpec> attention_params(const AttnLayerConfig& c) {
   const double a = inv_sqrt(c.hidden), o = inv_sqrt(c.heads * c.head_dim);
-  init_param(p, "Wq", {c.heads * c.head_dim, c.hidden}, dt, seed, -a, a);
-  init_param(p, "Wk", {c.kv_heads * c.head_dim, c.hidden}, dt, seed, -a, a);
-  init_param(p, "Wv", {c.kv_heads * c.head_dim, c.hidden}, dt, seed, -a, a);
-  init_param(p, "Wo", {c.hidden, c.heads * c.head_dim}, dt, seed, -o, o);
-  return p;
+  return {{"Wq", {c.heads * c.head_dim, c.hidden}, -a, a},
+          {"Wk", {c.kv_heads * c.head_dim, c.hidden}, -a, a},
+          {"Wv", {c.kv_heads * c.head_dim, c.hidden}, -a, a},
+          {"Wo", {c.hidden, c.heads * c.head_dim}, -o, o}};
+}
+ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed) {
+  return init_params(attention_params(c), dt, seed);
 }
 
 namespace {
@@ -136,13 +149,12 @@ void AttentionLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, con
 }
 
 // ================================ dense MLP ======================================================
-ParamMap mlp_init(const MlpConfig& c, DType dt, std::uint64_t seed) {
-  ParamMap p;
+std::vector<ParamSpec> mlp_params(const MlpConfig& c) {
   const std::int64_t F1 = c.act == k::Activation::SwiGLU ? 2 * c.ffn : c.ffn;
-  init_param(p, "W1", {F1, c.hidden}, dt, seed, -inv_sqrt(c.hidden), inv_sqrt(c.hidden));
-  init_param(p, "W2", {c.hidden, c.ffn}, dt, seed, -inv_sqrt(c.ffn), inv_sqrt(c.ffn));
-  return p;
+  return {{"W1", {F1, c.hidden}, -inv_sqrt(c.hidden), inv_sqrt(c.hidden)},
+          {"W2", {c.hidden, c.ffn}, -inv_sqrt(c.ffn), inv_sqrt(c.ffn)}};
 }
+ParamMap mlp_init(const MlpConfig& c, DType dt, std::uint64_t seed) { return init_params(mlp_params(c), dt, seed); }
 
 // A dense MLP is the grouped expert MLP with one expert holding every row.
 void MlpLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
@@ -184,19 +196,24 @@ k::RouterParams MoeConfig::router() const {
 
 bool is_expert_weight(const std::string& n) { return n == "W1" || n == "W2"; }
 
-ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed, RowRange experts) {
-  ParamMap p;
+std::vector<ParamSpec> moe_params(const MoeConfig& c) {
   const std::int64_t F1 = c.act == k::Activation::SwiGLU ? 2 * c.ffn : c.ffn;
   const double a = inv_sqrt(c.hidden), f = inv_sqrt(c.ffn);
-  init_param(p, "router", {c.experts, c.hidden}, dt, seed, -a, a);
-  init_param(p, "e_bias", {c.experts}, dt, seed, -0.05, 0.05);
-  init_param_rows(p, "W1", {c.experts, F1, c.hidden}, experts, dt, seed, -a, a);
-  init_param_rows(p, "W2", {c.experts, c.hidden, c.ffn}, experts, dt, seed, -f, f);
-  if (c.shared_ffn > 0) {
-    MlpConfig s{c.hidden, c.shared_ffn, c.act};
-    for (auto& [n, t] : mlp_init(s, dt, seed + 17)) p["shared_" + n] = t;
-  }
-  return p;
+  std::vector<ParamSpec> s{{"router", {c.experts, c.hidden}, -a, a},
+                           {"e_bias", {c.experts}, -0.05, 0.05},
+                           {"W1", {c.experts, F1, c.hidden}, -a, a, 0, true},
+                           {"W2", {c.experts, c.hidden, c.ffn}, -f, f, 0, true}};
+  if (c.shared_ffn > 0)
+    for (ParamSpec m : mlp_params(MlpConfig{c.hidden, c.shared_ffn, c.act})) {
+      m.seed_name = m.name;  // drawn as the shared MLP's own W1 / W2
+      m.name = "shared_" + m.name;
+      m.seed_offset = 17;
+      s.push_back(m);
+    }
+  return s;
+}
+ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed, RowRange experts) {
+  return init_params(moe_params(c), dt, seed, experts);
 }
 
 MoeLayer::MoeLayer(Communicator& ep, Communicator& replicas, Communicator& grad, MoeConfig cfg)

@@ -24,10 +24,6 @@ namespace hcp::model {
 
 // Uniform(-a, a) parameters with a per-name seed (shared by every layer's init).
 void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo, double hi);
-// Rows [first, first + rows) of dim 0 of a parameter of shape `whole` (rows < 0: all of them).
-struct RowRange {
-  std::int64_t first = 0, rows = -1;
-};
 // The rows `r` of what init_param(whole) makes, bit for bit, without making the rest.
 void init_param_rows(ParamMap& p, const std::string& name, const Shape& whole, RowRange r, DType dt, std::uint64_t seed,
                      double lo, double hi);
@@ -42,7 +38,8 @@ struct AttnLayerConfig {
   double rope_theta = 0;  // 0: no positional embedding (NemotronH/V3)
   cp::AttnStrategy strategy = cp::AttnStrategy::P2P;
 };
-ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed);  // Wq, Wk, Wv, Wo
+std::vector<ParamSpec> attention_params(const AttnLayerConfig& c);  // Wq, Wk, Wv, Wo
+ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed);
 
 class AttentionLayer {
  public:
@@ -64,7 +61,8 @@ struct MlpConfig {
   std::int64_t hidden = 64, ffn = 128;
   kernels::Activation act = kernels::Activation::SquaredReLU;
 };
-ParamMap mlp_init(const MlpConfig& c, DType dt, std::uint64_t seed);  // W1 [F1,C], W2 [C,F]
+std::vector<ParamSpec> mlp_params(const MlpConfig& c);  // W1 [F1,C], W2 [C,F]
+ParamMap mlp_init(const MlpConfig& c, DType dt, std::uint64_t seed);
 
 class MlpLayer {
  public:
@@ -88,6 +86,7 @@ struct MoeConfig {
 // router [E,C], e_bias [E] (selection-only correction bias: a buffer, its gradient is zero),
 // W1 [E,F1,C], W2 [E,C,F], and shared_W1 [F1s,C], shared_W2 [C,Fs] when shared_ffn > 0.
 // `experts`: the experts a rank holds (W1, W2 get rows [first, first + rows) of the E axis).
+std::vector<ParamSpec> moe_params(const MoeConfig& c);
 ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed, RowRange experts = {});
 // The names of the expert weights (split over EP ranks along their first axis).
 bool is_expert_weight(const std::string& moe_param_name);

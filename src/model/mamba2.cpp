@@ -10,20 +10,19 @@
 namespace hcp::model {
 namespace k = hcp::kernels;
 
-ParamMap mamba2_init(const Mamba2Config& c, DType dt, std::uint64_t seed) {
-  ParamMap p;
-  auto mk = [&](const std::string& n, const Shape& s, double lo, double hi) { init_param(p, n, s, dt, seed, lo, hi); };
+std::vector<ParamSpec> mamba2_params(const Mamba2Config& c) {
   const double si = 1.0 / std::sqrt(static_cast<double>(c.hidden)), so = 1.0 / std::sqrt(static_cast<double>(c.d_inner()));
-  mk("in_proj", {c.d_in_proj(), c.hidden}, -si, si);
-  mk("conv_w", {c.conv_dim(), c.conv}, -0.5, 0.5);
-  mk("conv_b", {c.conv_dim()}, -0.1, 0.1);
-  mk("A_log", {c.heads}, 0.0, 1.0);
-  mk("D", {c.heads}, 0.5, 1.5);
-  mk("dt_bias", {c.heads}, -1.0, 0.0);
-  mk("norm_w", {c.d_inner()}, 0.8, 1.2);
-  mk("out_proj", {c.hidden, c.d_inner()}, -so, so);
-  return p;
+  return {{"in_proj", {c.d_in_proj(), c.hidden}, -si, si},
+          {"conv_w", {c.conv_dim(), c.conv}, -0.5, 0.5},
+          {"conv_b", {c.conv_dim()}, -0.1, 0.1},
+          {"A_log", {c.heads}, 0.0, 1.0},
+          {"D", {c.heads}, 0.5, 1.5},
+          {"dt_bias", {c.heads}, -1.0, 0.0},
+          {"norm_w", {c.d_inner()}, 0.8, 1.2},
+          {"out_proj", {c.hidden, c.d_inner()}, -so, so}};
 }
+
+ParamMap mamba2_init(const Mamba2Config& c, DType dt, std::uint64_t seed) { return init_params(mamba2_params(c), dt, seed); }
 
 ParamMap zeros_like(const ParamMap& p) {
   ParamMap g;

@@ -11,6 +11,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "core/phase_times.hpp"
@@ -38,6 +40,24 @@ struct Mamba2Config {
 // in_proj [d_in_proj, hidden], conv_w [conv_dim, conv], conv_b [conv_dim], A_log [H], D [H],
 // dt_bias [H], norm_w [d_inner], out_proj [hidden, d_inner].
 using ParamMap = std::map<std::string, Tensor>;
+// One parameter of a layer: name, shape and the uniform range of its initial values. A layer's list
+// is the one source of its parameters' names (initialisation, checkpoints, run.save's check).
+struct ParamSpec {
+  ParamSpec(std::string n, Shape s, double l, double h, std::uint64_t off = 0, bool rows = false)
+      : name(std::move(n)), shape(std::move(s)), lo(l), hi(h), seed_offset(off), expert_rows(rows) {}
+  std::string name;
+  Shape shape;
+  double lo = 0, hi = 0;
+  std::uint64_t seed_offset = 0;  // added to the layer's seed
+  bool expert_rows = false;       // dim 0 is the expert: a rank makes only its experts' rows
+  std::string seed_name;          // the name its values are drawn under ("": `name`)
+};
+struct RowRange {  // rows [first, first + rows) of dim 0 (rows < 0: all of them)
+  std::int64_t first = 0, rows = -1;
+};
+// The parameters of `specs` (expert_rows ones: only the rows `experts`), each as init_param makes it.
+ParamMap init_params(const std::vector<ParamSpec>& specs, DType dt, std::uint64_t seed, RowRange experts = {});
+std::vector<ParamSpec> mamba2_params(const Mamba2Config& c);
 ParamMap mamba2_init(const Mamba2Config& c, DType dt, std::uint64_t seed);
 ParamMap zeros_like(const ParamMap& p);
 

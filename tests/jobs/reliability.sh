@@ -17,8 +17,8 @@
 #               folder: exit 2 up front
 #   nonfinite   nan, inf and -inf in every float key of every driver (enumerated from --help-deck),
 #               by --set and by a deck line: exit 2 naming the key and "finite", before any work
-#   deck        --deck /dev/zero, a binary deck, a float beyond a double, --deck without a value:
-#               exit 2 in < 5 s with the input named
+#   deck        --deck /dev/zero, a binary deck, a float beyond a double, --deck without a value,
+#               run.save naming nothing the driver writes: exit 2 in < 5 s with the input named
 #   post        hcp_post.py on damaged and unfinished files (an attribute removed, a pass flipped, one
 #               byte of data flipped: every command checks /checksums): one error line, exit 2
 # BINDIR holds the drivers. Prints "RESULT reliability CLASS PASS" when every assertion holds.
@@ -222,6 +222,18 @@ deck)
     "${mpirun[@]}" -n 2 "$bin/cp_mamba" --deck "$work/binary.toml" --out "$work/never.h5" && under 5
   expect 2 "^error: --set attention.rope_theta=1e999: key 'attention.rope_theta' = 1e999 is outside the range of a double" \
     "$bin/cp_hybrid" --set attention.rope_theta=1e999 --out "$work/never.h5"
+  # run.save: a name that names nothing the driver writes (a typo of a class, an unknown tensor) is
+  # refused up front; one that names a tensor keeps just it (and the run does not trip on the
+  # summary it left out).
+  expect 2 "^error: --set run.save=timing: key 'run.save': item 'timing' names no tensor this run writes" \
+    "${mpirun[@]}" -n 2 "$bin/cp_mamba" --set run.save=timing --out "$work/never.h5" && under 5
+  expect 2 "^error: --set run.save=summary,no_such_tensor: key 'run.save': item 'no_such_tensor' names no tensor" \
+    "${mpirun[@]}" -n 2 "$bin/cp_hybrid" --set run.save=summary,no_such_tensor --out "$work/never.h5" && under 5
+  expect 0 "RESULT cp_hybrid PASS" "${mpirun[@]}" -n 2 "$bin/cp_hybrid" --set run.save=L00.A_log --set run.repeats=1 \
+    --out "$work/one.h5"
+  $py -c 'import h5py, sys; f = h5py.File(sys.argv[1]); n = []; f.visititems(lambda k, o: n.append(k) if isinstance(o, h5py.Dataset) and k.split("/")[0] in ("activations", "gradients") else None); print("kept:", n); sys.exit(0 if n and all(k.endswith("/L00.A_log") for k in n) else 1)' \
+    "$work/one.h5" || { echo "FAILED: run.save=L00.A_log kept other tensors"; fail=1; }
+  rm -f "$work/one.h5"
   expect 2 "^error: command line: --deck needs a value \(got '--set'\)" "$bin/cp_hybrid" --deck --set run.repeats=1
   expect 2 "^error: command line: --deck needs a value \(it is the last word\)" "$bin/cp_hybrid" --deck
   nothing_left "$work" ;;
