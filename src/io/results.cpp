@@ -2,7 +2,6 @@
 
 #include <hdf5.h>
 #include <mpi.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,60 +15,12 @@
 #include <exception>
 
 #include "comm/mpi_communicator.hpp"
+#include "io/h5_util.hpp"
 
 namespace hcp {
 namespace {
 
 hid_t h5_type(DType dt) { return dt == DType::F64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT; }
-
-// The reason the last HDF5 call failed, as the system said it: HDF5's file driver records the errno
-// of a failed write in its error stack ("errno = 28, error message = 'No space left on device'").
-// Through MPI-IO (collective mode) the stack holds the MPI library's own words instead
-// ("MPI error string is 'No space left on device'").
-struct Reason {
-  int code = 0;
-  std::string mpi;
-};
-herr_t find_errno(unsigned, const H5E_error2_t* e, void* out) {
-  auto* r = static_cast<Reason*>(out);
-  const char* at = e->desc ? std::strstr(e->desc, "errno = ") : nullptr;
-  if (at != nullptr && r->code == 0) r->code = std::atoi(at + 8);
-  const char* m = e->desc ? std::strstr(e->desc, "MPI error string is") : nullptr;
-  if (m != nullptr && r->mpi.empty()) r->mpi = m + 19;
-  return 0;
-}
-std::string h5_reason(const std::string& file = "") {
-  Reason r;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, find_errno, &r);
-  if (r.code == 0 && !r.mpi.empty()) {
-    std::string s = r.mpi;
-    s.erase(0, s.find_first_not_of(" :'\""));
-    s.erase(s.find_last_not_of(" '\"\n") + 1);
-    if (!s.empty()) return s;
-  }
-  if (r.code == 0) r.code = errno;
-  if (r.code == 0 && !file.empty()) {
-    // MPI-IO reports a short write without a reason: a full file system is told by its free space.
-    const auto slash = file.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : file.substr(0, slash);
-    struct statvfs fs {};
-    if (statvfs(dir.c_str(), &fs) == 0 && static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) < 1048576.0)
-      return detail::concat(std::strerror(ENOSPC), " (", static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize),
-                            " bytes free where it is written)");
-  }
-  return r.code != 0 ? std::strerror(r.code) : "the HDF5 library refused the call";
-}
-
-// Checks an HDF5 call made while writing `what` to `file`; a failure names both and the reason.
-#define HCP_H5_WRITE(call, file, what)                                                                    \
-  ([&]() {                                                                                                \
-    errno = 0;                                                                                            \
-    auto hcp_rc_ = (call);                                                                                \
-    if (hcp_rc_ < 0)                                                                                      \
-      throw ::hcp::Error(::hcp::detail::concat("cannot write ", what, " to results file '", file, "': ",   \
-                                               h5_reason(file)));                                             \
-    return hcp_rc_;                                                                                       \
-  }())
 
 // A host, contiguous, fp32/fp64 copy (bf16 widened to fp32) of any tensor, for writing.
 Tensor writable(const Tensor& t) {
@@ -152,111 +103,6 @@ void unguard_tmp() {
   sigaction(SIGTERM, &g_old_term, nullptr);
   sigaction(SIGINT, &g_old_int, nullptr);
   g_tmp_path[0] = 0;
-}
-
-// ---- the manifest that makes a finished file verifiable ----------------------------------------
-// /checksums: uint8 text, one line per numeric dataset ("/path hex") and per numeric attribute of
-// an object under /summary ("/path@name hex"); hex = the checksum of checksum_part() over the values
-// as doubles in C order. Written by rank 0 into the closed file before the rename; hcp_post.py
-// recomputes every line and calls a file that differs damaged.
-struct SealScan {
-  std::vector<std::string> datasets, summary_objects;
-};
-extern "C" herr_t seal_visit(hid_t grp, const char* name, const H5L_info_t*, void* data) {
-  auto* scan = static_cast<SealScan*>(data);
-  const std::string n = std::string("/") + name;
-  hid_t o = H5Oopen(grp, name, H5P_DEFAULT);
-  if (o < 0) return -1;
-  const H5I_type_t t = H5Iget_type(o);
-  H5Oclose(o);
-  if (n.rfind("/summary/", 0) == 0) scan->summary_objects.push_back(n);
-  if (t == H5I_DATASET && n != "/checksums") scan->datasets.push_back(n);
-  return 0;
-}
-bool numeric(hid_t type) {
-  const H5T_class_t c = H5Tget_class(type);
-  return c == H5T_INTEGER || c == H5T_FLOAT;
-}
-std::uint64_t dataset_sum(hid_t f, const std::string& path, const std::string& file) {
-  hid_t ds = HCP_H5_CHECK(H5Dopen2(f, path.c_str(), H5P_DEFAULT));
-  hid_t fs = HCP_H5_CHECK(H5Dget_space(ds));
-  const int nd = H5Sget_simple_extent_ndims(fs);
-  std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(nd, 0)));
-  if (nd > 0) H5Sget_simple_extent_dims(fs, dims.data(), nullptr);
-  const hsize_t rows = nd > 0 ? dims[0] : 1;
-  hsize_t row_len = 1;
-  for (int i = 1; i < nd; ++i) row_len *= dims[static_cast<std::size_t>(i)];
-  const hsize_t block = std::max<hsize_t>(1, (hsize_t{1} << 20) / std::max<hsize_t>(row_len, 1));
-  std::uint64_t acc = 0;
-  std::vector<double> buf;
-  for (hsize_t r0 = 0; r0 < rows; r0 += block) {
-    const hsize_t nr = std::min(block, rows - r0), n = nr * row_len;
-    buf.resize(static_cast<std::size_t>(n));
-    hid_t ms = HCP_H5_CHECK(H5Screate_simple(1, &n, nullptr));
-    if (nd > 0) {
-      std::vector<hsize_t> start(dims.size(), 0), count = dims;
-      start[0] = r0;
-      count[0] = nr;
-      HCP_H5_CHECK(H5Sselect_hyperslab(fs, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr));
-    }
-    if (n > 0) HCP_H5_WRITE(H5Dread(ds, H5T_NATIVE_DOUBLE, ms, fs, H5P_DEFAULT, buf.data()), file, "dataset " + path);
-    H5Sclose(ms);
-    acc += checksum_values(buf.data(), buf.size(), static_cast<std::uint64_t>(r0 * row_len));
-  }
-  H5Sclose(fs);
-  H5Dclose(ds);
-  return acc;
-}
-extern "C" herr_t seal_attr(hid_t obj, const char* name, const H5A_info_t*, void* data) {
-  auto* out = static_cast<std::vector<std::pair<std::string, std::uint64_t>>*>(data);
-  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
-  if (a < 0) return -1;
-  hid_t t = H5Aget_type(a);
-  if (numeric(t)) {
-    hid_t sp = H5Aget_space(a);
-    const auto n = static_cast<std::size_t>(H5Sget_simple_extent_npoints(sp));
-    std::vector<double> v(n);
-    const herr_t rc = n > 0 ? H5Aread(a, H5T_NATIVE_DOUBLE, v.data()) : 0;
-    H5Sclose(sp);
-    if (rc < 0) {
-      H5Tclose(t);
-      H5Aclose(a);
-      return -1;
-    }
-    out->emplace_back(name, checksum_values(v.data(), n, 0));
-  }
-  H5Tclose(t);
-  H5Aclose(a);
-  return 0;
-}
-void seal(const std::string& tmp, const std::string& shown) {
-  hid_t f = H5Fopen(tmp.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  HCP_CHECK(f >= 0, "cannot reopen results file '", shown, "' to write its checksums: ", h5_reason());
-  SealScan scan;
-  std::string text;
-  try {
-    HCP_H5_CHECK(H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, seal_visit, &scan));
-    for (const auto& d : scan.datasets) text += d + " " + checksum_hex(dataset_sum(f, d, shown)) + "\n";
-    for (const auto& o : scan.summary_objects) {
-      std::vector<std::pair<std::string, std::uint64_t>> attrs;
-      hsize_t idx = 0;
-      HCP_H5_CHECK(H5Aiterate_by_name(f, o.c_str(), H5_INDEX_NAME, H5_ITER_INC, &idx, seal_attr, &attrs, H5P_DEFAULT));
-      for (const auto& [n, v] : attrs) text += o + "@" + n + " " + checksum_hex(v) + "\n";
-    }
-    const hsize_t len = std::max<hsize_t>(text.size(), 1);
-    hid_t sp = HCP_H5_CHECK(H5Screate_simple(1, &len, nullptr));
-    hid_t ds = HCP_H5_WRITE(H5Dcreate2(f, "checksums", H5T_NATIVE_UINT8, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), shown,
-                            "dataset /checksums");
-    text.resize(static_cast<std::size_t>(len), '\n');
-    HCP_H5_WRITE(H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), shown, "dataset /checksums");
-    H5Dclose(ds);
-    H5Sclose(sp);
-  } catch (...) {
-    H5Fclose(f);
-    throw;
-  }
-  errno = 0;
-  HCP_CHECK(H5Fclose(f) >= 0, "cannot close results file '", shown, "' after its checksums: ", h5_reason(shown));
 }
 
 }  // namespace
@@ -749,7 +595,7 @@ void ResultsWriter::finish() {
   if (comm_.rank() == 0) {
     if (ok == 1) {
       try {
-        seal(tmp_, path_);
+        write_manifest(tmp_, path_);
       } catch (const Error& e) {
         ok = 0, why = e.what();
       }
