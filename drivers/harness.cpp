@@ -64,7 +64,12 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
   MPI_Init(&argc, &argv);
   int status = 0;
   {
-    Kokkos::initialize(argc, argv);
+    // Kokkos sees only its own --kokkos-* options: our --help and --version are not its.
+    std::vector<char*> kargs{argv[0]};
+    for (int i = 1; i < argc; ++i)
+      if (std::string(argv[i]).rfind("--kokkos", 0) == 0) kargs.push_back(argv[i]);
+    int kargc = static_cast<int>(kargs.size());
+    Kokkos::initialize(kargc, kargs.data());
     {
       MpiCommunicator world(MPI_COMM_WORLD);
       DriverContext ctx;
@@ -81,6 +86,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       app.add_option("--deck", deck_path, "input deck (TOML); default: the built-in deck");
       app.add_option("--set", sets, "override a deck value: section.key=value (repeatable)");
       app.add_option("--out", ctx.out, "results file (HDF5)");
+      app.set_version_flag("--version", spec.name + " (hybridcp " HCP_VERSION ", git revision " HCP_GIT_REV ")");
       app.add_flag("--print-deck", print_deck, "print the resolved deck and exit");
       app.add_flag("--help-deck", help_deck, "list the deck keys this driver reads and exit");
       app.add_flag("--quiet", ctx.quiet, "no progress lines on stderr during long runs");
@@ -104,6 +110,10 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
           app.parse(argc, argv);
         } catch (const CLI::CallForHelp&) {
           if (world.rank() == 0) std::cout << app.help();
+          exit_now = true;
+          return;
+        } catch (const CLI::CallForVersion&) {
+          if (world.rank() == 0) std::cout << app.version() << "\n";
           exit_now = true;
           return;
         } catch (const CLI::ParseError& e) {
@@ -138,6 +148,10 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       } else if (!exit_now) {
         try {
           spec.run(ctx);
+        } catch (const CheckFailed& e) {
+          if (world.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+          std::fflush(stderr);
+          status = 1;
         } catch (const std::exception& e) {
           std::fprintf(stderr, "[rank %d] error: %s\n", world.rank(), e.what());
           std::fflush(stderr);

@@ -47,6 +47,15 @@ struct DriverSpec {
 // (e.g. "--out F" or the deck line of a key).
 void check_output_path(const std::string& path, const std::string& where);
 
+// A run that completed and whose check failed (a result beyond tolerance, bytes off the model):
+// thrown on every rank alike, it ends the run with exit 1 (exit 3 is a failure during the run).
+class CheckFailed : public Error {
+ public:
+  explicit CheckFailed(const std::string& why) : Error(why) {}
+};
+
+// Runs the driver: exit 0 (done; PASS or UNCHECKED), 1 (a check failed), 2 (bad input, refused
+// before any work), 3 (a failure during the run: every rank ends).
 int run_driver(int argc, char** argv, const DriverSpec& spec);
 
 // Agree on an error across ranks: if any rank's `fn` throws, rank 0 prints the lowest failing

@@ -218,7 +218,8 @@ void Study::finish(bool pass, const std::string& why) {
                 ctx.out.empty() ? "" : " file=", ctx.out.c_str());
     std::fflush(stdout);
   }
-  if (!pass) throw Error(why);
+  // Every rank ends alike (exit 1), whichever ranks saw the failure.
+  if (ctx.world->all_reduce_scalar(pass ? 0.0 : 1.0, ReduceOp::Max) != 0) throw CheckFailed(why);
 }
 
 }  // namespace hcp::drivers

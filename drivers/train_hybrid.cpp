@@ -213,12 +213,12 @@ void run(DriverContext& ctx) {
     if (with_ref) std::printf("; max |loss - cp1| / cp1 = %.1e (tolerance %.1e)", worst, rtol);
     std::printf("\nRESULT train_hybrid %s%s%s\n", pass == 1 ? "PASS" : "FAIL", ctx.out.empty() ? "" : " file=", ctx.out.c_str());
   }
-  if (pass != 1) throw Error("the CP loss curve departs from the cp=1 replica beyond train.loss_rtol");
+  if (pass != 1) throw CheckFailed("the CP loss curve departs from the cp=1 replica beyond train.loss_rtol");
 }
 }  // namespace
 
 int main(int argc, char** argv) {
   return run_driver(argc, argv,
                     {"train_hybrid", "train the hybrid model under CP (AdamW, schedule, clipping, checkpoints) against a cp=1 replica",
-                     schema(), kDeck, "train_hybrid.h5", validate, run});
+                     schema(), kDeck, "train_hybrid.h5", validate, run, {}});
 }

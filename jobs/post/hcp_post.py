@@ -461,15 +461,27 @@ def cmd_plot_errors(a):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(bars) + 2), 4))
     names = [label for _, label, _, _ in bars]
-    ax.bar(names, [max(b[2], 1e-300) for b in bars], color=["tab:green" if b[2] <= b[3] else "tab:red" for b in bars])
+    # A zero error (cp=1 against itself, or bit-equal strategies) has no place on a log axis: such
+    # bars stand at a floor two decades below the smallest error or tolerance, marked "0".
+    positive = [b[2] for b in bars if b[2] > 0] + [b[3] for b in bars if b[3] > 0]
+    floor = 10.0 ** (np.floor(np.log10(min(positive))) - 2) if positive else 1e-20
+    heights = [b[2] if b[2] > 0 else floor for b in bars]
+    rects = ax.bar(names, heights, color=["tab:green" if b[2] <= b[3] else "tab:red" for b in bars])
+    for r, b in zip(rects, bars):
+        if b[2] == 0:
+            r.set_hatch("//")
+            r.set_alpha(0.5)
+            ax.annotate("0", (r.get_x() + r.get_width() / 2, floor), ha="center", va="bottom")
     ax.plot(names, [b[3] for b in bars], "k_", markersize=30, label="tolerance")
     ax.set_yscale("log")
-    ax.set_ylabel("worst error against cp=1")
+    ax.set_ylim(bottom=floor / 2)
+    ax.set_ylabel("worst relative error\n(vs cp=1; cross: vs the first strategy)")
     ax.set_title(a.title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
-    print(f"wrote {a.out} ({len(bars)} runs, {sum(b[2] > b[3] for b in bars)} beyond tolerance)")
+    print(f"wrote {a.out} ({len(bars)} runs, {sum(b[2] > b[3] for b in bars)} beyond tolerance, "
+          f"{sum(b[2] == 0 for b in bars)} exact; log axis from {floor / 2:.0e})")
     return 0
 
 
@@ -489,8 +501,22 @@ def cmd_study(a):
         if why:
             print(f"error: {why}", file=sys.stderr)
             return 2
+    # A study is CP runs: another driver's file in the folder (bench_kernels, a checkpoint) is left
+    # out by name, not tabulated as "cp 0".
+    others = []
+    for path in files:
+        with h5py.File(path, "r") as f:
+            drv = _config(f).get("driver", "") if "config" in f else ""
+        if drv not in ("cp_attention", "cp_mamba", "cp_hybrid", "train_hybrid"):
+            others.append(f"{os.path.basename(path)} ({drv or 'no /config/driver'})")
+    files = [p for p in files if not any(o.startswith(os.path.basename(p) + " ") for o in others)]
+    if not files:
+        print(f"error: study: no CP run among the results files in '{a.dir}' ({', '.join(others)})", file=sys.stderr)
+        return 2
     title = a.title or os.path.basename(os.path.normpath(a.dir))
     print(f"# study {a.dir}: {len(files)} files" + (f" ({len(unfinished)} unfinished, left out)" if unfinished else ""))
+    if others:
+        print(f"# left out, not CP runs: {', '.join(others)}")
     cmd_table(argparse.Namespace(files=files, csv=False, json=False))
     csv_path = os.path.join(a.dir, "timings.csv")
     saved = sys.stdout
