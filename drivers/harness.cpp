@@ -64,7 +64,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
   MPI_Init(&argc, &argv);
   int status = 0;
   {
-    // Kokkos sees only its own --kokkos-* options: our --help and --version are not its.
+    // Kokkos sees only its own --kokkos-* options: --help and --version are the driver's.
     std::vector<char*> kargs{argv[0]};
     for (int i = 1; i < argc; ++i)
       if (std::string(argv[i]).rfind("--kokkos", 0) == 0) kargs.push_back(argv[i]);
