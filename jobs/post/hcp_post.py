@@ -36,63 +36,7 @@ import sys
 import h5py
 import numpy as np
 
-
-class Damaged(Exception):
-    """A results file whose contents differ from its /checksums manifest."""
-
-
-def _mix64(x):
-    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic), as the writer's mix64."""
-    x = x + np.uint64(0x9e3779b97f4a7c15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xbf58476d1ce4e5b9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94d049bb133111eb)
-    return x ^ (x >> np.uint64(31))
-
-
-def _checksum(values):
-    v = np.ascontiguousarray(np.asarray(values, dtype=np.float64).ravel())
-    with np.errstate(over="ignore"):
-        keyed = v.view(np.uint64) ^ _mix64(np.arange(v.size, dtype=np.uint64))
-        return f"{int(_mix64(keyed).sum(dtype=np.uint64)):016x}"
-
-
-def verify(path):
-    """Raises Damaged unless every numeric dataset and every numeric /summary attribute of the file
-    matches its line in /checksums (written by the run when the file was complete)."""
-    with h5py.File(path, "r") as f:
-        if "checksums" not in f:
-            raise Damaged("it has no /checksums (not written by this version of the drivers, or damaged)")
-        listed = {}
-        for line in bytes(np.asarray(f["checksums"][()], dtype=np.uint8)).decode(errors="replace").split("\n"):
-            if line.strip():
-                name, _, value = line.rpartition(" ")
-                listed[name] = value
-        present = []
-        f.visititems(lambda n, o: present.append("/" + n) if isinstance(o, h5py.Dataset) and n != "checksums"
-                     and o.dtype.kind in "fiu" else None)
-        for name in present:
-            if name not in listed:
-                raise Damaged(f"dataset {name} is not in its /checksums")
-        for name, want in listed.items():
-            obj, _, attr = name.partition("@")
-            if obj not in f or (attr and attr not in f[obj].attrs):
-                raise Damaged(f"{name} listed in /checksums is missing")
-            got = _checksum(f[obj].attrs[attr] if attr else f[obj][()])
-            if got != want:
-                raise Damaged(f"{'attribute' if attr else 'dataset'} {name} fails its checksum ({got} != {want})")
-
-
-def _unusable(path):
-    """Why a results file cannot be used (unfinished, unreadable, damaged), or None."""
-    if ".tmp-" in path.rsplit("/", 1)[-1]:
-        return f"'{path}' is an unfinished results file (a run writes <out>.tmp-<pid> and renames it when complete)"
-    try:
-        verify(path)
-    except OSError as e:
-        return f"cannot read HDF5 file '{path}': {e}"
-    except Damaged as e:
-        return f"'{path}' is damaged: {e}"
-    return None
+from hcp_files import unusable
 
 
 def _datasets(f, prefixes):
@@ -497,7 +441,7 @@ def cmd_study(a):
         return 2
     files = [os.path.join(a.dir, n) for n in names]
     for path in files:
-        why = _unusable(path)
+        why = unusable(path)
         if why:
             print(f"error: {why}", file=sys.stderr)
             return 2
@@ -702,7 +646,7 @@ def main(argv=None):
     pa.set_defaults(fn=cmd_anchors)
     a = p.parse_args(argv)
     for path in [getattr(a, k) for k in ("a", "b", "file") if hasattr(a, k)] + list(getattr(a, "files", [])):
-        why = _unusable(path)
+        why = unusable(path)
         if why:
             print(f"error: {why}", file=sys.stderr)
             return 2

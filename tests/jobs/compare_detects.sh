@@ -10,7 +10,7 @@ $py "$post" compare "$work/a.h5" "$work/b.h5" --rtol 0 --atol 0 | grep -q "RESUL
 $py - "$work/b.h5" "$(dirname "$post")" <<'PY'
 import sys, h5py, numpy as np
 sys.path.insert(0, sys.argv[2])
-from hcp_post import _checksum
+from hcp_files import _checksum
 with h5py.File(sys.argv[1], "r+") as f:
     d = f["/gradients/p2p/logits"]
     v = d[...]; v.flat[3] += 1e-3 * (abs(v).max() + 1); d[...] = v
