@@ -1,11 +1,12 @@
 // conv1d, norms, linear, RoPE, embedding, cross-entropy: finite-difference gradients and
-// independent checks of the forward; the float exp of the host softmax against libm.
+// independent checks of the forward; the float exp of the host softmax against libm; the host GEMM.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
 #include "kernels/host/common.hpp"
+#include "kernels/host/gemm.hpp"
 #include "kernels/kernels.hpp"
 #include "unit/fd.hpp"
 
@@ -210,4 +211,31 @@ TEST(HostExp, FloatWithinTwoUlpOfLibm) {
   double d = -1.5;
   host::exp_inplace(&d, 1);
   EXPECT_EQ(d, std::exp(-1.5));
+}
+
+// The host GEMM (BLAS or loops) against a plain triple loop: every transpose pair, leading
+// dimensions wider than the rows, alpha and beta, and K = 0 (C = beta C).
+TEST(HostGemm, TransposesStridesAlphaBeta) {
+  std::vector<double> A(400), B(400), C(400);
+  for (std::size_t i = 0; i < A.size(); ++i) {
+    A[i] = std::sin(0.37 * static_cast<double>(i));
+    B[i] = std::cos(0.91 * static_cast<double>(i));
+    C[i] = std::sin(1.3 * static_cast<double>(i) + 0.2);
+  }
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (std::int64_t K : {9, 0}) {
+        const std::int64_t M = 7, N = 5, lda = ta ? M + 2 : K + 1, ldb = tb ? K + 3 : N + 1, ldc = N + 2;
+        std::vector<double> got = C;
+        host::gemm(ta, tb, M, N, K, 0.5, A.data(), lda, B.data(), ldb, 2.0, got.data(), ldc);
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = 0; j < N; ++j) {
+            double s = 0;
+            for (std::int64_t k = 0; k < K; ++k)
+              s += (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+            EXPECT_NEAR(got[i * ldc + j], 0.5 * s + 2.0 * C[i * ldc + j], 1e-13) << ta << tb << " K " << K;
+          }
+        for (std::int64_t i = 0; i < M; ++i)  // the padding between rows is left alone
+          for (std::int64_t j = N; j < ldc; ++j) EXPECT_EQ(got[i * ldc + j], C[i * ldc + j]);
+      }
 }
