@@ -126,7 +126,7 @@ ResultsWriter::~ResultsWriter() {
   const bool can_close = io_ == H5Io::Gather || std::uncaught_exceptions() == 0;
   if (file_ >= 0 && can_close) H5Fclose(file_);
   if (!done_ && !tmp_.empty() && comm_.rank() == 0) std::remove(tmp_.c_str());
-  if (!tmp_.empty() && comm_.rank() == 0) unguard_tmp();
+  if (!tmp_.empty()) unguard_tmp();
   delete static_cast<MPI_Comm*>(mpi_comm_);
 }
 
@@ -159,14 +159,15 @@ void ResultsWriter::open() {
     HCP_H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
   }
 #endif
-  // Armed before the create: a SIGTERM while the (collective) create is under way, on this rank or
-  // on another whose end makes mpirun terminate this one, still removes the file.
-  if (comm_.rank() == 0) guard_tmp(tmp_);
+  // Armed before the create, on every rank that opens the file: a SIGTERM while the (collective)
+  // create is under way removes the file on whichever rank receives it, whatever mpirun then does
+  // to the others.
+  guard_tmp(tmp_);
   file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   H5Pclose(fapl);
   if (file_ < 0) {
     const std::string why = h5_reason();
-    if (comm_.rank() == 0) unguard_tmp();
+    unguard_tmp();
     tmp_.clear();
     throw Error(detail::concat("cannot create results file '", path_, "': ", why));
   }
@@ -604,6 +605,7 @@ void ResultsWriter::finish() {
     unguard_tmp();
   }
   comm_.broadcast(&ok, 1, DType::F64, 0);
+  unguard_tmp();  // the other ranks' handlers (rank 0's went after the rename)
   if (ok != 1) {
     if (comm_.rank() == 0) std::remove(tmp_.c_str());
     throw Error(detail::concat("could not complete results file '", path_, "'",
