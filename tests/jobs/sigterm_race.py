@@ -4,8 +4,8 @@ create): TRIES runs of cp_attention at np 2, the first and the last rank process
 race.h5* may be left. The ranks are found before the file appears, the folder is polled without a
 pause, so the signal lands within microseconds of the create.
 A measurement, not a ctest: on a loaded 2-core machine a few tries in a hundred still leave the
-file (a rank ended by mpirun with SIGKILL rather than SIGTERM cannot remove it), so a pass/fail
-count would be a coin toss. hcp_post.py refuses such a file as unfinished.
+file (why is not yet pinned down; a rank that mpirun ends with SIGKILL could not remove it), so a
+pass/fail count would be a coin toss. hcp_post.py refuses such a file as unfinished.
 Usage: sigterm_race.py WORKDIR DRIVER TRIES MPIRUN...   Exit 1 when a try left a file."""
 import os
 import signal
