@@ -1,6 +1,7 @@
 // GPU ranks for the drivers (deck key run.device = "host" | "cuda"): device selection by local
 // rank, and the CP communicator for device tensors, chosen automatically: NCCL when every rank of
-// the node has its own GPU, else MPI with host staging (several ranks per GPU, or no NCCL).
+// the node has its own GPU; CUDA IPC when ranks share GPUs and the CP group is on one node; else
+// MPI with device buffers staged through host memory (a group over nodes with shared GPUs).
 #pragma once
 
 #include <memory>
@@ -10,6 +11,8 @@
 #include "comm/process_grid.hpp"
 #include "io/deck.hpp"
 #ifdef HCP_HAVE_CUDA
+#include "comm/ipc_communicator.hpp"
+#include "comm/mpi_communicator.hpp"
 #include "comm/nccl_communicator.hpp"
 #include "kernels/cuda/runtime.hpp"
 #endif
@@ -19,6 +22,11 @@ namespace hcp::drivers {
 inline void add_device_key(DeckSchema& s) {
   s.add_string("run.device", "host", "where tensors live: host (Kokkos kernels) or cuda (one GPU per local rank, or shared)",
                {"host", "cuda"});
+  s.add_string("run.comm", "auto",
+               "communicator of the CP group for device tensors: auto (nccl when every rank has its own GPU, else ipc "
+               "when the group is on one node, else mpi), nccl, ipc (CUDA IPC, ranks of one node sharing GPUs) or mpi "
+               "(host-staged)",
+               {"auto", "nccl", "ipc", "mpi"});
 }
 
 inline Space space_of(const Deck& d) { return d.get_string("run.device") == "cuda" ? Space::Cuda : Space::Host; }
@@ -36,17 +44,32 @@ inline void init_gpu(bool want, const std::string& key) {
 }
 inline void init_device(const Deck& d) { init_gpu(space_of(d) == Space::Cuda, "run.device"); }
 
-// The communicator the CP group uses for device tensors: NCCL over `cp` when each local rank has
-// its own GPU, else `cp` itself (MPI, device buffers host-staged). `owned` keeps the NCCL one alive.
+// The communicator the CP group uses for device tensors (run.comm; see its help). Every rank of
+// `cp` takes the same choice (the conditions are agreed over it). `owned` keeps the one made here.
 inline Communicator& device_comm(const Deck& d, Communicator& cp, [[maybe_unused]] std::unique_ptr<Communicator>& owned) {
   if (space_of(d) == Space::Host) return cp;
+  const std::string want = d.get_string("run.comm");
+  if (want == "mpi") return cp;
 #ifdef HCP_HAVE_CUDA
   int local = 1;
   node_local_rank(&local);
-  if (local <= cuda::device_count()) {
+  const int gpus = cuda::device_count();
+  const bool own_gpu = cp.all_reduce_scalar(local <= gpus ? 0.0 : 1.0) == 0.0;
+  if (want == "nccl" || (want == "auto" && own_gpu)) {
+    HCP_CHECK(own_gpu, "run.comm = \"nccl\" needs one GPU per rank: ", local, " ranks share ", gpus,
+              " GPU(s) on a node (use \"ipc\" or \"auto\")");
     owned = std::make_unique<NcclCommunicator>(cp);
     return *owned;
   }
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&cp);
+  const bool one_node = mpi && IpcCommunicator::possible(mpi->handle());
+  if (want == "ipc" || (want == "auto" && one_node)) {
+    HCP_CHECK(one_node, "run.comm = \"ipc\" needs the ", cp.size(), " ranks of the CP group on one node, at most 64");
+    owned = std::make_unique<IpcCommunicator>(mpi->handle());
+    return *owned;
+  }
+#else
+  HCP_CHECK(want == "auto", "run.comm = \"", want, "\" needs a build with CUDA and NCCL (this build has none)");
 #endif
   return cp;
 }

@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <cstring>
-#include <thread>
+#include <atomic>
+#include <map>
 
+#include "comm/device_order.hpp"
 #include "core/cuda_check.hpp"
 
 namespace hcp {
@@ -22,20 +24,11 @@ ncclDataType_t nccl_type(DType dt) {
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
 std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n) * dtype_size(dt); }
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-bool on_device(const void* p) {
-  if (!p) return false;
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
 // A host buffer seen through device memory (NCCL needs device pointers); device buffers as is.
 class DevStage {
  public:
   DevStage(const void* p, std::size_t bytes, bool copy_in) : user_(const_cast<void*>(p)), bytes_(bytes) {
-    if (!p || bytes == 0 || on_device(p)) {
+    if (!p || bytes == 0 || is_device_pointer(p)) {
       dev_ = user_;
       return;
     }
@@ -49,6 +42,7 @@ class DevStage {
   DevStage(const DevStage&) = delete;
   DevStage& operator=(const DevStage&) = delete;
   void* dev() const { return dev_; }
+  bool staged() const { return owned_; }  // a host buffer: the host must wait for the result
   void copy_out() const {
     if (owned_) HCP_CUDA_CHECK(cudaMemcpy(user_, dev_, bytes_, cudaMemcpyDeviceToHost));
   }
@@ -63,53 +57,32 @@ class DevStage {
 
 struct NcclCommunicator::Impl {
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t ready = nullptr;
-  std::vector<cudaEvent_t> ring_events;  // in-flight ring steps, indexed by RingRequest handles
-  bool aborted = false;
+  std::atomic<bool> aborted{false};
+  std::unique_ptr<DeviceOrder> order;
+  std::map<std::int64_t, std::shared_ptr<DeviceOrder::Mark>> ring;  // in-flight ring steps
+  std::int64_t next_ring = 0;
 
-  void create_stream() {
-    HCP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    HCP_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  // The stream, the end events and the watchdog: an asynchronous NCCL error or a timeout aborts
+  // the communicator (from the watchdog thread, as NCCL allows), and the next call throws.
+  void start(double timeout_s) {
+    order = std::make_unique<DeviceOrder>(
+        timeout_s,
+        [this]() -> std::string {
+          ncclResult_t async = ncclSuccess;
+          if (aborted || ncclCommGetAsyncError(comm, &async) != ncclSuccess || async == ncclSuccess) return {};
+          return ncclGetErrorString(async);
+        },
+        [this](const std::string&) { abort(); });
   }
-  // The communication stream waits for the work queued so far on the default stream.
-  void order_after_compute() {
-    HCP_CUDA_CHECK(cudaEventRecord(ready, cudaStreamLegacy));
-    HCP_CUDA_CHECK(cudaStreamWaitEvent(stream, ready, 0));
-  }
-  // Polls `done` (an event, or the stream when null) with NCCL's asynchronous error check and a
-  // timeout; aborts the communicator on either.
-  void wait(const char* op, double timeout_s, cudaEvent_t done = nullptr) {
-    const double t0 = now();
-    while (true) {
-      const cudaError_t q = done ? cudaEventQuery(done) : cudaStreamQuery(stream);
-      if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) HCP_FAIL("NCCL ", op, ": CUDA error while waiting: ", cudaGetErrorString(q));
-      ncclResult_t async = ncclSuccess;
-      HCP_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
-      if (async != ncclSuccess) {
-        abort();
-        HCP_FAIL("NCCL ", op, " failed asynchronously (", ncclGetErrorString(async), "); communicator aborted");
-      }
-      if (now() - t0 > timeout_s) {
-        abort();
-        HCP_FAIL("NCCL ", op, " did not complete within ", timeout_s,
-                 " s (a peer died or hangs); communicator aborted");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-  }
+  cudaStream_t stream() const { return order->stream(); }
   void abort() {
-    if (!aborted && comm) ncclCommAbort(comm);
-    aborted = true;
-    comm = nullptr;
+    bool was = false;
+    if (aborted.compare_exchange_strong(was, true) && comm) ncclCommAbort(comm);
   }
   ~Impl() {
-    for (auto e : ring_events)
-      if (e) cudaEventDestroy(e);
+    ring.clear();
+    order.reset();  // waits for the stream unless the watchdog fired
     if (comm && !aborted) ncclCommDestroy(comm);
-    if (ready) cudaEventDestroy(ready);
-    if (stream) cudaStreamDestroy(stream);
   }
 };
 
@@ -131,7 +104,7 @@ NcclCommunicator::NcclCommunicator(Communicator& boot, double timeout_s)
   static_assert(sizeof(ncclUniqueId) % 4 == 0, "unique id size");
   boot.broadcast(&id, static_cast<std::int64_t>(sizeof id / 4), DType::F32, 0);
   HCP_NCCL_CHECK(ncclCommInitRank(&impl_->comm, size_, id, rank_));
-  impl_->create_stream();
+  impl_->start(timeout_s_);
 }
 
 NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int size, double timeout_s)
@@ -139,25 +112,30 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Impl> impl, int rank, int siz
 
 NcclCommunicator::~NcclCommunicator() = default;
 
-#define HCP_NCCL_TIMED(opname, bytes, ...)            \
-  do {                                                \
-    const double t0_ = now();                         \
-    impl_->order_after_compute();                     \
-    __VA_ARGS__;                                      \
-    impl_->wait(opname, timeout_s_);                  \
-    record(opname, bytes, now() - t0_);               \
+// Enqueues an operation on the communication stream after the compute queued so far and makes the
+// default stream wait for it; the host waits only when a staged host buffer needs the result.
+#define HCP_NCCL_TIMED(opname, bytes, host_result, ...) \
+  do {                                                  \
+    const double t0_ = now();                           \
+    impl_->order->begin();                              \
+    __VA_ARGS__;                                        \
+    if (host_result)                                    \
+      impl_->order->wait_host(opname);                  \
+    else                                                \
+      impl_->order->end(opname);                        \
+    record(opname, bytes, now() - t0_);                 \
   } while (0)
 
 void NcclCommunicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dt) {
   DevStage s(send, nbytes(count * size_, dt), true), r(recv, nbytes(count * size_, dt), false);
   const std::size_t blk = nbytes(count, dt);
-  HCP_NCCL_TIMED("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), {
+  HCP_NCCL_TIMED("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), r.staged(), {
     HCP_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < size_; ++p) {
       HCP_NCCL_CHECK(ncclSend(static_cast<const char*>(s.dev()) + p * blk, count, nccl_type(dt), p, impl_->comm,
-                              impl_->stream));
+                              impl_->stream()));
       HCP_NCCL_CHECK(ncclRecv(static_cast<char*>(r.dev()) + p * blk, count, nccl_type(dt), p, impl_->comm,
-                              impl_->stream));
+                              impl_->stream()));
     }
     HCP_NCCL_CHECK(ncclGroupEnd());
   });
@@ -175,13 +153,13 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::vector<std::int
     if (p != rank_) bytes += sc[static_cast<std::size_t>(p)];
   }
   DevStage s(send, nbytes(ns, dt), true), r(recv, nbytes(nr, dt), false);
-  HCP_NCCL_TIMED("all_to_all_v", bytes * static_cast<std::int64_t>(dtype_size(dt)), {
+  HCP_NCCL_TIMED("all_to_all_v", bytes * static_cast<std::int64_t>(dtype_size(dt)), r.staged(), {
     HCP_NCCL_CHECK(ncclGroupStart());
     std::size_t so = 0, ro = 0;
     for (int p = 0; p < size_; ++p) {
       const auto n_s = sc[static_cast<std::size_t>(p)], n_r = rc[static_cast<std::size_t>(p)];
-      if (n_s) HCP_NCCL_CHECK(ncclSend(static_cast<const char*>(s.dev()) + so, n_s, nccl_type(dt), p, impl_->comm, impl_->stream));
-      if (n_r) HCP_NCCL_CHECK(ncclRecv(static_cast<char*>(r.dev()) + ro, n_r, nccl_type(dt), p, impl_->comm, impl_->stream));
+      if (n_s) HCP_NCCL_CHECK(ncclSend(static_cast<const char*>(s.dev()) + so, n_s, nccl_type(dt), p, impl_->comm, impl_->stream()));
+      if (n_r) HCP_NCCL_CHECK(ncclRecv(static_cast<char*>(r.dev()) + ro, n_r, nccl_type(dt), p, impl_->comm, impl_->stream()));
       so += nbytes(n_s, dt);
       ro += nbytes(n_r, dt);
     }
@@ -192,62 +170,60 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::vector<std::int
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
   DevStage s(send, nbytes(count, dt), true), r(recv, nbytes(count * size_, dt), false);
-  HCP_NCCL_TIMED("all_gather", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)),
-                 HCP_NCCL_CHECK(ncclAllGather(s.dev(), r.dev(), count, nccl_type(dt), impl_->comm, impl_->stream)));
+  HCP_NCCL_TIMED("all_gather", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), r.staged(),
+                 HCP_NCCL_CHECK(ncclAllGather(s.dev(), r.dev(), count, nccl_type(dt), impl_->comm, impl_->stream())));
   r.copy_out();
 }
 
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, ReduceOp op) {
   DevStage s(send, nbytes(count * size_, dt), true), r(recv, nbytes(count, dt), false);
-  HCP_NCCL_TIMED("reduce_scatter", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)),
+  HCP_NCCL_TIMED("reduce_scatter", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), r.staged(),
                  HCP_NCCL_CHECK(ncclReduceScatter(s.dev(), r.dev(), count, nccl_type(dt), nccl_op(op), impl_->comm,
-                                                  impl_->stream)));
+                                                  impl_->stream())));
   r.copy_out();
 }
 
 void NcclCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, ReduceOp op) {
   DevStage b(buf, nbytes(count, dt), true);
   HCP_NCCL_TIMED("all_reduce",
-                 size_ > 1 ? 2 * count * (size_ - 1) / size_ * static_cast<std::int64_t>(dtype_size(dt)) : 0,
+                 size_ > 1 ? 2 * count * (size_ - 1) / size_ * static_cast<std::int64_t>(dtype_size(dt)) : 0, b.staged(),
                  HCP_NCCL_CHECK(ncclAllReduce(b.dev(), b.dev(), count, nccl_type(dt), nccl_op(op), impl_->comm,
-                                              impl_->stream)));
+                                              impl_->stream())));
   b.copy_out();
 }
 
 void NcclCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {
   DevStage b(buf, nbytes(count, dt), rank_ == root);
-  HCP_NCCL_TIMED("broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0,
-                 HCP_NCCL_CHECK(ncclBroadcast(b.dev(), b.dev(), count, nccl_type(dt), root, impl_->comm, impl_->stream)));
+  HCP_NCCL_TIMED("broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0, b.staged(),
+                 HCP_NCCL_CHECK(ncclBroadcast(b.dev(), b.dev(), count, nccl_type(dt), root, impl_->comm, impl_->stream())));
   if (rank_ != root) b.copy_out();
 }
 
 void NcclCommunicator::send(const void* buf, std::int64_t count, DType dt, int dst, int /*tag*/) {
   DevStage b(buf, nbytes(count, dt), true);
-  HCP_NCCL_TIMED("send", count * static_cast<std::int64_t>(dtype_size(dt)),
-                 HCP_NCCL_CHECK(ncclSend(b.dev(), count, nccl_type(dt), dst, impl_->comm, impl_->stream)));
+  HCP_NCCL_TIMED("send", count * static_cast<std::int64_t>(dtype_size(dt)), b.staged(),
+                 HCP_NCCL_CHECK(ncclSend(b.dev(), count, nccl_type(dt), dst, impl_->comm, impl_->stream())));
 }
 
 void NcclCommunicator::recv(void* buf, std::int64_t count, DType dt, int src, int /*tag*/) {
   DevStage b(buf, nbytes(count, dt), false);
-  HCP_NCCL_TIMED("recv", 0, HCP_NCCL_CHECK(ncclRecv(b.dev(), count, nccl_type(dt), src, impl_->comm, impl_->stream)));
+  HCP_NCCL_TIMED("recv", 0, b.staged(), HCP_NCCL_CHECK(ncclRecv(b.dev(), count, nccl_type(dt), src, impl_->comm, impl_->stream())));
   b.copy_out();
 }
 
 RingRequest NcclCommunicator::ring_post(const void* send, void* recv, std::int64_t count, DType dt, int dst, int src,
                                         int /*tag*/) {
-  HCP_CHECK(on_device(send) && on_device(recv), "NCCL ring_post needs device buffers");
+  HCP_CHECK(is_device_pointer(send) && is_device_pointer(recv), "NCCL ring_post needs device buffers");
   RingRequest r;
   r.posted_at = now();
-  impl_->order_after_compute();
+  impl_->order->begin();
   HCP_NCCL_CHECK(ncclGroupStart());
-  HCP_NCCL_CHECK(ncclSend(send, count, nccl_type(dt), dst, impl_->comm, impl_->stream));
-  HCP_NCCL_CHECK(ncclRecv(recv, count, nccl_type(dt), src, impl_->comm, impl_->stream));
+  HCP_NCCL_CHECK(ncclSend(send, count, nccl_type(dt), dst, impl_->comm, impl_->stream()));
+  HCP_NCCL_CHECK(ncclRecv(recv, count, nccl_type(dt), src, impl_->comm, impl_->stream()));
   HCP_NCCL_CHECK(ncclGroupEnd());
-  cudaEvent_t done = nullptr;
-  HCP_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  HCP_CUDA_CHECK(cudaEventRecord(done, impl_->stream));
-  r.handles.push_back(static_cast<std::int64_t>(impl_->ring_events.size()));
-  impl_->ring_events.push_back(done);
+  const std::int64_t h = impl_->next_ring++;
+  impl_->ring[h] = impl_->order->mark("ring step");
+  r.handles.push_back(h);
   r.active = true;
   record("ring_post", count * static_cast<std::int64_t>(dtype_size(dt)), now() - r.posted_at);
   return r;
@@ -256,23 +232,20 @@ RingRequest NcclCommunicator::ring_post(const void* send, void* recv, std::int64
 void NcclCommunicator::ring_wait(RingRequest& req) {
   HCP_CHECK(req.active, "ring_wait on a request that is not in flight");
   const double t0 = now();
-  cudaEvent_t& ev = impl_->ring_events[static_cast<std::size_t>(req.handles.at(0))];
-  impl_->wait("ring step", timeout_s_, ev);
-  HCP_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, ev, 0));  // later compute sees the received block
-  cudaEventDestroy(ev);
-  ev = nullptr;
+  const auto it = impl_->ring.find(req.handles.at(0));
+  HCP_CHECK(it != impl_->ring.end(), "ring_wait: unknown request");
+  impl_->order->check();
+  DeviceOrder::default_waits(*it->second);  // later compute sees the received block
+  impl_->ring.erase(it);
   req.active = false;
-  bool any = false;
-  for (auto e : impl_->ring_events) any = any || e != nullptr;
-  if (!any) impl_->ring_events.clear();
   record("ring_wait", 0, now() - t0);
 }
 
 void NcclCommunicator::barrier() {
   float one = 1;
   DevStage b(&one, sizeof one, true);
-  HCP_NCCL_TIMED("barrier", 0,
-                 HCP_NCCL_CHECK(ncclAllReduce(b.dev(), b.dev(), 1, ncclFloat32, ncclSum, impl_->comm, impl_->stream)));
+  HCP_NCCL_TIMED("barrier", 0, true,
+                 HCP_NCCL_CHECK(ncclAllReduce(b.dev(), b.dev(), 1, ncclFloat32, ncclSum, impl_->comm, impl_->stream())));
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) const {
@@ -281,7 +254,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) const 
   int r = 0, n = 0;
   HCP_NCCL_CHECK(ncclCommUserRank(impl->comm, &r));
   HCP_NCCL_CHECK(ncclCommCount(impl->comm, &n));
-  impl->create_stream();
+  impl->start(timeout_s_);
   return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(impl), r, n, timeout_s_));
 }
 

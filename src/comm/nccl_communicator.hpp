@@ -1,10 +1,11 @@
 // NCCL backend of Communicator for device buffers, one GPU per rank. Bootstrapped over MPI: rank 0
-// of the given communicator creates the ncclUniqueId, which is broadcast over it. Collectives run
-// on a communication stream ordered after the work already queued on the default stream; a call
-// returns when its data is complete (ring_post returns at once and ring_wait completes it, so ring
-// p2p overlaps compute). Asynchronous NCCL errors and a timeout are checked while waiting: a dead
-// or hung peer ends in ncclCommAbort and an hcp::Error naming the operation, never a silent hang.
-// Host pointers (e.g. all_reduce_scalar) are staged through device memory.
+// of the given communicator creates the ncclUniqueId, which is broadcast over it. Operations are
+// queued on a communication stream after the compute queued so far, and the default stream waits
+// for their end (DeviceOrder): the host does not block on a transfer (ring_post queues the step,
+// ring_wait orders the compute after it). The host waits only for results in host buffers
+// (scalars, staged through device memory). A watchdog thread checks NCCL's asynchronous errors and
+// a timeout: a dead or hung peer ends in ncclCommAbort, and the next call throws an hcp::Error
+// naming the operation, never a silent hang.
 #pragma once
 #include <memory>
 #include <string>

@@ -1,13 +1,16 @@
 // Communicators on device buffers: the NCCL backend (one rank per GPU: run at np 1 here, where one
-// GPU is lent) and the host-staged MPI backend (any number of ranks on one GPU), every op against
-// the values the host computes. Skips without a GPU.
+// GPU is lent), the CUDA IPC backend and the host-staged MPI backend (any number of ranks on one
+// GPU), every op against the values the host computes; for IPC also chains of operations that the
+// host never waits for, across buffer growth, and two ring steps in flight. Skips without a GPU.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "comm/ipc_communicator.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "comm/nccl_communicator.hpp"
 #include "cuda/gpu.hpp"
 #include "kernels/cuda/runtime.hpp"
+#include "kernels/kernels.hpp"
 #include "unit/fd.hpp"
 
 using namespace hcp;
@@ -111,4 +114,74 @@ TEST(CudaComm, NcclEveryOp) {
   auto sub = nc.split(0, nc.rank());
   EXPECT_EQ(sub->size(), nc.size());
   exercise(*sub, DType::F32);
+}
+
+TEST(CudaComm, IpcEveryOp) {
+  REQUIRE_GPU();
+  MpiCommunicator world(MPI_COMM_WORLD);
+  IpcCommunicator ipc(world.handle());
+  EXPECT_EQ(ipc.backend(), "cuda-ipc");
+  for (DType dt : {DType::F32, DType::F64, DType::BF16}) exercise(ipc, dt);
+  auto sub = ipc.split(world.rank() % 2, world.rank());
+  exercise(*sub, DType::F32);
+}
+
+// Operations whose inputs are the outputs of the previous ones, with device compute between them
+// and no host synchronisation: a missing order (a copy before the data, a buffer overwritten while
+// a peer reads it) shows as a wrong value. Messages grow as the chain goes, so the exported buffers
+// are replaced under way.
+TEST(CudaComm, IpcChainsWithoutHostWaits) {
+  REQUIRE_GPU();
+  MpiCommunicator world(MPI_COMM_WORLD);
+  IpcCommunicator c(world.handle());
+  const int n = c.size(), r = c.rank();
+  const DType dt = DType::F64;
+  std::int64_t k = 1000;
+  Tensor one = Tensor::zeros({n * k * 64}, dt);
+  one.fill(1.0);
+  Tensor ONE = one.to(Space::Cuda);
+  // all_reduce chain: x <- sum over ranks of (x + 1), starting from the rank; then an all_to_all.
+  double S = 0, v = 0;
+  for (int j = 0; j < n; ++j) S += j;
+  Tensor x = Tensor::zeros({n * k}, dt);
+  x.fill(static_cast<double>(r));
+  Tensor X = x.to(Space::Cuda);
+  for (int it = 0; it < 6; ++it) {
+    if (it == 3) {  // grow: four times the elements
+      k *= 4;
+      Tensor bigger = Tensor::zeros({n * k}, dt);
+      bigger.fill(v);
+      X = bigger.to(Space::Cuda);
+    }
+    Tensor O = ONE.slice(0, 0, n * k).clone();
+    kernels::axpy(X, 1.0, O);  // device compute between the operations
+    c.all_reduce(X);
+    v = it == 0 ? S + n : n * (v + 1);
+    Tensor Y = Tensor::zeros({n * k}, dt, Space::Cuda);
+    c.all_to_all(X, Y);
+    X = Y;
+  }
+  Tensor h = X.to(Space::Host);
+  for (std::int64_t i = 0; i < n * k; i += 997) ASSERT_EQ(h.get(i), v) << "element " << i;
+  // Two ring tags in flight (as the p2p backward does): a token goes around the ring on tag 7 while
+  // a counter, incremented on the device at every hop, follows on tag 9.
+  Tensor a = Tensor::zeros({4096}, dt), b = Tensor::zeros({4096}, dt);
+  a.fill(static_cast<double>(r));
+  Tensor A = a.to(Space::Cuda), An = Tensor::zeros({4096}, dt, Space::Cuda);
+  Tensor B = b.to(Space::Cuda), Bn = Tensor::zeros({4096}, dt, Space::Cuda);
+  for (int hop = 0; hop < 3 * n; ++hop) {
+    RingRequest qa = c.ring_post(A.raw(), An.raw(), A.numel(), dt, (r + 1) % n, (r + n - 1) % n, 7);
+    kernels::axpy(B, 1.0, ONE.slice(0, 0, 4096).clone());
+    RingRequest qb = c.ring_post(B.raw(), Bn.raw(), B.numel(), dt, (r + 1) % n, (r + n - 1) % n, 9);
+    c.ring_wait(qb);
+    c.ring_wait(qa);
+    std::swap(A, An);
+    std::swap(B, Bn);
+  }
+  Tensor ha = A.to(Space::Host), hb = B.to(Space::Host);
+  for (std::int64_t i = 0; i < 4096; i += 511) {
+    ASSERT_EQ(ha.get(i), static_cast<double>(r)) << "token after 3 rounds";
+    ASSERT_EQ(hb.get(i), static_cast<double>(3 * n)) << "counter after " << 3 * n << " hops";
+  }
+  EXPECT_GT(c.exported_bytes(), 0u);
 }

@@ -1,6 +1,7 @@
 // CP strategies on GPU ranks: attention (ring p2p, all-gather, Ulysses a2a), Mamba2 (hidden
-// parallel and state passing) and the hybrid model end to end with every tensor on the GPU, through the host-staged MPI backend (several ranks share
-// the one GPU here; NCCL needs one GPU per rank), against the same CP code on host tensors.
+// parallel and state passing) and the hybrid model end to end with every tensor on the GPU, through
+// the CUDA IPC backend (several ranks share the one GPU here; NCCL needs one GPU per rank), against
+// the same CP code on host tensors over MPI.
 // Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <functional>
 #include <mpi.h>
 
+#include "comm/ipc_communicator.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/layout.hpp"
@@ -59,7 +61,8 @@ TEST_P(GpuAttentionCp, DeviceEqualsHost) {
   host.forward(o, ql, kl, vl);
   host.backward(dq, dk, dv, dol);
   // device
-  cp::CpAttention gpu_attn(world, c);
+  IpcCommunicator ipc(MPI_COMM_WORLD);
+  cp::CpAttention gpu_attn(ipc, c);
   Tensor Q = ql.to(Space::Cuda), K = kl.to(Space::Cuda), V = vl.to(Space::Cuda), DO = dol.to(Space::Cuda);
   Tensor O = Tensor::zeros(ql.shape(), dt, Space::Cuda), DQ = Tensor::zeros(ql.shape(), dt, Space::Cuda),
          DK = Tensor::zeros(kl.shape(), dt, Space::Cuda), DV = Tensor::zeros(vl.shape(), dt, Space::Cuda);
@@ -105,7 +108,8 @@ TEST_P(GpuAttentionCpBf16, TensorCoreKernelsEqualHost) {
          v = test::rand({T, 2, D}, 3, -1, 1, dt), dout = test::rand({T, 4, D}, 4, -1, 1, dt);
   auto local = [&](const Tensor& t) { return cp::dcs_partition(t, c.global, n, r); };
   Tensor ql = local(q), kl = local(k), vl = local(v), dol = local(dout);
-  cp::CpAttention host(world, c), gpu_attn(world, c);
+  IpcCommunicator ipc(MPI_COMM_WORLD);
+  cp::CpAttention host(world, c), gpu_attn(ipc, c);
   Tensor o = Tensor::zeros(ql.shape(), dt), dq = Tensor::zeros(ql.shape(), dt), dk = Tensor::zeros(kl.shape(), dt),
          dv = Tensor::zeros(vl.shape(), dt);
   host.forward(o, ql, kl, vl);
@@ -135,6 +139,7 @@ void mamba_device_equals_host(model::MambaCp strategy, const model::Mamba2Config
                               std::initializer_list<DType> dts = {DType::F64, DType::F32},
                               std::function<SeqLayout(const std::string&, int)> layout = layout_of) {
   MpiCommunicator world(MPI_COMM_WORLD);
+  IpcCommunicator ipc(MPI_COMM_WORLD);
   const int n = world.size(), r = world.rank();
   for (DType dt : dts)
     for (const std::string f : {"bshd", "thdpacked"}) {
@@ -144,7 +149,7 @@ void mamba_device_equals_host(model::MambaCp strategy, const model::Mamba2Config
       for (auto& [nm, t] : p) P[nm] = t.to(Space::Cuda);
       Tensor h = test::rand({T, c.hidden}, 5, -1, 1, dt), dy = test::rand({T, c.hidden}, 6, -1, 1, dt);
       Tensor hl = cp::dcs_partition(h, g, n, r), dyl = cp::dcs_partition(dy, g, n, r);
-      auto host = model::make_mamba2(strategy, world, c, g), dev = model::make_mamba2(strategy, world, c, g);
+      auto host = model::make_mamba2(strategy, world, c, g), dev = model::make_mamba2(strategy, ipc, c, g);
       Tensor y = Tensor::zeros(hl.shape(), dt), dh = Tensor::zeros(hl.shape(), dt);
       model::ParamMap gh, gd;
       host->forward(y, hl, p);
@@ -197,6 +202,7 @@ TEST(GpuMambaCp, Bf16TensorCoreStatePassingEqualsHost) {
 TEST(GpuHybrid, DeviceEqualsHost) {
   REQUIRE_GPU();
   MpiCommunicator world(MPI_COMM_WORLD);
+  IpcCommunicator ipc(MPI_COMM_WORLD);
   const int n = world.size(), r = world.rank();
   for (auto strat : {cp::AttnStrategy::P2P, cp::AttnStrategy::A2A})
     for (auto mcp : {model::MambaCp::HiddenParallel, model::MambaCp::StatePassing}) {
@@ -229,11 +235,11 @@ TEST(GpuHybrid, DeviceEqualsHost) {
         for (auto i : cp::dcs_global_index(b.layout, n, r)) out.push_back(v[static_cast<std::size_t>(i)]);
         return out;
       };
-      const model::ExpertGroups groups(world, 0);
+      const model::ExpertGroups groups(world, 0), dev_groups(ipc, 0);
       const model::ParamMap p = model::hybrid_init(c, DType::F64, 2, &groups);
       model::ParamMap P;
       for (auto& [nm, t] : p) P[nm] = t.to(Space::Cuda);
-      model::HybridModel host(world, c, b.layout, &groups), dev(world, c, b.layout, &groups);
+      model::HybridModel host(world, c, b.layout, &groups), dev(ipc, c, b.layout, &dev_groups);
       model::ParamMap gh, gd;
       const auto rh = host.step(p, local(b.tokens), local(b.labels), gh);
       dev.reset_phases();

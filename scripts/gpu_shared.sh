@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# CP ranks sharing one GPU through CUDA IPC: the communicator and CP tests on GPU ranks at np 1, 2
+# and 4 (IPC against host arithmetic, and device CP over IPC against the host CP code over MPI), a
+# training run at np 2 against its cp=1 replica, then the Nano-width M*E step
+# (inputs/hybrid_nano_blocks.toml) at np 1 and $HCP_NPS for every attention strategy and both
+# Mamba CP strategies, and at np 2 host-staged (run.comm=mpi) beside it. Prints each step's median
+# (slowest rank) and its ratio to np 1; at np 1 the communicator is NCCL.
+# Usage: scripts/gpu_shared.sh   (HCP_BUILD_DIR default build-gpu, HCP_CMAKE_ARGS, HCP_JOBS, HCP_LEN
+# default 8192, HCP_NPS default "2 4"; results and logs in $HCP_LOG_DIR, default $build/gpu-shared)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build="${HCP_BUILD_DIR:-build-gpu}"
+out="${HCP_LOG_DIR:-$build/gpu-shared}"
+len="${HCP_LEN:-8192}"
+nps="${HCP_NPS:-2 4}"
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+. scripts/gpu_build.sh
+gpu_build "$out" test_cuda_comm test_cuda_cp cp_hybrid train_hybrid
+rc=0
+ctest --test-dir "$build" -R "test_cuda_(comm|cp)" --output-on-failure > "$out/ctest.log" 2>&1 \
+  && grep -E "tests passed|Total Test" "$out/ctest.log" || { tail -60 "$out/ctest.log"; echo "FAIL: GPU tests"; rc=1; }
+mpirun -n 2 "$build/drivers/train_hybrid" --set run.device=cuda --set train.steps=12 --out "$out/train_np2.h5" \
+  > "$out/train_np2.txt" 2>&1 && tail -2 "$out/train_np2.txt" || { tail -20 "$out/train_np2.txt"; echo "FAIL: train_hybrid np 2"; rc=1; }
+hyb=("$build/drivers/cp_hybrid" --deck inputs/hybrid_nano_blocks.toml --set run.device=cuda --set data.seqlen="$len"
+     --set parallel.attention=all --set run.save=timings,memory)
+step() {  # name np extra...: one run; prints "name np strategy step_ms" rows into $out/steps.txt
+  local name="$1" np="$2"
+  shift 2
+  if mpirun -n "$np" "${hyb[@]}" "$@" --out "$out/${name}_np$np.h5" > "$out/${name}_np$np.txt" 2>&1; then
+    awk -v n="$name" -v p="$np" '$1 ~ /^(p2p|allgather|a2a)$/ {print n, p, $1, $3}' "$out/${name}_np$np.txt" >> "$out/steps.txt"
+  else
+    tail -20 "$out/${name}_np$np.txt"
+    echo "FAIL: $name np $np"
+    rc=1
+  fi
+}
+: > "$out/steps.txt"
+for mcp in hidden_parallel state_passing; do
+  for np in 1 $nps; do step "$mcp" "$np" --set parallel.mamba_cp="$mcp"; done
+done
+step staged_hidden_parallel 2 --set parallel.mamba_cp=hidden_parallel --set run.comm=mpi
+# Correctness at this width: np 2 over IPC against the cp=1 problem on the same GPU.
+mpirun -n 2 "${hyb[@]}" --set data.seqlen=4096 --set run.check=on --set run.repeats=1 --out "$out/check_np2.h5" \
+  > "$out/check_np2.txt" 2>&1; echo "check np 2 (exit $?):"; grep -E "^  (p2p|allgather|a2a) |^RESULT" "$out/check_np2.txt"
+echo "# Nano-width M*E step, L $len, one GPU: mamba_cp np strategy step_ms ratio_to_np1"
+awk '{k=$1 " " $3} $2==1 {one[k]=$4} {rows[NR]=$0; key[NR]=k; ms[NR]=$4}
+     END {for (i=1;i<=NR;i++) {split(rows[i], f, " "); b=f[1]; sub(/^staged_/, "", b); base=one[b " " f[3]];
+          printf "%s %.2f\n", rows[i], base ? ms[i]/base : 0}}' "$out/steps.txt" | column -t
+echo "RESULT gpu_shared $([ $rc = 0 ] && echo DONE || echo FAIL) out=$out"
+exit $rc
