@@ -3,8 +3,9 @@
 # and 4 (IPC against host arithmetic, and device CP over IPC against the host CP code over MPI), a
 # training run at np 2 against its cp=1 replica, then the Nano-width M*E step
 # (inputs/hybrid_nano_blocks.toml) at np 1 and $HCP_NPS for every attention strategy and both
-# Mamba CP strategies, and at np 2 host-staged (run.comm=mpi) beside it. Prints each step's median
-# (slowest rank) and its ratio to np 1; at np 1 the communicator is NCCL.
+# Mamba CP strategies, and at np 2 host-staged (run.comm=mpi) beside it; again under NVIDIA MPS when
+# it is at hand (HCP_MPS=0: not). Prints each step's median (slowest rank) and its ratio to np 1;
+# at np 1 the communicator is NCCL.
 # Usage: scripts/gpu_shared.sh   (HCP_BUILD_DIR default build-gpu, HCP_CMAKE_ARGS, HCP_JOBS, HCP_LEN
 # default 8192, HCP_NPS default "2 4"; results and logs in $HCP_LOG_DIR, default $build/gpu-shared)
 set -uo pipefail
@@ -36,16 +37,35 @@ step() {  # name np extra...: one run; prints "name np strategy step_ms" rows in
   fi
 }
 : > "$out/steps.txt"
-for mcp in hidden_parallel state_passing; do
-  for np in 1 $nps; do step "$mcp" "$np" --set parallel.mamba_cp="$mcp"; done
-done
+runs() {  # label: every configuration once
+  local label="$1"
+  for mcp in hidden_parallel state_passing; do
+    for np in 1 $nps; do step "${label}_$mcp" "$np" --set parallel.mamba_cp="$mcp"; done
+  done
+}
+runs timesliced
 step staged_hidden_parallel 2 --set parallel.mamba_cp=hidden_parallel --set run.comm=mpi
 # Correctness at this width: np 2 over IPC against the cp=1 problem on the same GPU.
-mpirun -n 2 "${hyb[@]}" --set data.seqlen=4096 --set run.check=on --set run.repeats=1 --out "$out/check_np2.h5" \
+mpirun -n 2 "${hyb[@]}" --set data.seqlen=4096 --set run.check=reference --set run.repeats=1 --out "$out/check_np2.h5" \
   > "$out/check_np2.txt" 2>&1; echo "check np 2 (exit $?):"; grep -E "^  (p2p|allgather|a2a) |^RESULT" "$out/check_np2.txt"
-echo "# Nano-width M*E step, L $len, one GPU: mamba_cp np strategy step_ms ratio_to_np1"
-awk '{k=$1 " " $3} $2==1 {one[k]=$4} {rows[NR]=$0; key[NR]=k; ms[NR]=$4}
-     END {for (i=1;i<=NR;i++) {split(rows[i], f, " "); b=f[1]; sub(/^staged_/, "", b); base=one[b " " f[3]];
-          printf "%s %.2f\n", rows[i], base ? ms[i]/base : 0}}' "$out/steps.txt" | column -t
+# The same under NVIDIA MPS (the ranks' kernels share the GPU at once instead of taking turns in
+# time slices), when its control daemon is at hand; it is stopped again at the end.
+if [ "${HCP_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control > /dev/null; then
+  export CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    ctest --test-dir "$build" -R "test_cuda_(comm|cp)_np[24]" --output-on-failure > "$out/ctest_mps.log" 2>&1 \
+      && echo "MPS: $(grep -E "tests passed" "$out/ctest_mps.log")" || { tail -40 "$out/ctest_mps.log"; echo "FAIL: GPU tests under MPS"; rc=1; }
+    runs mps
+    echo quit | nvidia-cuda-mps-control
+  else
+    echo "MPS: the control daemon did not start"
+  fi
+fi
+echo "# Nano-width M*E step, L $len, one GPU: run np strategy step_ms ratio_to_np1 (same run's np 1)"
+awk '{split($1, a, "_"); m=$1; sub(/^(timesliced|mps|staged)_/, "", m); k=m " " $3} $2==1 {one[$1 " " $3]=$4}
+     {rows[NR]=$0; ms[NR]=$4; nm[NR]=$1; st[NR]=$3; mk[NR]=m}
+     END {for (i=1;i<=NR;i++) {b=one[nm[i] " " st[i]]; if (!b) b=one["timesliced_" mk[i] " " st[i]];
+          printf "%-30s %s %-9s %9.2f %6.2f\n", nm[i], substr(rows[i], length(nm[i])+2, 1), st[i], ms[i], b ? ms[i]/b : 0}}' "$out/steps.txt"
 echo "RESULT gpu_shared $([ $rc = 0 ] && echo DONE || echo FAIL) out=$out"
 exit $rc
