@@ -45,9 +45,6 @@ runs() {  # label: every configuration once
 }
 runs timesliced
 step staged_hidden_parallel 2 --set parallel.mamba_cp=hidden_parallel --set run.comm=mpi
-# Correctness at this width: np 2 over IPC against the cp=1 problem on the same GPU.
-mpirun -n 2 "${hyb[@]}" --set data.seqlen=4096 --set run.check=reference --set run.repeats=1 --out "$out/check_np2.h5" \
-  > "$out/check_np2.txt" 2>&1; echo "check np 2 (exit $?):"; grep -E "^  (p2p|allgather|a2a) |^RESULT" "$out/check_np2.txt"
 # The same under NVIDIA MPS (the ranks' kernels share the GPU at once instead of taking turns in
 # time slices), when its control daemon is at hand; it is stopped again at the end.
 if [ "${HCP_MPS:-1}" = 1 ] && command -v nvidia-cuda-mps-control > /dev/null; then

@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
+#include <thread>
+
+#include "comm/device_order.hpp"
 #include "comm/ipc_communicator.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "comm/nccl_communicator.hpp"
@@ -191,4 +195,35 @@ TEST(CudaComm, IpcChainsWithoutHostWaits) {
     ASSERT_EQ(hb.get(i), static_cast<double>(3 * n)) << "counter after " << 3 * n << " hops";
   }
   EXPECT_GT(c.exported_bytes(), 0u);
+}
+
+// The watchdog: an operation that does not complete within the timeout (here the stream is held
+// by a host function for 2 s against a 0.3 s timeout) calls the backend's abort once with the
+// operation's name, and the next call throws that message instead of queueing more work.
+TEST(CudaComm, DeviceOrderWatchdogFires) {
+  REQUIRE_GPU();
+  std::string aborted;
+  int calls = 0;
+  {
+    DeviceOrder order(0.3, {}, [&](const std::string& why) {
+      aborted = why;
+      ++calls;
+    });
+    HCP_CHECK(cudaLaunchHostFunc(order.stream(), [](void*) { std::this_thread::sleep_for(std::chrono::seconds(2)); },
+                                 nullptr) == cudaSuccess, "cudaLaunchHostFunc");
+    order.end("held op");
+    std::string thrown;
+    for (int i = 0; i < 200 && thrown.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      try {
+        order.begin();
+      } catch (const std::exception& e) {
+        thrown = e.what();
+      }
+    }
+    EXPECT_NE(thrown.find("held op did not complete within"), std::string::npos) << thrown;
+    cudaStreamSynchronize(order.stream());
+  }
+  EXPECT_EQ(calls, 1);
+  EXPECT_NE(aborted.find("held op"), std::string::npos) << aborted;
 }
