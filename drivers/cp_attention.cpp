@@ -31,7 +31,8 @@ seed = 1
 
 [parallel]
 cp_size = 0                 # 0: all ranks form one CP group
-strategy = "all"            # p2p | allgather | a2a | all
+strategy = "all"            # p2p | allgather | a2a | a2a+p2p | all
+cp_inner = 0                # a2a+p2p inner group (0: the ranks of a node)
 
 [run]
 warmup = 1
@@ -43,7 +44,8 @@ DeckSchema schema() {
   DeckSchema s;
   drivers::add_attention_keys(s, {8, 2, 32});
   s.add_bool("attention.causal", true, "causal mask (false: full attention)")
-      .add_string("parallel.strategy", "all", "attention CP strategy", {"p2p", "allgather", "a2a", "all"});
+      .add_string("parallel.strategy", "all", "attention CP strategy (all: each in turn)", drivers::attention_choices(true));
+  drivers::add_cp_inner_key(s);
   drivers::add_cp_driver_keys(s, "200, 56, 500", 512, /*with_bf16=*/true);
   drivers::add_device_key(s);
   return s;
@@ -58,12 +60,13 @@ cp::CpAttnConfig config(const Deck& d, int cp, const std::string& strategy) {
   c.causal = d.get_bool("attention.causal");
   c.global = drivers::global_layout(d, cp);
   c.strategy = cp::attn_strategy_from_string(strategy);
+  c.cp_inner = drivers::cp_inner_of(d, cp);
   return c;
 }
 
 // The strategies; constructing one checks its divisibility rules (e.g. a2a: heads % cp).
 drivers::Cases cases() {
-  return {"parallel.strategy", "all", {"p2p", "allgather", "a2a"},
+  return {"parallel.strategy", "all", drivers::attention_choices(false),
           [](const Deck& d, Communicator& c, int cp, const std::string& n) { cp::CpAttention a(c, config(d, cp, n)); },
           drivers::attention_memory};
 }

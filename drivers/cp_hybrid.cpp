@@ -31,7 +31,7 @@ check = "reference"
 
 DeckSchema schema() {
   DeckSchema s;
-  drivers::add_hybrid_model_keys(s, {"p2p", "allgather", "a2a", "all"}, "all");
+  drivers::add_hybrid_model_keys(s, drivers::attention_choices(true), "all");
   drivers::add_cp_driver_keys(s, "120, 37, 90", 128, /*with_bf16=*/true);
   drivers::add_device_key(s);
   return s;
@@ -39,14 +39,14 @@ DeckSchema schema() {
 
 // The attention strategies; building the model checks every layer's divisibility rules.
 drivers::Cases cases() {
-  return {"parallel.attention", "all", {"p2p", "allgather", "a2a"},
+  return {"parallel.attention", "all", drivers::attention_choices(false),
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
-            const model::HybridConfig h = drivers::hybrid_config(d, cp::attn_strategy_from_string(n));
+            const model::HybridConfig h = drivers::hybrid_config(d, cp::attn_strategy_from_string(n), cp);
             drivers::ep_size_of(d, h, cp);
             model::HybridModel m(c, h, drivers::make_token_batch(d, cp, h.vocab, 1).layout);
           },
           [](const Deck& d, int cp, const std::string& n) {
-            const model::HybridConfig h = drivers::hybrid_config(d, cp::attn_strategy_from_string(n));
+            const model::HybridConfig h = drivers::hybrid_config(d, cp::attn_strategy_from_string(n), cp);
             return drivers::hybrid_memory(d, h, cp, drivers::ep_size_of(d, h, cp), n);
           }};
 }
@@ -94,7 +94,7 @@ void run(DriverContext& ctx) {
   const std::vector<std::string> names = st.cases(cases(), &skipped);
   const int r = st.grid.cp_rank;
   const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
-  const model::HybridConfig c0 = drivers::hybrid_config(d, cp::attn_strategy_from_string(names.front()));
+  const model::HybridConfig c0 = drivers::hybrid_config(d, cp::attn_strategy_from_string(names.front()), st.cp);
   const drivers::TokenBatch batch = drivers::make_token_batch(d, st.cp, c0.vocab, seed);
   // Every rank holds its own experts only; the cp=1 reference (rank 0) holds them all.
   const model::ExpertGroups groups(st.comm, drivers::ep_size_of(d, c0, st.cp));
@@ -155,7 +155,7 @@ void run(DriverContext& ctx) {
   bool all_pass = true;
   for (const std::string& name : names) {
     st.begin_case(name);
-    model::HybridModel m(st.comm, drivers::hybrid_config(d, cp::attn_strategy_from_string(name)), batch.layout, &groups);
+    model::HybridModel m(st.comm, drivers::hybrid_config(d, cp::attn_strategy_from_string(name), st.cp), batch.layout, &groups);
     model::ParamMap grads;
     model::StepResult res;
     const drivers::Samples s = st.time(
@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
                         [](DriverContext& c) { drivers::validate_cases(c, cases()); },
                         run,
                         [](const Deck& d) {
-                          const model::HybridConfig h = drivers::hybrid_config(d, cp::AttnStrategy::P2P);
+                          const model::HybridConfig h = drivers::hybrid_config(d, cp::AttnStrategy::P2P, 1);
                           std::vector<std::string> blocks, grads = model::hybrid_param_names(h);
                           for (std::size_t i = 0; i < h.pattern.size(); ++i) blocks.push_back("block_" + std::to_string(i));
                           grads.push_back("logits");

@@ -6,6 +6,7 @@
 #include <Kokkos_Core.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -14,7 +15,9 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "common.hpp"
+#include "layer_keys.hpp"
 #include "core/error.hpp"
+#include "cp/strategy.hpp"
 
 #ifndef HCP_GIT_REV
 #define HCP_GIT_REV "unknown"
@@ -72,6 +75,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
     Kokkos::initialize(kargc, kargs.data());
     {
       MpiCommunicator world(MPI_COMM_WORLD);
+      drivers::ranks_per_node();  // collective once, on every rank, before any deck-dependent code asks
       DriverContext ctx;
       ctx.world = &world;
       ctx.git_rev = HCP_GIT_REV;
@@ -81,7 +85,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       CLI::App app{spec.description, spec.name};
       std::string deck_path;
       std::vector<std::string> sets;
-      bool print_deck = false, help_deck = false;
+      bool print_deck = false, help_deck = false, list_strategies = false;
       ctx.out = spec.default_out;
       app.add_option("--deck", deck_path, "input deck (TOML); default: the built-in deck");
       app.add_option("--set", sets, "override a deck value: section.key=value (repeatable)");
@@ -89,6 +93,8 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       app.set_version_flag("--version", spec.name + " (hybridcp " HCP_VERSION ", git revision " HCP_GIT_REV ")");
       app.add_flag("--print-deck", print_deck, "print the resolved deck and exit");
       app.add_flag("--help-deck", help_deck, "list the deck keys this driver reads and exit");
+      app.add_flag("--list-strategies", list_strategies,
+                   "print the CP strategies this driver runs, one per line (the choices of its strategy key), and exit");
       app.add_flag("--quiet", ctx.quiet, "no progress lines on stderr during long runs");
       app.add_flag("--dry-run", ctx.dry_run,
                    "validate the deck, print the memory per rank by part (and the smallest power-of-two cp that fits) "
@@ -121,6 +127,18 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
         }
         if (help_deck) {
           if (world.rank() == 0) std::cout << "deck keys of " << spec.name << ":\n" << spec.schema.describe();
+          exit_now = true;
+          return;
+        }
+        if (list_strategies) {  // the strategy key's choices that are strategies of the registry ("all" aside)
+          for (const std::string key : {"parallel.strategy", "parallel.attention", "parallel.mamba_cp"})
+            if (const DeckKey* k = spec.schema.find(key)) {
+              const auto known = key == "parallel.mamba_cp" ? cp::mamba_cp_names() : cp::attn_strategy_names();
+              if (world.rank() == 0)
+                for (const auto& c : k->choices)
+                  if (std::find(known.begin(), known.end(), c) != known.end()) std::cout << c << "\n";
+              break;
+            }
           exit_now = true;
           return;
         }

@@ -39,14 +39,16 @@ inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attent
       .add_string("moe.router", "sigmoid", "router score function", {"sigmoid", "softmax"})
       .add_int("mlp.ffn", 64, "dense MLP width", 1)
       .add_string("parallel.attention", attn_def, "attention CP strategy", std::move(attention_choices))
-      .add_string("parallel.mamba_cp", "hidden_parallel", "Mamba CP strategy", {"hidden_parallel", "state_passing"})
+      .add_string("parallel.mamba_cp", "hidden_parallel", "Mamba CP strategy", cp::mamba_cp_names())
       .add_int("parallel.ep", 0,
                "expert-parallel group size: groups of ep consecutive CP ranks split the routed experts, each rank "
                "holding E/ep of them (0: the CP group; 1: every rank holds all)",
                0);
+  add_cp_inner_key(s);
 }
 
-inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strategy) {
+// The model of the deck with attention strategy `strategy` on a CP group of `cp` ranks.
+inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strategy, int cp) {
   model::HybridConfig c;
   c.pattern = d.get_string("model.pattern");
   c.vocab = d.get_int("model.vocab");
@@ -59,6 +61,7 @@ inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strateg
   c.attn.head_dim = a.head_dim;
   c.attn.rope_theta = d.get_float("attention.rope_theta");
   c.attn.strategy = strategy;
+  c.attn.cp_inner = cp_inner_of(d, cp);
   c.moe.experts = d.get_int("moe.experts");
   c.moe.topk = d.get_int("moe.topk");
   HCP_CHECK(c.moe.topk <= c.moe.experts, "moe.topk (", c.moe.topk, ") must be <= moe.experts (", c.moe.experts, ")");

@@ -2,7 +2,12 @@
 // its defaults (those of its built-in deck).
 #pragma once
 #include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
 
+#include "comm/process_grid.hpp"
+#include "cp/strategy.hpp"
 #include "io/deck.hpp"
 #include "model/mamba2.hpp"
 #include "model/optim.hpp"
@@ -48,6 +53,36 @@ inline AttnShape attention_from_deck(const Deck& d) {
   AttnShape a{d.get_int("attention.heads"), d.get_int("attention.kv_heads"), d.get_int("attention.head_dim")};
   HCP_CHECK(a.heads % a.kv_heads == 0, "attention.kv_heads = ", a.kv_heads, " must divide attention.heads = ", a.heads);
   return a;
+}
+
+// The attention CP strategies of the registry (cp/strategy.hpp), with "all" when a driver runs
+// every one; and parallel.cp_inner, the inner (Ulysses) group of a2a+p2p.
+inline std::vector<std::string> attention_choices(bool with_all) {
+  std::vector<std::string> v = cp::attn_strategy_names();
+  if (with_all) v.emplace_back("all");
+  return v;
+}
+inline void add_cp_inner_key(DeckSchema& s) {
+  s.add_int("parallel.cp_inner", 0,
+            "a2a+p2p: ranks of the inner (Ulysses) group, consecutive ranks, dividing the CP size (0: the CP "
+            "ranks of one node, the largest common divisor of the ranks per node and the CP size)",
+            0);
+}
+// Ranks of this job on this node (MPI shared-memory split of the world): collective on the first
+// call, which the driver harness makes on every rank at start-up.
+inline int ranks_per_node() {
+  static const int n = [] {
+    int local = 1;
+    node_local_rank(&local);
+    return local;
+  }();
+  return n;
+}
+// parallel.cp_inner resolved for a CP group of `cp` ranks (1 at cp = 1: the unsharded problem).
+inline int cp_inner_of(const Deck& d, int cp) {
+  if (cp == 1) return 1;
+  const auto v = d.get_int("parallel.cp_inner");
+  return v > 0 ? static_cast<int>(v) : std::gcd(ranks_per_node(), cp);
 }
 
 // [train] optimiser and schedule: steps, lr, min_lr, warmup, beta1, beta2, weight_decay, clip.

@@ -5,6 +5,7 @@
 
 #include "common.hpp"
 #include "core/dtype.hpp"
+#include "cp/head_exchange.hpp"
 #include "layer_keys.hpp"
 
 namespace hcp::drivers {
@@ -37,13 +38,35 @@ constexpr std::int64_t acc_bytes(std::int64_t es) { return es == 2 ? 4 : es; }  
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
+// a2a+p2p: the most K/V heads a rank carries around the outer ring (its query heads' K/V heads, or
+// one per query head where its block does not follow the GQA groups).
+static std::int64_t ring_kv_heads(std::int64_t H, std::int64_t Hkv, int inner) {
+  const std::int64_t hl = std::max<std::int64_t>(H / inner, 1);
+  std::int64_t kvr = 1;
+  for (int j = 0; j < inner; ++j) {
+    const cp::KvHeadRanges r = cp::kv_head_ranges(H, Hkv, inner, j);
+    kvr = std::max(kvr, r.map.empty() ? r.n[static_cast<std::size_t>(j)] : hl);
+  }
+  return kvr;
+}
+
 // Q = tl H D, KV = tl Hkv D elements; "a" sizes in the accumulation dtype.
 std::int64_t attention_work_bytes(const MemoryModel& m, const std::string& strategy, int cp, std::int64_t tl,
-                                  std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t es) {
+                                  std::int64_t H, std::int64_t Hkv, std::int64_t D, std::int64_t es, int inner) {
   const std::int64_t acc = acc_bytes(es);
   const std::int64_t Q = m.mul(m.mul(tl, H * D), es), KV = m.mul(m.mul(tl, Hkv * D), es);
   const std::int64_t Qa = Q / es * acc, KVa = KV / es * acc, lse = m.mul(tl, H * acc);
   if (cp == 1) return Q + lse;  // the saved output and LSE; the gradients are written in place
+  if (strategy == "a2a+p2p") {
+    // the inner exchange: q, o, dout, dq in head layout (each the size of Q) with the all-to-all
+    // buffers of the largest, the K/V heads of the ring and their gradients (inner x tl tokens),
+    // the exchanges' results back in token layout; then the ring's own buffers on those tensors
+    inner = std::max(inner, 1);
+    const std::int64_t hl = std::max<std::int64_t>(H / inner, 1), kvr = ring_kv_heads(H, Hkv, inner);
+    const std::int64_t KH = m.mul(m.mul(m.mul(tl, inner), kvr * D), es);
+    const std::int64_t own = m.sum(m.sum(m.mul(8, Q), m.mul(4, KH)), 2 * KV);
+    return m.sum(own, attention_work_bytes(m, "p2p", cp / inner, m.mul(tl, inner), hl, kvr, D, es));
+  }
   if (strategy == "p2p")
     // saved o and LSE, the fp32 output merge (op, oacc) / the dQ accumulator and partial, K/V double
     // buffers (cur, nxt) with the partial dK/dV, and the travelling dK/dV accumulator pair
@@ -86,11 +109,13 @@ bool host_bf16(const Deck& d) { return d.get_string("run.device") == "host" && d
 // The attention backward kernel's operands (q, o, dout, dq and the K/V it reads with their
 // gradients), in elements: the largest call of a step, widened on host bf16 ranks.
 std::int64_t attention_kernel_elements(const MemoryModel& m, const std::string& strategy, int cp, std::int64_t tl,
-                                       std::int64_t H, std::int64_t Hkv, std::int64_t D) {
+                                       std::int64_t H, std::int64_t Hkv, std::int64_t D, int inner = 1) {
   const std::int64_t q = m.mul(m.mul(4, tl), H * D);
   std::int64_t kv_tokens = tl;
   if (cp > 1 && strategy == "allgather") kv_tokens = m.mul(tl, cp);
   if (cp > 1 && strategy == "a2a") return m.sum(q, m.mul(m.mul(4, m.mul(tl, cp)), D * std::max<std::int64_t>(1, Hkv / cp + 1)));
+  // a2a+p2p: the ring's kernels on inner x tl tokens, heads / inner query heads and their K/V heads
+  if (cp > 1 && strategy == "a2a+p2p") return m.sum(q, m.mul(m.mul(4, m.mul(tl, inner)), ring_kv_heads(H, Hkv, inner) * D));
   return m.sum(q, m.mul(m.mul(4, kv_tokens), Hkv * D));
 }
 }  // namespace
@@ -101,8 +126,9 @@ MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy)
   const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp;
   // q, dout, o, dq and k, v, dk, dv of this rank's tokens
   m.add("inputs and outputs", {tl, 4 * (H + Hkv) * D}, es);
-  m.add("step buffers", {attention_work_bytes(m, strategy, cp, tl, H, Hkv, D, es)});
-  if (host_bf16(d)) m.add("fp32 kernel operands (host bf16)", {attention_kernel_elements(m, strategy, cp, tl, H, Hkv, D)}, 4);
+  m.add("step buffers", {attention_work_bytes(m, strategy, cp, tl, H, Hkv, D, es, cp_inner_of(d, cp))});
+  if (host_bf16(d))
+    m.add("fp32 kernel operands (host bf16)", {attention_kernel_elements(m, strategy, cp, tl, H, Hkv, D, cp_inner_of(d, cp))}, 4);
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
     if (host_bf16(d)) m.add("cp=1 reference step", {attention_kernel_elements(m, strategy, 1, T, H, Hkv, D)}, 4, Holder::Rank0Before);
@@ -168,7 +194,8 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, const std::st
       saved += a_saved;
       // the projections' gradients beside the CP attention's own buffers
       work = std::max(work, (a.heads + 2 * a.kv_heads) * a.head_dim + 2 * C);
-      work_bytes = std::max(work_bytes, attention_work_bytes(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, es));
+      work_bytes = std::max(work_bytes, attention_work_bytes(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, es,
+                                                             a.cp_inner));
     } else if (k == 'E') {
       saved += e_saved;
       // the expert inputs' gradients; with ep > 1 the dispatched copies and their receive buffers

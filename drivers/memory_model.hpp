@@ -111,9 +111,11 @@ enum class CheckMode { Reference, Cross, Off };
 CheckMode check_mode(const Deck& d);
 
 // One attention layer's step-time bytes per rank beyond its inputs and outputs (strategy p2p,
-// allgather or a2a; cp = 1 runs the local kernels whatever the strategy), `tl` local tokens.
+// allgather, a2a or a2a+p2p with `inner` ranks inside; cp = 1 runs the local kernels whatever the
+// strategy), `tl` local tokens.
 std::int64_t attention_work_bytes(const MemoryModel& m, const std::string& strategy, int cp, std::int64_t tl,
-                                  std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t es);
+                                  std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t es,
+                                  int inner = 1);
 // One Mamba2 mixer's step-time elements per local token (hidden_parallel or state_passing).
 std::int64_t mamba_work_per_token(const model::Mamba2Config& c, const std::string& strategy, int cp);
 std::int64_t mamba_param_count(const model::Mamba2Config& c);

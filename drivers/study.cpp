@@ -9,6 +9,7 @@
 #include "common.hpp"
 #include "cp/layout.hpp"
 #include "device.hpp"
+#include "layer_keys.hpp"
 #include "overlap.hpp"
 
 namespace hcp::drivers {
@@ -190,6 +191,7 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
   w.config(attrs);
   w.config_int("cp_size", cp);
   w.config_int("world_size", ctx.world->size());
+  if (ctx.deck.has("parallel.cp_inner")) w.config_int("cp_inner", cp_inner_of(ctx.deck, cp));  // a2a+p2p, resolved
 }
 
 void Study::config(std::map<std::string, std::string> attrs, const std::vector<std::pair<std::string, std::string>>& skipped) {

@@ -41,7 +41,7 @@ loss_rtol = 0.0      # 0: 1e-9 in fp64, 1e-5 in fp32
 
 DeckSchema schema() {
   DeckSchema s;
-  drivers::add_hybrid_model_keys(s, {"p2p", "allgather", "a2a"}, "p2p");
+  drivers::add_hybrid_model_keys(s, drivers::attention_choices(false), "p2p");
   s.add_string("data.format", "thd", "token layout", {"bshd", "thd"})
       .add_int("data.seqs_per_step", 4, "sequences per step (THD packed) or batch rows (BSHD)", 1)
       .add_int("data.min_len", 24, "shortest sequence (THD)", 2)
@@ -76,7 +76,7 @@ Setup make_setup(const DriverContext& ctx) {
   Setup s;
   s.cp = drivers::cp_size_of(d, ctx.world_size());
   s.dt = dtype_from_string(d.get_string("data.dtype"));
-  s.cfg = drivers::hybrid_config(d, cp::attn_strategy_from_string(d.get_string("parallel.attention")));
+  s.cfg = drivers::hybrid_config(d, cp::attn_strategy_from_string(d.get_string("parallel.attention")), s.cp);
   s.opt = drivers::adamw_from_deck(d);
   if (d.get_string("data.format") == "bshd")  // BSHD rows are max_len long; min_len is a THD key
     HCP_INPUT_CHECK(d.get_int("data.max_len") % (2 * s.cp) == 0, d.where("data.max_len"), "data.max_len = ",

@@ -45,11 +45,35 @@ def owner(k, cp):
     return k if k < cp else 2 * cp - 1 - k
 
 
-def attention_bytes(strategy, cp, rank, B, L, H, Hkv, D, dtype):
+def kv_head_ranges(H, Hkv, parts, mine):
+    """K/V heads read by each of `parts` query-head blocks, and whether block `mine` is plain GQA."""
+    hl, g = H // parts, H // Hkv
+    lo = [r * hl // g for r in range(parts)]
+    n = [((r + 1) * hl - 1) // g + 1 - lo[r] for r in range(parts)]
+    nm = n[mine]
+    plain = hl % nm == 0 and all((mine * hl + i) // g - lo[mine] == i // (hl // nm) for i in range(hl))
+    return lo, n, plain
+
+
+def a2a_p2p_bytes(cp, inner, rank, B, L, H, Hkv, D, dtype):
+    """a2a+p2p, forward + backward: (bytes of the inner all-to-alls, bytes of the outer ring)."""
+    es, tl = ES[dtype], B * L // cp
+    outer, i, hl = cp // inner, rank % inner, H // inner
+    _, n, plain = kv_head_ranges(H, Hkv, inner, i)
+    ring_kv = 2 * inner * tl * (n[i] if plain else hl) * D
+    acc = ES["fp32"] if dtype == "bf16" else es
+    a2a = (4 * tl * (H - hl) * D + 2 * tl * (sum(n) - n[i]) * D + 2 * (inner - 1) * tl * n[i] * D) * es
+    ring = 2 * (outer - 1) * ring_kv * es + outer * ring_kv * acc if outer > 1 else 0
+    return a2a, ring
+
+
+def attention_bytes(strategy, cp, rank, B, L, H, Hkv, D, dtype, inner=1):
     if cp == 1:
         return 0
     es, tl = ES[dtype], B * L // cp
     kv = 2 * tl * Hkv * D
+    if strategy == "a2a+p2p":  # Ulysses over `inner` ranks, the p2p ring over cp / inner
+        return sum(a2a_p2p_bytes(cp, inner, rank, B, L, H, Hkv, D, dtype))
     if strategy == "p2p":
         acc = ES["fp32"] if dtype == "bf16" else es  # the travelling dK/dV accumulator
         return (cp - 1) * kv * es + (cp - 1) * kv * es + cp * kv * acc
@@ -200,6 +224,15 @@ def layer_costs(kind, model, machine, L, cp, B=1):
             steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1)}[s]
             t = comm_ms(machine, cp, nb, steps) if cp > 1 else 0.0
             out[s] = (nb, max(0.0, t - comp * (cp - 1) / cp) if s == "p2p" else t, comp)
+        # a2a+p2p: Ulysses inside a node (its link), the ring across nodes overlapping compute
+        inner = math.gcd(int(machine["network"]["gpus_per_node"]), cp)
+        if 1 < inner < cp and H % inner == 0:
+            outer = cp // inner
+            parts = [a2a_p2p_bytes(cp, inner, r, B, L, H, Hkv, D, dt) for r in range(inner)]
+            ia, ring = max(p[0] for p in parts), max(p[1] for p in parts)
+            t_ring = comm_ms(machine, cp, ring, 3 * (outer - 1))
+            t = comm_ms(machine, inner, ia, 8 * (inner - 1)) + max(0.0, t_ring - comp * (outer - 1) / outer)
+            out["a2a+p2p"] = (ia + ring, t, comp)
     elif kind == "M":
         m = model["mamba"]
         di, G, N = m["heads"] * m["head_dim"], m["n_groups"], m["d_state"]
@@ -329,7 +362,8 @@ def cmd_bytes(a):
                 for r in range(cp):
                     if drv == "cp_attention":
                         at = deck["attention"]
-                        want = attention_bytes(strat, cp, r, B, L, at["heads"], at["kv_heads"], at["head_dim"], dt)
+                        want = attention_bytes(strat, cp, r, B, L, at["heads"], at["kv_heads"], at["head_dim"], dt,
+                                               int(cfg.get("cp_inner", 1)))
                     else:
                         mm = dict(deck["mamba"])
                         want = mamba_bytes(strat, cp, r, B, L, mm, dt, mm.get("state_scan", "auto"))
@@ -425,7 +459,8 @@ def _run_info(path):
                 mem[strat] = float((g["step_tensor_bytes"][()] + g["live_tensor_bytes"][()]).max())
         params = float(f["memory/parameters/bytes"][()].max()) if "memory/parameters/bytes" in f else None
         return {"path": path, "deck": deck, "deck_text": cfg["deck_resolved"], "world": int(cfg["world_size"]),
-                "cp": int(cfg["cp_size"]), "tokens": deck["data"]["batch"] * deck["data"]["seqlen"],
+                "cp": int(cfg["cp_size"]), "cp_inner": int(cfg.get("cp_inner", 1)),
+                "tokens": deck["data"]["batch"] * deck["data"]["seqlen"],
                 "timings": hcp_post._timings(f), "comm": comm, "memory": mem, "param_bytes": params}
 
 
@@ -522,8 +557,11 @@ def cmd_validate(a):
                 n, nb, steps = pat.count(k), 0, 0
                 if cp > 1 and k == "*":
                     at = d["attention"]
-                    nb = max(attention_bytes(strat, cp, q, B, L, at["heads"], at["kv_heads"], at["head_dim"], dt) for q in range(cp))
-                    steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1)}[strat]
+                    inner = r["cp_inner"]
+                    nb = max(attention_bytes(strat, cp, q, B, L, at["heads"], at["kv_heads"], at["head_dim"], dt, inner)
+                             for q in range(cp))
+                    steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1),
+                             "a2a+p2p": 8 * (inner - 1) + 3 * (cp // inner - 1)}[strat]
                 elif cp > 1 and k == "M":
                     mcp = d["parallel"]["mamba_cp"]
                     nb = max(mamba_bytes(mcp, cp, q, B, L, d["mamba"], dt, d["mamba"].get("state_scan", "auto")) for q in range(cp))

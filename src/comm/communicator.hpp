@@ -69,6 +69,9 @@ class Communicator {
   // ---- counters ------------------------------------------------------------------------------
   const std::map<std::string, CommCounter>& counters() const { return counters_; }
   void reset_counters() { counters_.clear(); }
+  // Counts this communicator's operations into `parent` as well: a strategy that works over
+  // sub-groups of its CP group (a2a+p2p) keeps the group's counters whole. `parent` outlives this.
+  void count_into(Communicator* parent) { parent_ = parent; }
 
  protected:
   void record(const std::string& op, std::int64_t bytes, double seconds) {
@@ -76,8 +79,10 @@ class Communicator {
     c.calls += 1;
     c.bytes_sent += bytes;
     c.seconds += seconds;
+    if (parent_) parent_->record(op, bytes, seconds);
   }
   std::map<std::string, CommCounter> counters_;
+  Communicator* parent_ = nullptr;
 };
 
 }  // namespace hcp

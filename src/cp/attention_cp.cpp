@@ -34,20 +34,22 @@ CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg) : comm_(comm), cf
   tl_ = local_.total();
   if (cfg_.strategy == AttnStrategy::A2A) {
     HCP_CHECK(cfg_.heads % cp_ == 0, "a2a attention needs attention.heads (", cfg_.heads, ") divisible by cp (", cp_, ")");
-    const std::int64_t Hl = cfg_.heads / cp_, g = cfg_.heads / cfg_.kv_heads;
-    for (int r = 0; r < cp_; ++r) {
-      const std::int64_t lo = r * Hl / g, hi = ((r + 1) * Hl - 1) / g + 1;
-      kv_lo_.push_back(lo);
-      kv_n_.push_back(hi - lo);
-    }
-    const std::int64_t n = kv_n_[static_cast<std::size_t>(rank_)], lo = kv_lo_[static_cast<std::size_t>(rank_)];
-    bool gqa = Hl % n == 0;
-    std::vector<std::int64_t> map;
-    for (std::int64_t i = 0; i < Hl; ++i) {
-      map.push_back((rank_ * Hl + i) / g - lo);
-      gqa = gqa && map.back() == i / (Hl / n);
-    }
-    if (!gqa) kv_map_ = std::move(map);
+    KvHeadRanges r = kv_head_ranges(cfg_.heads, cfg_.kv_heads, cp_, rank_);
+    kv_lo_ = std::move(r.lo);
+    kv_n_ = std::move(r.n);
+    kv_map_ = std::move(r.map);
+  }
+  if (cfg_.strategy == AttnStrategy::A2AP2P && cp_ > 1) {  // at cp = 1 the local kernels run
+    inner_ = cfg_.cp_inner;
+    HCP_CHECK(inner_ >= 1 && cp_ % inner_ == 0, "a2a+p2p attention needs parallel.cp_inner (", inner_,
+              ") to divide the CP size (", cp_, ")");
+    HCP_CHECK(cfg_.heads % inner_ == 0, "a2a+p2p attention needs attention.heads (", cfg_.heads,
+              ") divisible by parallel.cp_inner (", inner_, ")");
+    outer_ = cp_ / inner_;
+    KvHeadRanges r = kv_head_ranges(cfg_.heads, cfg_.kv_heads, inner_, rank_ % inner_);
+    kv_lo_ = std::move(r.lo);
+    kv_n_ = std::move(r.n);
+    kv_map_ = std::move(r.map);
   }
 }
 
@@ -78,6 +80,7 @@ void CpAttention::forward(Tensor& o, const Tensor& q, const Tensor& kk, const Te
     case AttnStrategy::P2P: fwd_p2p(o); break;
     case AttnStrategy::AllGather: fwd_allgather(o); break;
     case AttnStrategy::A2A: fwd_a2a(o); break;
+    case AttnStrategy::A2AP2P: fwd_a2a_p2p(o); break;
   }
 }
 
@@ -96,6 +99,7 @@ void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dou
       case AttnStrategy::P2P: bwd_p2p(dq, dk, dv, dov); break;
       case AttnStrategy::AllGather: bwd_allgather(dq, dk, dv, dov); break;
       case AttnStrategy::A2A: bwd_a2a(dq, dk, dv, dov); break;
+      case AttnStrategy::A2AP2P: bwd_a2a_p2p(dq, dk, dv, dov); break;
     }
   }
   release_saved(q_, k_, v_, o_, lse_, kg_, vg_, qh_, kh_, vh_, oh_);
@@ -431,6 +435,13 @@ std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
       for (int r = 0; r < cp_; ++r) heads_out += r == rank_ ? 0 : kv_n_[static_cast<std::size_t>(r)];
       return ((cp_ - 1) * 2 * q / cp_ + 2 * tl_ * heads_out * cfg_.head_dim) * es;
     }
+    case AttnStrategy::A2AP2P: {  // inner: q in, o out, K/V heads; outer: the ring on inner x tl tokens
+      const std::int64_t D = cfg_.head_dim, hl = cfg_.heads / inner_, me = rank_ % inner_;
+      std::int64_t heads_out = 0;
+      for (int r = 0; r < inner_; ++r) heads_out += r == me ? 0 : kv_n_[static_cast<std::size_t>(r)];
+      const std::int64_t ring = (outer_ - 1) * 2 * inner_ * tl_ * ring_kv_heads() * D;
+      return (2 * tl_ * (cfg_.heads - hl) * D + 2 * tl_ * heads_out * D + ring) * es;
+    }
   }
   return 0;
 }
@@ -448,8 +459,92 @@ std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
       const std::int64_t q = tl_ * cfg_.heads * cfg_.head_dim;
       return ((cp_ - 1) * 2 * q / cp_ + 2 * (cp_ - 1) * tl_ * kv_n_[static_cast<std::size_t>(rank_)] * cfg_.head_dim) * es;
     }
+    case AttnStrategy::A2AP2P: {  // inner: dout in, dq out, dK/dV back; outer: K/V and accumulator rings
+      const std::int64_t D = cfg_.head_dim, hl = cfg_.heads / inner_, me = rank_ % inner_;
+      const std::int64_t a2a = 2 * tl_ * (cfg_.heads - hl) * D + 2 * (inner_ - 1) * tl_ * kv_n_[static_cast<std::size_t>(me)] * D;
+      if (outer_ == 1) return a2a * es;
+      const std::int64_t kv = 2 * inner_ * tl_ * ring_kv_heads() * D;
+      const auto acc_es = static_cast<std::int64_t>(dtype_size(dt == DType::BF16 ? DType::F32 : dt));
+      return (a2a + (outer_ - 1) * kv) * es + outer_ * kv * acc_es;
+    }
   }
   return 0;
+}
+
+// ---- Ulysses inside, ring outside (a2a+p2p) ---------------------------------------------------
+// Rank r is inner rank r % inner of outer rank r / inner. The inner all-to-all gives each rank
+// heads / inner query heads (and the K/V heads they read) of all its outer rank's tokens, placed in
+// DCS order at cp / inner: the union of the inner ranks' DCS shards is exactly the outer rank's
+// DCS shard. The ring over the outer group is then the p2p strategy on those tensors.
+std::int64_t CpAttention::ring_kv_heads() const {
+  return kv_map_.empty() ? kv_n_[static_cast<std::size_t>(rank_ % inner_)] : cfg_.heads / inner_;
+}
+
+void CpAttention::make_levels() {
+  if (ring_) return;
+  inner_comm_ = comm_.split(rank_ / inner_, rank_);
+  outer_comm_ = comm_.split(rank_ % inner_, rank_);
+  inner_comm_->count_into(&comm_);
+  outer_comm_->count_into(&comm_);
+  const std::int64_t hl = cfg_.heads / inner_;
+  std::vector<std::int64_t> qlo, qn;
+  for (int j = 0; j < inner_; ++j) {
+    qlo.push_back(j * hl);
+    qn.push_back(hl);
+  }
+  const auto rows = inner_to_outer_rows(cfg_.global, cp_, inner_, rank_);
+  xq_ = std::make_unique<HeadExchange>(*inner_comm_, qlo, qn, rows, inner_ * tl_);
+  xkv_ = std::make_unique<HeadExchange>(*inner_comm_, kv_lo_, kv_n_, rows, inner_ * tl_);
+  CpAttnConfig rc = cfg_;
+  rc.strategy = AttnStrategy::P2P;
+  rc.heads = hl;
+  rc.kv_heads = ring_kv_heads();
+  rc.cp_inner = 1;
+  ring_ = std::make_unique<CpAttention>(*outer_comm_, rc);
+}
+
+void CpAttention::fwd_a2a_p2p(Tensor& o) {
+  make_levels();
+  Clock c;
+  const std::int64_t hl = cfg_.heads / inner_, D = cfg_.head_dim;
+  Tensor qh = xq_->to_heads(q_), kh = xkv_->to_heads(k_), vh = xkv_->to_heads(v_);
+  if (!kv_map_.empty()) {
+    kh = gather_heads(kh, kv_map_);
+    vh = gather_heads(vh, kv_map_);
+  }
+  fwd_t_.comm_wait += c.lap();
+  Tensor oh = Tensor::zeros({inner_ * tl_, hl, D}, q_.dtype());
+  ring_->forward(oh, qh, kh, vh);
+  fwd_t_.compute += ring_->fwd_times().compute;
+  fwd_t_.comm_wait += ring_->fwd_times().comm_wait;
+  c.lap();
+  o_ = xq_->to_tokens(oh, cfg_.heads);
+  fwd_t_.comm_wait += c.lap();
+  o.copy_from(o_.view(o.shape()));
+}
+
+void CpAttention::bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
+  Clock c;
+  const std::int64_t hl = cfg_.heads / inner_, D = cfg_.head_dim, kvr = ring_kv_heads();
+  Tensor doh = xq_->to_heads(dout);
+  bwd_t_.comm_wait += c.lap();
+  Tensor dqh = Tensor::zeros({inner_ * tl_, hl, D}, q_.dtype()), dkh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype()),
+         dvh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype());
+  ring_->backward(dqh, dkh, dvh, doh);
+  bwd_t_.compute += ring_->bwd_times().compute;
+  bwd_t_.comm_wait += ring_->bwd_times().comm_wait;
+  c.lap();
+  if (!kv_map_.empty()) {
+    const std::int64_t n = kv_n_[static_cast<std::size_t>(rank_ % inner_)];
+    dkh = gather_heads_adjoint(dkh, kv_map_, n);
+    dvh = gather_heads_adjoint(dvh, kv_map_, n);
+  }
+  bwd_t_.compute += c.lap();
+  Tensor dql = xq_->to_tokens(dqh, cfg_.heads), dkl = xkv_->to_tokens(dkh, cfg_.kv_heads), dvl = xkv_->to_tokens(dvh, cfg_.kv_heads);
+  bwd_t_.comm_wait += c.lap();
+  dq.copy_from(dql.view(dq.shape()));
+  dk.copy_from(dkl.view(dk.shape()));
+  dv.copy_from(dvl.view(dv.shape()));
 }
 
 }  // namespace hcp::cp

@@ -1,12 +1,15 @@
-// Context-parallel attention over a CP group: ring p2p with DualChunkSwap, all-gather of K/V, and
-// Ulysses head all-to-all; forward and backward; BSHD and THD (packed) alike.
+// Context-parallel attention over a CP group: ring p2p with DualChunkSwap, all-gather of K/V,
+// Ulysses head all-to-all, and Ulysses over an inner group around a ring over the outer group
+// (a2a+p2p); forward and backward; BSHD and THD (packed) alike.
 // Contract: q, dout local [Tl, H, D]; k, v local [Tl, Hkv, D]; Tl = global tokens / cp, tokens in
 // DCS order (cp/layout.hpp) of the global, padded layout (every sequence a multiple of 2*cp).
 #pragma once
+#include <memory>
 #include <string>
 
 #include "comm/communicator.hpp"
 #include "core/layout.hpp"
+#include "cp/head_exchange.hpp"
 #include "cp/strategy.hpp"
 #include "kernels/kernels.hpp"
 
@@ -18,6 +21,9 @@ struct CpAttnConfig {
   bool causal = true;
   double scale = 0;  // 0: 1/sqrt(head_dim)
   SeqLayout global;  // BSHD rows or THD packed sequences, padded
+  // a2a+p2p: ranks of the inner (Ulysses) group, consecutive ranks; divides the CP size. The outer
+  // ring runs over the cp / cp_inner ranks with the same inner index.
+  int cp_inner = 1;
 };
 
 // Time split of the last forward/backward (seconds, this rank).
@@ -47,6 +53,10 @@ class CpAttention {
   void bwd_allgather(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   void fwd_a2a(Tensor& o);
   void bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  void fwd_a2a_p2p(Tensor& o);
+  void bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  void make_levels();
+  std::int64_t ring_kv_heads() const;  // a2a+p2p: K/V heads per rank on the outer ring  // a2a+p2p: the inner and outer groups, exchanges and ring (collective, once)
   kernels::AttnParams base_params(std::int64_t heads, std::int64_t kv_heads) const;
   // Ring p2p pieces shared by forward and backward: the [2, Tl, Hkv, D] K-then-V buffer that
   // travels, the attention parameters of step i, and posting the send/receive of the next block.
@@ -69,6 +79,12 @@ class CpAttention {
   std::vector<std::int64_t> kv_lo_, kv_n_, kv_map_;
   Tensor kv_to_heads(const Tensor& x) const;   // local [Tl, Hkv, D] -> [T, n_mine, D], global order
   Tensor dkv_to_seq(const Tensor& dxh) const;  // its adjoint: contributions summed at the owner
+  // a2a+p2p: kv_lo_/kv_n_/kv_map_ are over the inner group; the exchanges of query and K/V heads
+  // over it, and the p2p ring over the outer group on the head-sharded tensors.
+  int inner_ = 1, outer_ = 1;
+  std::unique_ptr<Communicator> inner_comm_, outer_comm_;
+  std::unique_ptr<HeadExchange> xq_, xkv_;
+  std::unique_ptr<CpAttention> ring_;
   CpAttnTimes fwd_t_, bwd_t_;
 };
 

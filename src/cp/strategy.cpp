@@ -4,26 +4,64 @@
 
 namespace hcp::cp {
 
+const std::vector<AttnStrategyInfo>& attn_strategies() {
+  static const std::vector<AttnStrategyInfo> v = {
+      {AttnStrategy::P2P, "p2p", "ring of K/V blocks with DualChunkSwap; dK/dV accumulators follow"},
+      {AttnStrategy::AllGather, "allgather", "all-gather of K/V, reduce-scatter of dK/dV"},
+      {AttnStrategy::A2A, "a2a", "Ulysses all-to-all: heads/cp heads of every token (heads % cp == 0)"},
+      {AttnStrategy::A2AP2P, "a2a+p2p",
+       "Ulysses over parallel.cp_inner ranks, ring p2p over cp/cp_inner groups (heads % cp_inner == 0)"},
+  };
+  return v;
+}
+
+const std::vector<MambaCpInfo>& mamba_cps() {
+  static const std::vector<MambaCpInfo> v = {
+      {MambaCp::HiddenParallel, "hidden_parallel", "all-to-all to heads/cp heads of every token and back"},
+      {MambaCp::StatePassing, "state_passing", "local scans; conv halos and chunk states exchanged, outputs corrected"},
+  };
+  return v;
+}
+
+std::vector<std::string> attn_strategy_names() {
+  std::vector<std::string> n;
+  for (const auto& s : attn_strategies()) n.emplace_back(s.name);
+  return n;
+}
+std::vector<std::string> mamba_cp_names() {
+  std::vector<std::string> n;
+  for (const auto& s : mamba_cps()) n.emplace_back(s.name);
+  return n;
+}
+
+namespace {
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? (i + 1 == v.size() ? " or " : ", ") : "") + v[i];
+  return s;
+}
+}  // namespace
+
 AttnStrategy attn_strategy_from_string(const std::string& s) {
-  if (s == "p2p") return AttnStrategy::P2P;
-  if (s == "allgather") return AttnStrategy::AllGather;
-  if (s == "a2a") return AttnStrategy::A2A;
-  HCP_FAIL("unknown attention CP strategy '", s, "' (expected p2p, allgather or a2a)");
+  for (const auto& r : attn_strategies())
+    if (s == r.name) return r.id;
+  HCP_FAIL("unknown attention CP strategy '", s, "' (expected ", joined(attn_strategy_names()), ")");
 }
 std::string to_string(AttnStrategy s) {
-  switch (s) {
-    case AttnStrategy::P2P: return "p2p";
-    case AttnStrategy::AllGather: return "allgather";
-    case AttnStrategy::A2A: return "a2a";
-  }
+  for (const auto& r : attn_strategies())
+    if (s == r.id) return r.name;
   return "?";
 }
 
 MambaCp mamba_cp_from_string(const std::string& s) {
-  if (s == "hidden_parallel") return MambaCp::HiddenParallel;
-  if (s == "state_passing") return MambaCp::StatePassing;
-  throw Error("mamba_cp '" + s + "' is not one of hidden_parallel, state_passing");
+  for (const auto& r : mamba_cps())
+    if (s == r.name) return r.id;
+  throw Error("mamba_cp '" + s + "' is not one of " + joined(mamba_cp_names()));
 }
-std::string to_string(MambaCp m) { return m == MambaCp::HiddenParallel ? "hidden_parallel" : "state_passing"; }
+std::string to_string(MambaCp m) {
+  for (const auto& r : mamba_cps())
+    if (m == r.id) return r.name;
+  return "?";
+}
 
 }  // namespace hcp::cp

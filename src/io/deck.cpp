@@ -232,6 +232,7 @@ const std::string& Deck::get_string(const std::string& key) const {
 }
 bool Deck::get_bool(const std::string& key) const { return std::get<bool>(value(key, DeckKey::Type::Bool)); }
 bool Deck::is_set(const std::string& key) const { return where_.count(key) > 0; }
+bool Deck::has(const std::string& key) const { return schema_ && schema_->find(key); }
 std::string Deck::where(const std::string& key) const {
   auto it = where_.find(key);
   return it != where_.end() ? it->second : source_ + " (default)";

@@ -52,6 +52,7 @@ class Deck {
   const std::string& get_string(const std::string& key) const;
   bool get_bool(const std::string& key) const;
   bool is_set(const std::string& key) const;  // given in the deck or by --set (not a default)
+  bool has(const std::string& key) const;     // in this driver's schema
   // Where a key's value came from, to open a message about it: "deck.toml:12", "--set k=v", or
   // "deck.toml (default)".
   std::string where(const std::string& key) const;

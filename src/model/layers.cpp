@@ -79,6 +79,7 @@ namespace {
 cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global) {
   cp::CpAttnConfig a;
   a.strategy = c.strategy;
+  a.cp_inner = c.cp_inner;
   a.heads = c.heads;
   a.kv_heads = c.kv_heads;
   a.head_dim = c.head_dim;

@@ -37,6 +37,7 @@ struct AttnLayerConfig {
   bool causal = true;
   double rope_theta = 0;  // 0: no positional embedding (NemotronH/V3)
   cp::AttnStrategy strategy = cp::AttnStrategy::P2P;
+  int cp_inner = 1;  // a2a+p2p: the inner group's ranks
 };
 std::vector<ParamSpec> attention_params(const AttnLayerConfig& c);  // Wq, Wk, Wv, Wo
 ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed);

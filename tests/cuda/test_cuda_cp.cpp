@@ -5,6 +5,7 @@
 // Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -45,6 +46,7 @@ TEST_P(GpuAttentionCp, DeviceEqualsHost) {
   const int n = world.size(), r = world.rank();
   cp::CpAttnConfig c;
   c.strategy = strategy;
+  c.cp_inner = n % 2 == 0 ? 2 : 1;  // a2a+p2p: 2 x 1 at np 2, 2 x 2 at np 4
   c.heads = 4;
   c.kv_heads = 2;
   c.head_dim = 16;
@@ -79,12 +81,13 @@ TEST_P(GpuAttentionCp, DeviceEqualsHost) {
 
 INSTANTIATE_TEST_SUITE_P(Grid, GpuAttentionCp,
                          ::testing::Combine(::testing::Values(cp::AttnStrategy::P2P, cp::AttnStrategy::AllGather,
-                                                              cp::AttnStrategy::A2A),
+                                                              cp::AttnStrategy::A2A, cp::AttnStrategy::A2AP2P),
                                             ::testing::Values("bshd", "thdpacked"),
                                             ::testing::Values(DType::F64, DType::F32)),
                          [](const auto& info) {
-                           return cp::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param) + "_" +
-                                  hcp::to_string(std::get<2>(info.param));
+                           std::string s = cp::to_string(std::get<0>(info.param));
+                           std::replace(s.begin(), s.end(), '+', '_');
+                           return s + "_" + std::get<1>(info.param) + "_" + hcp::to_string(std::get<2>(info.param));
                          });
 
 // bf16 with head_dim 64 and 128 runs the tensor-core attention kernels (forward, dQ, dK/dV) under each

@@ -61,7 +61,7 @@ for driver, args in [("cp_attention", ["--set", "data.format=bshd", "--set", "da
         with h5py.File(os.path.join(tmp, "cp_attention_3.h5"), "r") as f:
             for strat in f["comm"]:
                 per_rank = sum(g["bytes_sent"][()] for g in f["comm"][strat].values())
-                m = re.search(rf"^\s+{strat}\s.*$", text, re.M)
+                m = re.search(rf"^\s+{re.escape(strat)}\s.*$", text, re.M)
                 cols = m.group(0).split() if m else []
                 # the table's bytes/rank and model_bytes columns (max over ranks)
                 check(len(cols) > 7 and int(cols[6]) == int(per_rank.max()) == int(cols[7]),
