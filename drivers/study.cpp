@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "common.hpp"
 #include "cp/layout.hpp"
@@ -192,6 +193,9 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
   w.config_int("cp_size", cp);
   w.config_int("world_size", ctx.world->size());
   if (ctx.deck.has("parallel.cp_inner")) w.config_int("cp_inner", cp_inner_of(ctx.deck, cp));  // a2a+p2p, resolved
+  // Where it ran: more ranks than cores on a node makes its times no scaling measurement.
+  w.config_int("ranks_per_node", ranks_per_node());
+  w.config_int("node_cores", static_cast<std::int64_t>(std::thread::hardware_concurrency()));
 }
 
 void Study::config(std::map<std::string, std::string> attrs, const std::vector<std::pair<std::string, std::string>>& skipped) {

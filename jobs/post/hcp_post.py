@@ -12,11 +12,15 @@
       fail, 3 when no file holds any entry (nothing was checked: not a pass)
   hcp_post.py table [--csv|--json] F.h5 ...   timings: per file, strategy and phase, median over repeats of
       the slowest rank (as text, CSV or JSON)
-  hcp_post.py plot-scaling --out S.png F.h5 ...   time per step against cp size, one line per strategy
+  hcp_post.py plot-scaling --out S.png F.h5 ...   time per step against cp size, one line per strategy,
+      the spread of the repeats and the ideal 1/cp line
+  hcp_post.py plot-memory --out M.png F.h5 ...    tensor memory per rank against cp size: largest rank,
+      the spread over ranks, the memory model, the ideal 1/cp line
+  hcp_post.py plot-bytes --out B.png F.h5 ...     bytes sent per rank and step against cp size
   hcp_post.py plot-breakdown --out B.png F.h5 ...  stacked per-phase time per strategy (and cp)
   hcp_post.py plot-errors --out E.png F.h5 ...     worst error against cp=1 per strategy and cp, with tolerance
   hcp_post.py study DIR [--title T]   a study directory (e.g. a Slurm job's HCP_OUTDIR) in one command:
-      the timing table, DIR/timings.csv, DIR/scaling.png, DIR/breakdown.png, DIR/errors.png and the
+      the timing table, DIR/timings.csv, DIR/{scaling,memory,bytes,breakdown,errors}.png and the
       error summary of every finished *.h5 in DIR; exit as summary does
   hcp_post.py scale [--csv] F.h5 ...   what CP trades, per file and strategy: step time, tensor memory per
       rank (max over ranks; the memory model beside it; x cp against the file of fewest ranks: 1.00
@@ -36,6 +40,7 @@ import sys
 import h5py
 import numpy as np
 
+import hcp_figures
 from hcp_files import unusable
 
 
@@ -334,19 +339,25 @@ def plot_against_cp(series, out, title, ylabel, ylog=False):
     fig.savefig(out, dpi=120)
 
 
-def cmd_plot_scaling(a):
-    series = {}
-    for path in a.files:
-        with h5py.File(path, "r") as f:
-            cp = int(_config(f).get("cp_size", 1))
-            for strat, ph in _timings(f).items():
-                series.setdefault(strat, []).append((cp, _step_ms(ph)))
-    if not series:
-        print("error: no /timings in the given files", file=sys.stderr)
+def _figure_cmd(fn, what, a):
+    lines = fn(a.files, a.out, a.title)
+    if not lines:
+        print(f"error: {' '.join(a.files)}: no {what} in the given files", file=sys.stderr)
         return 1
-    plot_against_cp(dict(sorted(series.items())), a.out, a.title, "time per step (ms, slowest rank, median)")
-    print(f"wrote {a.out} ({sum(len(v) for v in series.values())} points, {len(series)} strategies)")
+    print(f"wrote {a.out} ({sum(len(v['pts']) for v in lines.values())} points, {len(lines)} strategies)")
     return 0
+
+
+def cmd_plot_scaling(a):
+    return _figure_cmd(hcp_figures.plot_time, "/timings", a)
+
+
+def cmd_plot_memory(a):
+    return _figure_cmd(hcp_figures.plot_memory, "/memory", a)
+
+
+def cmd_plot_bytes(a):
+    return _figure_cmd(hcp_figures.plot_bytes, "/comm", a)
 
 
 def cmd_plot_breakdown(a):
@@ -458,6 +469,17 @@ def cmd_study(a):
         print(f"error: study: no CP run among the results files in '{a.dir}' ({', '.join(others)})", file=sys.stderr)
         return 2
     title = a.title or os.path.basename(os.path.normpath(a.dir))
+    # Ranks beyond a node's cores share them: those runs' times are not a scaling measurement.
+    over = []
+    for path in files:
+        with h5py.File(path, "r") as f:
+            c = _config(f)
+        rpn, cores = int(c.get("ranks_per_node", 0)), int(c.get("node_cores", 0))
+        if rpn and cores and rpn > cores:
+            over.append(f"{os.path.basename(path)} ({rpn} ranks on {cores} cores)")
+    if over:
+        print(f"# warning: oversubscribed runs, their times measure core sharing, not CP: {', '.join(over)}")
+        title += " (oversubscribed runs)"
     print(f"# study {a.dir}: {len(files)} files" + (f" ({len(unfinished)} unfinished, left out)" if unfinished else ""))
     if others:
         print(f"# left out, not CP runs: {', '.join(others)}")
@@ -472,6 +494,10 @@ def cmd_study(a):
             sys.stdout = saved
     print(f"wrote {csv_path}")
     cmd_plot_scaling(argparse.Namespace(files=files, out=os.path.join(a.dir, "scaling.png"), title=f"{title}: time per step"))
+    for fn, name, what in ((cmd_plot_memory, "memory.png", "memory per rank"), (cmd_plot_bytes, "bytes.png", "bytes sent per rank")):
+        fig = argparse.Namespace(files=files, out=os.path.join(a.dir, name), title=f"{title}: {what}")
+        if fn(fig) != 0:
+            print(f"# no {what} in these files: no {name}")
     def phased(path):
         with h5py.File(path, "r") as f:
             return any("/" in k for ph in _timings(f).values() for k in ph)
@@ -614,11 +640,14 @@ def main(argv=None):
     sc.add_argument("--csv", action="store_true", help="CSV on stdout instead of the table")
     sc.add_argument("files", nargs="+")
     sc.set_defaults(fn=cmd_scale)
-    ps = sub.add_parser("plot-scaling")
-    ps.add_argument("--out", required=True)
-    ps.add_argument("--title", default="CP scaling")
-    ps.add_argument("files", nargs="+")
-    ps.set_defaults(fn=cmd_plot_scaling)
+    for name, fn, title, what in (("plot-scaling", cmd_plot_scaling, "CP scaling: time per step", "time per step"),
+                                  ("plot-memory", cmd_plot_memory, "CP scaling: memory per rank", "tensor memory per rank"),
+                                  ("plot-bytes", cmd_plot_bytes, "CP scaling: bytes sent per rank", "bytes sent per rank")):
+        ps = sub.add_parser(name, help=f"{what} against the CP size, one line per strategy")
+        ps.add_argument("--out", required=True, help="the PNG to write")
+        ps.add_argument("--title", default=title, help=f"figure title (default: {title})")
+        ps.add_argument("files", nargs="+", help="results files (any CP sizes and strategies)")
+        ps.set_defaults(fn=fn)
     pb = sub.add_parser("plot-breakdown")
     pb.add_argument("--out", required=True)
     pb.add_argument("--title", default="")

@@ -34,7 +34,7 @@ n_strong=$(ls "$out"/strong/*.h5 | wc -l); n_weak=$(ls "$out"/weak/*.h5 | wc -l)
 [ "$n_strong" -eq 6 ] && [ "$n_weak" -eq 6 ] || { echo "FAIL: expected 6 + 6 files, got $n_strong + $n_weak"; exit 1; }
 for f in "$out"/strong/*.h5 "$out"/weak/*.h5; do h5dump -a /config/driver "$f" >/dev/null || { echo "FAIL: unreadable $f"; exit 1; }; done
 for d in strong weak; do  # hcp_post.py study made these from the directory
-  for png in scaling errors $([ "$d" = strong ] && echo breakdown); do
+  for png in scaling memory bytes errors $([ "$d" = strong ] && echo breakdown); do
     [ "$(head -c 4 "$out/$d/$png.png" | od -An -c | tr -d ' ')" = "211PNG" ] || { echo "FAIL: $d/$png.png is not a PNG"; exit 1; }
   done
   grep -q "^file,cp,strategy,step_ms" "$out/$d/timings.csv" || { echo "FAIL: $d/timings.csv"; exit 1; }
