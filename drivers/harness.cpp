@@ -16,6 +16,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "common.hpp"
 #include "layer_keys.hpp"
+#include "provenance.hpp"
 #include "core/error.hpp"
 #include "cp/strategy.hpp"
 
@@ -78,6 +79,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       drivers::ranks_per_node();  // collective once, on every rank, before any deck-dependent code asks
       DriverContext ctx;
       ctx.world = &world;
+      ctx.provenance = drivers::run_provenance(world);  // collective: rank 0's host and date everywhere
       ctx.git_rev = HCP_GIT_REV;
       ctx.driver = spec.name;
       for (int i = 0; i < argc; ++i) ctx.cmdline += (i ? " " : "") + std::string(argv[i]);
@@ -90,7 +92,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       app.add_option("--deck", deck_path, "input deck (TOML); default: the built-in deck");
       app.add_option("--set", sets, "override a deck value: section.key=value (repeatable)");
       app.add_option("--out", ctx.out, "results file (HDF5)");
-      app.set_version_flag("--version", spec.name + " (hybridcp " HCP_VERSION ", git revision " HCP_GIT_REV ")");
+      app.set_version_flag("--version", drivers::version_line(spec.name));
       app.add_flag("--print-deck", print_deck, "print the resolved deck and exit");
       app.add_flag("--help-deck", help_deck, "list the deck keys this driver reads and exit");
       app.add_flag("--list-strategies", list_strategies,

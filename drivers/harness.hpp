@@ -4,6 +4,7 @@
 //    agreed on collectively: rank 0 prints one message, every rank exits with status 2.
 //  * run: any error on any rank prints "[rank r] error: ..." and MPI_Abort ends every rank (status 3).
 #pragma once
+#include <map>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@ struct DriverContext {
   std::string out;        // results file (--out), "" for none
   std::string cmdline;    // the command line, for /config
   std::string git_rev;    // the build's git revision
+  std::map<std::string, std::string> provenance;  // host, date, libraries, ... (provenance.hpp), for /config
   bool quiet = false;
   // --dry-run: validate, print the memory estimate by part and exit 0 (nothing allocated);
   // `ranks` (--ranks N, > 0) the world size to estimate for instead of the launched one.

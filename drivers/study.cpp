@@ -181,6 +181,7 @@ bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
 
 void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend, DType dt,
                   int cp, std::map<std::string, std::string> attrs) {
+  attrs.merge(std::map<std::string, std::string>(ctx.provenance));
   attrs.merge(std::map<std::string, std::string>{{"driver", driver},
                                                  {"deck", ctx.deck.text()},
                                                  {"deck_resolved", ctx.deck.resolved()},

@@ -208,6 +208,14 @@ void init(int local_rank) {
 
 bool initialized() { return g_init; }
 std::string device_name() { return g_name; }
+std::string versions() {
+  int rt = 0, drv = 0;
+  cudaRuntimeGetVersion(&rt);
+  const bool has_driver = cudaDriverGetVersion(&drv) == cudaSuccess && drv > 0;
+  cudaGetLastError();
+  const auto v = [](int x) { return std::to_string(x / 1000) + "." + std::to_string(x % 1000 / 10); };
+  return "CUDA runtime " + v(rt) + ", driver " + (has_driver ? v(drv) : std::string("none"));
+}
 void synchronize() { HCP_CUDA_CHECK(cudaDeviceSynchronize()); }
 double time_ms(void (*fn)(void*), void* arg) {
   cudaEvent_t a, b;

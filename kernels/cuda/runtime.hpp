@@ -15,6 +15,8 @@ std::string unavailable_reason();
 void init(int local_rank = 0);
 bool initialized();
 std::string device_name();
+// "CUDA runtime 13.0, driver 13.0" (the driver part "none" without a driver).
+std::string versions();
 void synchronize();
 // The device's stream-ordered pool, which holds every tensor and kernel workspace: its high-water
 // mark of bytes in use since the last reset, and the bytes in use now.

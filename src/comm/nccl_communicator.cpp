@@ -55,6 +55,12 @@ class DevStage {
 };
 }  // namespace
 
+std::string nccl_version() {
+  int v = 0;
+  ncclGetVersion(&v);
+  return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
 struct NcclCommunicator::Impl {
   ncclComm_t comm = nullptr;
   std::atomic<bool> aborted{false};

@@ -15,6 +15,8 @@
 
 namespace hcp {
 
+std::string nccl_version();  // "NCCL 2.28.3"
+
 class NcclCommunicator final : public Communicator {
  public:
   // Collective over `bootstrap` (same ranks, same order). The current CUDA device is used

@@ -1,5 +1,6 @@
 // The reason an HDF5 call failed.
 #include "io/h5_util.hpp"
+#include "io/results.hpp"
 
 #include <hdf5.h>
 #include <sys/statvfs.h>
@@ -47,6 +48,17 @@ std::string h5_reason(const std::string& file) {
                             " bytes free where it is written)");
   }
   return r.code != 0 ? std::strerror(r.code) : "the HDF5 library refused the call";
+}
+
+std::string hdf5_library_version() {
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+#ifdef H5_HAVE_PARALLEL
+  const char* par = " (parallel)";
+#else
+  const char* par = " (serial)";
+#endif
+  return "HDF5 " + std::to_string(maj) + "." + std::to_string(min) + "." + std::to_string(rel) + par;
 }
 
 }  // namespace hcp

@@ -28,6 +28,9 @@
 
 namespace hcp {
 
+// The HDF5 library this build runs on, e.g. "HDF5 1.10.8 (parallel)".
+std::string hdf5_library_version();
+
 enum class H5Io { Gather, Collective };
 // True when this build's HDF5 has MPI-IO (H5Io::Collective can be used).
 bool hdf5_parallel();
