@@ -39,12 +39,16 @@ def points(files):
     out = []
     for path in files:
         with h5py.File(path, "r") as f:
-            cp = int(_config(f).get("cp_size", 1))
+            cfg = _config(f)
+            cp = int(cfg.get("cp_size", 1))
+            rpn, cores = int(cfg.get("ranks_per_node", 0)), int(cfg.get("node_cores", 0))
+            over = bool(rpn and cores and rpn > cores)  # ranks shared cores: the time is not CP's
             strategies = sorted(set(f["timings"]) if "timings" in f else set())
             for strat in strategies:
                 if not isinstance(f["timings"][strat], h5py.Group):
                     continue
-                p = {"cp": cp, "strategy": strat, "step": _step(f, strat), "mem": None, "model": None, "sent": None}
+                p = {"cp": cp, "strategy": strat, "step": _step(f, strat), "mem": None, "model": None, "sent": None,
+                     "over": over}
                 mem = f.get(f"memory/{strat}")
                 if isinstance(mem, h5py.Group) and "step_tensor_bytes" in mem and "live_tensor_bytes" in mem:
                     p["mem"] = (mem["step_tensor_bytes"][()] + mem["live_tensor_bytes"][()]) / 2**20
@@ -81,8 +85,14 @@ def _figure(lines, out, title, ylabel, ylog):
             ax.plot([q[0] for q in m], [q[1] for q in m], "--", color=color, alpha=0.7, label=f"{strat} model")
         if ln.get("ideal") and len(pts) > 1 and y[0] > 0:
             ax.plot(cps, y[0] * cps[0] / cps, ":", color=color, alpha=0.7)
+        over = [p for p in pts if p[0] in ln.get("over", ())]
+        if over:  # hollow: ranks shared a node's cores
+            ax.plot([p[0] for p in over], [p[1] for p in over], "o", markersize=11, markerfacecolor="white",
+                    markeredgecolor=color, zorder=3)
     if any(ln.get("ideal") for ln in lines.values()):
         ax.plot([], [], "k:", alpha=0.7, label="ideal 1/cp (from the fewest ranks)")
+    if any(ln.get("over") for ln in lines.values()):
+        ax.plot([], [], "o", color="k", markerfacecolor="white", label="more ranks than cores: core sharing, not CP")
     ax.set_xscale("log", base=2)
     if ylog:
         ax.set_yscale("log")
@@ -102,8 +112,10 @@ def plot_time(files, out, title):
         s = p["step"]
         if s is None or not s.size:
             continue
-        lines.setdefault(p["strategy"], {"pts": [], "ideal": True})["pts"].append(
-            (p["cp"], float(np.median(s)), float(s.min()), float(s.max())))
+        ln = lines.setdefault(p["strategy"], {"pts": [], "ideal": True, "over": set()})
+        ln["pts"].append((p["cp"], float(np.median(s)), float(s.min()), float(s.max())))
+        if p["over"]:
+            ln["over"].add(p["cp"])
     if lines:
         _figure(lines, out, title, "time per step (ms)\nmedian of the slowest rank; bar: repeats", ylog=True)
     return lines

@@ -262,9 +262,10 @@ def _scale_rows(files):
             order = cfg.get("strategy", "").split(",")
             timings = _timings(f)
             data = deck.get("data", {})
-            tokens = int(cfg.get("tokens", 0) or 0) or (
-                data.get("batch", 1) * data.get("seqlen", 0) if data.get("format") == "bshd"
-                else sum(int(x) for x in str(data.get("seq_lens", "0")).replace(",", " ").split()))
+            # The real tokens of the deck (THD pads each sequence to 2 cp, so padded totals differ by cp)
+            real = (data.get("batch", 1) * data.get("seqlen", 0) if data.get("format") == "bshd"
+                    else sum(int(x) for x in str(data.get("seq_lens", "0")).replace(",", " ").split()))
+            tokens = real or int(cfg.get("tokens", 0) or 0)
             for strat in sorted(timings, key=lambda n: order.index(n) if n in order else len(order)):
                 mem = f.get(f"memory/{strat}")
                 if mem is None or "step_tensor_bytes" not in mem:
@@ -414,8 +415,9 @@ def cmd_plot_errors(a):
         return 1
     bars.sort()
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(bars) + 2), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 0.95 * len(bars) + 2), 4))
     names = [label for _, label, _, _ in bars]
+    ax.tick_params(axis="x", labelsize=8)
     # A zero error (cp=1 against itself, or bit-equal strategies) has no place on a log axis: such
     # bars stand at a floor two decades below the smallest error or tolerance, marked "0".
     positive = [b[2] for b in bars if b[2] > 0] + [b[3] for b in bars if b[3] > 0]
