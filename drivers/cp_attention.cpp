@@ -31,7 +31,7 @@ seed = 1
 
 [parallel]
 cp_size = 0                 # 0: all ranks form one CP group
-strategy = "all"            # p2p | allgather | a2a | a2a+p2p | all
+attention = "all"           # p2p | allgather | a2a | a2a+p2p | all
 cp_inner = 0                # a2a+p2p inner group (0: the ranks of a node)
 
 [run]
@@ -44,7 +44,8 @@ DeckSchema schema() {
   DeckSchema s;
   drivers::add_attention_keys(s, {8, 2, 32});
   s.add_bool("attention.causal", true, "causal mask (false: full attention)")
-      .add_string("parallel.strategy", "all", "attention CP strategy (all: each in turn)", drivers::attention_choices(true));
+      .add_string("parallel.attention", "all", "attention CP strategy (all: each in turn)", drivers::attention_choices(true))
+      .rename_key("parallel.strategy", "parallel.attention");
   drivers::add_cp_inner_key(s);
   drivers::add_cp_driver_keys(s, "200, 56, 500", 512, /*with_bf16=*/true);
   drivers::add_device_key(s);
@@ -66,7 +67,7 @@ cp::CpAttnConfig config(const Deck& d, int cp, const std::string& strategy) {
 
 // The strategies; constructing one checks its divisibility rules (e.g. a2a: heads % cp).
 drivers::Cases cases() {
-  return {"parallel.strategy", "all", drivers::attention_choices(false),
+  return {"parallel.attention", "all", drivers::attention_choices(false),
           [](const Deck& d, Communicator& c, int cp, const std::string& n) { cp::CpAttention a(c, config(d, cp, n)); },
           drivers::attention_memory};
 }

@@ -35,7 +35,7 @@ seed = 1
 
 [parallel]
 cp_size = 0
-mamba_cp = "both"  # hidden_parallel | state_passing | both
+mamba_cp = "all"   # hidden_parallel | state_passing | all
 
 [run]
 warmup = 1
@@ -49,7 +49,10 @@ DeckSchema schema() {
   drivers::add_mamba_keys(s, {.heads = 8, .head_dim = 16, .groups = 2, .d_state = 16, .conv = 4, .chunk = 32});
   drivers::add_cp_driver_keys(s, "100, 37, 250", 256, /*with_bf16=*/true);
   drivers::add_device_key(s);
-  s.add_string("parallel.mamba_cp", "both", "Mamba CP strategy", {"hidden_parallel", "state_passing", "both"});
+  std::vector<std::string> choices = cp::mamba_cp_names();
+  choices.emplace_back("all");
+  s.add_string("parallel.mamba_cp", "all", "Mamba CP strategy (all: each in turn)", choices)
+      .rename_choice("parallel.mamba_cp", "both", "all");
   return s;
 }
 
@@ -66,7 +69,7 @@ Setup make_setup(const Deck& d, int cp) {
 
 // The strategies; constructing a layer checks its divisibility rules.
 drivers::Cases cases() {
-  return {"parallel.mamba_cp", "both", {"hidden_parallel", "state_passing"},
+  return {"parallel.mamba_cp", "all", cp::mamba_cp_names(),
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
             const Setup s = make_setup(d, cp);
             model::make_mamba2(cp::mamba_cp_from_string(n), c, s.cfg, s.global);

@@ -133,7 +133,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
           return;
         }
         if (list_strategies) {  // the strategy key's choices that are strategies of the registry ("all" aside)
-          for (const std::string key : {"parallel.strategy", "parallel.attention", "parallel.mamba_cp"})
+          for (const std::string key : {"parallel.attention", "parallel.mamba_cp"})
             if (const DeckKey* k = spec.schema.find(key)) {
               const auto known = key == "parallel.mamba_cp" ? cp::mamba_cp_names() : cp::attn_strategy_names();
               if (world.rank() == 0)

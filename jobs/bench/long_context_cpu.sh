@@ -27,8 +27,8 @@ run() {  # driver np tag args...
 }
 for np in ${HCP_NPS:-1 2 4 8}; do
   run cp_attention "$np" attention_16k --set data.seqlen=16384 --set attention.heads=8 --set attention.kv_heads=2 \
-    --set attention.head_dim=64 --set parallel.strategy=all --set run.warmup=1 --set run.repeats=1
-  run cp_mamba "$np" mamba_128k --set data.seqlen=131072 --set parallel.mamba_cp=both --set run.warmup=1 --set run.repeats=1
+    --set attention.head_dim=64 --set parallel.attention=all --set run.warmup=1 --set run.repeats=1
+  run cp_mamba "$np" mamba_128k --set data.seqlen=131072 --set parallel.mamba_cp=all --set run.warmup=1 --set run.repeats=1
   [ "$np" -ge 2 ] && run cp_hybrid "$np" hybrid_32k --deck "$root/inputs/hybrid_nano_like.toml" --set data.seqlen=32768 \
     --set parallel.attention=all --set run.warmup=0 --set run.repeats=1
 done

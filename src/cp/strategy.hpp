@@ -1,6 +1,6 @@
 // The CP strategies of the two sequence-mixing layers, one record each: the deck name, what it is,
 // and what shapes it needs. Deck choices, `all` and the drivers' --list-strategies read these lists.
-//   Attention (parallel.attention / parallel.strategy; src/cp/attention_cp.hpp):
+//   Attention (parallel.attention; src/cp/attention_cp.hpp):
 //     p2p        ring of K/V with DualChunkSwap;
 //     allgather  all-gather of K/V, reduce-scatter of dK/dV;
 //     a2a        Ulysses: all-to-all from sequence to head shards and back (heads % cp == 0);

@@ -56,6 +56,8 @@ void check_rules(const DeckKey& k, const DeckValue& v, const std::string& where)
       ok = ok || c == *p;
       all += (all.empty() ? "" : ", ") + c;
     }
+    if (!ok && k.renamed_choices.count(*p))
+      HCP_INPUT_FAIL(where, "key '", k.key, "' = \"", *p, "\" is now \"", k.renamed_choices.at(*p), "\"");
     if (!ok) HCP_INPUT_FAIL(where, "key '", k.key, "' = \"", *p, "\" is not one of: ", all);
   }
 }
@@ -121,6 +123,8 @@ void walk(const toml::table& tbl, const std::string& prefix, const DeckSchema& s
       continue;
     }
     const DeckKey* k = schema.find(key);
+    if (!k && !schema.renamed(key).empty())
+      HCP_INPUT_FAIL(where, "key '", key, "' is now '", schema.renamed(key), "'");
     if (!k) HCP_INPUT_FAIL(where, "unknown key '", key, "' (see --help-deck for the keys this driver reads)");
     DeckValue v = from_node(*k, node, where);
     check_rules(*k, v, where);
@@ -133,23 +137,39 @@ void walk(const toml::table& tbl, const std::string& prefix, const DeckSchema& s
 
 DeckSchema& DeckSchema::add_int(const std::string& key, std::int64_t def, std::string help, std::optional<double> min,
                                 std::optional<double> max) {
-  keys_.push_back({key, DeckKey::Type::Int, def, std::move(help), min, max, {}});
+  keys_.push_back({key, DeckKey::Type::Int, def, std::move(help), min, max, {}, {}});
   return *this;
 }
 DeckSchema& DeckSchema::add_float(const std::string& key, double def, std::string help, std::optional<double> min,
                                   std::optional<double> max) {
-  keys_.push_back({key, DeckKey::Type::Float, def, std::move(help), min, max, {}});
+  keys_.push_back({key, DeckKey::Type::Float, def, std::move(help), min, max, {}, {}});
   return *this;
 }
 DeckSchema& DeckSchema::add_string(const std::string& key, std::string def, std::string help,
                                    std::vector<std::string> choices) {
-  keys_.push_back({key, DeckKey::Type::String, std::move(def), std::move(help), {}, {}, std::move(choices)});
+  keys_.push_back({key, DeckKey::Type::String, std::move(def), std::move(help), {}, {}, std::move(choices), {}});
   return *this;
 }
 DeckSchema& DeckSchema::add_bool(const std::string& key, bool def, std::string help) {
-  keys_.push_back({key, DeckKey::Type::Bool, def, std::move(help), {}, {}, {}});
+  keys_.push_back({key, DeckKey::Type::Bool, def, std::move(help), {}, {}, {}, {}});
   return *this;
 }
+DeckSchema& DeckSchema::rename_key(const std::string& old_key, const std::string& new_key) {
+  renamed_keys_[old_key] = new_key;
+  return *this;
+}
+
+DeckSchema& DeckSchema::rename_choice(const std::string& key, const std::string& old_value, const std::string& new_value) {
+  for (auto& k : keys_)
+    if (k.key == key) k.renamed_choices[old_value] = new_value;
+  return *this;
+}
+
+std::string DeckSchema::renamed(const std::string& old_key) const {
+  const auto it = renamed_keys_.find(old_key);
+  return it == renamed_keys_.end() ? std::string() : it->second;
+}
+
 const DeckKey* DeckSchema::find(const std::string& key) const {
   for (auto& k : keys_)
     if (k.key == key) return &k;
@@ -190,6 +210,8 @@ Deck Deck::parse(const DeckSchema& schema, const std::string& text, const std::s
       HCP_INPUT_FAIL("--set " + o, "expected section.key=value");
     std::string key = o.substr(0, eq), val = o.substr(eq + 1);
     const DeckKey* k = schema.find(key);
+    if (!k && !schema.renamed(key).empty())
+      HCP_INPUT_FAIL("--set " + o, "key '", key, "' is now '", schema.renamed(key), "'");
     if (!k) HCP_INPUT_FAIL("--set " + o, "unknown key '", key, "' (see --help-deck)");
     DeckValue v = from_text(*k, val, "--set " + o);
     check_rules(*k, v, "--set " + o);

@@ -21,6 +21,7 @@ struct DeckKey {
   std::string help;
   std::optional<double> min, max;    // inclusive range (Int, Float)
   std::vector<std::string> choices;  // allowed strings (String), empty = any
+  std::map<std::string, std::string> renamed_choices;  // an old value -> its new name (refused, naming it)
 };
 
 class DeckSchema {
@@ -32,12 +33,17 @@ class DeckSchema {
   DeckSchema& add_string(const std::string& key, std::string def, std::string help,
                          std::vector<std::string> choices = {});
   DeckSchema& add_bool(const std::string& key, bool def, std::string help);
+  // An old key name, refused with a message naming the new one; an old value of a key, likewise.
+  DeckSchema& rename_key(const std::string& old_key, const std::string& new_key);
+  DeckSchema& rename_choice(const std::string& key, const std::string& old_value, const std::string& new_value);
+  std::string renamed(const std::string& old_key) const;  // "" when `old_key` is not a former name
   const DeckKey* find(const std::string& key) const;
   const std::vector<DeckKey>& keys() const { return keys_; }
   std::string describe() const;  // one line per key, for --help-deck
 
  private:
   std::vector<DeckKey> keys_;
+  std::map<std::string, std::string> renamed_keys_;
 };
 
 class Deck {

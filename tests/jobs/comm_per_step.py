@@ -43,7 +43,7 @@ def comm_of(driver, args, repeats):
 
 for driver, args in [("cp_attention", ["--set", "data.format=bshd", "--set", "data.batch=1", "--set", "data.seqlen=256"]),
                      ("cp_mamba", ["--set", "data.format=bshd", "--set", "data.batch=1", "--set", "data.seqlen=256",
-                                   "--set", "parallel.mamba_cp=both"])]:
+                                   "--set", "parallel.mamba_cp=all"])]:
     one, _ = comm_of(driver, args, 1)
     three, text = comm_of(driver, args, 3)
     if not one or not three:

@@ -28,7 +28,7 @@ runs = [
                                          "--set", "attention.heads=12", "--set", "attention.kv_heads=2",
                                          "--set", "attention.head_dim=32", "--set", "data.dtype=fp32", "--set", "run.check=cross"]),
     ("cp_mamba", "bshd fp32 cross", ["--set", "data.format=bshd", "--set", "data.batch=1", "--set", "data.seqlen=2400",
-                                     "--set", "mamba.heads=12", "--set", "data.dtype=fp32", "--set", "parallel.mamba_cp=both",
+                                     "--set", "mamba.heads=12", "--set", "data.dtype=fp32", "--set", "parallel.mamba_cp=all",
                                      "--set", "run.check=cross"]),
     ("cp_mamba", "bshd fp64", ["--set", "data.format=bshd", "--set", "data.batch=1", "--set", "data.seqlen=2400",
                                "--set", "mamba.heads=12"]),
