@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cp/lap_clock.hpp"
 #include "cp/layout.hpp"
 
 namespace hcp::cp {
@@ -12,14 +13,6 @@ namespace k = hcp::kernels;
 
 
 namespace {
-struct Clock {
-  double t0 = MPI_Wtime();
-  double lap() {
-    double t = MPI_Wtime(), d = t - t0;
-    t0 = t;
-    return d;
-  }
-};
 Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype()); }
 DType lse_dtype(const Tensor& q) { return q.dtype() == DType::F64 ? DType::F64 : DType::F32; }
 }  // namespace
@@ -109,7 +102,7 @@ void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dou
 // cp = 1, whatever the strategy: the kernels on the local tensors (the whole problem), with no ring,
 // gather or all-to-all and no staging copy; the gradients are written in place.
 void CpAttention::fwd_local(Tensor& o) {
-  Clock c;
+  LapClock c;
   auto p = base_params(cfg_.heads, cfg_.kv_heads);
   p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
   o_ = Tensor::zeros(q_.shape(), q_.dtype());
@@ -120,7 +113,7 @@ void CpAttention::fwd_local(Tensor& o) {
 }
 
 void CpAttention::bwd_local(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  Clock c;
+  LapClock c;
   auto p = base_params(cfg_.heads, cfg_.kv_heads);
   p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
   if (dq.is_contiguous() && dk.is_contiguous() && dv.is_contiguous()) {
@@ -197,7 +190,7 @@ void CpAttention::fwd_p2p(Tensor& o) {
   lse_ = Tensor::zeros({tl_, H}, acc_dt);
   lse_.fill(-INFINITY);
   Tensor op = Tensor::zeros({tl_, H, D}, dt), lp = Tensor::zeros({tl_, H}, acc_dt);
-  Clock c;
+  LapClock c;
   for (int i = 0; i < cp_; ++i) {
     RingRequest req = ring_post_next(cur, nxt, i);
     c.lap();
@@ -228,7 +221,7 @@ void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
   Tensor dq_acc = Tensor::zeros({tl_, H, D}, acc_dt), dq_p = Tensor::zeros({tl_, H, D}, dt);
   Tensor dk_p = Tensor::zeros({tl_, Hkv, D}, dt), dv_p = Tensor::zeros({tl_, Hkv, D}, dt);
   RingRequest ra;  // the accumulator in flight
-  Clock c;
+  LapClock c;
   for (int i = 0; i < cp_; ++i) {
     RingRequest req = ring_post_next(cur, nxt, i);
     c.lap();
@@ -278,7 +271,7 @@ static std::vector<k::AttnSegment> allgather_segments(const SeqLayout& global, c
 }
 
 void CpAttention::fwd_allgather(Tensor& o) {
-  Clock c;
+  LapClock c;
   kg_ = dcs_gather(comm_, k_, cfg_.global);
   vg_ = dcs_gather(comm_, v_, cfg_.global);
   fwd_t_.comm_wait += c.lap();
@@ -292,7 +285,7 @@ void CpAttention::fwd_allgather(Tensor& o) {
 }
 
 void CpAttention::bwd_allgather(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  Clock c;
+  LapClock c;
   auto p = base_params(cfg_.heads, cfg_.kv_heads);
   p.segments = allgather_segments(cfg_.global, local_, cp_, rank_);
   Tensor dkg = zeros_like(kg_), dvg = zeros_like(vg_), dql = zeros_like(q_);
@@ -319,23 +312,6 @@ Tensor seq_to_head(Communicator& comm, const Tensor& x, const SeqLayout& global)
 Tensor head_to_seq(Communicator& comm, const Tensor& xh, const SeqLayout& global) {
   const std::int64_t hb = xh.size(1), D = xh.size(2);
   return hp2cp(comm, xh, global).view({global.total() / comm.size(), hb * comm.size(), D});
-}
-// out[:, i] = x[:, map[i]] (one K/V head per query head), and its adjoint: dx[:, m] = sum of the
-// dout[:, i] with map[i] = m.
-Tensor gather_heads(const Tensor& x, const std::vector<std::int64_t>& map) {
-  const auto h = static_cast<std::int64_t>(map.size());
-  Tensor out = Tensor::empty({x.size(0), h, x.size(2)}, x.dtype());
-  for (std::int64_t i = 0; i < h; ++i) out.slice(1, i, 1).copy_from(x.slice(1, map[static_cast<std::size_t>(i)], 1));
-  return out;
-}
-Tensor gather_heads_adjoint(const Tensor& dout, const std::vector<std::int64_t>& map, std::int64_t n) {
-  Tensor dx = Tensor::zeros({dout.size(0), n, dout.size(2)}, dout.dtype());
-  for (std::size_t i = 0; i < map.size(); ++i) {
-    Tensor acc = dx.slice(1, map[i], 1).clone();
-    k::axpy(acc, 1.0, dout.slice(1, static_cast<std::int64_t>(i), 1).clone());
-    dx.slice(1, map[i], 1).copy_from(acc);
-  }
-  return dx;
 }
 }  // namespace
 
@@ -380,15 +356,15 @@ Tensor CpAttention::dkv_to_seq(const Tensor& dxh) const {
 }
 
 void CpAttention::fwd_a2a(Tensor& o) {
-  Clock c;
+  LapClock c;
   const std::int64_t Hl = cfg_.heads / cp_;
   qh_ = seq_to_head(comm_, q_, cfg_.global);
   kh_ = kv_to_heads(k_);
   vh_ = kv_to_heads(v_);
   fwd_t_.comm_wait += c.lap();
   if (!kv_map_.empty()) {
-    kh_ = gather_heads(kh_, kv_map_);
-    vh_ = gather_heads(vh_, kv_map_);
+    kh_ = expand_heads(kh_, kv_map_);
+    vh_ = expand_heads(vh_, kv_map_);
   }
   auto p = base_params(Hl, kh_.size(1));
   p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
@@ -402,7 +378,7 @@ void CpAttention::fwd_a2a(Tensor& o) {
 }
 
 void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  Clock c;
+  LapClock c;
   const std::int64_t Hl = cfg_.heads / cp_, n = kv_n_[static_cast<std::size_t>(rank_)];
   Tensor doh = seq_to_head(comm_, dout, cfg_.global);
   bwd_t_.comm_wait += c.lap();
@@ -411,8 +387,8 @@ void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
   Tensor dqh = zeros_like(qh_), dkh = zeros_like(kh_), dvh = zeros_like(vh_);
   k::attention_bwd(dqh, dkh, dvh, qh_, kh_, vh_, oh_, lse_, doh, p);
   if (!kv_map_.empty()) {
-    dkh = gather_heads_adjoint(dkh, kv_map_, n);
-    dvh = gather_heads_adjoint(dvh, kv_map_, n);
+    dkh = expand_heads_adjoint(dkh, kv_map_, n);
+    dvh = expand_heads_adjoint(dvh, kv_map_, n);
   }
   bwd_t_.compute += c.lap();
   Tensor dql = head_to_seq(comm_, dqh, cfg_.global);
@@ -469,82 +445,6 @@ std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
     }
   }
   return 0;
-}
-
-// ---- Ulysses inside, ring outside (a2a+p2p) ---------------------------------------------------
-// Rank r is inner rank r % inner of outer rank r / inner. The inner all-to-all gives each rank
-// heads / inner query heads (and the K/V heads they read) of all its outer rank's tokens, placed in
-// DCS order at cp / inner: the union of the inner ranks' DCS shards is exactly the outer rank's
-// DCS shard. The ring over the outer group is then the p2p strategy on those tensors.
-std::int64_t CpAttention::ring_kv_heads() const {
-  return kv_map_.empty() ? kv_n_[static_cast<std::size_t>(rank_ % inner_)] : cfg_.heads / inner_;
-}
-
-void CpAttention::make_levels() {
-  if (ring_) return;
-  inner_comm_ = comm_.split(rank_ / inner_, rank_);
-  outer_comm_ = comm_.split(rank_ % inner_, rank_);
-  inner_comm_->count_into(&comm_);
-  outer_comm_->count_into(&comm_);
-  const std::int64_t hl = cfg_.heads / inner_;
-  std::vector<std::int64_t> qlo, qn;
-  for (int j = 0; j < inner_; ++j) {
-    qlo.push_back(j * hl);
-    qn.push_back(hl);
-  }
-  const auto rows = inner_to_outer_rows(cfg_.global, cp_, inner_, rank_);
-  xq_ = std::make_unique<HeadExchange>(*inner_comm_, qlo, qn, rows, inner_ * tl_);
-  xkv_ = std::make_unique<HeadExchange>(*inner_comm_, kv_lo_, kv_n_, rows, inner_ * tl_);
-  CpAttnConfig rc = cfg_;
-  rc.strategy = AttnStrategy::P2P;
-  rc.heads = hl;
-  rc.kv_heads = ring_kv_heads();
-  rc.cp_inner = 1;
-  ring_ = std::make_unique<CpAttention>(*outer_comm_, rc);
-}
-
-void CpAttention::fwd_a2a_p2p(Tensor& o) {
-  make_levels();
-  Clock c;
-  const std::int64_t hl = cfg_.heads / inner_, D = cfg_.head_dim;
-  Tensor qh = xq_->to_heads(q_), kh = xkv_->to_heads(k_), vh = xkv_->to_heads(v_);
-  if (!kv_map_.empty()) {
-    kh = gather_heads(kh, kv_map_);
-    vh = gather_heads(vh, kv_map_);
-  }
-  fwd_t_.comm_wait += c.lap();
-  Tensor oh = Tensor::zeros({inner_ * tl_, hl, D}, q_.dtype());
-  ring_->forward(oh, qh, kh, vh);
-  fwd_t_.compute += ring_->fwd_times().compute;
-  fwd_t_.comm_wait += ring_->fwd_times().comm_wait;
-  c.lap();
-  o_ = xq_->to_tokens(oh, cfg_.heads);
-  fwd_t_.comm_wait += c.lap();
-  o.copy_from(o_.view(o.shape()));
-}
-
-void CpAttention::bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  Clock c;
-  const std::int64_t hl = cfg_.heads / inner_, D = cfg_.head_dim, kvr = ring_kv_heads();
-  Tensor doh = xq_->to_heads(dout);
-  bwd_t_.comm_wait += c.lap();
-  Tensor dqh = Tensor::zeros({inner_ * tl_, hl, D}, q_.dtype()), dkh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype()),
-         dvh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype());
-  ring_->backward(dqh, dkh, dvh, doh);
-  bwd_t_.compute += ring_->bwd_times().compute;
-  bwd_t_.comm_wait += ring_->bwd_times().comm_wait;
-  c.lap();
-  if (!kv_map_.empty()) {
-    const std::int64_t n = kv_n_[static_cast<std::size_t>(rank_ % inner_)];
-    dkh = gather_heads_adjoint(dkh, kv_map_, n);
-    dvh = gather_heads_adjoint(dvh, kv_map_, n);
-  }
-  bwd_t_.compute += c.lap();
-  Tensor dql = xq_->to_tokens(dqh, cfg_.heads), dkl = xkv_->to_tokens(dkh, cfg_.kv_heads), dvl = xkv_->to_tokens(dvh, cfg_.kv_heads);
-  bwd_t_.comm_wait += c.lap();
-  dq.copy_from(dql.view(dq.shape()));
-  dk.copy_from(dkl.view(dk.shape()));
-  dv.copy_from(dvl.view(dv.shape()));
 }
 
 }  // namespace hcp::cp

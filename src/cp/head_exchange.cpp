@@ -109,4 +109,22 @@ Tensor HeadExchange::to_tokens(const Tensor& xh, std::int64_t heads) const {
   return x;
 }
 
+// out[:, i] = x[:, map[i]] (one K/V head per query head), and its adjoint: dx[:, m] = sum of the
+// dout[:, i] with map[i] = m.
+Tensor expand_heads(const Tensor& x, const std::vector<std::int64_t>& map) {
+  const auto h = static_cast<std::int64_t>(map.size());
+  Tensor out = Tensor::empty({x.size(0), h, x.size(2)}, x.dtype());
+  for (std::int64_t i = 0; i < h; ++i) out.slice(1, i, 1).copy_from(x.slice(1, map[static_cast<std::size_t>(i)], 1));
+  return out;
+}
+Tensor expand_heads_adjoint(const Tensor& dout, const std::vector<std::int64_t>& map, std::int64_t n) {
+  Tensor dx = Tensor::zeros({dout.size(0), n, dout.size(2)}, dout.dtype());
+  for (std::size_t i = 0; i < map.size(); ++i) {
+    Tensor acc = dx.slice(1, map[i], 1).clone();
+    k::axpy(acc, 1.0, dout.slice(1, static_cast<std::int64_t>(i), 1).clone());
+    dx.slice(1, map[i], 1).copy_from(acc);
+  }
+  return dx;
+}
+
 }  // namespace hcp::cp

@@ -26,6 +26,12 @@ KvHeadRanges kv_head_ranges(std::int64_t heads, std::int64_t kv_heads, int parts
 // outer rank of `rank` holds the union of its inner ranks' DCS shards, in DCS order at cp / inner.
 std::vector<std::vector<std::int64_t>> inner_to_outer_rows(const SeqLayout& global, int cp, int inner, int rank);
 
+// out[:, i] = x[:, map[i]] for [T, heads, D] tensors: one K/V head per query head where a block of
+// query heads does not follow the GQA groups. Its adjoint: dx[:, m] = sum of the dout[:, i] with
+// map[i] = m, in order.
+Tensor expand_heads(const Tensor& x, const std::vector<std::int64_t>& map);
+Tensor expand_heads_adjoint(const Tensor& dout, const std::vector<std::int64_t>& map, std::int64_t n);
+
 class HeadExchange {
  public:
   HeadExchange(Communicator& group, std::vector<std::int64_t> lo, std::vector<std::int64_t> n,

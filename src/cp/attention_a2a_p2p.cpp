@@ -1,0 +1,83 @@
+// Attention CP over two levels, a2a+p2p (CpAttention's members for it): Ulysses over the inner
+// group, the p2p ring over the outer group.
+#include "cp/attention_cp.hpp"
+#include "cp/lap_clock.hpp"
+
+namespace hcp::cp {
+
+// Rank r is inner rank r % inner of outer rank r / inner. The inner all-to-all gives each rank
+// heads / inner query heads (and the K/V heads they read) of all its outer rank's tokens, placed in
+// DCS order at cp / inner: the union of the inner ranks' DCS shards is exactly the outer rank's
+// DCS shard. The ring over the outer group is then the p2p strategy on those tensors.
+std::int64_t CpAttention::ring_kv_heads() const {
+  return kv_map_.empty() ? kv_n_[static_cast<std::size_t>(rank_ % inner_)] : cfg_.heads / inner_;
+}
+
+void CpAttention::make_levels() {
+  if (ring_) return;
+  inner_comm_ = comm_.split(rank_ / inner_, rank_);
+  outer_comm_ = comm_.split(rank_ % inner_, rank_);
+  inner_comm_->count_into(&comm_);
+  outer_comm_->count_into(&comm_);
+  const std::int64_t hl = cfg_.heads / inner_;
+  std::vector<std::int64_t> qlo, qn;
+  for (int j = 0; j < inner_; ++j) {
+    qlo.push_back(j * hl);
+    qn.push_back(hl);
+  }
+  const auto rows = inner_to_outer_rows(cfg_.global, cp_, inner_, rank_);
+  xq_ = std::make_unique<HeadExchange>(*inner_comm_, qlo, qn, rows, inner_ * tl_);
+  xkv_ = std::make_unique<HeadExchange>(*inner_comm_, kv_lo_, kv_n_, rows, inner_ * tl_);
+  CpAttnConfig rc = cfg_;
+  rc.strategy = AttnStrategy::P2P;
+  rc.heads = hl;
+  rc.kv_heads = ring_kv_heads();
+  rc.cp_inner = 1;
+  ring_ = std::make_unique<CpAttention>(*outer_comm_, rc);
+}
+
+void CpAttention::fwd_a2a_p2p(Tensor& o) {
+  make_levels();
+  LapClock c;
+  const std::int64_t hl = cfg_.heads / inner_, D = cfg_.head_dim;
+  Tensor qh = xq_->to_heads(q_), kh = xkv_->to_heads(k_), vh = xkv_->to_heads(v_);
+  if (!kv_map_.empty()) {
+    kh = expand_heads(kh, kv_map_);
+    vh = expand_heads(vh, kv_map_);
+  }
+  fwd_t_.comm_wait += c.lap();
+  Tensor oh = Tensor::zeros({inner_ * tl_, hl, D}, q_.dtype());
+  ring_->forward(oh, qh, kh, vh);
+  fwd_t_.compute += ring_->fwd_times().compute;
+  fwd_t_.comm_wait += ring_->fwd_times().comm_wait;
+  c.lap();
+  o_ = xq_->to_tokens(oh, cfg_.heads);
+  fwd_t_.comm_wait += c.lap();
+  o.copy_from(o_.view(o.shape()));
+}
+
+void CpAttention::bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
+  LapClock c;
+  const std::int64_t hl = cfg_.heads / inner_, D = cfg_.head_dim, kvr = ring_kv_heads();
+  Tensor doh = xq_->to_heads(dout);
+  bwd_t_.comm_wait += c.lap();
+  Tensor dqh = Tensor::zeros({inner_ * tl_, hl, D}, q_.dtype()), dkh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype()),
+         dvh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype());
+  ring_->backward(dqh, dkh, dvh, doh);
+  bwd_t_.compute += ring_->bwd_times().compute;
+  bwd_t_.comm_wait += ring_->bwd_times().comm_wait;
+  c.lap();
+  if (!kv_map_.empty()) {
+    const std::int64_t n = kv_n_[static_cast<std::size_t>(rank_ % inner_)];
+    dkh = expand_heads_adjoint(dkh, kv_map_, n);
+    dvh = expand_heads_adjoint(dvh, kv_map_, n);
+  }
+  bwd_t_.compute += c.lap();
+  Tensor dql = xq_->to_tokens(dqh, cfg_.heads), dkl = xkv_->to_tokens(dkh, cfg_.kv_heads), dvl = xkv_->to_tokens(dvh, cfg_.kv_heads);
+  bwd_t_.comm_wait += c.lap();
+  dq.copy_from(dql.view(dq.shape()));
+  dk.copy_from(dkl.view(dk.shape()));
+  dv.copy_from(dvl.view(dv.shape()));
+}
+
+}  // namespace hcp::cp
