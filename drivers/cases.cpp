@@ -2,6 +2,7 @@
 // shape (skipped and reported when the deck asked for all of them), and the validate phase.
 #include <algorithm>
 #include <optional>
+#include <regex>
 
 #include "common.hpp"
 #include "device.hpp"
@@ -11,22 +12,39 @@ namespace hcp::drivers {
 
 Selection select(const Deck& d, const std::string& key, const std::string& all_word, const std::vector<std::string>& all) {
   const std::string v = d.get_string(key);
-  if (v == all_word) return {all, true};
-  return {{v}, false};
+  if (v == all_word) return {all, true, d.where(key)};
+  return {{v}, false, d.where(key)};
 }
+
+namespace {
+// A case's shape rule is checked where the layer is built, so its message opens with that source
+// line: the user reads instead where the strategy came from (the rule itself names the keys).
+std::string from_input(const std::string& where, const std::string& msg) {
+  static const std::regex source(R"(^(src|kernels|drivers)/[^: ]+:[0-9]+: )");
+  std::smatch m;
+  return std::regex_search(msg, m, source) ? where + ": " + m.suffix().str() : msg;
+}
+}  // namespace
 
 std::vector<std::string> runnable(Communicator& comm, const Selection& sel, const std::function<void(const std::string&)>& try_make,
                                   std::vector<std::pair<std::string, std::string>>* skipped) {
   std::vector<std::string> ok;
   std::vector<std::pair<std::string, std::string>> failed;
+  const auto make = [&](const std::string& name) {
+    try {
+      try_make(name);
+    } catch (const Error& e) {
+      throw Error(from_input(sel.where, e.what()));
+    }
+  };
   for (const std::string& name : sel.names) {
     if (!sel.all) {
-      try_make(name);  // a named case that cannot run is the deck's error
+      make(name);  // a named case that cannot run is the deck's error
       ok.push_back(name);
       continue;
     }
     std::string why;
-    if (agree_on_errors(comm, [&] { try_make(name); }, &why, /*print=*/false)) ok.push_back(name);
+    if (agree_on_errors(comm, [&] { make(name); }, &why, /*print=*/false)) ok.push_back(name);
     else failed.emplace_back(name, why);
   }
   // No case can run: the first one's error is the deck's (e.g. a length that no strategy can split).

@@ -120,7 +120,9 @@ inline H5Io hdf5_io(const Deck& d) {
 inline SeqLayout global_layout(const Deck& d, int cp) {
   if (d.get_string("data.format") == "bshd") {
     const std::int64_t L = d.get_int("data.seqlen");
-    HCP_CHECK(L % (2 * cp) == 0, "data.seqlen = ", L, " must be a multiple of 2*cp = ", 2 * cp, " (DualChunkSwap)");
+    // cp = 1 runs the unsharded problem: any length
+    HCP_INPUT_CHECK(cp == 1 || L % (2 * cp) == 0, d.where("data.seqlen"), "data.seqlen = ", L,
+                    " must be a multiple of 2*cp = ", 2 * cp, " (DualChunkSwap)");
     return SeqLayout::bshd(d.get_int("data.batch"), L);
   }
   std::vector<std::int64_t> cu{0};
@@ -134,7 +136,8 @@ inline SeqLayout global_layout(const Deck& d, int cp) {
 // CP size from parallel.cp_size (0: every rank), checked against the world size.
 inline int cp_size_of(const Deck& d, int world) {
   const int cp = d.get_int("parallel.cp_size") == 0 ? world : static_cast<int>(d.get_int("parallel.cp_size"));
-  HCP_CHECK(world % cp == 0, "parallel.cp_size = ", cp, " must divide the number of ranks (", world, ")");
+  HCP_INPUT_CHECK(world % cp == 0, d.where("parallel.cp_size"), "parallel.cp_size = ", cp, " must divide the number of ranks (",
+                  world, ")");
   return cp;
 }
 

@@ -183,7 +183,8 @@ void run(DriverContext& ctx) {
     for (auto& [n, v] : e.rel) errs += " " + n + "=" + drivers::fmt("%.1e", v);
     if (!e.rel.empty()) notes.push_back(errs);
     table.row({name, drivers::fmt("%.3f", st.slowest(smp.at("forward"))), drivers::fmt("%.3f", st.slowest(smp.at("backward"))),
-               drivers::fmt_int(bytes), drivers::fmt_int(model), drivers::fmt_int(allreduce), drivers::fmt("%.1e", e.worst)});
+               drivers::fmt_int(bytes), drivers::fmt_int(model), drivers::fmt_int(allreduce),
+               st.check || st.cross ? drivers::fmt("%.1e", e.worst) : std::string("unchecked")});
   }
   if (st.root()) {
     std::printf("# bytes/rank: sent per step (forward + backward), max over ranks; model: the cost model\n");

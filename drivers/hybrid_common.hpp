@@ -64,7 +64,8 @@ inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strateg
   c.attn.cp_inner = cp_inner_of(d, cp);
   c.moe.experts = d.get_int("moe.experts");
   c.moe.topk = d.get_int("moe.topk");
-  HCP_CHECK(c.moe.topk <= c.moe.experts, "moe.topk (", c.moe.topk, ") must be <= moe.experts (", c.moe.experts, ")");
+  HCP_INPUT_CHECK(c.moe.topk <= c.moe.experts, d.where("moe.topk"), "moe.topk (", c.moe.topk, ") must be <= moe.experts (",
+                  c.moe.experts, ")");
   c.moe.ffn = d.get_int("moe.ffn");
   c.moe.shared_ffn = d.get_int("moe.shared_ffn");
   c.moe.scaling = d.get_float("moe.scaling");
@@ -120,7 +121,8 @@ inline TokenBatch make_token_batch(const Deck& d, int cp, std::int64_t vocab, st
   const bool bshd = d.get_string("data.format") == "bshd";
   if (bshd) {
     const std::int64_t L = d.get_int("data.seqlen");
-    HCP_CHECK(L % (2 * cp) == 0, "data.seqlen = ", L, " must be a multiple of 2*cp = ", 2 * cp, " (DualChunkSwap)");
+    HCP_INPUT_CHECK(cp == 1 || L % (2 * cp) == 0, d.where("data.seqlen"), "data.seqlen = ", L,
+                    " must be a multiple of 2*cp = ", 2 * cp, " (DualChunkSwap)");
     lens.assign(static_cast<std::size_t>(d.get_int("data.batch")), L);
   } else {
     lens = parse_lengths(d, "data.seq_lens");

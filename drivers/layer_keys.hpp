@@ -1,6 +1,8 @@
 // Deck keys of the layers and the optimiser, one definition each for every driver that reads them; a driver passes
 // its defaults (those of its built-in deck).
 #pragma once
+#include <mpi.h>
+
 #include <cstdint>
 #include <numeric>
 #include <string>
@@ -51,7 +53,8 @@ inline void add_attention_keys(DeckSchema& s, const AttnShape& def) {
 }
 inline AttnShape attention_from_deck(const Deck& d) {
   AttnShape a{d.get_int("attention.heads"), d.get_int("attention.kv_heads"), d.get_int("attention.head_dim")};
-  HCP_CHECK(a.heads % a.kv_heads == 0, "attention.kv_heads = ", a.kv_heads, " must divide attention.heads = ", a.heads);
+  HCP_INPUT_CHECK(a.heads % a.kv_heads == 0, d.where("attention.kv_heads"), "attention.kv_heads = ", a.kv_heads,
+                  " must divide attention.heads = ", a.heads);
   return a;
 }
 
@@ -68,13 +71,15 @@ inline void add_cp_inner_key(DeckSchema& s) {
             "ranks of one node, the largest common divisor of the ranks per node and the CP size)",
             0);
 }
-// Ranks of this job on this node (MPI shared-memory split of the world): collective on the first
-// call, which the driver harness makes on every rank at start-up.
+// Ranks of this job per node (MPI shared-memory split of the world), the fewest on any node, so
+// every rank derives the same from it: collective on the first call, which the driver harness makes
+// on every rank at start-up.
 inline int ranks_per_node() {
   static const int n = [] {
-    int local = 1;
+    int local = 1, fewest = 1;
     node_local_rank(&local);
-    return local;
+    MPI_Allreduce(&local, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return fewest;
   }();
   return n;
 }

@@ -45,6 +45,7 @@ double train_loss_tolerance(DType dt);
 struct Selection {
   std::vector<std::string> names;
   bool all = false;
+  std::string where;  // where the strategy key was set (deck file:line, --set, or the default)
 };
 Selection select(const Deck& d, const std::string& key, const std::string& all_word, const std::vector<std::string>& all);
 

@@ -79,7 +79,7 @@ Setup make_setup(const DriverContext& ctx) {
   s.cfg = drivers::hybrid_config(d, cp::attn_strategy_from_string(d.get_string("parallel.attention")), s.cp);
   s.opt = drivers::adamw_from_deck(d);
   if (d.get_string("data.format") == "bshd")  // BSHD rows are max_len long; min_len is a THD key
-    HCP_INPUT_CHECK(d.get_int("data.max_len") % (2 * s.cp) == 0, d.where("data.max_len"), "data.max_len = ",
+    HCP_INPUT_CHECK(s.cp == 1 || d.get_int("data.max_len") % (2 * s.cp) == 0, d.where("data.max_len"), "data.max_len = ",
               d.get_int("data.max_len"), " (the BSHD row length) must be a multiple of 2*cp = ", 2 * s.cp);
   else
     HCP_INPUT_CHECK(d.get_int("data.min_len") <= d.get_int("data.max_len"), d.where("data.min_len"), "data.min_len (",
