@@ -361,7 +361,21 @@ def cmd_plot_bytes(a):
     return _figure_cmd(hcp_figures.plot_bytes, "/comm", a)
 
 
+# Block kinds of model.pattern and the model's ends, as the breakdown names them.
+_PHASE_NAMES = {"M": "Mamba2", "*": "attention", "E": "MoE", "-": "MLP", "embed": "embedding", "head": "head"}
+
+
+def _phase_label(key):
+    """'fwd/M' -> 'Mamba2 fwd'; keys of no known block kind keep their name."""
+    d, _, k = key.partition("/")
+    return f"{_PHASE_NAMES[k]} {d}" if k in _PHASE_NAMES else key
+
+
 def cmd_plot_breakdown(a):
+    """Per (file, strategy) a stacked bar of the phases (CUDA events or host clocks, median of the
+    slowest rank each), plus "other": the step's median less the phases' sum (communication outside
+    the blocks, launch gaps, and the medians of separate phases not adding exactly), so that a bar is
+    as tall as the step."""
     bars = {}
     for path in a.files:
         with h5py.File(path, "r") as f:
@@ -369,25 +383,27 @@ def cmd_plot_breakdown(a):
             dtype = _config(f).get("dtype", "")
             t = _timings(f)
         for s_, ph in t.items():
-            ph = {k: v for k, v in ph.items() if "/" in k and k != "train/step"}
-            if ph:
-                bars[s_ if len(a.files) == 1 else f"{s_}\ncp={cp} {dtype}"] = (cp, s_, ph)
+            parts = {_phase_label(k): v for k, v in ph.items() if "/" in k and k != "train/step"}
+            if parts:
+                parts["other"] = max(0.0, _step_ms(ph) - sum(parts.values()))
+                bars[s_ if len(a.files) == 1 else f"{s_}\ncp={cp} {dtype}"] = (cp, s_, parts)
     if not bars:
         print(f"error: {' '.join(a.files)}: no per-phase timings", file=sys.stderr)
         return 1
     plt = _plt()
     names = sorted(bars, key=lambda n: (bars[n][0], bars[n][1]))
-    phases = sorted({k for (_, _, ph) in bars.values() for k in ph})
-    fig, ax = plt.subplots(figsize=(max(7, 0.8 * len(names) + 3), 4))
+    phases = sorted({k for (_, _, ph) in bars.values() for k in ph} - {"other"}) + ["other"]
+    fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(names) + 3.5), 4.2))
     bottom = np.zeros(len(names))
-    colors = plt.cm.tab20(np.linspace(0, 1, max(len(phases), 2)))
+    colors = list(plt.cm.tab20(np.linspace(0, 1, max(len(phases) - 1, 2))))[: len(phases) - 1] + ["lightgrey"]
     for k, c in zip(phases, colors):
         vals = np.array([bars[n][2].get(k, 0.0) for n in names])
-        ax.bar(names, vals, bottom=bottom, label=k, color=c)
+        ax.bar(names, vals, bottom=bottom, label=k, color=c, hatch="//" if k == "other" else None)
         bottom += vals
-    ax.set_ylabel("ms (median, slowest rank)")
-    ax.set_title(a.title or (a.files[0].split("/")[-1] if len(a.files) == 1 else "per-phase time"))
-    ax.legend(fontsize=7, ncol=2)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_ylabel("ms per step (median, slowest rank)")
+    ax.set_title(a.title or (a.files[0].split("/")[-1] if len(a.files) == 1 else "time per phase"))
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
     print(f"wrote {a.out} ({len(names)} strategies, {len(phases)} phases)")
