@@ -31,6 +31,11 @@ CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg) : comm_(comm), cf
     kv_lo_ = std::move(r.lo);
     kv_n_ = std::move(r.n);
     kv_map_ = std::move(r.map);
+    // Each rank's K/V heads of every token, in global order: the inner exchange of a2a+p2p with the
+    // whole group inside (one outer rank, whose DCS order at cp 1 is the global order).
+    if (cp_ > 1)
+      xkv_ = std::make_unique<HeadExchange>(comm_, kv_lo_, kv_n_, inner_to_outer_rows(cfg_.global, cp_, cp_, rank_),
+                                            cfg_.global.total());
   }
   if (cfg_.strategy == AttnStrategy::A2AP2P && cp_ > 1) {  // at cp = 1 the local kernels run
     inner_ = cfg_.cp_inner;
@@ -315,52 +320,12 @@ Tensor head_to_seq(Communicator& comm, const Tensor& xh, const SeqLayout& global
 }
 }  // namespace
 
-Tensor CpAttention::kv_to_heads(const Tensor& x) const {
-  const std::int64_t tl = x.size(0), D = x.size(2), n = kv_n_[static_cast<std::size_t>(rank_)];
-  std::vector<std::int64_t> sc, rc;
-  std::int64_t total = 0;
-  for (int r = 0; r < cp_; ++r) {
-    sc.push_back(tl * kv_n_[static_cast<std::size_t>(r)] * D);
-    rc.push_back(tl * n * D);
-    total += sc.back();
-  }
-  Tensor send = Tensor::empty({total}, x.dtype()), recv = Tensor::empty({cp_ * tl, n * D}, x.dtype());
-  for (std::int64_t r = 0, off = 0; r < cp_; off += sc[static_cast<std::size_t>(r)], ++r) {
-    const std::int64_t nr = kv_n_[static_cast<std::size_t>(r)];
-    send.slice(0, off, tl * nr * D).view({tl, nr, D}).copy_from(x.slice(1, kv_lo_[static_cast<std::size_t>(r)], nr));
-  }
-  comm_.all_to_all_v(send.raw(), sc, recv.raw(), rc, x.dtype());
-  return dcs_undo(recv, cfg_.global, cp_).view({cfg_.global.total(), n, D});
-}
-
-Tensor CpAttention::dkv_to_seq(const Tensor& dxh) const {
-  const std::int64_t T = dxh.size(0), n = dxh.size(1), D = dxh.size(2), tl = T / cp_;
-  Tensor send = dcs_redo(dxh.view({T, n * D}), cfg_.global, cp_);  // [cp * tl, n D]: block s to rank s
-  std::vector<std::int64_t> sc(static_cast<std::size_t>(cp_), tl * n * D), rc;
-  std::int64_t total = 0;
-  for (int r = 0; r < cp_; ++r) {
-    rc.push_back(tl * kv_n_[static_cast<std::size_t>(r)] * D);
-    total += rc.back();
-  }
-  Tensor recv = Tensor::empty({total}, dxh.dtype());
-  comm_.all_to_all_v(send.raw(), sc, recv.raw(), rc, dxh.dtype());
-  // Several ranks may have read the same K/V head: their gradients add up at its owner.
-  Tensor dx = Tensor::zeros({tl, cfg_.kv_heads, D}, dxh.dtype());
-  for (std::int64_t r = 0, off = 0; r < cp_; off += rc[static_cast<std::size_t>(r)], ++r) {
-    const std::int64_t lo = kv_lo_[static_cast<std::size_t>(r)], nr = kv_n_[static_cast<std::size_t>(r)];
-    Tensor acc = dx.slice(1, lo, nr).clone();
-    k::axpy(acc, 1.0, recv.slice(0, off, tl * nr * D).view({tl, nr, D}));
-    dx.slice(1, lo, nr).copy_from(acc);
-  }
-  return dx;
-}
-
 void CpAttention::fwd_a2a(Tensor& o) {
   LapClock c;
   const std::int64_t Hl = cfg_.heads / cp_;
   qh_ = seq_to_head(comm_, q_, cfg_.global);
-  kh_ = kv_to_heads(k_);
-  vh_ = kv_to_heads(v_);
+  kh_ = xkv_->to_heads(k_);
+  vh_ = xkv_->to_heads(v_);
   fwd_t_.comm_wait += c.lap();
   if (!kv_map_.empty()) {
     kh_ = expand_heads(kh_, kv_map_);
@@ -392,7 +357,7 @@ void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
   }
   bwd_t_.compute += c.lap();
   Tensor dql = head_to_seq(comm_, dqh, cfg_.global);
-  Tensor dkl = dkv_to_seq(dkh), dvl = dkv_to_seq(dvh);
+  Tensor dkl = xkv_->to_tokens(dkh, cfg_.kv_heads), dvl = xkv_->to_tokens(dvh, cfg_.kv_heads);
   bwd_t_.comm_wait += c.lap();
   dq.copy_from(dql.view(dq.shape()));
   dk.copy_from(dkl.view(dk.shape()));

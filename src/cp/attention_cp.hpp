@@ -76,11 +76,11 @@ class CpAttention {
   // a2a: rank r's query heads [r H/cp, (r+1) H/cp) read K/V heads [kv_lo_[r], kv_lo_[r] + kv_n_[r]);
   // exactly those travel. kv_map_ (empty when the local heads are plain GQA): the local K/V head of
   // each local query head, the received heads expanded to one per query head for the kernel.
+  // xkv_ moves them: local [Tl, Hkv, D] -> [T, n_mine, D] in global order, and back, the gradients
+  // of a K/V head that several ranks read summed at its owner.
   std::vector<std::int64_t> kv_lo_, kv_n_, kv_map_;
-  Tensor kv_to_heads(const Tensor& x) const;   // local [Tl, Hkv, D] -> [T, n_mine, D], global order
-  Tensor dkv_to_seq(const Tensor& dxh) const;  // its adjoint: contributions summed at the owner
-  // a2a+p2p: kv_lo_/kv_n_/kv_map_ are over the inner group; the exchanges of query and K/V heads
-  // over it, and the p2p ring over the outer group on the head-sharded tensors.
+  // a2a+p2p: kv_lo_/kv_n_/kv_map_ and xkv_ are over the inner group, xq_ moves the query heads over
+  // it, and the p2p ring runs over the outer group on the head-sharded tensors.
   int inner_ = 1, outer_ = 1;
   std::unique_ptr<Communicator> inner_comm_, outer_comm_;
   std::unique_ptr<HeadExchange> xq_, xkv_;
