@@ -62,18 +62,19 @@ def points(files):
     return out
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
 
 
-def _figure(lines, out, title, ylabel, ylog):
+def figure(lines, out, title, ylabel, ylog):
     """lines: {strategy: {"pts": [(cp, y, lo, hi)], "model": [(cp, y)], "ideal": bool}}."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for i, (strat, ln) in enumerate(sorted(lines.items())):
+    for i, (strat, ln) in enumerate(lines.items()):  # in the caller's order
         color = f"C{i % 10}"
         pts = sorted(ln["pts"])
         cps = np.array([p[0] for p in pts], dtype=float)
@@ -117,7 +118,7 @@ def plot_time(files, out, title):
         if p["over"]:
             ln["over"].add(p["cp"])
     if lines:
-        _figure(lines, out, title, "time per step (ms)\nmedian of the slowest rank; bar: repeats", ylog=True)
+        figure(dict(sorted(lines.items())), out, title, "time per step (ms)\nmedian of the slowest rank; bar: repeats", ylog=True)
     return lines
 
 
@@ -132,7 +133,7 @@ def plot_memory(files, out, title):
         if p["model"] is not None:
             ln["model"].append((p["cp"], float(np.max(p["model"]))))
     if lines:
-        _figure(lines, out, title, "tensor memory per rank (MiB)\nlargest rank; bar: smallest to largest", ylog=True)
+        figure(dict(sorted(lines.items())), out, title, "tensor memory per rank (MiB)\nlargest rank; bar: smallest to largest", ylog=True)
     return lines
 
 
@@ -144,5 +145,5 @@ def plot_bytes(files, out, title):
             continue
         lines.setdefault(p["strategy"], {"pts": []})["pts"].append((p["cp"], float(b.max()), float(b.min()), float(b.max())))
     if lines:
-        _figure(lines, out, title, "MB sent per rank and step\nlargest rank; bar: smallest to largest", ylog=False)
+        figure(dict(sorted(lines.items())), out, title, "MB sent per rank and step\nlargest rank; bar: smallest to largest", ylog=False)
     return lines

@@ -314,30 +314,12 @@ def cmd_scale(a):
     return 0
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+_plt = hcp_figures.pyplot
 
 
 def plot_against_cp(series, out, title, ylabel, ylog=False):
-    """One line per label of `series` ({label: [(cp, ms), ...]}) against the CP size (log2 axis)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, pts in series.items():
-        pts = sorted(pts)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    if ylog:
-        ax.set_yscale("log")
-    ax.set_xlabel("CP size")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    """One line per label of `series` ({label: [(cp, y), ...]}) against the CP size (log2 axis)."""
+    hcp_figures.figure({k: {"pts": [(c, y, y, y) for c, y in v]} for k, v in series.items()}, out, title, ylabel, ylog)
 
 
 def _figure_cmd(fn, what, a):
