@@ -81,17 +81,23 @@ std::pair<std::string, std::string> split_path(const std::string& p) {
 
 // The unfinished results file of this process, removed when SIGTERM or SIGINT ends it (a SIGKILL
 // cannot be caught: a `.tmp-<pid>` that remains is an unfinished file, and hcp_post refuses it).
+// Beside it, the file Open MPI's MPI-IO makes for a moment while it opens a file collectively, to
+// learn whether the file system locks ("<file>.locktest.<rank>"): a signal in that moment leaves it.
 char g_tmp_path[4096] = {0};
+char g_lock_path[4096] = {0};
 struct sigaction g_old_term, g_old_int;
 
 extern "C" void remove_tmp_and_reraise(int sig) {
   if (g_tmp_path[0]) unlink(g_tmp_path);  // async-signal-safe
+  if (g_lock_path[0]) unlink(g_lock_path);
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
-void guard_tmp(const std::string& path) {
-  if (path.size() >= sizeof(g_tmp_path)) return;
+void guard_tmp(const std::string& path, int rank) {
+  const std::string lock = path + ".locktest." + std::to_string(rank);
+  if (lock.size() >= sizeof(g_lock_path)) return;
   std::memcpy(g_tmp_path, path.c_str(), path.size() + 1);
+  std::memcpy(g_lock_path, lock.c_str(), lock.size() + 1);
   struct sigaction sa {};
   sa.sa_handler = remove_tmp_and_reraise;
   sigemptyset(&sa.sa_mask);
@@ -103,6 +109,7 @@ void unguard_tmp() {
   sigaction(SIGTERM, &g_old_term, nullptr);
   sigaction(SIGINT, &g_old_int, nullptr);
   g_tmp_path[0] = 0;
+  g_lock_path[0] = 0;
 }
 
 }  // namespace
@@ -159,17 +166,32 @@ void ResultsWriter::open() {
     HCP_H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
   }
 #endif
-  // Armed before the create, on every rank that opens the file: a SIGTERM while the (collective)
-  // create is under way removes the file on whichever rank receives it, whatever mpirun then does
-  // to the others.
-  guard_tmp(tmp_);
-  file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  // Armed before the create, on every rank that opens the file: a SIGTERM while the file is being
+  // made removes it on whichever rank receives it, whatever mpirun then does to the others. Only
+  // rank 0 creates; in collective mode the others open what it made without O_CREAT, so a rank
+  // still opening after another removed the file fails instead of making it again.
+  guard_tmp(tmp_, comm_.rank());
+  std::string why;
+  if (io_ == H5Io::Collective) {
+    double made = 1;
+    if (comm_.rank() == 0) {
+      hid_t first = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+      if (first < 0) made = 0, why = h5_reason();
+      else H5Fclose(first);
+    }
+    comm_.broadcast(&made, 1, DType::F64, 0);
+    if (made == 1) file_ = H5Fopen(tmp_.c_str(), H5F_ACC_RDWR, fapl);
+    if (made == 1 && file_ < 0) why = h5_reason();
+  } else {
+    file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (file_ < 0) why = h5_reason();
+  }
   H5Pclose(fapl);
   if (file_ < 0) {
-    const std::string why = h5_reason();
     unguard_tmp();
+    if (comm_.rank() == 0) std::remove(tmp_.c_str());
     tmp_.clear();
-    throw Error(detail::concat("cannot create results file '", path_, "': ", why));
+    throw Error(detail::concat("cannot create results file '", path_, "': ", why.empty() ? "see rank 0" : why));
   }
 }
 

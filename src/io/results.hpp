@@ -7,6 +7,7 @@
 //   /timings/<phase>   [ranks, repeats] in ms, per rank
 //   /comm/<op>         per-rank bytes_sent, seconds, calls ([ranks] datasets in a group per op)
 //   /summary/<name>    attributes max_abs, max_rel, tolerance, pass
+//   /inputs/<name>     the run's inputs and parameters (run.save = inputs or all)
 // Every rank calls every method with the same paths, in the same order (collective); values that
 // only rank 0 holds (a reference tensor, an error) are rank 0's. Two ways to write:
 //   Gather      rank 0 alone opens the file; a distributed tensor (rows()) is sent to rank 0 and
@@ -40,6 +41,9 @@ std::string to_string(H5Io io);
 //   all          everything
 //   auto         everything, except tensors of more than kAutoMaxElements elements (their statistics stay)
 //   activations, gradients, timings, comm, memory, summary (errors against cp=1 and /stats)   one class each
+//   inputs       what the run starts from, so that its results can be checked from the file alone:
+//                /inputs/<tensor> (real tokens, global order), /inputs/cu_seqlens, /inputs/params/<name>
+//                (kept by "all" and "inputs", not by "auto")
 //   any other item names tensors: a path below the root ("activations/p2p", "gradients/p2p/dq") or
 //   a last component ("dq", "block_3") keeps every tensor it names, in every class.
 // /config is always kept; so are train_hybrid's /train, /params and checkpoints.

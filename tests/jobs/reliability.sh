@@ -11,6 +11,8 @@
 #               named), also a dataset removed with its checksum and a replica turned on at resume
 #   kill9       kill -9 of one rank: every rank gone in < 30 s, no finished-looking results file
 #   sigterm     SIGTERM while the results file is being written: non-zero exit, no .tmp-* left
+#   race        SIGTERM to one rank the moment the file is opened, 20 tries with the default writer
+#               (collective where HDF5 has MPI-IO), 10 with run.hdf5_io=gather: nothing left
 #   fulldisk    a full file system (a 64 KiB tmpfs; needs root, else skipped with exit 77): exit 3,
 #               "No space left on device" with the file and dataset named, nothing left
 #   unwritable  --out or train.checkpoint in a missing, read-only or non-folder place, --deck a
@@ -54,11 +56,20 @@ nothing_left() {
 # under SECONDS: the last expect took less than SECONDS.
 under() { awk -v e="$elapsed" -v l="$1" 'BEGIN { exit !(e < l) }' || { echo "FAILED: took ${elapsed} s (limit $1 s)"; fail=1; }; }
 
-# start_long DRIVER: a run that writes its reference results, then times for a long while.
+# results_open PID...: one of the processes has the results file open.
+results_open() {
+  local p
+  for p in "$@"; do
+    ls -l "/proc/$p/fd" 2> /dev/null | grep -q -- "-> $work/run\.h5\.tmp-" && return 0
+  done
+  return 1
+}
+# start_long DRIVER [ARGS...]: a run that writes its reference results, then times for a long while.
 start_long() {
-  "${mpirun[@]}" -n 2 "$bin/$1" --set run.repeats=100000 --out "$work/run.h5" > "$work/log.txt" 2>&1 &
+  local driver="$1"; shift
+  "${mpirun[@]}" -n 2 "$bin/$driver" --set run.repeats=100000 "$@" --out "$work/run.h5" > "$work/log.txt" 2>&1 &
   job=$!
-  for _ in $(seq 1 300); do ls "$work"/run.h5.tmp-* > /dev/null 2>&1 && return 0; sleep 0.1; done
+  for _ in $(seq 1 300); do results_open $(pgrep -P $job) && return 0; sleep 0.1; done
   echo "FAILED: no results file was started"; kill -9 $job; cat "$work/log.txt"; exit 1
 }
 
@@ -156,6 +167,10 @@ sigterm)
   echo "SIGTERM: mpirun exit $rc"
   [ "$rc" -ne 0 ] || { echo "FAILED: a terminated run exited 0"; fail=1; }
   nothing_left "$work" ;;
+race)
+  # tests/jobs/sigterm_race.py says how the moment is caught.
+  "$here/sigterm_race.py" "$work/auto" "$bin/cp_attention" 20 auto "${mpirun[@]}" || fail=1
+  "$here/sigterm_race.py" "$work/gather" "$bin/cp_attention" 10 gather "${mpirun[@]}" || fail=1 ;;
 fulldisk)
   [ "$(id -u)" -eq 0 ] || { echo "SKIP: mounting a small tmpfs needs root"; exit 77; }
   mkdir -p "$work/full"
