@@ -68,7 +68,7 @@ inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_defaul
   std::vector<std::string> dtypes = {"fp32", "fp64"};
   if (with_bf16) dtypes.push_back("bf16");
   s.add_string("data.format", "thd", "token layout", {"bshd", "thd"})
-      .add_string("data.seq_lens", seq_lens_default, "THD sequence lengths, comma-separated (padded to 2*cp)")
+      .add_string("data.seq_lens", seq_lens_default, "THD sequence lengths: comma-separated, or an array (padded to 2*cp)")
       .add_int("data.batch", 2, "BSHD batch size", 1)
       .add_int("data.seqlen", seqlen_default, "BSHD sequence length (multiple of 2*cp)", 1)
       .add_string("data.dtype", "fp64",
@@ -87,12 +87,15 @@ inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_defaul
                   "for testing the checks: the case (strategy) whose first checked result gets one element moved by "
                   "1e-3 of its largest magnitude, so that the run must FAIL (\"\": none)")
       .add_string("run.save", "auto",
-                  "what the results file keeps, comma-separated: all | auto (all but tensors over 2^27 elements) | "
-                  "activations | gradients | timings | comm | memory | summary (errors, statistics of every tensor) | tensor names")
+                  "what the results file keeps, comma-separated or an array: all | auto (all but inputs and tensors over 2^27 "
+                  "elements) | activations | gradients | timings | comm | memory | summary (errors, statistics of every "
+                  "tensor) | inputs (inputs and parameters: the results can be checked from the file alone) | tensor names")
       .add_string("run.hdf5_io", "auto",
                   "how tensors are written: collective (parallel HDF5, each rank its rows), gather (rank 0 writes), "
                   "auto (collective when HDF5 has MPI)",
-                  {"auto", "collective", "gather"});
+                  {"auto", "collective", "gather"})
+      .list("data.seq_lens")
+      .list("run.save");
   add_memory_keys(s);
 }
 

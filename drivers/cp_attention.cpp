@@ -112,6 +112,15 @@ void run(DriverContext& ctx) {
   st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", g.nseq(), "heads", H,
                             "kv_heads", Hkv, "head_dim", D, "causal", base.causal ? 1 : 0),
             skipped);
+  if (st.keeps_inputs()) {  // run.save = inputs: what every case starts from
+    const int r = st.grid.cp_rank;
+    const char* in_names[4] = {"q", "k", "v", "dout"};
+    const std::uint64_t in_seeds[4] = {sq, sk, sv, sd};
+    st.input_layout(g);
+    for (int i = 0; i < 4; ++i)
+      st.input(in_names[i], drivers::local_uniform(g, st.cp, r, i == 1 || i == 2 ? ks : qs, st.dt, in_seeds[i]), g,
+               i == 1 || i == 2 ? "[T,Hkv,D] real tokens, global order" : "[T,H,D] real tokens, global order", "1");
+  }
   drivers::Table table({{"strategy", 9}, {"fwd_ms", 10}, {"bwd_ms", 10}, {"compute_ms", 10}, {"comm_ms", 10}, {"overlap", 8},
                         {"bytes/rank", 12}, {"model_bytes", 12}, {"err_o", 10}, {"err_dq", 10}, {"err_dk", 10},
                         {"err_dv", 10}, {"pass", 5}});

@@ -138,6 +138,20 @@ void run(DriverContext& ctx) {
         st.out()->tensor("/gradients/reference/" + n, st.root() ? rg.at(n) : Tensor(), "parameter shape", "1");
     }
   }
+  if (st.keeps_inputs()) {  // run.save = inputs: token ids and labels (real tokens, global order), parameters
+    st.input_layout(batch.layout);
+    const std::vector<std::int64_t> real = cp::real_rows(batch.layout);
+    Tensor ids = Tensor::empty({static_cast<std::int64_t>(real.size())}, DType::F64), labels = ids.clone();
+    for (std::size_t j = 0; j < real.size(); ++j) {
+      ids.set(static_cast<std::int64_t>(j), static_cast<double>(batch.tokens[static_cast<std::size_t>(real[j])]));
+      labels.set(static_cast<std::int64_t>(j), static_cast<double>(batch.labels[static_cast<std::size_t>(real[j])]));
+    }
+    st.input_whole("tokens", ids, "[T] token ids, real tokens, global order", "id");
+    st.input_whole("labels", labels, "[T] label ids (-100: no label), real tokens, global order", "id");
+    model::ParamMap ph;
+    for (const auto& [n, t] : p) ph[n] = drivers::host(t);
+    drivers::write_params(*st.out(), *st.ctx.world, "/inputs/params/", ph, shards, owner, "parameter shape");
+  }
   st.header(drivers::fields("pattern", c0.pattern, "format", d.get_string("data.format"), "tokens", batch.layout.total(),
                             "sequences", batch.layout.nseq(), "label_tokens", batch.label_tokens, "hidden", c0.hidden,
                             "vocab", c0.vocab, "mamba_cp", d.get_string("parallel.mamba_cp")),

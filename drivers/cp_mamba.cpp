@@ -114,6 +114,10 @@ void run(DriverContext& ctx) {
             skipped);
   Tensor hl = drivers::local_uniform(s.global, s.cp, r, {C}, s.dt, sh).to(st.space),
          dyl = drivers::local_uniform(s.global, s.cp, r, {C}, s.dt, sdy).to(st.space);
+  st.input_layout(s.global);  // run.save = inputs: what every case starts from
+  st.input("x", hl, s.global, "[T,hidden] real tokens, global order", "1");
+  st.input("dout", dyl, s.global, "[T,hidden] real tokens, global order", "1");
+  for (auto& [n, t] : p) st.input_whole("params/" + n, t, "parameter shape", "1");
   model::ParamMap pd;
   for (auto& [n, t] : p) pd[n] = t.to(st.space);
   drivers::Table table({{"strategy", 16}, {"fwd_ms", 10}, {"bwd_ms", 10}, {"bytes/rank", 14}, {"model", 14},

@@ -172,6 +172,26 @@ void Study::result(Errors& e, const std::string& name, const std::string& path, 
   writer_->rows(path, local, rows, global.unpadded().total(), layout, units);
 }
 
+void Study::input(const std::string& name, const Tensor& local, const SeqLayout& global, const std::string& layout,
+                  const std::string& units) {
+  if (!keeps_inputs()) return;
+  std::vector<std::int64_t> rows = cp::local_real_index(global, cp, grid.cp_rank);
+  if (grid.dp_rank != 0) rows.assign(rows.size(), -1);
+  writer_->rows("/inputs/" + name, host(local), rows, global.unpadded().total(), layout, units);
+}
+
+void Study::input_whole(const std::string& name, const Tensor& t, const std::string& layout, const std::string& units) {
+  if (keeps_inputs()) writer_->tensor("/inputs/" + name, host(t), layout, units);
+}
+
+void Study::input_layout(const SeqLayout& global) {
+  if (!keeps_inputs()) return;
+  const std::vector<std::int64_t> cu = global.unpadded().cu_seqlens;
+  Tensor t = Tensor::empty({static_cast<std::int64_t>(cu.size())}, DType::F64);
+  for (std::size_t i = 0; i < cu.size(); ++i) t.set(static_cast<std::int64_t>(i), static_cast<double>(cu[i]));
+  writer_->tensor("/inputs/cu_seqlens", t, "[sequences+1] start of each sequence, real tokens", "tokens");
+}
+
 bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
   double pass = ((!check && !cross) || e.worst <= tol) && extra ? 1 : 0;
   ctx.world->broadcast(&pass, 1, DType::F64, 0);

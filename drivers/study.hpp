@@ -177,6 +177,16 @@ class Study {
   // tokens in global order, each rank its own rows (the first CP group's), when the file keeps it.
   void result(Errors& e, const std::string& name, const std::string& path, const Tensor& local, const Tensor& ref,
               const SeqLayout& global, bool pads_zero, const std::string& layout, const std::string& units);
+  // Whether the file keeps the run's inputs (run.save = inputs or all); the same on every rank.
+  bool keeps_inputs() const { return writer_ && writer_->save().keeps_class("inputs"); }
+  // An input [Tl, ...] of this rank (DualChunkSwap order, pads included), written as result() writes
+  // a result: /inputs/<name>, the real tokens in global order. Nothing unless keeps_inputs().
+  void input(const std::string& name, const Tensor& local, const SeqLayout& global, const std::string& layout,
+             const std::string& units);
+  // A tensor every rank holds whole (a parameter), as /inputs/<name>.
+  void input_whole(const std::string& name, const Tensor& t, const std::string& layout, const std::string& units);
+  // /inputs/cu_seqlens: the sequence starts of the unpadded problem (BSHD: one per batch row).
+  void input_layout(const SeqLayout& global);
   // run.check = "cross": this rank's shard of result `name` against the first case's shard of it
   // (real rows only when `global` is given), the worst error reduced over the CP group with one
   // all-reduce; the first case keeps its shards as the baseline. Every rank gets the same entry.

@@ -3,12 +3,15 @@ plot-memory, plot-bytes and study):
 
   time per step     the median over repeats of the slowest rank's step; the bar spans the fastest
                     and slowest repeat; dotted: the ideal t(cp0) cp0 / cp from the run of fewest ranks
+                    (weak scaling, tokens growing with cp: the ideal is t(cp0), flat)
   memory per rank   tensors a rank holds in the step (alive before it + allocated in it), the largest
                     rank; the bar spans the smallest and largest rank; dashed: the memory model
-                    (largest rank); dotted: the ideal 1/cp from the run of fewest ranks
+                    (largest rank); dotted: the ideal 1/cp from the run of fewest ranks (weak: flat)
   bytes per rank    payload sent per rank and timed step (all ops but barriers), the largest rank;
                     the bar spans the ranks
 """
+import textwrap
+
 import h5py
 import numpy as np
 
@@ -16,6 +19,25 @@ import numpy as np
 def _config(f):
     c = f["config"].attrs if "config" in f else {}
     return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in c.items()}
+
+
+def deck_of(cfg):
+    """The run's resolved deck (a dict) from its /config."""
+    import tomllib
+    return tomllib.loads(cfg["deck_resolved"]) if cfg.get("deck_resolved") else {}
+
+
+def real_tokens(cfg):
+    """The real tokens of a run's deck (THD pads each sequence to 2 cp, so /config tokens, the padded
+    total, differ with cp)."""
+    data = deck_of(cfg).get("data", {})
+    if data.get("format") == "bshd":
+        real = int(data.get("batch", 1)) * int(data.get("seqlen", 0))
+    else:
+        lens = data.get("seq_lens", "0")
+        lens = lens if isinstance(lens, list) else str(lens).replace(",", " ").split()
+        real = sum(int(x) for x in lens)
+    return real or int(cfg.get("tokens", 0) or 0)
 
 
 def _step(f, strat):
@@ -48,7 +70,7 @@ def points(files):
                 if not isinstance(f["timings"][strat], h5py.Group):
                     continue
                 p = {"cp": cp, "strategy": strat, "step": _step(f, strat), "mem": None, "model": None, "sent": None,
-                     "over": over}
+                     "over": over, "tokens": real_tokens(cfg)}
                 mem = f.get(f"memory/{strat}")
                 if isinstance(mem, h5py.Group) and "step_tensor_bytes" in mem and "live_tensor_bytes" in mem:
                     p["mem"] = (mem["step_tensor_bytes"][()] + mem["live_tensor_bytes"][()]) / 2**20
@@ -59,6 +81,19 @@ def points(files):
                     per_rank = [np.asarray(g["bytes_sent"][()], dtype=np.float64) for op, g in comm.items() if op != "barrier"]
                     p["sent"] = sum(per_rank) / 1e6 if per_rank else np.zeros(cp)
                 out.append(p)
+    return cp1_for_every_strategy(out)
+
+
+def cp1_for_every_strategy(pts):
+    """At cp=1 every strategy is the same computation, which a study runs once: that run is the
+    cp=1 point of each strategy seen at larger cp (a strategy's own cp=1 run, where there is one, stays)."""
+    cp1 = [p for p in pts if p["cp"] == 1]
+    wider = {p["strategy"] for p in pts if p["cp"] > 1}
+    if not cp1 or not wider:
+        return pts
+    have = {p["strategy"] for p in cp1}
+    out = [p for p in pts if p["cp"] > 1 or p["strategy"] in wider]
+    out += [dict(cp1[0], strategy=s) for s in sorted(wider - have)]
     return out
 
 
@@ -70,8 +105,15 @@ def pyplot():
     return plt
 
 
+def ideal_of(pts):
+    """'flat' when the tokens grow with cp at a fixed number per rank (weak scaling), else '1/cp'."""
+    tokens = {p["tokens"] for p in pts}
+    per_rank = {p["tokens"] / p["cp"] for p in pts if p["cp"] > 0}
+    return "flat" if len(tokens) > 1 and len(per_rank) == 1 else "1/cp"
+
+
 def figure(lines, out, title, ylabel, ylog):
-    """lines: {strategy: {"pts": [(cp, y, lo, hi)], "model": [(cp, y)], "ideal": bool}}."""
+    """lines: {strategy: {"pts": [(cp, y, lo, hi)], "model": [(cp, y)], "ideal": None | "1/cp" | "flat"}}."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, (strat, ln) in enumerate(lines.items()):  # in the caller's order
@@ -85,21 +127,25 @@ def figure(lines, out, title, ylabel, ylog):
             m = sorted(ln["model"])
             ax.plot([q[0] for q in m], [q[1] for q in m], "--", color=color, alpha=0.7, label=f"{strat} model")
         if ln.get("ideal") and len(pts) > 1 and y[0] > 0:
-            ax.plot(cps, y[0] * cps[0] / cps, ":", color=color, alpha=0.7)
+            ax.plot(cps, y[0] * (np.ones_like(cps) if ln["ideal"] == "flat" else cps[0] / cps), ":", color=color, alpha=0.7)
         over = [p for p in pts if p[0] in ln.get("over", ())]
         if over:  # hollow: ranks shared a node's cores
             ax.plot([p[0] for p in over], [p[1] for p in over], "o", markersize=11, markerfacecolor="white",
                     markeredgecolor=color, zorder=3)
-    if any(ln.get("ideal") for ln in lines.values()):
-        ax.plot([], [], "k:", alpha=0.7, label="ideal 1/cp (from the fewest ranks)")
+    ideal = {ln.get("ideal") for ln in lines.values()} - {None}
+    if ideal:
+        ax.plot([], [], "k:", alpha=0.7, label="ideal: flat (weak scaling)" if ideal == {"flat"} else "ideal 1/cp (from the fewest ranks)")
     if any(ln.get("over") for ln in lines.values()):
         ax.plot([], [], "o", color="k", markerfacecolor="white", label="more ranks than cores: core sharing, not CP")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(plt.matplotlib.ticker.FormatStrFormatter("%g"))
     if ylog:
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plt.matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(plt.matplotlib.ticker.LogFormatter(labelOnlyBase=False))  # within a decade only
     ax.set_xlabel("CP size (ranks)")
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, 64), fontsize=11 if len(title) <= 64 else 10)
     ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -109,11 +155,13 @@ def figure(lines, out, title, ylabel, ylog):
 
 def plot_time(files, out, title):
     lines = {}
-    for p in points(files):
+    pts = points(files)
+    ideal = ideal_of(pts)
+    for p in pts:
         s = p["step"]
         if s is None or not s.size:
             continue
-        ln = lines.setdefault(p["strategy"], {"pts": [], "ideal": True, "over": set()})
+        ln = lines.setdefault(p["strategy"], {"pts": [], "ideal": ideal, "over": set()})
         ln["pts"].append((p["cp"], float(np.median(s)), float(s.min()), float(s.max())))
         if p["over"]:
             ln["over"].add(p["cp"])
@@ -124,11 +172,13 @@ def plot_time(files, out, title):
 
 def plot_memory(files, out, title):
     lines = {}
-    for p in points(files):
+    pts = points(files)
+    ideal = ideal_of(pts)
+    for p in pts:
         m = p["mem"]
         if m is None or not np.size(m):
             continue
-        ln = lines.setdefault(p["strategy"], {"pts": [], "model": [], "ideal": True})
+        ln = lines.setdefault(p["strategy"], {"pts": [], "model": [], "ideal": ideal})
         ln["pts"].append((p["cp"], float(m.max()), float(m.min()), float(m.max())))
         if p["model"] is not None:
             ln["model"].append((p["cp"], float(np.max(p["model"]))))

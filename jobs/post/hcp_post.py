@@ -21,7 +21,10 @@
   hcp_post.py plot-errors --out E.png F.h5 ...     worst error against cp=1 per strategy and cp, with tolerance
   hcp_post.py study DIR [--title T]   a study directory (e.g. a Slurm job's HCP_OUTDIR) in one command:
       the timing table, DIR/timings.csv, DIR/{scaling,memory,bytes,breakdown,errors}.png and the
-      error summary of every finished *.h5 in DIR; exit as summary does
+      error summary of every finished *.h5 in DIR; exit as summary does. Runs are grouped by
+      problem (driver, model, dtype, and tokens, or tokens per rank for a weak study); with several
+      groups each gets its own table and files (timings-N.csv, scaling-N.png, ...). What is left
+      out (unfinished files, other drivers' files) is named.
   hcp_post.py scale [--csv] F.h5 ...   what CP trades, per file and strategy: step time, tensor memory per
       rank (max over ranks; the memory model beside it; x cp against the file of fewest ranks: 1.00
       is the ideal 1/cp), bytes sent per rank and step, and the check (reference / cross / off)
@@ -252,20 +255,15 @@ def cmd_table(a):
 def _scale_rows(files):
     """One dict per (file, strategy): driver, tokens, cp, step_ms, memory per rank and its model
     (MiB, max over ranks), MB sent per rank and step (max over ranks) and the check's verdict."""
-    import tomllib
     rows = []
     for path in files:
         with h5py.File(path, "r") as f:
             cfg = _config(f)
-            deck = tomllib.loads(cfg.get("deck_resolved", "")) if cfg.get("deck_resolved") else {}
+            deck = hcp_figures.deck_of(cfg)
             check = str(deck.get("run", {}).get("check", "-"))
             order = cfg.get("strategy", "").split(",")
             timings = _timings(f)
-            data = deck.get("data", {})
-            # The real tokens of the deck (THD pads each sequence to 2 cp, so padded totals differ by cp)
-            real = (data.get("batch", 1) * data.get("seqlen", 0) if data.get("format") == "bshd"
-                    else sum(int(x) for x in str(data.get("seq_lens", "0")).replace(",", " ").split()))
-            tokens = real or int(cfg.get("tokens", 0) or 0)
+            tokens = hcp_figures.real_tokens(cfg)
             for strat in sorted(timings, key=lambda n: order.index(n) if n in order else len(order)):
                 mem = f.get(f"memory/{strat}")
                 if mem is None or "step_tensor_bytes" not in mem:
@@ -289,9 +287,11 @@ def _scale_rows(files):
                              "dtype": cfg.get("dtype", "?"), "cp": int(cfg.get("cp_size", 0)), "strategy": strat,
                              "step_ms": _step_ms(timings[strat]), "mem_mib": float(held), "model_mib": float(model),
                              "sent_mb": sent, "check": verdict})
-    for r in rows:  # memory x cp against the same driver, tokens and strategy at the fewest ranks
-        base = min((b for b in rows if (b["driver"], b["tokens"], b["strategy"], b["dtype"]) ==
-                    (r["driver"], r["tokens"], r["strategy"], r["dtype"])), key=lambda b: b["cp"])
+    for r in rows:  # memory x cp against the same driver, tokens and dtype at cp=1 (any strategy: the
+        # same computation), else against the same strategy at the fewest ranks
+        same = [b for b in rows if (b["driver"], b["tokens"], b["dtype"]) == (r["driver"], r["tokens"], r["dtype"])]
+        base = next((b for b in same if b["cp"] == 1), None) or \
+            min((b for b in same if b["strategy"] == r["strategy"]), key=lambda b: b["cp"])
         r["mem_vs_ideal"] = r["mem_mib"] * r["cp"] / (base["mem_mib"] * base["cp"])
     return rows
 
@@ -469,6 +469,61 @@ def cmd_study(a):
         print(f"error: study: no CP run among the results files in '{a.dir}' ({', '.join(others)})", file=sys.stderr)
         return 2
     title = a.title or os.path.basename(os.path.normpath(a.dir))
+    print(f"# study {a.dir}: {len(files)} files" + (f" ({len(unfinished)} unfinished, left out)" if unfinished else ""))
+    if others:
+        print(f"# left out, not CP runs: {', '.join(others)}")
+    if unfinished:
+        print(f"# left out, unfinished: {', '.join(unfinished)}")
+    groups = study_groups(files)
+    if len(groups) == 1:
+        return study_group(next(iter(groups.values())), a.dir, title, "")
+    # Runs of different problems do not share a scaling line: one table and set of figures each,
+    # their files suffixed by the group's number.
+    codes = []
+    for i, (key, members) in enumerate(sorted(groups.items()), start=1):
+        print(f"\n# group {i}: {group_label(key)}: {len(members)} files (figures *-{i}.png, timings-{i}.csv)")
+        codes.append(study_group(members, a.dir, f"{title}, {group_label(key)}", f"-{i}"))
+    return next((c for c in (2, 1, 3) if c in codes), 0)  # damaged, then failed, then unchecked
+
+
+def _model_key(cfg):
+    """The model of a run: its resolved deck without the sections a scaling study varies."""
+    deck = hcp_figures.deck_of(cfg)
+    return repr(sorted((k, repr(v)) for k, v in deck.items() if k not in ("data", "parallel", "run")))
+
+
+def study_groups(files):
+    """{(driver, pattern, model, dtype, tokens, per_rank): [files]}: the runs of one problem. A
+    strong study has one token count; a weak one keeps tokens per rank (tokens = per_rank x cp), and
+    is one group when each token count is at one CP size and the tokens per rank agree."""
+    by = {}
+    for path in files:
+        with h5py.File(path, "r") as f:
+            c = _config(f)
+        cp, tokens = int(c.get("cp_size", 1)), hcp_figures.real_tokens(c)
+        key = (c.get("driver", "?"), c.get("pattern", "?"), _model_key(c), c.get("dtype", "?"))
+        by.setdefault(key, []).append((path, cp, tokens))
+    groups = {}
+    for key, runs in by.items():
+        cps_of = {}
+        for _, cp, tokens in runs:
+            cps_of.setdefault(tokens, set()).add(cp)
+        per_rank = {tokens // cp for _, cp, tokens in runs if cp > 0}
+        weak = len(cps_of) > 1 and all(len(v) == 1 for v in cps_of.values()) and len(per_rank) == 1 and \
+            all(tokens % cp == 0 for _, cp, tokens in runs)
+        for path, cp, tokens in runs:
+            g = key + ((next(iter(per_rank)), True) if weak else (tokens, False))
+            groups.setdefault(g, []).append(path)
+    return groups
+
+
+def group_label(key):
+    driver, pattern, _, dtype, tokens, weak = key
+    return f"{driver} {'' if pattern == '?' else pattern + ' '}{dtype}, " + (f"{tokens} tokens per rank" if weak else f"{tokens} tokens")
+
+
+def study_group(files, folder, title, suffix):
+    """Table, CSV, figures and the error summary of the runs of one problem."""
     # Ranks beyond a node's cores share them: those runs' times are not a scaling measurement.
     over = []
     for path in files:
@@ -480,11 +535,8 @@ def cmd_study(a):
     if over:
         print(f"# warning: oversubscribed runs, their times measure core sharing, not CP: {', '.join(over)}")
         title += " (oversubscribed runs)"
-    print(f"# study {a.dir}: {len(files)} files" + (f" ({len(unfinished)} unfinished, left out)" if unfinished else ""))
-    if others:
-        print(f"# left out, not CP runs: {', '.join(others)}")
     cmd_table(argparse.Namespace(files=files, csv=False, json=False))
-    csv_path = os.path.join(a.dir, "timings.csv")
+    csv_path = os.path.join(folder, f"timings{suffix}.csv")
     saved = sys.stdout
     with open(csv_path, "w") as out:
         sys.stdout = out
@@ -493,26 +545,27 @@ def cmd_study(a):
         finally:
             sys.stdout = saved
     print(f"wrote {csv_path}")
-    cmd_plot_scaling(argparse.Namespace(files=files, out=os.path.join(a.dir, "scaling.png"), title=f"{title}: time per step"))
-    for fn, name, what in ((cmd_plot_memory, "memory.png", "memory per rank"), (cmd_plot_bytes, "bytes.png", "bytes sent per rank")):
-        fig = argparse.Namespace(files=files, out=os.path.join(a.dir, name), title=f"{title}: {what}")
-        if fn(fig) != 0:
-            print(f"# no {what} in these files: no {name}")
+    png = lambda name: os.path.join(folder, f"{name}{suffix}.png")  # noqa: E731
+    cmd_plot_scaling(argparse.Namespace(files=files, out=png("scaling"), title=f"{title}: time per step"))
+    for fn, name, what in ((cmd_plot_memory, "memory", "memory per rank"), (cmd_plot_bytes, "bytes", "bytes sent per rank")):
+        if fn(argparse.Namespace(files=files, out=png(name), title=f"{title}: {what}")) != 0:
+            print(f"# no {what} in these files: no {name}{suffix}.png")
+
     def phased(path):
         with h5py.File(path, "r") as f:
             return any("/" in k for ph in _timings(f).values() for k in ph)
 
     if any(phased(p) for p in files):
-        cmd_plot_breakdown(argparse.Namespace(files=files, out=os.path.join(a.dir, "breakdown.png"),
-                                              title=f"{title}: time per phase"))
+        cmd_plot_breakdown(argparse.Namespace(files=files, out=png("breakdown"), title=f"{title}: time per phase"))
     else:
         print("# no per-phase timings in these files: no breakdown plot")
+
     def checked(path):
         with h5py.File(path, "r") as f:
             return "summary" in f
 
     if any(checked(p) for p in files):
-        cmd_plot_errors(argparse.Namespace(files=files, out=os.path.join(a.dir, "errors.png"), title=f"{title}: errors against cp=1"))
+        cmd_plot_errors(argparse.Namespace(files=files, out=png("errors"), title=f"{title}: errors against cp=1"))
     return cmd_summary(argparse.Namespace(files=files, brief=True))
 
 

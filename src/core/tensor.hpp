@@ -132,6 +132,14 @@ inline std::uint64_t mix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// FNV-1a (64-bit) of a name's bytes: names become seeds the same way with every compiler and
+// standard library (std::hash may differ between them).
+inline std::uint64_t name_hash(const std::string& name) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
 // Deterministic inputs from (seed, index): uniform in [lo, hi).
 void fill_uniform(Tensor& t, std::uint64_t seed, double lo = -1.0, double hi = 1.0);
 // Rows of such a tensor without making it: row r of t [R, ...] (host) gets the values row rows[r] of

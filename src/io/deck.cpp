@@ -62,6 +62,46 @@ void check_rules(const DeckKey& k, const DeckValue& v, const std::string& where)
   }
 }
 
+// The items of a list key, comma-joined; none may be empty or hold a comma.
+std::string joined(const DeckKey& k, const std::vector<std::string>& items, const std::string& where) {
+  HCP_INPUT_CHECK(!items.empty(), where, "key '", k.key, "' is an empty array");
+  std::string out;
+  for (const std::string& item : items) {
+    HCP_INPUT_CHECK(!item.empty() && item.find(',') == std::string::npos, where, "key '", k.key, "': array item \"",
+                    item, "\" is empty or holds a comma");
+    out += (out.empty() ? "" : ",") + item;
+  }
+  return out;
+}
+// A TOML array of strings and integers.
+std::string joined(const DeckKey& k, const toml::array& a, const std::string& where) {
+  std::vector<std::string> items;
+  for (const toml::node& e : a) {
+    if (auto s = e.value_exact<std::string>()) items.push_back(*s);
+    else if (auto i = e.value_exact<std::int64_t>()) items.push_back(std::to_string(*i));
+    else HCP_INPUT_FAIL(where, "key '", k.key, "': array items must be strings or integers");
+  }
+  return joined(k, items, where);
+}
+// --set key=[a, "b", 3]: the items between the brackets, quotes optional (a shell eats them).
+std::string joined(const DeckKey& k, const std::string& bracketed, const std::string& where) {
+  std::vector<std::string> items;
+  const std::string inner = bracketed.substr(1, bracketed.size() - 2);
+  if (inner.find_first_not_of(" \t") == std::string::npos) return joined(k, items, where);
+  for (std::size_t start = 0;;) {
+    const std::size_t end = std::min(inner.find(',', start), inner.size());
+    std::string item = inner.substr(start, end - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.size() >= 2 && (item.front() == '"' || item.front() == '\'') && item.back() == item.front())
+      item = item.substr(1, item.size() - 2);
+    items.push_back(item);
+    if (end == inner.size()) break;
+    start = end + 1;
+  }
+  return joined(k, items, where);
+}
+
 DeckValue from_node(const DeckKey& k, const toml::node& n, const std::string& where) {
   switch (k.type) {
     case DeckKey::Type::Int:
@@ -73,12 +113,14 @@ DeckValue from_node(const DeckKey& k, const toml::node& n, const std::string& wh
       break;
     case DeckKey::Type::String:
       if (auto v = n.value_exact<std::string>()) return *v;
+      if (k.list && n.is_array()) return joined(k, *n.as_array(), where);
       break;
     case DeckKey::Type::Bool:
       if (auto v = n.value_exact<bool>()) return *v;
       break;
   }
-  HCP_INPUT_FAIL(where, "key '", k.key, "' must be ", type_name(k.type));
+  HCP_INPUT_FAIL(where, "key '", k.key, "' must be ", type_name(k.type),
+                 k.list ? " or an array of strings or integers" : "");
 }
 
 DeckValue from_text(const DeckKey& k, const std::string& s, const std::string& where) {
@@ -98,6 +140,7 @@ DeckValue from_text(const DeckKey& k, const std::string& s, const std::string& w
       case DeckKey::Type::String: {
         std::string t = s;
         if (t.size() >= 2 && t.front() == '"' && t.back() == '"') t = t.substr(1, t.size() - 2);
+        if (k.list && t.size() >= 2 && t.front() == '[' && t.back() == ']') return joined(k, t, where);
         return t;
       }
       case DeckKey::Type::Bool:
@@ -162,6 +205,12 @@ DeckSchema& DeckSchema::rename_key(const std::string& old_key, const std::string
 DeckSchema& DeckSchema::rename_choice(const std::string& key, const std::string& old_value, const std::string& new_value) {
   for (auto& k : keys_)
     if (k.key == key) k.renamed_choices[old_value] = new_value;
+  return *this;
+}
+
+DeckSchema& DeckSchema::list(const std::string& key) {
+  for (auto& k : keys_)
+    if (k.key == key) k.list = true;
   return *this;
 }
 

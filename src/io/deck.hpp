@@ -22,6 +22,7 @@ struct DeckKey {
   std::optional<double> min, max;    // inclusive range (Int, Float)
   std::vector<std::string> choices;  // allowed strings (String), empty = any
   std::map<std::string, std::string> renamed_choices;  // an old value -> its new name (refused, naming it)
+  bool list = false;  // a comma-separated list (String): a TOML array of strings or integers is joined with ','
 };
 
 class DeckSchema {
@@ -36,6 +37,9 @@ class DeckSchema {
   // An old key name, refused with a message naming the new one; an old value of a key, likewise.
   DeckSchema& rename_key(const std::string& old_key, const std::string& new_key);
   DeckSchema& rename_choice(const std::string& key, const std::string& old_value, const std::string& new_value);
+  // Marks a String key as a comma-separated list: the deck may also give it as a TOML array
+  // (seq_lens = [100, 200]) and --set as [100,200].
+  DeckSchema& list(const std::string& key);
   std::string renamed(const std::string& old_key) const;  // "" when `old_key` is not a former name
   const DeckKey* find(const std::string& key) const;
   const std::vector<DeckKey>& keys() const { return keys_; }

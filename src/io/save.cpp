@@ -24,7 +24,8 @@ std::string to_string(H5Io io) {
 // ---- what a run keeps --------------------------------------------------------------------------
 namespace {
 // The classes run.save chooses among; every other top-level group (/config, /train, ...) is kept.
-const char* const kClasses[] = {"activations", "gradients", "timings", "comm", "memory", "summary"};
+// "inputs" (what a run starts from) is kept by "all" and by name, not by "auto".
+const char* const kClasses[] = {"activations", "gradients", "timings", "comm", "memory", "summary", "inputs"};
 bool is_class(const std::string& s) {
   return std::find(std::begin(kClasses), std::end(kClasses), s) != std::end(kClasses);
 }
@@ -47,7 +48,7 @@ SaveSet::SaveSet(const std::string& list) : text_(list) {
     // No source location: the caller names the deck key and line.
     if (item.empty())
       throw Error(detail::concat("\"", list, "\" has an empty item (items: all, auto, activations, gradients, timings, ",
-                                 "comm, memory, summary, or tensor names, separated by commas)"));
+                                 "comm, memory, summary, inputs, or tensor names, separated by commas)"));
     for (char ch : item)
       if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '/' && ch != '-' && ch != '.')
         throw Error(detail::concat("item '", item, "': a tensor name holds letters, digits, '_', '-', '.' and '/' only"));
@@ -58,7 +59,7 @@ SaveSet::SaveSet(const std::string& list) : text_(list) {
 
 bool SaveSet::keeps_class(const std::string& cls) const {
   for (const auto& it : items_)
-    if (it == "all" || it == "auto" || it == cls) return true;
+    if (it == "all" || (it == "auto" && cls != "inputs") || it == cls) return true;
   return false;
 }
 
@@ -76,7 +77,7 @@ bool SaveSet::keeps(const std::string& path, std::int64_t numel) const {
   if (!is_class(cls)) return true;
   for (const auto& it : items_) {
     if (it == "all" || it == cls) return true;
-    if (it == "auto" && numel <= kAutoMaxElements) return true;
+    if (it == "auto" && cls != "inputs" && numel <= kAutoMaxElements) return true;
     if (it == "auto" || is_class(it)) continue;
     if (names(it, path)) return true;
   }

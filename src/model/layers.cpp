@@ -1,7 +1,6 @@
 #include "model/layers.hpp"
 
 #include <cmath>
-#include <functional>
 
 #include "cp/layout.hpp"
 
@@ -9,8 +8,9 @@ namespace hcp::model {
 namespace k = hcp::kernels;
 
 namespace {
-// The fill seed of parameter `name` of a layer seeded `seed`.
-std::uint64_t param_seed(std::uint64_t seed, const std::string& name) { return seed * 31 + std::hash<std::string>{}(name) % 1000; }
+// The fill seed of parameter `name` of a layer seeded `seed`: the same on every platform, different
+// for every name.
+std::uint64_t param_seed(std::uint64_t seed, const std::string& name) { return mix64(seed ^ name_hash(name)); }
 }  // namespace
 
 void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo, double hi) {

@@ -28,10 +28,25 @@ p1=$!
 run_study weak HCP_DRIVER=cp_mamba HCP_MODE=weak HCP_CP_SIZES="1 2 4" HCP_TOKENS=32 \
   HCP_EXTRA="--set run.repeats=1 --set run.warmup=0" &
 p2=$!
+# More ranks than the allocation's CPUs without --overcommit: refused (exit 2) before any run, where
+# srun would wait for CPUs forever.
+env HCP_DRIVER=cp_mamba HCP_CP_SIZES="1 4" HCP_SRUN_ARGS="" HCP_OUTDIR="$out/refused" sbatch --wait -n 4 -O -t 10 \
+  --export=ALL --output="$out/refused.out" "$root/jobs/slurm/cp_scaling.sbatch" >/dev/null 2>&1 &
+p3=$!
 wait $p1 || exit 1
 wait $p2 || exit 1
+rc=0; wait $p3 || rc=$?
+cpus=$(grep -o "the allocation has [0-9]*" "$out/refused.out" | grep -o "[0-9]*$" || true)
+if [ -n "$cpus" ] && [ "$cpus" -lt 4 ]; then
+  [ "$rc" -eq 2 ] && grep -q "^error: HCP_CP_SIZES: cp=4 needs 4 CPUs" "$out/refused.out" && [ ! -d "$out/refused" ] ||
+    { cat "$out/refused.out"; echo "FAIL: cp=4 on $cpus CPUs without --overcommit was not refused with exit 2 (exit $rc)"; exit 1; }
+  echo "cp=4 on an allocation of $cpus CPUs without --overcommit: refused, exit 2"
+else
+  echo "note: the allocation had 4 CPUs or more; the refusal was not exercised"
+fi
+# cp=1 runs once per study (every strategy's cp=1 point): 1 + 2 strategies x (cp 2, 4).
 n_strong=$(ls "$out"/strong/*.h5 | wc -l); n_weak=$(ls "$out"/weak/*.h5 | wc -l)
-[ "$n_strong" -eq 6 ] && [ "$n_weak" -eq 6 ] || { echo "FAIL: expected 6 + 6 files, got $n_strong + $n_weak"; exit 1; }
+[ "$n_strong" -eq 5 ] && [ "$n_weak" -eq 5 ] || { echo "FAIL: expected 5 + 5 files, got $n_strong + $n_weak"; exit 1; }
 for f in "$out"/strong/*.h5 "$out"/weak/*.h5; do h5dump -a /config/driver "$f" >/dev/null || { echo "FAIL: unreadable $f"; exit 1; }; done
 for d in strong weak; do  # hcp_post.py study made these from the directory
   for png in scaling memory bytes errors $([ "$d" = strong ] && echo breakdown); do

@@ -145,9 +145,11 @@ TEST(Results, CollectiveAndGatherWriteTheSameTensors) {
       EXPECT_EQ(x.shape(), y.shape()) << n;
       EXPECT_EQ(x.to_vector(), y.to_vector()) << n;
       EXPECT_EQ(checksum(x), checksum(y)) << n;
-      for (const char* s : {"l2", "max_abs", "mean", "count"})
-        if (std::string(n).rfind("/timings", 0) != 0)
+      for (const char* s : {"l2", "max_abs", "mean", "count"}) {
+        if (std::string(n).rfind("/timings", 0) != 0) {
           EXPECT_EQ(a.double_attr(std::string("/stats") + n, s), b.double_attr(std::string("/stats") + n, s)) << n << " " << s;
+        }
+      }
     }
     EXPECT_EQ(a.read("/activations/p2p/o").to_vector(), g.to_vector());  // pads (1e300) not written
     EXPECT_EQ(a.read("/activations/reference/o").to_vector(), g.to_vector());

@@ -61,6 +61,23 @@ TEST(Tensor, DeterministicFill) {
 
 // Large tensors are filled by several threads: every element is still the function of its index
 // that the one-thread path gives (a prefix of a large tensor equals a small one), in every dtype, and the rows of
+// Parameters are drawn from seeds the project defines: FNV-1a of the name (published test vectors),
+// splitmix64 (of the seed, then of seed ^ mixed index), and the map to [lo, hi). Pinned to the bit,
+// so another compiler or standard library cannot draw other parameters from the same deck. The
+// values were computed by an independent implementation of the same formulas.
+TEST(Tensor, SeedsAndFillsArePinned) {
+  EXPECT_EQ(name_hash(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(name_hash("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(name_hash("foobar"), 0x85944171f73967e8ull);
+  const std::uint64_t seed = mix64(7 ^ name_hash("in_proj.weight"));  // parameter in_proj.weight, seed 7
+  EXPECT_EQ(seed, 0xed5ef41b6902f8acull);
+  Tensor t = Tensor::empty({3}, DType::F64);
+  fill_uniform(t, seed, -1.0, 1.0);
+  EXPECT_EQ(t.get(0), -0x1.408b8e59ed9fap-1);
+  EXPECT_EQ(t.get(1), -0x1.37a2e06fd4ef4p-1);
+  EXPECT_EQ(t.get(2), -0x1.6410e79853264p-2);
+}
+
 // fill_uniform_rows are the rows of the whole.
 TEST(Tensor, ThreadedFillIsTheSameFunctionOfTheIndex) {
   const std::int64_t n = (std::int64_t{1} << 20) + 37;  // above the threading threshold

@@ -89,3 +89,31 @@ TEST(Deck, ResolvedGroupsSectionsDeclaredApart) {
   EXPECT_EQ(back.get_int("a.z"), 7);
   EXPECT_EQ(back.get_int("b.y"), 2);
 }
+
+// A list key takes a comma-separated string or a TOML array (deck and --set); a single-valued
+// string key still refuses an array; bad arrays are refused naming the key and the rule.
+TEST(Deck, ListKeysTakeArrays) {
+  DeckSchema s;
+  s.add_string("data.lens", "8", "lengths").add_string("data.format", "thd", "layout").list("data.lens");
+  EXPECT_EQ(Deck::parse(s, "[data]\nlens = [100, 37]\n", "x.toml").get_string("data.lens"), "100,37");
+  EXPECT_EQ(Deck::parse(s, "[data]\nlens = [\"a\", \"b\"]\n", "x.toml").get_string("data.lens"), "a,b");
+  EXPECT_EQ(Deck::parse(s, "", "x.toml", {"data.lens=[4, 5]"}).get_string("data.lens"), "4,5");
+  EXPECT_EQ(Deck::parse(s, "", "x.toml", {"data.lens=[a,\"b\"]"}).get_string("data.lens"), "a,b");
+  EXPECT_EQ(Deck::parse(s, "[data]\nlens = \"3,4\"\n", "x.toml").get_string("data.lens"), "3,4");
+  const auto message = [&](const std::string& text, std::vector<std::string> sets = {}) {
+    try {
+      Deck::parse(s, text, "x.toml", sets);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message("[data]\nformat = [\"thd\"]\n").find("x.toml:2: key 'data.format' must be a string"), std::string::npos);
+  EXPECT_NE(message("[data]\nlens = [1.5]\n").find("x.toml:2: key 'data.lens': array items must be strings or integers"),
+            std::string::npos);
+  EXPECT_NE(message("[data]\nlens = []\n").find("key 'data.lens' is an empty array"), std::string::npos);
+  EXPECT_NE(message("[data]\nlens = [\"a,b\"]\n").find("holds a comma"), std::string::npos);
+  EXPECT_NE(message("", {"data.lens=[1,,2]"}).find("--set data.lens=[1,,2]: key 'data.lens': array item \"\" is empty"),
+            std::string::npos);
+  EXPECT_NE(message("", {"data.lens=[]"}).find("key 'data.lens' is an empty array"), std::string::npos);
+}
