@@ -20,10 +20,10 @@
 
 #include "bench_ops.hpp"
 #include "common.hpp"
+#include "device.hpp"
 #include "harness.hpp"
 #include "io/results.hpp"
 #include "kernels/kernels.hpp"
-#include "device.hpp"
 #ifdef HCP_HAVE_CUDA
 #include "kernels/cuda/runtime.hpp"
 #endif
@@ -51,7 +51,8 @@ void run(DriverContext& ctx) {
     Kokkos::fence();
   };
   const std::int64_t sc = ctx.deck.get_int("bench.scale");
-  const int warm = static_cast<int>(ctx.deck.get_int("bench.warmup")), reps = static_cast<int>(ctx.deck.get_int("bench.repeats"));
+  const int warm = static_cast<int>(ctx.deck.get_int("bench.warmup")),
+            reps = static_cast<int>(ctx.deck.get_int("bench.repeats"));
   std::vector<drivers::Op> ops;
   // Keep tensors alive for the closures.
   std::vector<std::shared_ptr<Tensor>> keep;
@@ -59,12 +60,17 @@ void run(DriverContext& ctx) {
     keep.push_back(std::make_shared<Tensor>(drivers::bench_tensor(s, dt, seed, lo, hi, sp)));
     return keep.back();
   };
-  const drivers::Maker make = [&](const Shape& s, std::uint64_t seed, double lo, double hi) { return T_(s, seed, lo, hi); };
-  if (anchors) drivers::anchor_ops(ops, make, dt, ctx.deck.get_string("bench.only"));
-  else drivers::small_ops(ops, make, dt, sc);
+  const drivers::Maker make = [&](const Shape& s, std::uint64_t seed, double lo, double hi) {
+    return T_(s, seed, lo, hi);
+  };
+  if (anchors)
+    drivers::anchor_ops(ops, make, dt, ctx.deck.get_string("bench.only"));
+  else
+    drivers::small_ops(ops, make, dt, sc);
 
   const std::string only = ctx.deck.get_string("bench.only");
-  HCP_CHECK(only.empty() || std::any_of(ops.begin(), ops.end(), [&](const drivers::Op& o) { return o.name.find(only) != std::string::npos; }),
+  HCP_CHECK(only.empty() || std::any_of(ops.begin(), ops.end(),
+                                        [&](const drivers::Op& o) { return o.name.find(only) != std::string::npos; }),
             "bench.only = \"", only, "\" matches no op of suite \"", ctx.deck.get_string("bench.suite"), "\"");
   std::unique_ptr<ResultsWriter> w;
   if (!ctx.out.empty()) w = std::make_unique<ResultsWriter>(ctx.out, *ctx.world);
@@ -73,17 +79,24 @@ void run(DriverContext& ctx) {
 #ifdef HCP_HAVE_CUDA
     if (sp == Space::Cuda) backend = cuda::device_name();
 #endif
-    w->config({{"driver", "bench_kernels"}, {"mode", sp == Space::Cuda ? "cuda" : "host"}, {"suite", ctx.deck.get_string("bench.suite")},
-               {"deck", ctx.deck.text()}, {"command_line", ctx.cmdline}, {"git_revision", ctx.git_rev}, {"dtype", to_string(dt)},
+    w->config({{"driver", "bench_kernels"},
+               {"mode", sp == Space::Cuda ? "cuda" : "host"},
+               {"suite", ctx.deck.get_string("bench.suite")},
+               {"deck", ctx.deck.text()},
+               {"command_line", ctx.cmdline},
+               {"git_revision", ctx.git_rev},
+               {"dtype", to_string(dt)},
                {"backend", backend}});
     w->config_int("world_size", ctx.world->size());
   }
   if (ctx.root()) {
     std::printf("# bench_kernels (%s, suite %s, one rank's figures; %d ranks ran) dtype=%s repeats=%d\n",
-                sp == Space::Cuda ? "cuda" : (std::string(Kokkos::DefaultHostExecutionSpace::name()) + ", " + k::host_blas()).c_str(), ctx.deck.get_string("bench.suite").c_str(),
-                ctx.world->size(), to_string(dt).c_str(), reps);
-    std::printf("# %-28s %-42s %10s %10s %10s %10s %10s\n", "op", "shape", "median_ms", "min_ms", "max_ms", "GFLOP/s|GB/s",
-                "scratch_MB");
+                sp == Space::Cuda
+                    ? "cuda"
+                    : (std::string(Kokkos::DefaultHostExecutionSpace::name()) + ", " + k::host_blas()).c_str(),
+                ctx.deck.get_string("bench.suite").c_str(), ctx.world->size(), to_string(dt).c_str(), reps);
+    std::printf("# %-28s %-42s %10s %10s %10s %10s %10s\n", "op", "shape", "median_ms", "min_ms", "max_ms",
+                "GFLOP/s|GB/s", "scratch_MB");
   }
   std::size_t ran = 0;
   for (auto& op : ops) {
@@ -130,7 +143,8 @@ void run(DriverContext& ctx) {
     }
   }
   if (w) w->finish();
-  if (ctx.root()) std::printf("RESULT bench_kernels DONE ops=%zu%s%s\n", ran, ctx.out.empty() ? "" : " file=", ctx.out.c_str());
+  if (ctx.root())
+    std::printf("RESULT bench_kernels DONE ops=%zu%s%s\n", ran, ctx.out.empty() ? "" : " file=", ctx.out.c_str());
 }
 }  // namespace
 

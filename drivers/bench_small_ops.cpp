@@ -23,11 +23,13 @@ Tensor bench_tensor(const Shape& s, DType dt, std::uint64_t seed, double lo, dou
 
 void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t sc) {
   const double es = static_cast<double>(dtype_size(dt));
-  const auto T_ = [&](const Shape& s, std::uint64_t seed, double lo = -1, double hi = 1) { return make(s, seed, lo, hi); };
+  const auto T_ = [&](const Shape& s, std::uint64_t seed, double lo = -1, double hi = 1) {
+    return make(s, seed, lo, hi);
+  };
   {  // attention: one sequence, causal, GQA 8:2
     const std::int64_t L = 512 * sc, H = 8, Hkv = 2, D = 64;
-    auto q = T_({L, H, D}, 1), kk = T_({L, Hkv, D}, 2), v = T_({L, Hkv, D}, 3), o = T_({L, H, D}, 4), lse = T_({L, H}, 5),
-         dq = T_({L, H, D}, 6), dk = T_({L, Hkv, D}, 7), dv = T_({L, Hkv, D}, 8);
+    auto q = T_({L, H, D}, 1), kk = T_({L, Hkv, D}, 2), v = T_({L, Hkv, D}, 3), o = T_({L, H, D}, 4),
+         lse = T_({L, H}, 5), dq = T_({L, H, D}, 6), dk = T_({L, Hkv, D}, 7), dv = T_({L, Hkv, D}, 8);
     auto p = std::make_shared<k::AttnParams>();
     p->heads = H;
     p->kv_heads = Hkv;
@@ -36,7 +38,8 @@ void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t s
     const double f = 4.0 * H * L * L * D / 2;
     const std::string shp = "L=" + std::to_string(L) + " H=8 Hkv=2 D=64 causal";
     ops.push_back({"attention_fwd", shp, f, 0, [=] { k::attention_fwd(*o, *lse, *q, *kk, *v, *p); }});
-    ops.push_back({"attention_bwd", shp, 2.5 * f, 0, [=] { k::attention_bwd(*dq, *dk, *dv, *q, *kk, *v, *o, *lse, *o, *p); }});
+    ops.push_back(
+        {"attention_bwd", shp, 2.5 * f, 0, [=] { k::attention_bwd(*dq, *dk, *dv, *q, *kk, *v, *o, *lse, *o, *p); }});
   }
   {  // SSD
     auto p = std::make_shared<k::SsdParams>();
@@ -60,7 +63,8 @@ void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t s
     in->Cm = C.get();
     in->D = D.get();
     in->dt_bias = db.get();
-    auto g = std::make_shared<k::SsdGrads>(k::SsdGrads{dx.get(), ddt.get(), dA.get(), dB.get(), dC.get(), dD.get(), ddb.get(), nullptr});
+    auto g = std::make_shared<k::SsdGrads>(
+        k::SsdGrads{dx.get(), ddt.get(), dA.get(), dB.get(), dC.get(), dD.get(), ddb.get(), nullptr});
     const std::string shp = "b=1 L=" + std::to_string(L) + " H=8 P=32 G=1 N=32 chunk=64";
     const double bytes = es * (2.0 * L * 8 * 32 + 2.0 * L * 32 + L * 8);
     ops.push_back({"ssd_fwd", shp, 0, bytes, [=] { k::ssd_fwd(*y, nullptr, *in, *p); }});
@@ -72,7 +76,8 @@ void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t s
          dw = T_({C, 4}, 0), db = T_({C}, 0);
     const std::string shp = "B=1 L=" + std::to_string(L) + " C=256 W=4";
     ops.push_back({"conv1d_fwd", shp, 0, es * 2 * L * C, [=] { k::conv1d_fwd(*y, *x, *w, b.get(), nullptr, true); }});
-    ops.push_back({"conv1d_bwd", shp, 0, es * 3 * L * C, [=] { k::conv1d_bwd(*dx, *dw, db.get(), *x, *w, b.get(), nullptr, true, *y); }});
+    ops.push_back({"conv1d_bwd", shp, 0, es * 3 * L * C,
+                   [=] { k::conv1d_bwd(*dx, *dw, db.get(), *x, *w, b.get(), nullptr, true, *y); }});
   }
   {  // norms
     const std::int64_t M = 2048 * sc, C = 512;
@@ -81,23 +86,27 @@ void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t s
     const std::string shp = "M=" + std::to_string(M) + " C=512";
     ops.push_back({"rmsnorm_fwd", shp, 0, es * 2 * M * C, [=] { k::rmsnorm_fwd(*y, *r, *x, *w, 1e-5); }});
     ops.push_back({"rmsnorm_bwd", shp, 0, es * 3 * M * C, [=] { k::rmsnorm_bwd(*dx, *dw, *x, *w, *r, *y); }});
-    ops.push_back({"gated_rmsnorm_fwd", shp + " G=8", 0, es * 3 * M * C, [=] { k::gated_rmsnorm_fwd(*y, *r8, *x, *z, *w, 8, 1e-5); }});
+    ops.push_back({"gated_rmsnorm_fwd", shp + " G=8", 0, es * 3 * M * C,
+                   [=] { k::gated_rmsnorm_fwd(*y, *r8, *x, *z, *w, 8, 1e-5); }});
     ops.push_back({"gated_rmsnorm_bwd", shp + " G=8", 0, es * 5 * M * C,
                    [=] { k::gated_rmsnorm_bwd(*dx, *dz, *dw, *x, *z, *w, *r8, 8, *y); }});
   }
   {  // dense
     const std::int64_t M = 256 * sc, K = 512, N = 512;
-    auto x = T_({M, K}, 40), W = T_({N, K}, 41), b = T_({N}, 42), y = T_({M, N}, 43), dx = T_({M, K}, 0), dW = T_({N, K}, 0),
-         db = T_({N}, 0);
+    auto x = T_({M, K}, 40), W = T_({N, K}, 41), b = T_({N}, 42), y = T_({M, N}, 43), dx = T_({M, K}, 0),
+         dW = T_({N, K}, 0), db = T_({N}, 0);
     const std::string shp = "M=" + std::to_string(M) + " K=512 N=512";
     ops.push_back({"linear_fwd", shp, 2.0 * M * K * N, 0, [=] { k::linear_fwd(*y, *x, *W, b.get()); }});
-    ops.push_back({"linear_bwd", shp, 4.0 * M * K * N, 0, [=] { k::linear_bwd(dx.get(), dW.get(), db.get(), *x, *W, *y); }});
+    ops.push_back(
+        {"linear_bwd", shp, 4.0 * M * K * N, 0, [=] { k::linear_bwd(dx.get(), dW.get(), db.get(), *x, *W, *y); }});
     if (x->space() == Space::Host) {  // the BLAS alone on linear_fwd's product, its anchor
       ops.push_back({"blas_gemm", shp + " (x W^T)", 2.0 * M * K * N, 0, [=] {
                        if (x->dtype() == DType::F64)
-                         k::host::gemm(false, true, M, N, K, 1.0, x->data<double>(), K, W->data<double>(), K, 0.0, y->data<double>(), N);
+                         k::host::gemm(false, true, M, N, K, 1.0, x->data<double>(), K, W->data<double>(), K, 0.0,
+                                       y->data<double>(), N);
                        else
-                         k::host::gemm(false, true, M, N, K, 1.0f, x->data<float>(), K, W->data<float>(), K, 0.0f, y->data<float>(), N);
+                         k::host::gemm(false, true, M, N, K, 1.0f, x->data<float>(), K, W->data<float>(), K, 0.0f,
+                                       y->data<float>(), N);
                      }});
     }
     const std::int64_t T = 1024 * sc;
@@ -107,7 +116,8 @@ void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t s
     ops.push_back({"rope_fwd", "T=" + std::to_string(T) + " H=8 D=64", 0, es * 2 * T * 8 * 64,
                    [=] { k::rope_fwd(*yr, *xr, *pos, 10000.0, 64); }});
     const std::int64_t V = 8192;
-    auto table = T_({V, 256}, 46), emb = T_({T, 256}, 47), dtab = T_({V, 256}, 0), logits = T_({T, V}, 48), dlog = T_({T, V}, 0);
+    auto table = T_({V, 256}, 46), emb = T_({T, 256}, 47), dtab = T_({V, 256}, 0), logits = T_({T, V}, 48),
+         dlog = T_({T, V}, 0);
     auto ids = std::make_shared<std::vector<std::int64_t>>();
     for (std::int64_t t = 0; t < T; ++t) ids->push_back((t * 7919) % V);
     ops.push_back({"embedding_fwd", "T=" + std::to_string(T) + " V=8192 C=256", 0, es * 2 * T * 256,
@@ -125,9 +135,10 @@ void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t s
     rp->experts = E;
     rp->topk = K;
     rp->scaling = 2.5;
-    auto logits = T_({T, E}, 50), scores = T_({T, E}, 0), tw = T_({T, K}, 0), x = T_({T, C}, 51), xp = T_({T * K, C}, 0),
-         W1 = T_({E, F, C}, 52, -0.1, 0.1), W2 = T_({E, C, F}, 53, -0.1, 0.1), h = T_({T * K, F}, 0), yp = T_({T * K, C}, 0),
-         y = T_({T, C}, 0), dxp = T_({T * K, C}, 0), dW1 = T_({E, F, C}, 0), dW2 = T_({E, C, F}, 0);
+    auto logits = T_({T, E}, 50), scores = T_({T, E}, 0), tw = T_({T, K}, 0), x = T_({T, C}, 51),
+         xp = T_({T * K, C}, 0), W1 = T_({E, F, C}, 52, -0.1, 0.1), W2 = T_({E, C, F}, 53, -0.1, 0.1),
+         h = T_({T * K, F}, 0), yp = T_({T * K, C}, 0), y = T_({T, C}, 0), dxp = T_({T * K, C}, 0),
+         dW1 = T_({E, F, C}, 0), dW2 = T_({E, C, F}, 0);
     // One routing shared by the ops, which run in this order (the router remakes it; the permute
     // adds the permutation the combine uses).
     auto route = std::make_shared<k::MoeRouting>();
@@ -140,7 +151,8 @@ void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t s
     ops.push_back({"expert_mlp_fwd", shp, 4.0 * T * K * C * F, 0,
                    [=] { k::expert_mlp_fwd(*yp, *h, *xp, *W1, *W2, route->counts, k::Activation::SquaredReLU); }});
     ops.push_back({"expert_mlp_bwd", shp, 8.0 * T * K * C * F, 0, [=] {
-                     k::expert_mlp_bwd(*dxp, *dW1, *dW2, *xp, *W1, *W2, *h, route->counts, k::Activation::SquaredReLU, *yp);
+                     k::expert_mlp_bwd(*dxp, *dW1, *dW2, *xp, *W1, *W2, *h, route->counts, k::Activation::SquaredReLU,
+                                       *yp);
                    }});
     ops.push_back({"moe_combine_fwd", shp, 0, es * 2 * T * K * C, [=] { k::moe_combine_fwd(*y, *yp, *route, *tw); }});
   }

@@ -10,7 +10,8 @@
 
 namespace hcp::drivers {
 
-Selection select(const Deck& d, const std::string& key, const std::string& all_word, const std::vector<std::string>& all) {
+Selection select(const Deck& d, const std::string& key, const std::string& all_word,
+                 const std::vector<std::string>& all) {
   const std::string v = d.get_string(key);
   if (v == all_word) return {all, true, d.where(key)};
   return {{v}, false, d.where(key)};
@@ -26,7 +27,8 @@ std::string from_input(const std::string& where, const std::string& msg) {
 }
 }  // namespace
 
-std::vector<std::string> runnable(Communicator& comm, const Selection& sel, const std::function<void(const std::string&)>& try_make,
+std::vector<std::string> runnable(Communicator& comm, const Selection& sel,
+                                  const std::function<void(const std::string&)>& try_make,
                                   std::vector<std::pair<std::string, std::string>>* skipped) {
   std::vector<std::string> ok;
   std::vector<std::pair<std::string, std::string>> failed;
@@ -44,8 +46,11 @@ std::vector<std::string> runnable(Communicator& comm, const Selection& sel, cons
       continue;
     }
     std::string why;
-    if (agree_on_errors(comm, [&] { make(name); }, &why, /*print=*/false)) ok.push_back(name);
-    else failed.emplace_back(name, why);
+    if (agree_on_errors(
+            comm, [&] { make(name); }, &why, /*print=*/false))
+      ok.push_back(name);
+    else
+      failed.emplace_back(name, why);
   }
   // No case can run: the first one's error is the deck's (e.g. a length that no strategy can split).
   if (ok.empty()) throw Error(failed.front().second);
@@ -71,15 +76,18 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
   const int world = ctx.world_size(), cp = cp_size_of(d, world);
   const Selection sel = select(d, c.key, c.all_word, c.all);
   const std::string& plant = d.get_string("run.plant_fault");
-  HCP_INPUT_CHECK(plant.empty() || std::find(c.all.begin(), c.all.end(), plant) != c.all.end(), d.where("run.plant_fault"),
-                  "key 'run.plant_fault' = \"", plant, "\" is not a case of this driver (", join(c.all), ")");
-  HCP_INPUT_CHECK(plant.empty() || check_mode(d) != CheckMode::Off, d.where("run.plant_fault"),
-                  "key 'run.plant_fault' needs run.check = \"reference\" or \"cross\" (a fault no check sees proves nothing)");
+  HCP_INPUT_CHECK(plant.empty() || std::find(c.all.begin(), c.all.end(), plant) != c.all.end(),
+                  d.where("run.plant_fault"), "key 'run.plant_fault' = \"", plant, "\" is not a case of this driver (",
+                  join(c.all), ")");
+  HCP_INPUT_CHECK(
+      plant.empty() || check_mode(d) != CheckMode::Off, d.where("run.plant_fault"),
+      "key 'run.plant_fault' needs run.check = \"reference\" or \"cross\" (a fault no check sees proves nothing)");
   // Sizes that cannot fit even in the smallest case are refused before the cases' shape rules are
   // tried (building a case builds its token layout); "warn" warns once, below.
   if (!ctx.dry_run && d.get_string("run.memory_check") == "refuse")
-    admit(d, by_peak(c, d, cp, sel.names, false), lim, cp, [&](int k) { return by_peak(c, d, k, sel.names, false); },
-          ctx.root());
+    admit(
+        d, by_peak(c, d, cp, sel.names, false), lim, cp, [&](int k) { return by_peak(c, d, k, sel.names, false); },
+        ctx.root());
   std::vector<std::string> names = sel.names;
   if (world == ctx.world->size()) {  // the shape rules of each case need the CP group itself
     ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
@@ -96,8 +104,8 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
 
 std::vector<std::string> Study::cases(const Cases& c, std::vector<std::pair<std::string, std::string>>* skipped) {
   memory_ = c.memory;
-  return runnable(comm, select(deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(deck, comm, cp, n); },
-                  skipped);
+  return runnable(
+      comm, select(deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(deck, comm, cp, n); }, skipped);
 }
 
 std::vector<std::string> case_tensors(const Cases& c,

@@ -32,7 +32,7 @@ inline std::vector<std::int64_t> parse_lengths(const Deck& d, const std::string&
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
     HCP_INPUT_CHECK(!item.empty(), where, "key '", key, "' = \"", s, "\": empty length at character ", begin + 1,
-              " (lengths are positive integers separated by single commas)");
+                    " (lengths are positive integers separated by single commas)");
     std::size_t pos = 0;
     long long v = 0;
     try {
@@ -40,7 +40,8 @@ inline std::vector<std::int64_t> parse_lengths(const Deck& d, const std::string&
     } catch (const std::exception&) {
       pos = 0;
     }
-    HCP_INPUT_CHECK(pos == item.size() && v > 0, where, "key '", key, "': '", item, "' is not a positive integer length");
+    HCP_INPUT_CHECK(pos == item.size() && v > 0, where, "key '", key, "': '", item,
+                    "' is not a positive integer length");
     out.push_back(v);
     if (comma == std::string::npos) break;
     begin = comma + 1;
@@ -68,7 +69,8 @@ inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_defaul
   std::vector<std::string> dtypes = {"fp32", "fp64"};
   if (with_bf16) dtypes.push_back("bf16");
   s.add_string("data.format", "thd", "token layout", {"bshd", "thd"})
-      .add_string("data.seq_lens", seq_lens_default, "THD sequence lengths: comma-separated, or an array (padded to 2*cp)")
+      .add_string("data.seq_lens", seq_lens_default,
+                  "THD sequence lengths: comma-separated, or an array (padded to 2*cp)")
       .add_int("data.batch", 2, "BSHD batch size", 1)
       .add_int("data.seqlen", seqlen_default, "BSHD sequence length (multiple of 2*cp)", 1)
       .add_string("data.dtype", "fp64",
@@ -79,17 +81,19 @@ inline void add_cp_driver_keys(DeckSchema& s, const std::string& seq_lens_defaul
       .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
       .add_int("run.warmup", 1, "untimed iterations", 0)
       .add_int("run.repeats", 3, "timed iterations", 1)
-      .add_string("run.check", "reference",
-                  "reference: every strategy against the unpadded cp=1 problem on rank 0 (which holds it whole); cross: "
-                  "every strategy against the first, shard by shard on each rank (no rank holds the global problem); off",
-                  {"reference", "cross", "off"})
+      .add_string(
+          "run.check", "reference",
+          "reference: every strategy against the unpadded cp=1 problem on rank 0 (which holds it whole); cross: "
+          "every strategy against the first, shard by shard on each rank (no rank holds the global problem); off",
+          {"reference", "cross", "off"})
       .add_string("run.plant_fault", "",
                   "for testing the checks: the case (strategy) whose first checked result gets one element moved by "
                   "1e-3 of its largest magnitude, so that the run must FAIL (\"\": none)")
-      .add_string("run.save", "auto",
-                  "what the results file keeps, comma-separated or an array: all | auto (all but inputs and tensors over 2^27 "
-                  "elements) | activations | gradients | timings | comm | memory | summary (errors, statistics of every "
-                  "tensor) | inputs (inputs and parameters: the results can be checked from the file alone) | tensor names")
+      .add_string(
+          "run.save", "auto",
+          "what the results file keeps, comma-separated or an array: all | auto (all but inputs and tensors over 2^27 "
+          "elements) | activations | gradients | timings | comm | memory | summary (errors, statistics of every "
+          "tensor) | inputs (inputs and parameters: the results can be checked from the file alone) | tensor names")
       .add_string("run.hdf5_io", "auto",
                   "how tensors are written: collective (parallel HDF5, each rank its rows), gather (rank 0 writes), "
                   "auto (collective when HDF5 has MPI)",
@@ -112,8 +116,9 @@ inline SaveSet save_set(const Deck& d) {
 // run.hdf5_io: collective writes need HDF5 built with MPI.
 inline H5Io hdf5_io(const Deck& d) {
   const std::string& v = d.get_string("run.hdf5_io");
-  HCP_INPUT_CHECK(v != "collective" || hdf5_parallel(), d.where("run.hdf5_io"),
-                  "key 'run.hdf5_io' = \"collective\" needs HDF5 built with MPI; this build's HDF5 is serial (use gather or auto)");
+  HCP_INPUT_CHECK(
+      v != "collective" || hdf5_parallel(), d.where("run.hdf5_io"),
+      "key 'run.hdf5_io' = \"collective\" needs HDF5 built with MPI; this build's HDF5 is serial (use gather or auto)");
   return v == "gather" || (v == "auto" && !hdf5_parallel()) ? H5Io::Gather : H5Io::Collective;
 }
 
@@ -139,8 +144,8 @@ inline SeqLayout global_layout(const Deck& d, int cp) {
 // CP size from parallel.cp_size (0: every rank), checked against the world size.
 inline int cp_size_of(const Deck& d, int world) {
   const int cp = d.get_int("parallel.cp_size") == 0 ? world : static_cast<int>(d.get_int("parallel.cp_size"));
-  HCP_INPUT_CHECK(world % cp == 0, d.where("parallel.cp_size"), "parallel.cp_size = ", cp, " must divide the number of ranks (",
-                  world, ")");
+  HCP_INPUT_CHECK(world % cp == 0, d.where("parallel.cp_size"), "parallel.cp_size = ", cp,
+                  " must divide the number of ranks (", world, ")");
   return cp;
 }
 

@@ -44,7 +44,8 @@ DeckSchema schema() {
   DeckSchema s;
   drivers::add_attention_keys(s, {8, 2, 32});
   s.add_bool("attention.causal", true, "causal mask (false: full attention)")
-      .add_string("parallel.attention", "all", "attention CP strategy (all: each in turn)", drivers::attention_choices(true))
+      .add_string("parallel.attention", "all", "attention CP strategy (all: each in turn)",
+                  drivers::attention_choices(true))
       .rename_key("parallel.strategy", "parallel.attention");
   drivers::add_cp_inner_key(s);
   drivers::add_cp_driver_keys(s, "200, 56, 500", 512, /*with_bf16=*/true);
@@ -104,11 +105,14 @@ void run(DriverContext& ctx) {
     k::attention_fwd(ref[0], lse, qu, ku, vu, p);
     k::attention_bwd(ref[1], ref[2], ref[3], qu, ku, vu, ref[0], lse, du, p);
   }
-  st.config({{"format", st.deck.get_string("data.format")}, {"strategy", drivers::join(names)},
-             {"cu_seqlens_padded", drivers::join(g.cu_seqlens)}}, skipped);
+  st.config({{"format", st.deck.get_string("data.format")},
+             {"strategy", drivers::join(names)},
+             {"cu_seqlens_padded", drivers::join(g.cu_seqlens)}},
+            skipped);
   if (st.out() && st.check)
     for (int i = 0; i < 4; ++i)
-      st.out()->tensor(std::string(i ? "/gradients/reference/" : "/activations/reference/") + names4[i], ref[i], shapes4[i], "1");
+      st.out()->tensor(std::string(i ? "/gradients/reference/" : "/activations/reference/") + names4[i], ref[i],
+                       shapes4[i], "1");
   st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", g.nseq(), "heads", H,
                             "kv_heads", Hkv, "head_dim", D, "causal", base.causal ? 1 : 0),
             skipped);
@@ -121,9 +125,19 @@ void run(DriverContext& ctx) {
       st.input(in_names[i], drivers::local_uniform(g, st.cp, r, i == 1 || i == 2 ? ks : qs, st.dt, in_seeds[i]), g,
                i == 1 || i == 2 ? "[T,Hkv,D] real tokens, global order" : "[T,H,D] real tokens, global order", "1");
   }
-  drivers::Table table({{"strategy", 9}, {"fwd_ms", 10}, {"bwd_ms", 10}, {"compute_ms", 10}, {"comm_ms", 10}, {"overlap", 8},
-                        {"bytes/rank", 12}, {"model_bytes", 12}, {"err_o", 10}, {"err_dq", 10}, {"err_dk", 10},
-                        {"err_dv", 10}, {"pass", 5}});
+  drivers::Table table({{"strategy", 9},
+                        {"fwd_ms", 10},
+                        {"bwd_ms", 10},
+                        {"compute_ms", 10},
+                        {"comm_ms", 10},
+                        {"overlap", 8},
+                        {"bytes/rank", 12},
+                        {"model_bytes", 12},
+                        {"err_o", 10},
+                        {"err_dq", 10},
+                        {"err_dk", 10},
+                        {"err_dv", 10},
+                        {"pass", 5}});
   bool all_pass = true;
   for (const std::string& name : names) {
     st.begin_case(name);
@@ -161,32 +175,37 @@ void run(DriverContext& ctx) {
     }
     const bool pass = st.verdict(name, e, bytes_ok);
     all_pass = all_pass && pass;
-    table.row({name, drivers::fmt("%.3f", st.slowest(s.at("forward"))), drivers::fmt("%.3f", st.slowest(s.at("backward"))),
-               drivers::fmt("%.3f", st.slowest(s.at("compute"))), drivers::fmt("%.3f", st.slowest(s.at("comm_wait"))),
-               ov < 0 ? "-" : drivers::fmt("%.2f", ov), drivers::fmt_int(bytes), drivers::fmt_int(model), errs[0], errs[1],
-               errs[2], errs[3], st.check || st.cross ? (pass ? "yes" : "NO") : "-"});
+    table.row({name, drivers::fmt("%.3f", st.slowest(s.at("forward"))),
+               drivers::fmt("%.3f", st.slowest(s.at("backward"))), drivers::fmt("%.3f", st.slowest(s.at("compute"))),
+               drivers::fmt("%.3f", st.slowest(s.at("comm_wait"))), ov < 0 ? "-" : drivers::fmt("%.2f", ov),
+               drivers::fmt_int(bytes), drivers::fmt_int(model), errs[0], errs[1], errs[2], errs[3],
+               st.check || st.cross ? (pass ? "yes" : "NO") : "-"});
   }
   if (st.root()) {
     table.print();
-    std::printf(st.cross ? "# errors (run.check = cross): max |case - first case| / max |first case| per tensor; tolerance %.0e (%s)\n"
+    std::printf(st.cross ? "# errors (run.check = cross): max |case - first case| / max |first case| per tensor; "
+                           "tolerance %.0e (%s)\n"
                          : "# errors: max |cp - cp1| / max |cp1| per tensor; tolerance %.0e (%s)\n",
                 st.tol, to_string(st.dt).c_str());
   }
-  st.finish(all_pass, "a CP result differs beyond tolerance from what run.check compares it with (the cp=1 reference or the first case), or bytes from the model");
+  st.finish(all_pass,
+            "a CP result differs beyond tolerance from what run.check compares it with (the cp=1 reference or the "
+            "first case), or bytes from the model");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const DriverSpec spec{"cp_attention",
-                        "Attention context parallelism (p2p ring, all-gather, Ulysses a2a) against cp=1",
-                        schema(),
-                        kBuiltinDeck,
-                        "cp_attention.h5",
-                        [](DriverContext& c) { drivers::validate_cases(c, cases()); },
-                        run,
-                        [](const Deck&) {
-                          return drivers::case_tensors(cases(), {{"activations", {"out"}}, {"gradients", {"dq", "dk", "dv"}}});
-                        }};
+  const DriverSpec spec{
+      "cp_attention",
+      "Attention context parallelism (p2p ring, all-gather, Ulysses a2a) against cp=1",
+      schema(),
+      kBuiltinDeck,
+      "cp_attention.h5",
+      [](DriverContext& c) { drivers::validate_cases(c, cases()); },
+      run,
+      [](const Deck&) {
+        return drivers::case_tensors(cases(), {{"activations", {"out"}}, {"gradients", {"dq", "dk", "dv"}}});
+      }};
   return run_driver(argc, argv, spec);
 }

@@ -13,7 +13,8 @@
 using namespace hcp;
 
 namespace {
-const std::string kDeck = "# Built-in deck of cp_hybrid: a small NemotronV3-style stack on a packed THD batch.\n" + drivers::builtin_model_deck(64) + R"([data]
+const std::string kDeck = "# Built-in deck of cp_hybrid: a small NemotronV3-style stack on a packed THD batch.\n" +
+                          drivers::builtin_model_deck(64) + R"([data]
 format = "thd"
 seq_lens = "120, 37, 90"
 dtype = "fp64"
@@ -125,8 +126,11 @@ void run(DriverContext& ctx) {
     ref_dlogits = drivers::host(m.dlogits());
     for (auto& [n, t] : rg) t = drivers::host(t);
   }
-  st.config({{"format", d.get_string("data.format")}, {"strategy", drivers::join(names)},
-             {"mamba_cp", d.get_string("parallel.mamba_cp")}, {"pattern", c0.pattern}}, skipped);
+  st.config({{"format", d.get_string("data.format")},
+             {"strategy", drivers::join(names)},
+             {"mamba_cp", d.get_string("parallel.mamba_cp")},
+             {"pattern", c0.pattern}},
+            skipped);
   if (st.out()) {
     st.out()->config_int("tokens", batch.layout.total());
     if (st.check) {
@@ -152,9 +156,9 @@ void run(DriverContext& ctx) {
     for (const auto& [n, t] : p) ph[n] = drivers::host(t);
     drivers::write_params(*st.out(), *st.ctx.world, "/inputs/params/", ph, shards, owner, "parameter shape");
   }
-  st.header(drivers::fields("pattern", c0.pattern, "format", d.get_string("data.format"), "tokens", batch.layout.total(),
-                            "sequences", batch.layout.nseq(), "label_tokens", batch.label_tokens, "hidden", c0.hidden,
-                            "vocab", c0.vocab, "mamba_cp", d.get_string("parallel.mamba_cp")),
+  st.header(drivers::fields("pattern", c0.pattern, "format", d.get_string("data.format"), "tokens",
+                            batch.layout.total(), "sequences", batch.layout.nseq(), "label_tokens", batch.label_tokens,
+                            "hidden", c0.hidden, "vocab", c0.vocab, "mamba_cp", d.get_string("parallel.mamba_cp")),
             skipped);
   if (st.check && st.root()) std::printf("# cp=1 reference on rank 0: loss %.12f\n", ref.loss);
   // Parameters this rank holds (the routed experts' 1/ep), as counted from the sizes.
@@ -163,13 +167,19 @@ void run(DriverContext& ctx) {
   for (const auto& [n, t] : p) held += t.numel();
   HCP_CHECK(held == pc.total, "cp_hybrid: this rank holds ", held, " parameter elements, the count says ", pc.total);
   st.write_parameter_memory(static_cast<double>(held), static_cast<double>(pc.experts), groups.size());
-  drivers::Table table({{"attention", 10}, {"loss", 16}, {"step_ms", 10}, {"comm_MB/rank", 12}, {"overlap", 8},
-                        {st.norm_wise ? "l2_rel_err" : "max_rel_err", 12}, {"flips", 7},
+  drivers::Table table({{"attention", 10},
+                        {"loss", 16},
+                        {"step_ms", 10},
+                        {"comm_MB/rank", 12},
+                        {"overlap", 8},
+                        {st.norm_wise ? "l2_rel_err" : "max_rel_err", 12},
+                        {"flips", 7},
                         {" phases (ms, median, slowest rank)", 0}});
   bool all_pass = true;
   for (const std::string& name : names) {
     st.begin_case(name);
-    model::HybridModel m(st.comm, drivers::hybrid_config(d, cp::attn_strategy_from_string(name), st.cp), batch.layout, &groups);
+    model::HybridModel m(st.comm, drivers::hybrid_config(d, cp::attn_strategy_from_string(name), st.cp), batch.layout,
+                         &groups);
     model::ParamMap grads;
     model::StepResult res;
     const drivers::Samples s = st.time(
@@ -191,8 +201,9 @@ void run(DriverContext& ctx) {
     st.result(e, "logits_grad", "/gradients/" + name + "/logits", m.dlogits(), ref_dlogits, batch.layout, true,
               "[T,vocab] real tokens, global order", "1/token");
     for (std::size_t i = 0; i < m.block_outputs().size(); ++i)
-      st.result(e, "block_" + std::to_string(i), "/activations/" + name + "/block_" + std::to_string(i), m.block_outputs()[i],
-                st.check && st.root() ? ref_blocks[i] : Tensor(), batch.layout, false, "[T,hidden] real tokens, global order", "1");
+      st.result(e, "block_" + std::to_string(i), "/activations/" + name + "/block_" + std::to_string(i),
+                m.block_outputs()[i], st.check && st.root() ? ref_blocks[i] : Tensor(), batch.layout, false,
+                "[T,hidden] real tokens, global order", "1");
     if (st.check && st.root())
       for (auto& [n, t] : rg) st.compare(e, "d" + n, drivers::host(whole.at(n)), t);
     st.cross_scalar(e, "loss", res.loss);
@@ -202,7 +213,8 @@ void run(DriverContext& ctx) {
     all_pass = st.verdict(name, e, flips <= kMaxFlips && loss_ok) && all_pass;
     if (st.out() && st.check) st.out()->attribute("/summary/" + name, "routing_flips", drivers::fmt("%.6f", flips));
     if (st.out()) {
-      drivers::write_params(*st.out(), *st.ctx.world, "/gradients/" + name + "/", grads, shards, owner, "parameter shape");
+      drivers::write_params(*st.out(), *st.ctx.world, "/gradients/" + name + "/", grads, shards, owner,
+                            "parameter shape");
     }
     st.write_timings(name, s);
     const double ov = st.overlap(name, s);
@@ -215,24 +227,27 @@ void run(DriverContext& ctx) {
                st.check ? drivers::fmt("%.4f", flips) : "-", phases});
   }
   if (st.root()) table.print();
-  st.finish(all_pass, "a CP result differs beyond tolerance from what run.check compares it with (the cp=1 reference or the first case)");
+  st.finish(all_pass,
+            "a CP result differs beyond tolerance from what run.check compares it with (the cp=1 reference or the "
+            "first case)");
 }
 }  // namespace
 
 int main(int argc, char** argv) {
-  const DriverSpec spec{"cp_hybrid",
-                        "hybrid Mamba2 + attention + MoE model, one step under CP for each attention strategy, against cp=1",
-                        schema(),
-                        kDeck,
-                        "cp_hybrid.h5",
-                        [](DriverContext& c) { drivers::validate_cases(c, cases()); },
-                        run,
-                        [](const Deck& d) {
-                          const model::HybridConfig h = drivers::hybrid_config(d, cp::AttnStrategy::P2P, 1);
-                          std::vector<std::string> blocks, grads = model::hybrid_param_names(h);
-                          for (std::size_t i = 0; i < h.pattern.size(); ++i) blocks.push_back("block_" + std::to_string(i));
-                          grads.push_back("logits");
-                          return drivers::case_tensors(cases(), {{"activations", blocks}, {"gradients", grads}});
-                        }};
+  const DriverSpec spec{
+      "cp_hybrid",
+      "hybrid Mamba2 + attention + MoE model, one step under CP for each attention strategy, against cp=1",
+      schema(),
+      kDeck,
+      "cp_hybrid.h5",
+      [](DriverContext& c) { drivers::validate_cases(c, cases()); },
+      run,
+      [](const Deck& d) {
+        const model::HybridConfig h = drivers::hybrid_config(d, cp::AttnStrategy::P2P, 1);
+        std::vector<std::string> blocks, grads = model::hybrid_param_names(h);
+        for (std::size_t i = 0; i < h.pattern.size(); ++i) blocks.push_back("block_" + std::to_string(i));
+        grads.push_back("logits");
+        return drivers::case_tensors(cases(), {{"activations", blocks}, {"gradients", grads}});
+      }};
   return run_driver(argc, argv, spec);
 }

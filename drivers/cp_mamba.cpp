@@ -101,16 +101,17 @@ void run(DriverContext& ctx) {
     ref.backward(rdh, rg, drivers::unpadded_uniform(s.global, {C}, s.dt, sdy), p);
   }
   // The state scan state passing runs (mamba.state_scan = auto resolved on this layout).
-  const std::string scan = cp::to_string(cp::resolve_state_exchange(s.global, st.cp, cp::Partition::DCS, s.cfg.state_exchange,
-                                                                     s.cfg.head_dim * s.cfg.d_state));
-  st.config({{"format", st.deck.get_string("data.format")}, {"strategy", drivers::join(names)}, {"state_scan", scan}}, skipped);
+  const std::string scan = cp::to_string(cp::resolve_state_exchange(
+      s.global, st.cp, cp::Partition::DCS, s.cfg.state_exchange, s.cfg.head_dim * s.cfg.d_state));
+  st.config({{"format", st.deck.get_string("data.format")}, {"strategy", drivers::join(names)}, {"state_scan", scan}},
+            skipped);
   if (st.out() && st.check) {
     st.out()->tensor("/activations/reference/out", ry, "[T,hidden] real tokens, global order", "1");
     st.out()->tensor("/gradients/reference/input", rdh, "[T,hidden] real tokens, global order", "1");
   }
-  st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", s.global.nseq(), "hidden",
-                            C, "heads", s.cfg.heads, "head_dim", s.cfg.head_dim, "n_groups", s.cfg.groups, "d_state",
-                            s.cfg.d_state, "conv", s.cfg.conv, "chunk", s.cfg.chunk, "state_scan", scan),
+  st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", s.global.nseq(),
+                            "hidden", C, "heads", s.cfg.heads, "head_dim", s.cfg.head_dim, "n_groups", s.cfg.groups,
+                            "d_state", s.cfg.d_state, "conv", s.cfg.conv, "chunk", s.cfg.chunk, "state_scan", scan),
             skipped);
   Tensor hl = drivers::local_uniform(s.global, s.cp, r, {C}, s.dt, sh).to(st.space),
          dyl = drivers::local_uniform(s.global, s.cp, r, {C}, s.dt, sdy).to(st.space);
@@ -120,8 +121,13 @@ void run(DriverContext& ctx) {
   for (auto& [n, t] : p) st.input_whole("params/" + n, t, "parameter shape", "1");
   model::ParamMap pd;
   for (auto& [n, t] : p) pd[n] = t.to(st.space);
-  drivers::Table table({{"strategy", 16}, {"fwd_ms", 10}, {"bwd_ms", 10}, {"bytes/rank", 14}, {"model", 14},
-                        {"allreduce_B", 14}, {"max_rel_err", 12}});
+  drivers::Table table({{"strategy", 16},
+                        {"fwd_ms", 10},
+                        {"bwd_ms", 10},
+                        {"bytes/rank", 14},
+                        {"model", 14},
+                        {"allreduce_B", 14},
+                        {"max_rel_err", 12}});
   std::vector<std::string> notes;
   std::vector<std::int64_t> moved;
   bool all_pass = true;
@@ -145,12 +151,12 @@ void run(DriverContext& ctx) {
     // the conv halos (all_to_all_v); the halos of all ranks together (what remains after the scan's
     // model) must also equal the chunk-by-chunk total.
     const bool hp = strat == cp::MambaCp::HiddenParallel;
-    const std::int64_t sent =
-        hp ? st.bytes_per_step({"all_to_all"}) : st.bytes_per_step({"all_to_all_v"}) + st.bytes_per_step({"all_gather"});
+    const std::int64_t sent = hp ? st.bytes_per_step({"all_to_all"})
+                                 : st.bytes_per_step({"all_to_all_v"}) + st.bytes_per_step({"all_gather"});
     const std::int64_t halo =
         hp ? 0
-           : sent - cp::model_state_elements_sent(s.global, s.cp, r, cp::Partition::DCS, s.cfg.state_exchange, s.cfg.heads,
-                                                  s.cfg.head_dim * s.cfg.d_state) *
+           : sent - cp::model_state_elements_sent(s.global, s.cp, r, cp::Partition::DCS, s.cfg.state_exchange,
+                                                  s.cfg.heads, s.cfg.head_dim * s.cfg.d_state) *
                         static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(s.dt)));
     const std::int64_t mine = model::mamba_cp_model_bytes(strat, s.cfg, s.global, s.cp, r, s.dt);
     const drivers::Study::BytesCheck bc = st.check_bytes(sent, mine);
@@ -169,8 +175,10 @@ void run(DriverContext& ctx) {
     st.write_timings(name, smp);
     for (auto& [n, t] : grads) t = drivers::host(t);
     drivers::Study::Errors e;  // real rows against the unpadded oracle, pad rows against zero
-    st.result(e, "y", "/activations/" + name + "/out", y, ry, s.global, true, "[T,hidden] real tokens, global order", "1");
-    st.result(e, "dh", "/gradients/" + name + "/input", dh, rdh, s.global, true, "[T,hidden] real tokens, global order", "1");
+    st.result(e, "y", "/activations/" + name + "/out", y, ry, s.global, true, "[T,hidden] real tokens, global order",
+              "1");
+    st.result(e, "dh", "/gradients/" + name + "/input", dh, rdh, s.global, true, "[T,hidden] real tokens, global order",
+              "1");
     if (st.check && st.root())
       for (auto& [n, t] : rg) st.compare(e, "d" + n, grads.at(n), t);
     for (auto& [n, t] : grads) st.cross_compare(e, "d" + n, t);
@@ -180,14 +188,17 @@ void run(DriverContext& ctx) {
     }
     std::string phases = "# " + name + " phases (ms, median, slowest rank):";
     for (auto& [ph, v] : smp)
-      if (ph != "forward" && ph != "backward" && ph != "ring_wait") phases += " " + ph + "=" + drivers::fmt("%.2f", st.slowest(v));
+      if (ph != "forward" && ph != "backward" && ph != "ring_wait")
+        phases += " " + ph + "=" + drivers::fmt("%.2f", st.slowest(v));
     notes.push_back(phases);
     if (!hp) notes.push_back(halo_note);
-    std::string errs = "# " + name + (st.cross ? " against " + names.front() : std::string(" max |cp - cp1| / max |cp1|")) + ":";
+    std::string errs =
+        "# " + name + (st.cross ? " against " + names.front() : std::string(" max |cp - cp1| / max |cp1|")) + ":";
     for (auto& [n, v] : e.rel) errs += " " + n + "=" + drivers::fmt("%.1e", v);
     if (!e.rel.empty()) notes.push_back(errs);
-    table.row({name, drivers::fmt("%.3f", st.slowest(smp.at("forward"))), drivers::fmt("%.3f", st.slowest(smp.at("backward"))),
-               drivers::fmt_int(bytes), drivers::fmt_int(model), drivers::fmt_int(allreduce),
+    table.row({name, drivers::fmt("%.3f", st.slowest(smp.at("forward"))),
+               drivers::fmt("%.3f", st.slowest(smp.at("backward"))), drivers::fmt_int(bytes), drivers::fmt_int(model),
+               drivers::fmt_int(allreduce),
                st.check || st.cross ? drivers::fmt("%.1e", e.worst) : std::string("unchecked")});
   }
   if (st.root()) {
@@ -195,25 +206,29 @@ void run(DriverContext& ctx) {
     table.print();
     for (const auto& n : notes) std::printf("%s\n", n.c_str());
     if (moved.size() == 2 && moved[0] > 0)
-      std::printf("# bytes ratio state_passing / hidden_parallel: %.4f\n", static_cast<double>(moved[1]) / static_cast<double>(moved[0]));
+      std::printf("# bytes ratio state_passing / hidden_parallel: %.4f\n",
+                  static_cast<double>(moved[1]) / static_cast<double>(moved[0]));
   }
-  st.finish(all_pass, "a CP result differs beyond tolerance from what run.check compares it with (the cp=1 reference or the first case), or bytes from the model");
+  st.finish(all_pass,
+            "a CP result differs beyond tolerance from what run.check compares it with (the cp=1 reference or the "
+            "first case), or bytes from the model");
 }
 }  // namespace
 
 int main(int argc, char** argv) {
-  const DriverSpec spec{"cp_mamba",
-                        "Mamba2 mixer under hidden-parallel and state-passing context parallelism against cp=1",
-                        schema(),
-                        kDeck,
-                        "cp_mamba.h5",
-                        [](DriverContext& c) { drivers::validate_cases(c, cases()); },
-                        run,
-                        [](const Deck& d) {
-                          std::vector<std::string> grads{"input"};
-                          for (const auto& p : model::mamba2_params(drivers::mamba_from_deck(d, d.get_int("mamba.hidden"))))
-                            grads.push_back(p.name);
-                          return drivers::case_tensors(cases(), {{"activations", {"out"}}, {"gradients", grads}});
-                        }};
+  const DriverSpec spec{
+      "cp_mamba",
+      "Mamba2 mixer under hidden-parallel and state-passing context parallelism against cp=1",
+      schema(),
+      kDeck,
+      "cp_mamba.h5",
+      [](DriverContext& c) { drivers::validate_cases(c, cases()); },
+      run,
+      [](const Deck& d) {
+        std::vector<std::string> grads{"input"};
+        for (const auto& p : model::mamba2_params(drivers::mamba_from_deck(d, d.get_int("mamba.hidden"))))
+          grads.push_back(p.name);
+        return drivers::case_tensors(cases(), {{"activations", {"out"}}, {"gradients", grads}});
+      }};
   return run_driver(argc, argv, spec);
 }

@@ -35,7 +35,8 @@ void Study::cross_compare(Errors& e, const std::string& name, const Tensor& loca
   }
   const ErrorStats st = hcp::compare(local, it->second);
   // One all-reduce: maxima for the max-norm error, sums for the norm-wise one.
-  double v[3] = {norm_wise ? st.sq_diff : st.max_abs, norm_wise ? st.sq_ref : st.ref_max, static_cast<double>(st.nonfinite)};
+  double v[3] = {norm_wise ? st.sq_diff : st.max_abs, norm_wise ? st.sq_ref : st.ref_max,
+                 static_cast<double>(st.nonfinite)};
   comm.all_reduce(v, 3, DType::F64, norm_wise ? ReduceOp::Sum : ReduceOp::Max);
   const double err = norm_wise ? std::sqrt(v[0]) / std::max(std::sqrt(v[1]), 1e-300) : v[0] / std::max(v[1], 1e-300);
   e.add(name, v[2] > 0 ? INFINITY : err);

@@ -20,7 +20,8 @@
 namespace hcp::drivers {
 
 inline void add_device_key(DeckSchema& s) {
-  s.add_string("run.device", "host", "where tensors live: host (Kokkos kernels) or cuda (one GPU per local rank, or shared)",
+  s.add_string("run.device", "host",
+               "where tensors live: host (Kokkos kernels) or cuda (one GPU per local rank, or shared)",
                {"host", "cuda"});
   s.add_string("run.comm", "auto",
                "communicator of the CP group for device tensors: auto (nccl when every rank has its own GPU, else ipc "
@@ -36,7 +37,8 @@ inline Space space_of(const Deck& d) { return d.get_string("run.device") == "cud
 inline void init_gpu(bool want, const std::string& key) {
   if (!want) return;
 #ifdef HCP_HAVE_CUDA
-  HCP_CHECK(cuda::device_count() > 0, key, " = \"cuda\": no usable GPU on this node (", cuda::unavailable_reason(), ")");
+  HCP_CHECK(cuda::device_count() > 0, key, " = \"cuda\": no usable GPU on this node (", cuda::unavailable_reason(),
+            ")");
   cuda::init(node_local_rank());
 #else
   HCP_FAIL(key, " = \"cuda\" needs a build with CUDA and NCCL (this build has none)");
@@ -46,7 +48,8 @@ inline void init_device(const Deck& d) { init_gpu(space_of(d) == Space::Cuda, "r
 
 // The communicator the CP group uses for device tensors (run.comm; see its help). Every rank of
 // `cp` takes the same choice (the conditions are agreed over it). `owned` keeps the one made here.
-inline Communicator& device_comm(const Deck& d, Communicator& cp, [[maybe_unused]] std::unique_ptr<Communicator>& owned) {
+inline Communicator& device_comm(const Deck& d, Communicator& cp,
+                                 [[maybe_unused]] std::unique_ptr<Communicator>& owned) {
   if (space_of(d) == Space::Host) return cp;
   const std::string want = d.get_string("run.comm");
   if (want == "mpi") return cp;

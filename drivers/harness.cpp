@@ -2,9 +2,9 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,10 +15,10 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "common.hpp"
-#include "layer_keys.hpp"
-#include "provenance.hpp"
 #include "core/error.hpp"
 #include "cp/strategy.hpp"
+#include "layer_keys.hpp"
+#include "provenance.hpp"
 
 #ifndef HCP_GIT_REV
 #define HCP_GIT_REV "unknown"
@@ -95,13 +95,15 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       app.set_version_flag("--version", drivers::version_line(spec.name));
       app.add_flag("--print-deck", print_deck, "print the resolved deck and exit");
       app.add_flag("--help-deck", help_deck, "list the deck keys this driver reads and exit");
-      app.add_flag("--list-strategies", list_strategies,
-                   "print the CP strategies this driver runs, one per line (the choices of its strategy key), and exit");
+      app.add_flag(
+          "--list-strategies", list_strategies,
+          "print the CP strategies this driver runs, one per line (the choices of its strategy key), and exit");
       app.add_flag("--quiet", ctx.quiet, "no progress lines on stderr during long runs");
       app.add_flag("--dry-run", ctx.dry_run,
                    "validate the deck, print the memory per rank by part (and the smallest power-of-two cp that fits) "
                    "and exit 0; nothing is allocated");
-      app.add_option("--ranks", ctx.ranks, "with --dry-run: the number of ranks to estimate for (default: those launched)")
+      app.add_option("--ranks", ctx.ranks,
+                     "with --dry-run: the number of ranks to estimate for (default: those launched)")
           ->check(CLI::Range(1, 1 << 24));
       bool exit_now = false;
       bool ok = agree_on_errors(world, [&] {
@@ -111,8 +113,9 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
           const std::string a = argv[i];
           if (a != "--deck" && a != "--out" && a != "--set" && a != "--ranks") continue;
           if (i + 1 == argc || std::string(argv[i + 1]).rfind("--", 0) == 0)
-            throw Error("command line: " + a + " needs a value" +
-                        (i + 1 == argc ? std::string(" (it is the last word)") : " (got '" + std::string(argv[i + 1]) + "')"));
+            throw Error(
+                "command line: " + a + " needs a value" +
+                (i + 1 == argc ? std::string(" (it is the last word)") : " (got '" + std::string(argv[i + 1]) + "')"));
         }
         try {
           app.parse(argc, argv);
@@ -151,7 +154,8 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
           exit_now = true;
           return;
         }
-        if (ctx.ranks > 0 && !ctx.dry_run) throw Error("command line: --ranks " + std::to_string(ctx.ranks) + " needs --dry-run");
+        if (ctx.ranks > 0 && !ctx.dry_run)
+          throw Error("command line: --ranks " + std::to_string(ctx.ranks) + " needs --dry-run");
         if (!ctx.out.empty() && !ctx.dry_run) check_output_path(ctx.out, "--out " + ctx.out);
         if (spec.result_tensors && spec.schema.find("run.save")) {
           const std::string bad = drivers::save_set(ctx.deck).unmatched(spec.result_tensors(ctx.deck));

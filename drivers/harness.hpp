@@ -4,8 +4,8 @@
 //    agreed on collectively: rank 0 prints one message, every rank exits with status 2.
 //  * run: any error on any rank prints "[rank r] error: ..." and MPI_Abort ends every rank (status 3).
 #pragma once
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,10 +18,10 @@ namespace hcp {
 struct DriverContext {
   Communicator* world = nullptr;
   Deck deck;
-  std::string driver;     // the driver's name
-  std::string out;        // results file (--out), "" for none
-  std::string cmdline;    // the command line, for /config
-  std::string git_rev;    // the build's git revision
+  std::string driver;                             // the driver's name
+  std::string out;                                // results file (--out), "" for none
+  std::string cmdline;                            // the command line, for /config
+  std::string git_rev;                            // the build's git revision
   std::map<std::string, std::string> provenance;  // host, date, libraries, ... (provenance.hpp), for /config
   bool quiet = false;
   // --dry-run: validate, print the memory estimate by part and exit 0 (nothing allocated);
@@ -35,8 +35,8 @@ struct DriverContext {
 struct DriverSpec {
   std::string name, description;
   DeckSchema schema;
-  std::string builtin_deck;   // used when --deck is not given
-  std::string default_out;    // default --out ("" = no file)
+  std::string builtin_deck;                      // used when --deck is not given
+  std::string default_out;                       // default --out ("" = no file)
   std::function<void(DriverContext&)> validate;  // optional, collective error agreement
   std::function<void(DriverContext&)> run;
   // The /activations and /gradients datasets a run of this deck writes, for run.save's check (a

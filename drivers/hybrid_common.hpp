@@ -19,12 +19,14 @@ namespace hcp::drivers {
 inline std::string builtin_model_deck(std::int64_t vocab) {
   return "[model]\npattern = \"M*EM-E\"\nvocab = " + std::to_string(vocab) +
          "\nhidden = 32\n\n[mamba]\nheads = 4\nhead_dim = 8\nn_groups = 2\nd_state = 8\nchunk = 16\n\n"
-         "[attention]\nheads = 4\nkv_heads = 2\nhead_dim = 8\n\n[moe]\nexperts = 8\ntopk = 2\nffn = 16\nshared_ffn = 16\n\n";
+         "[attention]\nheads = 4\nkv_heads = 2\nhead_dim = 8\n\n[moe]\nexperts = 8\ntopk = 2\nffn = 16\nshared_ffn = "
+         "16\n\n";
 }
 
 // [model], [mamba], [attention], [moe], [mlp] and parallel.{mamba_cp, ep} keys.
 // `attention_choices` lists what parallel.attention may be (cp_hybrid adds "all").
-inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attention_choices, const std::string& attn_def) {
+inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attention_choices,
+                                  const std::string& attn_def) {
   s.add_string("model.pattern", "M*EM-E", "blocks: M Mamba2, * attention, E MoE, - MLP")
       .add_int("model.vocab", 64, "vocabulary size", 2)
       .add_int("model.hidden", 32, "model width", 1);
@@ -64,8 +66,8 @@ inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strateg
   c.attn.cp_inner = cp_inner_of(d, cp);
   c.moe.experts = d.get_int("moe.experts");
   c.moe.topk = d.get_int("moe.topk");
-  HCP_INPUT_CHECK(c.moe.topk <= c.moe.experts, d.where("moe.topk"), "moe.topk (", c.moe.topk, ") must be <= moe.experts (",
-                  c.moe.experts, ")");
+  HCP_INPUT_CHECK(c.moe.topk <= c.moe.experts, d.where("moe.topk"), "moe.topk (", c.moe.topk,
+                  ") must be <= moe.experts (", c.moe.experts, ")");
   c.moe.ffn = d.get_int("moe.ffn");
   c.moe.shared_ffn = d.get_int("moe.shared_ffn");
   c.moe.scaling = d.get_float("moe.scaling");
@@ -79,7 +81,8 @@ inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strateg
 // The EP size of `c` on a CP group of `cp` ranks, or one error naming parallel.ep / moe.experts.
 inline int ep_size_of(const Deck& d, const model::HybridConfig& c, int cp) {
   const int ep = c.ep == 0 ? cp : c.ep;
-  HCP_INPUT_CHECK(cp % ep == 0, d.where("parallel.ep"), "parallel.ep = ", ep, " must divide the CP group size (", cp, ")");
+  HCP_INPUT_CHECK(cp % ep == 0, d.where("parallel.ep"), "parallel.ep = ", ep, " must divide the CP group size (", cp,
+                  ")");
   if (c.pattern.find('E') != std::string::npos)
     HCP_INPUT_CHECK(c.moe.experts % ep == 0, d.where("moe.experts"), "expert parallelism needs moe.experts (",
                     c.moe.experts, ") divisible by the EP size (", ep, ")");
@@ -89,7 +92,8 @@ inline int ep_size_of(const Deck& d, const model::HybridConfig& c, int cp) {
 // Deterministic synthetic corpus with learnable structure: every sequence follows one of a few
 // affine "programs" t_(i+1) = (a t_i + b) mod V (the program and start drawn from the seed), with a
 // small share of random tokens. A model that learns the programs drives the loss well below log V.
-inline std::vector<std::vector<std::int64_t>> synthetic_sequences(std::int64_t vocab, const std::vector<std::int64_t>& lens,
+inline std::vector<std::vector<std::int64_t>> synthetic_sequences(std::int64_t vocab,
+                                                                  const std::vector<std::int64_t>& lens,
                                                                   std::uint64_t seed) {
   static const std::int64_t progs[4][2] = {{1, 1}, {1, 3}, {3, 1}, {5, 2}};
   std::vector<std::vector<std::int64_t>> out;
@@ -139,15 +143,16 @@ inline TokenBatch make_token_batch(const Deck& d, int cp, std::int64_t vocab, st
 // The batch of step t: a pure function of (seed, t), so a resumed run sees the same data.
 inline TokenBatch step_batch(const Deck& d, int cp, std::int64_t vocab, std::int64_t t) {
   const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
-  const std::int64_t n = d.get_int("data.seqs_per_step"), lo = d.get_int("data.min_len"), hi = d.get_int("data.max_len");
+  const std::int64_t n = d.get_int("data.seqs_per_step"), lo = d.get_int("data.min_len"),
+                     hi = d.get_int("data.max_len");
   const bool bshd = d.get_string("data.format") == "bshd";
   std::vector<std::int64_t> lens;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::uint64_t h = mix64(seed * 7919 + static_cast<std::uint64_t>(t) * 104729 + static_cast<std::uint64_t>(i));
     lens.push_back(bshd ? hi : lo + static_cast<std::int64_t>(h % static_cast<std::uint64_t>(hi - lo + 1)));
   }
-  cp::PackedBatch pb = cp::pack_sequences(synthetic_sequences(vocab, lens, seed * 1000003 + static_cast<std::uint64_t>(t)),
-                                          2 * cp, 0);
+  cp::PackedBatch pb =
+      cp::pack_sequences(synthetic_sequences(vocab, lens, seed * 1000003 + static_cast<std::uint64_t>(t)), 2 * cp, 0);
   TokenBatch b;
   b.layout = bshd ? SeqLayout::bshd(n, hi) : pb.layout;
   b.tokens = std::move(pb.tokens);
@@ -165,7 +170,8 @@ inline model::ParamMap in_space(model::ParamMap p, Space space) {
 
 // The whole of every split parameter of `p` (the others as they are): each EP group gathers its
 // ranks' parts. Collective over the CP group.
-inline model::ParamMap gather_shards(const model::ExpertGroups& g, const model::ShardMap& shards, const model::ParamMap& p) {
+inline model::ParamMap gather_shards(const model::ExpertGroups& g, const model::ShardMap& shards,
+                                     const model::ParamMap& p) {
   model::ParamMap out = p;
   for (const auto& [n, sh] : shards) {
     const Tensor& t = p.at(n);
@@ -193,7 +199,8 @@ inline std::uint64_t sum_mod64(Communicator& c, std::uint64_t v) {
 // CP group), the others as rank 0 holds them. With `sums`, rank 0 appends "<path> <checksum>" per
 // dataset. Collective over `world` (the writer's ranks).
 inline void write_params(ResultsWriter& w, Communicator& world, const std::string& prefix, const model::ParamMap& p,
-                         const model::ShardMap& shards, bool owner, const std::string& layout, std::string* sums = nullptr) {
+                         const model::ShardMap& shards, bool owner, const std::string& layout,
+                         std::string* sums = nullptr) {
   for (const auto& [n, t] : p) {
     const std::string path = prefix + n;
     const auto it = shards.find(n);

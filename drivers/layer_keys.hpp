@@ -20,7 +20,8 @@ namespace hcp::drivers {
 inline void add_mamba_keys(DeckSchema& s, const model::Mamba2Config& def) {
   s.add_int("mamba.heads", def.heads, "SSM heads (hidden_parallel: divisible by cp)", 1)
       .add_int("mamba.head_dim", def.head_dim, "head dimension P", 1)
-      .add_int("mamba.n_groups", def.groups, "B/C groups (hidden_parallel: n_groups % cp == 0 or cp % n_groups == 0)", 1)
+      .add_int("mamba.n_groups", def.groups, "B/C groups (hidden_parallel: n_groups % cp == 0 or cp % n_groups == 0)",
+               1)
       .add_int("mamba.d_state", def.d_state, "state size N", 1)
       .add_int("mamba.conv", def.conv, "conv1d width", 1, 16)
       .add_int("mamba.chunk", def.chunk, "SSD chunk size", 1)

@@ -40,8 +40,8 @@ void Study::memory_stop(double live0) {
 void Study::write_parameter_memory(double elements, double expert_elements, int ep) {
   const double es = static_cast<double>(dtype_size(dt));
   if (root())
-    std::printf("# parameters per rank (ep %d): %.3f MiB, of which routed experts %.3f MiB\n", ep, elements * es / 1048576.0,
-                expert_elements * es / 1048576.0);
+    std::printf("# parameters per rank (ep %d): %.3f MiB, of which routed experts %.3f MiB\n", ep,
+                elements * es / 1048576.0, expert_elements * es / 1048576.0);
   if (!writer_) return;
   writer_->per_rank("/memory/parameters/bytes", elements * es, "bytes of parameters this rank holds");
   writer_->per_rank("/memory/parameters/expert_bytes", expert_elements * es,
@@ -52,10 +52,11 @@ void Study::write_memory(const std::string& strategy) {
   const auto mib = [&](double v) { return comm.all_reduce_scalar(v, ReduceOp::Max) / 1048576.0; };
   const double work = mib(mem_.work), live = mib(mem_.live), rss = mib(mem_.rss_peak);
   char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "# memory per rank of %s (MiB, max over ranks): tensors allocated in the step %.2f, alive before it %.2f, "
-                "host RSS high-water %.1f",
-                strategy.c_str(), work, live, rss);
+  std::snprintf(
+      buf, sizeof buf,
+      "# memory per rank of %s (MiB, max over ranks): tensors allocated in the step %.2f, alive before it %.2f, "
+      "host RSS high-water %.1f",
+      strategy.c_str(), work, live, rss);
   std::string line = buf;
   double est = 0;
   if (memory_) {
@@ -75,10 +76,12 @@ void Study::write_memory(const std::string& strategy) {
   mem_lines_.push_back(line);
   if (!writer_) return;
   const std::string m = "/memory/" + strategy + "/";
-  writer_->per_rank(m + "step_tensor_bytes", mem_.work, "bytes of tensors allocated beyond those alive before the timed loop (high-water)");
+  writer_->per_rank(m + "step_tensor_bytes", mem_.work,
+                    "bytes of tensors allocated beyond those alive before the timed loop (high-water)");
   writer_->per_rank(m + "live_tensor_bytes", mem_.live, "bytes of tensors alive before the timed loop");
   writer_->per_rank(m + "host_rss_peak_bytes", mem_.rss_peak, "bytes (process high-water since start)");
-  if (memory_) writer_->per_rank(m + "model_bytes", est, "bytes every rank holds by the memory model (memory_model.hpp)");
+  if (memory_)
+    writer_->per_rank(m + "model_bytes", est, "bytes every rank holds by the memory model (memory_model.hpp)");
   if (space == Space::Cuda) {
     writer_->per_rank(m + "device_used_bytes", mem_.device_used, "bytes (cudaMemGetInfo: the whole GPU)");
     writer_->per_rank(m + "device_pool_peak_bytes", mem_.pool_peak,

@@ -119,8 +119,8 @@ std::string parts_text(const MemoryModel& m, Holder h) {
 }
 }  // namespace
 
-void admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp, const std::function<MemoryModel(int)>& at_cp,
-           bool root) {
+void admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp,
+           const std::function<MemoryModel(int)>& at_cp, bool root) {
   const std::string mode = d.get_string("run.memory_check");
   if (mode == "off") return;
   const double every = static_cast<double>(m.every_rank()), r0 = static_cast<double>(m.rank0());
@@ -143,8 +143,11 @@ void admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp, 
       } catch (const std::exception&) {
       }
     }
-    if (fits_at) os << "use more ranks (about " << gib_str(at_max) << " per rank at cp " << fits_at << ") or lower those sizes";
-    else os << "more ranks do not make it fit (" << gib_str(at_max) << " per rank at cp " << 4096 * cp << "); lower those sizes";
+    if (fits_at)
+      os << "use more ranks (about " << gib_str(at_max) << " per rank at cp " << fits_at << ") or lower those sizes";
+    else
+      os << "more ranks do not make it fit (" << gib_str(at_max) << " per rank at cp " << 4096 * cp
+         << "); lower those sizes";
     if (m.reference_held())
       os << "; run.check = \"cross\" checks without the cp=1 reference and the global copies it gathers";
   } else {
@@ -152,21 +155,27 @@ void admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp, 
           "each other, shard by shard) or \"off\"";
   }
   if (mode == "warn") {
-    if (root) std::fprintf(stderr, "warning: %s: %s (run.memory_check = \"warn\": running anyway)\n", m.keys().c_str(), os.str().c_str());
+    if (root)
+      std::fprintf(stderr, "warning: %s: %s (run.memory_check = \"warn\": running anyway)\n", m.keys().c_str(),
+                   os.str().c_str());
     return;
   }
-  HCP_INPUT_CHECK(false, m.keys(), os.str(), " (run.memory_check = \"warn\" or \"off\" where this limit is not the truth)");
+  HCP_INPUT_CHECK(false, m.keys(), os.str(),
+                  " (run.memory_check = \"warn\" or \"off\" where this limit is not the truth)");
 }
 
 void print_memory(const MemoryModel& m, const MemoryLimit& lim, int cp, int world, const std::string& driver,
                   const std::function<MemoryModel(int)>& at_cp) {
   const char* holder[] = {"every rank", "rank 0, beside the cases", "rank 0, before the cases"};
-  std::printf("# %s --dry-run: %d ranks, cp %d; memory per rank (estimate of tensor storage)\n", driver.c_str(), world, cp);
+  std::printf("# %s --dry-run: %d ranks, cp %d; memory per rank (estimate of tensor storage)\n", driver.c_str(), world,
+              cp);
   for (const MemoryPart& p : m.parts())
-    std::printf("  %-28s %-26s %12.4f GiB\n", p.name.c_str(), holder[static_cast<int>(p.holder)], gib(static_cast<double>(p.bytes)));
+    std::printf("  %-28s %-26s %12.4f GiB\n", p.name.c_str(), holder[static_cast<int>(p.holder)],
+                gib(static_cast<double>(p.bytes)));
   const bool fits = static_cast<double>(m.peak()) <= lim.bytes;
-  std::printf("# every rank %.4f GiB, rank 0 %.4f GiB; limit %.4f GiB per rank (%s): %s\n", gib(static_cast<double>(m.every_rank())),
-              gib(static_cast<double>(m.rank0())), gib(lim.bytes), lim.source.c_str(), fits ? "fits" : "does not fit");
+  std::printf("# every rank %.4f GiB, rank 0 %.4f GiB; limit %.4f GiB per rank (%s): %s\n",
+              gib(static_cast<double>(m.every_rank())), gib(static_cast<double>(m.rank0())), gib(lim.bytes),
+              lim.source.c_str(), fits ? "fits" : "does not fit");
   // The smallest power-of-two CP size whose ranks fit (the reference on rank 0 as the deck says).
   int smallest = 0;
   for (int c = 1; c <= (1 << 20) && std::isfinite(lim.bytes); c *= 2) {
@@ -180,10 +189,12 @@ void print_memory(const MemoryModel& m, const MemoryLimit& lim, int cp, int worl
   }
   if (smallest) std::printf("# smallest power-of-two cp that fits: %d\n", smallest);
   std::ostringstream js;
-  js << "{\"driver\":\"" << driver << "\",\"world\":" << world << ",\"cp\":" << cp << ",\"every_rank\":" << m.every_rank()
-     << ",\"rank0\":" << m.rank0() << ",\"limit\":";
-  if (std::isfinite(lim.bytes)) js << static_cast<std::int64_t>(lim.bytes);
-  else js << "null";
+  js << "{\"driver\":\"" << driver << "\",\"world\":" << world << ",\"cp\":" << cp
+     << ",\"every_rank\":" << m.every_rank() << ",\"rank0\":" << m.rank0() << ",\"limit\":";
+  if (std::isfinite(lim.bytes))
+    js << static_cast<std::int64_t>(lim.bytes);
+  else
+    js << "null";
   js << ",\"fits\":" << (fits ? "true" : "false") << ",\"smallest_cp\":" << smallest << ",\"parts\":{";
   for (std::size_t i = 0; i < m.parts().size(); ++i) {
     const MemoryPart& p = m.parts()[i];

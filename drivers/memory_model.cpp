@@ -78,7 +78,8 @@ std::int64_t attention_work_bytes(const MemoryModel& m, const std::string& strat
   // a2a: Q, O, dO, dQ in head layout (each the size of Q) with the all-to-all send/receive buffers
   // of the largest of them, and the K/V heads this rank reads (and their gradients) over the whole
   // sequence: n heads of cp * tl tokens.
-  const std::int64_t hl = std::max<std::int64_t>(H / cp, 1), g = std::max<std::int64_t>(H / std::max<std::int64_t>(Hkv, 1), 1);
+  const std::int64_t hl = std::max<std::int64_t>(H / cp, 1),
+                     g = std::max<std::int64_t>(H / std::max<std::int64_t>(Hkv, 1), 1);
   std::int64_t n = 1;
   for (std::int64_t r = 0; r < cp; ++r) n = std::max(n, ((r + 1) * hl - 1) / g + 1 - r * hl / g);
   const std::int64_t KH = m.mul(m.mul(m.mul(tl, cp), n * D), es);
@@ -113,25 +114,30 @@ std::int64_t attention_kernel_elements(const MemoryModel& m, const std::string& 
   const std::int64_t q = m.mul(m.mul(4, tl), H * D);
   std::int64_t kv_tokens = tl;
   if (cp > 1 && strategy == "allgather") kv_tokens = m.mul(tl, cp);
-  if (cp > 1 && strategy == "a2a") return m.sum(q, m.mul(m.mul(4, m.mul(tl, cp)), D * std::max<std::int64_t>(1, Hkv / cp + 1)));
+  if (cp > 1 && strategy == "a2a")
+    return m.sum(q, m.mul(m.mul(4, m.mul(tl, cp)), D * std::max<std::int64_t>(1, Hkv / cp + 1)));
   // a2a+p2p: the ring's kernels on inner x tl tokens, heads / inner query heads and their K/V heads
-  if (cp > 1 && strategy == "a2a+p2p") return m.sum(q, m.mul(m.mul(4, m.mul(tl, inner)), ring_kv_heads(H, Hkv, inner) * D));
+  if (cp > 1 && strategy == "a2a+p2p")
+    return m.sum(q, m.mul(m.mul(4, m.mul(tl, inner)), ring_kv_heads(H, Hkv, inner) * D));
   return m.sum(q, m.mul(m.mul(4, kv_tokens), Hkv * D));
 }
 }  // namespace
 
 MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy) {
   MemoryModel m("data.seqlen/data.batch/data.seq_lens, attention.heads, attention.kv_heads, attention.head_dim");
-  const std::int64_t H = d.get_int("attention.heads"), Hkv = d.get_int("attention.kv_heads"), D = d.get_int("attention.head_dim");
+  const std::int64_t H = d.get_int("attention.heads"), Hkv = d.get_int("attention.kv_heads"),
+                     D = d.get_int("attention.head_dim");
   const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp;
   // q, dout, o, dq and k, v, dk, dv of this rank's tokens
   m.add("inputs and outputs", {tl, 4 * (H + Hkv) * D}, es);
   m.add("step buffers", {attention_work_bytes(m, strategy, cp, tl, H, Hkv, D, es, cp_inner_of(d, cp))});
   if (host_bf16(d))
-    m.add("fp32 kernel operands (host bf16)", {attention_kernel_elements(m, strategy, cp, tl, H, Hkv, D, cp_inner_of(d, cp))}, 4);
+    m.add("fp32 kernel operands (host bf16)",
+          {attention_kernel_elements(m, strategy, cp, tl, H, Hkv, D, cp_inner_of(d, cp))}, 4);
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
-    if (host_bf16(d)) m.add("cp=1 reference step", {attention_kernel_elements(m, strategy, 1, T, H, Hkv, D)}, 4, Holder::Rank0Before);
+    if (host_bf16(d))
+      m.add("cp=1 reference step", {attention_kernel_elements(m, strategy, 1, T, H, Hkv, D)}, 4, Holder::Rank0Before);
     // the unpadded inputs (q, k, v, dout), the results, its saved output and LSE
     m.add("cp=1 reference step", {T, 4 * (H + Hkv) * D}, es, Holder::Rank0Before);
     m.add("cp=1 reference step", {attention_work_bytes(m, strategy, 1, T, H, Hkv, D, es)}, 1, Holder::Rank0Before);
@@ -145,7 +151,8 @@ MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy)
 }
 
 MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
-  MemoryModel m("data.seqlen/data.batch/data.seq_lens, mamba.hidden, mamba.heads, mamba.head_dim, mamba.n_groups, mamba.d_state");
+  MemoryModel m(
+      "data.seqlen/data.batch/data.seq_lens, mamba.hidden, mamba.heads, mamba.head_dim, mamba.n_groups, mamba.d_state");
   const model::Mamba2Config c = mamba_from_deck(d, d.get_int("mamba.hidden"));
   const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp, P = mamba_param_count(c);
   m.add("inputs and outputs", {tl, 4 * c.hidden}, es);  // x, dy, y, dx
@@ -154,7 +161,8 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
   m.add("step buffers", {tl, mamba_work_per_token(c, strategy, cp)}, es);
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
-    m.add("cp=1 reference step", {T, 4 * c.hidden + mamba_work_per_token(c, "hidden_parallel", 1)}, es, Holder::Rank0Before);
+    m.add("cp=1 reference step", {T, 4 * c.hidden + mamba_work_per_token(c, "hidden_parallel", 1)}, es,
+          Holder::Rank0Before);
     m.add("cp=1 reference step", {3, P}, es, Holder::Rank0Before);
     m.add("cp=1 reference results", {T, 2 * c.hidden}, es, Holder::Rank0Kept);
     m.add("cp=1 reference results", {P}, es, Holder::Rank0Kept);
@@ -194,8 +202,8 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, const std::st
       saved += a_saved;
       // the projections' gradients beside the CP attention's own buffers
       work = std::max(work, (a.heads + 2 * a.kv_heads) * a.head_dim + 2 * C);
-      work_bytes = std::max(work_bytes, attention_work_bytes(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, es,
-                                                             a.cp_inner));
+      work_bytes = std::max(work_bytes,
+                            attention_work_bytes(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, es, a.cp_inner));
     } else if (k == 'E') {
       saved += e_saved;
       // the expert inputs' gradients; with ep > 1 the dispatched copies and their receive buffers
@@ -226,15 +234,18 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
     m.add("cp=1 reference step", {2, P1}, es, Holder::Rank0Before);  // every expert, and the gradients
     add_hybrid_step(m, h, strategy, 1, 1, T, es, Holder::Rank0Before);
     // block outputs, logits gradient, parameter gradients, routing (fp64)
-    m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.hidden + h.vocab}, es, Holder::Rank0Kept);
+    m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.hidden + h.vocab}, es,
+          Holder::Rank0Kept);
     m.add("cp=1 reference results", {P1}, es, Holder::Rank0Kept);
-    m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.moe.topk}, 8, Holder::Rank0Kept);
+    m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.moe.topk}, 8,
+          Holder::Rank0Kept);
     // the logits gradient gathered and its real rows; the whole experts' gradients gathered
     m.add("gathered results (check)", {Tp + T, h.vocab}, es);
     m.add("gathered results (check)", {P1}, es);
   }
   if (check_mode(d) == CheckMode::Cross) {  // the first strategy's block outputs, logits gradient, gradients
-    m.add("first strategy's results (cross check)", {tl, static_cast<std::int64_t>(h.pattern.size()) * h.hidden + h.vocab}, es);
+    m.add("first strategy's results (cross check)",
+          {tl, static_cast<std::int64_t>(h.pattern.size()) * h.hidden + h.vocab}, es);
     m.add("first strategy's results (cross check)", {P}, es);
   }
   return m.with_slack();
@@ -243,7 +254,8 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
 MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
   MemoryModel m("data.seqs_per_step, data.max_len and the model sizes");
   const std::int64_t es = dtype_bytes(d), ms = std::max<std::int64_t>(es, 4);
-  const std::int64_t T = m.mul(d.get_int("data.seqs_per_step"), d.get_int("data.max_len") + 2 * cp), tl = ceil_div(T, cp);
+  const std::int64_t T = m.mul(d.get_int("data.seqs_per_step"), d.get_int("data.max_len") + 2 * cp),
+                     tl = ceil_div(T, cp);
   const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
   // master weights, AdamW moments and the widened gradients (master dtype); the step's compute copy
   // and its gradients (run dtype)

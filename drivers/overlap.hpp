@@ -9,9 +9,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
-#include <cstdint>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -55,20 +55,15 @@ inline std::vector<double> isolated_ring_ms(Communicator& c, std::int64_t calls,
   return ms;
 }
 
-inline std::string fmt_fraction(double f) {
-  char b[16];
-  std::snprintf(b, sizeof b, "%.2f", f);
-  return b;
-}
 inline double overlap_fraction(double exposed_ms, double isolated_ms) {
   if (isolated_ms <= 0) return 0;
   return std::clamp(1.0 - exposed_ms / isolated_ms, 0.0, 1.0);
 }
 
 struct Overlap {
-  bool ring = false;                         // the strategy posted ring exchanges
+  bool ring = false;                            // the strategy posted ring exchanges
   std::vector<double> exposed_ms, isolated_ms;  // per timed step / per replay
-  double fraction = 0;                       // from the slowest rank's medians
+  double fraction = 0;                          // from the slowest rank's medians
 };
 // Call right after the timed steps, while the counters cover exactly `repeats` steps, with the
 // per-step exposed ring time. Collective over `c` (every rank replays the largest per-step traffic,

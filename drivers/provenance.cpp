@@ -73,12 +73,9 @@ std::map<std::string, std::string> run_provenance(Communicator& world) {
 #ifdef HCP_HAVE_CUDA
   gpus = cuda::device_count();
 #endif
-  return {{"host", from_root(world, host)},
-          {"date", from_root(world, date)},
-          {"ranks", std::to_string(world.size())},
-          {"git_dirty", HCP_GIT_DIRTY ? "yes" : "no"},
-          {"build_type", HCP_BUILD_TYPE},
-          {"libraries", libraries()},
+  return {{"host", from_root(world, host)},        {"date", from_root(world, date)},
+          {"ranks", std::to_string(world.size())}, {"git_dirty", HCP_GIT_DIRTY ? "yes" : "no"},
+          {"build_type", HCP_BUILD_TYPE},          {"libraries", libraries()},
           {"gpus_per_node", std::to_string(gpus)}};
 }
 

@@ -70,8 +70,9 @@ Samples Study::time(const std::function<void(Clock&)>& body, const std::function
     std::map<std::string, CommCounter> step;
     for (const auto& [op, c] : comm.counters()) {
       const auto b = c0.find(op);
-      const CommCounter d = b == c0.end() ? c : CommCounter{c.calls - b->second.calls, c.bytes_sent - b->second.bytes_sent,
-                                                             c.seconds - b->second.seconds};
+      const CommCounter d = b == c0.end() ? c
+                                          : CommCounter{c.calls - b->second.calls, c.bytes_sent - b->second.bytes_sent,
+                                                        c.seconds - b->second.seconds};
       if (d.calls > 0) step[op] = d;
     }
     if (it > warmup) {
@@ -126,7 +127,8 @@ double Study::overlap(const std::string& strategy, const Samples& s) {
 
 Study::BytesCheck Study::check_bytes(std::int64_t sent, std::int64_t mine) {
   const auto max_over = [&](double v) { return static_cast<std::int64_t>(comm.all_reduce_scalar(v, ReduceOp::Max)); };
-  return {max_over(sent == mine ? 0.0 : 1.0) == 0, max_over(static_cast<double>(sent)), max_over(static_cast<double>(mine))};
+  return {max_over(sent == mine ? 0.0 : 1.0) == 0, max_over(static_cast<double>(sent)),
+          max_over(static_cast<double>(mine))};
 }
 
 void Study::Errors::add(const std::string& name, double e) {
@@ -141,8 +143,8 @@ void Study::compare(Errors& e, const std::string& name, const Tensor& got, const
   else
     e.add(name, s.nonfinite > 0 ? INFINITY : std::sqrt(s.sq_diff) / std::max(std::sqrt(s.sq_ref), 1e-300));
 }
-Tensor Study::compare_real(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref, const SeqLayout& global,
-                           bool pads_zero) const {
+Tensor Study::compare_real(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref,
+                           const SeqLayout& global, bool pads_zero) const {
   if (!global.padded()) {
     compare(e, name, got, ref);
     return got;
@@ -159,8 +161,9 @@ Tensor Study::compare_real(Errors& e, const std::string& name, const Tensor& got
   return real;
 }
 
-void Study::result(Errors& e, const std::string& name, const std::string& path, const Tensor& local_in, const Tensor& ref,
-                   const SeqLayout& global, bool pads_zero, const std::string& layout, const std::string& units) {
+void Study::result(Errors& e, const std::string& name, const std::string& path, const Tensor& local_in,
+                   const Tensor& ref, const SeqLayout& global, bool pads_zero, const std::string& layout,
+                   const std::string& units) {
   const Tensor local = planted(local_in);
   if (check) compare_real(e, name, host(cp::dcs_gather(comm, local, global)), ref, global, pads_zero);
   cross_compare(e, name, local, &global);
@@ -199,8 +202,8 @@ bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
   return pass == 1;
 }
 
-void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend, DType dt,
-                  int cp, std::map<std::string, std::string> attrs) {
+void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend,
+                  DType dt, int cp, std::map<std::string, std::string> attrs) {
   attrs.merge(std::map<std::string, std::string>(ctx.provenance));
   attrs.merge(std::map<std::string, std::string>{{"driver", driver},
                                                  {"deck", ctx.deck.text()},
@@ -219,7 +222,8 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
   w.config_int("node_cores", static_cast<std::int64_t>(std::thread::hardware_concurrency()));
 }
 
-void Study::config(std::map<std::string, std::string> attrs, const std::vector<std::pair<std::string, std::string>>& skipped) {
+void Study::config(std::map<std::string, std::string> attrs,
+                   const std::vector<std::pair<std::string, std::string>>& skipped) {
   if (!writer_) return;
   if (!skipped.empty()) {
     std::string s;

@@ -19,9 +19,9 @@
 #include "comm/process_grid.hpp"
 #include "core/layout.hpp"
 #include "core/tensor.hpp"
-#include "memory_model.hpp"
 #include "harness.hpp"
 #include "io/results.hpp"
+#include "memory_model.hpp"
 
 namespace hcp::drivers {
 
@@ -47,12 +47,14 @@ struct Selection {
   bool all = false;
   std::string where;  // where the strategy key was set (deck file:line, --set, or the default)
 };
-Selection select(const Deck& d, const std::string& key, const std::string& all_word, const std::vector<std::string>& all);
+Selection select(const Deck& d, const std::string& key, const std::string& all_word,
+                 const std::vector<std::string>& all);
 
 // The cases of `sel` that can run: try_make(name) throws (collectively agreed) when a case's shape
 // rules fail. With sel.all such a case is skipped and its reason kept in `skipped`; otherwise, or when
 // no case is left, the error stands. Collective over `comm`.
-std::vector<std::string> runnable(Communicator& comm, const Selection& sel, const std::function<void(const std::string&)>& try_make,
+std::vector<std::string> runnable(Communicator& comm, const Selection& sel,
+                                  const std::function<void(const std::string&)>& try_make,
                                   std::vector<std::pair<std::string, std::string>>* skipped = nullptr);
 
 // A driver's cases: the choice key and its word for "all of them", every case name, and make(deck,
@@ -114,8 +116,8 @@ class Study {
   const std::string driver;
   const int cp;
   ProcessGrid grid;
-  Communicator& comm;   // the CP group on run.device (NCCL when each local rank has its own GPU)
-  Communicator& self;   // this rank alone: the cp=1 reference
+  Communicator& comm;  // the CP group on run.device (NCCL when each local rank has its own GPU)
+  Communicator& self;  // this rank alone: the cp=1 reference
   const Space space;
   const DType dt;
   const bool check;  // run.check = "reference": against the unpadded cp=1 problem on rank 0
@@ -194,13 +196,17 @@ class Study {
   // A scalar every rank holds the same (a loss), against the first case's, relative.
   void cross_scalar(Errors& e, const std::string& name, double v);
   // The case whose results follow (run.plant_fault perturbs the named one's first result).
-  void begin_case(const std::string& name) { case_ = name; planted_ = false; }
+  void begin_case(const std::string& name) {
+    case_ = name;
+    planted_ = false;
+  }
   // Rank 0's verdict (errors within tolerance and `extra`), agreed by every rank; writes /summary.
   bool verdict(const std::string& strategy, const Errors& e, bool extra = true);
 
   // /config: driver, deck, command line, revision, format, backend, dtype, cp_size, world_size and
   // `attrs`; the skipped cases, when any, as "skipped".
-  void config(std::map<std::string, std::string> attrs, const std::vector<std::pair<std::string, std::string>>& skipped = {});
+  void config(std::map<std::string, std::string> attrs,
+              const std::vector<std::pair<std::string, std::string>>& skipped = {});
   // "# <driver>: ranks=.. cp=.. <fields> dtype=.. backend=.." (rank 0), and the skipped cases.
   void header(const std::string& fields, const std::vector<std::pair<std::string, std::string>>& skipped = {});
   // Writes the file, prints RESULT and throws `why` when !pass.
@@ -215,23 +221,23 @@ class Study {
   struct Memory {
     double work = 0, live = 0, rss_peak = 0, device_used = 0, pool_peak = 0;
   } mem_;
-  std::vector<std::string> mem_lines_;  // "# memory per rank" lines printed by finish()
-  std::map<std::string, Tensor> first_;        // run.check = "cross": the first case's shards
+  std::vector<std::string> mem_lines_;   // "# memory per rank" lines printed by finish()
+  std::map<std::string, Tensor> first_;  // run.check = "cross": the first case's shards
   std::map<std::string, double> first_scalar_;
   std::string case_;
   bool planted_ = false;
   Tensor planted(const Tensor& local);  // `local`, perturbed when run.plant_fault names this case
   // The cases' memory model (Cases::memory), shown beside the measured high-water of each case.
   std::function<MemoryModel(const Deck&, int, const std::string&)> memory_;
-  double memory_start();               // resets the high-water marks; the bytes alive now
-  void memory_stop(double live0);      // fills mem_
+  double memory_start();                           // resets the high-water marks; the bytes alive now
+  void memory_stop(double live0);                  // fills mem_
   void write_memory(const std::string& strategy);  // its line, and /memory/<strategy>/ when writing
 };
 
 // /config of any driver: driver, deck, resolved deck, command line, revision, backend, dtype,
 // cp_size, world_size and `attrs`.
-void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend, DType dt,
-                  int cp, std::map<std::string, std::string> attrs);
+void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend,
+                  DType dt, int cp, std::map<std::string, std::string> attrs);
 
 // A host copy (the tensor itself when it lives on the host).
 // Uniform random inputs of the unpadded problem [real tokens, rest...] (`seed`), and this rank's rows
@@ -261,14 +267,18 @@ std::string fmt(const char* f, double v);
 // "k1=v1 k2=v2 ..." for run headers: fields("tokens", 760, "heads", 8). A key ending in ':' is
 // printed as it stands and its value after a space.
 inline void fields_to(std::string&) {}
-template <class V, class... R> void fields_to(std::string& s, const std::string& k, const V& v, const R&... rest) {
+template <class V, class... R>
+void fields_to(std::string& s, const std::string& k, const V& v, const R&... rest) {
   std::string val;
-  if constexpr (std::is_convertible_v<V, std::string>) val = v;
-  else val = std::to_string(v);
+  if constexpr (std::is_convertible_v<V, std::string>)
+    val = v;
+  else
+    val = std::to_string(v);
   s += (s.empty() ? "" : " ") + k + (!k.empty() && k.back() == ':' ? " " : "=") + val;
   fields_to(s, rest...);
 }
-template <class... A> std::string fields(const A&... a) {
+template <class... A>
+std::string fields(const A&... a) {
   std::string s;
   fields_to(s, a...);
   return s;

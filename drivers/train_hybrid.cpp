@@ -22,7 +22,8 @@
 using namespace hcp;
 
 namespace {
-const std::string kDeck = "# Built-in deck of train_hybrid: a small hybrid stack on packed synthetic sequences.\n" + drivers::builtin_model_deck(32) + R"([data]
+const std::string kDeck = "# Built-in deck of train_hybrid: a small hybrid stack on packed synthetic sequences.\n" +
+                          drivers::builtin_model_deck(32) + R"([data]
 format = "thd"
 seqs_per_step = 4
 min_len = 24
@@ -53,11 +54,13 @@ DeckSchema schema() {
       .add_int("data.seed", 1, "seed of the corpus and the initial parameters", 0)
       .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
       .add_bool("train.reference", true, "train a cp=1 replica on rank 0 and compare the loss curves")
-      .add_float("train.loss_rtol", 0.0, "largest allowed |loss_cp - loss_cp1| / loss_cp1 per step (0: 1e-9 fp64, 1e-5 fp32)", 0.0)
+      .add_float("train.loss_rtol", 0.0,
+                 "largest allowed |loss_cp - loss_cp1| / loss_cp1 per step (0: 1e-9 fp64, 1e-5 fp32)", 0.0)
       .add_int("train.checkpoint_every", 0, "write a checkpoint every N steps (0: never)", 0)
       .add_string("train.checkpoint", "checkpoint.h5", "checkpoint file")
       .add_string("train.resume", "", "checkpoint to resume from (\"\": start fresh)")
-      .add_int("train.stop_after", 0, "stop (with a checkpoint) after this many steps of this run (0: run to the end)", 0);
+      .add_int("train.stop_after", 0, "stop (with a checkpoint) after this many steps of this run (0: run to the end)",
+               0);
   drivers::add_adamw_keys(s);
   drivers::add_device_key(s);
   drivers::add_memory_keys(s);
@@ -79,11 +82,12 @@ Setup make_setup(const DriverContext& ctx) {
   s.cfg = drivers::hybrid_config(d, cp::attn_strategy_from_string(d.get_string("parallel.attention")), s.cp);
   s.opt = drivers::adamw_from_deck(d);
   if (d.get_string("data.format") == "bshd")  // BSHD rows are max_len long; min_len is a THD key
-    HCP_INPUT_CHECK(s.cp == 1 || d.get_int("data.max_len") % (2 * s.cp) == 0, d.where("data.max_len"), "data.max_len = ",
-              d.get_int("data.max_len"), " (the BSHD row length) must be a multiple of 2*cp = ", 2 * s.cp);
+    HCP_INPUT_CHECK(s.cp == 1 || d.get_int("data.max_len") % (2 * s.cp) == 0, d.where("data.max_len"),
+                    "data.max_len = ", d.get_int("data.max_len"),
+                    " (the BSHD row length) must be a multiple of 2*cp = ", 2 * s.cp);
   else
     HCP_INPUT_CHECK(d.get_int("data.min_len") <= d.get_int("data.max_len"), d.where("data.min_len"), "data.min_len (",
-              d.get_int("data.min_len"), ") must be <= data.max_len (", d.get_int("data.max_len"), ")");
+                    d.get_int("data.min_len"), ") must be <= data.max_len (", d.get_int("data.max_len"), ")");
   return s;
 }
 
@@ -121,7 +125,8 @@ void run(DriverContext& ctx) {
   auto self = ctx.world->split(ctx.world->rank(), 0);
   const int r = grid.cp_rank;
   const bool with_ref = d.get_bool("train.reference");
-  const double rtol = d.get_float("train.loss_rtol") > 0 ? d.get_float("train.loss_rtol") : drivers::train_loss_tolerance(s.dt);
+  const double rtol =
+      d.get_float("train.loss_rtol") > 0 ? d.get_float("train.loss_rtol") : drivers::train_loss_tolerance(s.dt);
   const std::int64_t steps = d.get_int("train.steps"), every = d.get_int("train.checkpoint_every"),
                      stop_after = d.get_int("train.stop_after");
   const std::string ck = d.get_string("train.checkpoint"), resume = d.get_string("train.resume");
@@ -148,13 +153,14 @@ void run(DriverContext& ctx) {
   const std::int64_t start = opt.steps_done();
   HCP_CHECK(start < steps, "train.resume: the checkpoint is at step ", start, ", not before train.steps = ", steps);
   if (ctx.root())
-    std::printf("# train_hybrid: %s\n",
-                drivers::fields("ranks", ctx.world->size(), "cp", s.cp, "pattern", s.cfg.pattern, "hidden", s.cfg.hidden,
-                                "vocab", s.cfg.vocab, "ep", groups.size(), "attention", d.get_string("parallel.attention"), "mamba_cp",
-                                d.get_string("parallel.mamba_cp"), "dtype", to_string(s.dt), "steps",
-                                std::to_string(start + 1) + ".." + std::to_string(steps), "backend",
-                                drivers::device_desc(d, cpc), "resumed_from", resume.empty() ? "-" : resume)
-                    .c_str());
+    std::printf(
+        "# train_hybrid: %s\n",
+        drivers::fields("ranks", ctx.world->size(), "cp", s.cp, "pattern", s.cfg.pattern, "hidden", s.cfg.hidden,
+                        "vocab", s.cfg.vocab, "ep", groups.size(), "attention", d.get_string("parallel.attention"),
+                        "mamba_cp", d.get_string("parallel.mamba_cp"), "dtype", to_string(s.dt), "steps",
+                        std::to_string(start + 1) + ".." + std::to_string(steps), "backend",
+                        drivers::device_desc(d, cpc), "resumed_from", resume.empty() ? "-" : resume)
+            .c_str());
   double worst = 0;
   std::int64_t done_here = 0;
   for (std::int64_t t = start + 1; t <= steps; ++t) {
@@ -191,10 +197,11 @@ void run(DriverContext& ctx) {
     ++done_here;
     const bool stop = stop_after > 0 && done_here >= stop_after && t < steps;
     if ((every > 0 && t % every == 0) || stop || t == steps) drivers::require_finite(p, t);
-    if ((every > 0 && t % every == 0) || stop) drivers::write_checkpoint(*ctx.world, ck, d, p, opt, loss, ref_loss, shards, owner);
+    if ((every > 0 && t % every == 0) || stop)
+      drivers::write_checkpoint(*ctx.world, ck, d, p, opt, loss, ref_loss, shards, owner);
     if (stop && ctx.root())
-      std::printf("# stopped after %lld steps; checkpoint %s at step %lld\n", static_cast<long long>(done_here), ck.c_str(),
-                  static_cast<long long>(t));
+      std::printf("# stopped after %lld steps; checkpoint %s at step %lld\n", static_cast<long long>(done_here),
+                  ck.c_str(), static_cast<long long>(t));
     if (stop) break;
   }
   double pass = !with_ref || worst <= rtol ? 1 : 0;
@@ -202,8 +209,11 @@ void run(DriverContext& ctx) {
   if (!ctx.out.empty()) {
     ResultsWriter w(ctx.out, *ctx.world);
     drivers::write_config(w, ctx, "train_hybrid", drivers::device_desc(d, cpc), s.dt, s.cp,
-                          {{"format", d.get_string("data.format")}, {"strategy", d.get_string("parallel.attention")},
-                           {"mamba_cp", d.get_string("parallel.mamba_cp")}, {"pattern", s.cfg.pattern}, {"resumed_from", resume}});
+                          {{"format", d.get_string("data.format")},
+                           {"strategy", d.get_string("parallel.attention")},
+                           {"mamba_cp", d.get_string("parallel.mamba_cp")},
+                           {"pattern", s.cfg.pattern},
+                           {"resumed_from", resume}});
     drivers::write_train_results(w, *ctx.world, ts, p, shards, owner, with_ref, worst, rtol, pass == 1);
     w.finish();
   }
@@ -211,7 +221,8 @@ void run(DriverContext& ctx) {
     const std::size_t n = loss.size();
     std::printf("# loss %.4f -> %.4f over %zu steps", loss.front(), loss.back(), n);
     if (with_ref) std::printf("; max |loss - cp1| / cp1 = %.1e (tolerance %.1e)", worst, rtol);
-    std::printf("\nRESULT train_hybrid %s%s%s\n", pass == 1 ? "PASS" : "FAIL", ctx.out.empty() ? "" : " file=", ctx.out.c_str());
+    std::printf("\nRESULT train_hybrid %s%s%s\n", pass == 1 ? "PASS" : "FAIL",
+                ctx.out.empty() ? "" : " file=", ctx.out.c_str());
   }
   if (pass != 1) throw CheckFailed("the CP loss curve departs from the cp=1 replica beyond train.loss_rtol");
 }
@@ -219,6 +230,12 @@ void run(DriverContext& ctx) {
 
 int main(int argc, char** argv) {
   return run_driver(argc, argv,
-                    {"train_hybrid", "train the hybrid model under CP (AdamW, schedule, clipping, checkpoints) against a cp=1 replica",
-                     schema(), kDeck, "train_hybrid.h5", validate, run, {}});
+                    {"train_hybrid",
+                     "train the hybrid model under CP (AdamW, schedule, clipping, checkpoints) against a cp=1 replica",
+                     schema(),
+                     kDeck,
+                     "train_hybrid.h5",
+                     validate,
+                     run,
+                     {}});
 }

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "io/deck.hpp"
 #include "hybrid_common.hpp"
+#include "io/deck.hpp"
 #include "io/results.hpp"
 #include "model/optim.hpp"
 
@@ -19,7 +19,8 @@ namespace hcp::drivers {
 // A non-finite loss or gradient norm ends the run at that step: nothing after it could be compared,
 // and a checkpoint of it could not be resumed.
 inline void require_finite(const char* what, double v, std::int64_t step) {
-  HCP_CHECK(std::isfinite(v), "step ", step, ": ", what, " is ", v, " (not finite); lower train.lr or enable train.clip");
+  HCP_CHECK(std::isfinite(v), "step ", step, ": ", what, " is ", v,
+            " (not finite); lower train.lr or enable train.clip");
 }
 
 // Parameters are checked where they leave the run (checkpoint, results): an update can overflow
@@ -47,7 +48,9 @@ inline void write_checkpoint(Communicator& world, const std::string& path, const
     w.tensor(name, t, layout, units);
     if (world.rank() == 0) sums += name + " " + checksum(t) + "\n";
   };
-  const auto vec = [](const std::vector<double>& v) { return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64); };
+  const auto vec = [](const std::vector<double>& v) {
+    return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64);
+  };
   put("/checkpoint/step", Tensor::from({static_cast<double>(opt.steps_done())}, {1}, DType::F64), "scalar", "steps");
   write_params(w, world, "/checkpoint/params/", p, shards, owner, "parameter shape", &sums);
   write_params(w, world, "/checkpoint/adam_m/", opt.m(), shards, owner, "parameter shape", &sums);
@@ -68,15 +71,18 @@ inline bool resume_may_change(const std::string& k) {
 }
 inline std::string deck_value(const Deck& d, const DeckKey& k) {
   switch (k.type) {
-    case DeckKey::Type::Int: return std::to_string(d.get_int(k.key));
+    case DeckKey::Type::Int:
+      return std::to_string(d.get_int(k.key));
     case DeckKey::Type::Float: {
       std::ostringstream os;
       os.precision(17);
       os << d.get_float(k.key);
       return os.str();
     }
-    case DeckKey::Type::String: return "\"" + d.get_string(k.key) + "\"";
-    case DeckKey::Type::Bool: return d.get_bool(k.key) ? "true" : "false";
+    case DeckKey::Type::String:
+      return "\"" + d.get_string(k.key) + "\"";
+    case DeckKey::Type::Bool:
+      return d.get_bool(k.key) ? "true" : "false";
   }
   return "";
 }
@@ -112,8 +118,8 @@ inline void check_resume(const std::string& path, const DeckSchema& schema, cons
     } catch (const Error&) {
       got = "(unreadable)";
     }
-    HCP_INPUT_CHECK(got == want, deck.where("train.resume"), "train.resume: checkpoint '", path, "' is damaged: dataset ",
-                    name, " fails its checksum (", got, " != ", want, ")");
+    HCP_INPUT_CHECK(got == want, deck.where("train.resume"), "train.resume: checkpoint '", path,
+                    "' is damaged: dataset ", name, " fails its checksum (", got, " != ", want, ")");
   }
   HCP_INPUT_CHECK(n > 0, deck.where("train.resume"), "train.resume: checkpoint '", path, "' lists no datasets");
   std::set<std::string> listed;
@@ -125,7 +131,8 @@ inline void check_resume(const std::string& path, const DeckSchema& schema, cons
   std::vector<std::string> needed{"/checkpoint/step", "/checkpoint/loss"};
   if (with_ref) needed.push_back("/checkpoint/loss_reference");
   for (const auto& pn : params)
-    for (const char* part : {"params", "adam_m", "adam_v"}) needed.push_back(std::string("/checkpoint/") + part + "/" + pn);
+    for (const char* part : {"params", "adam_m", "adam_v"})
+      needed.push_back(std::string("/checkpoint/") + part + "/" + pn);
   for (const auto& nd : needed) {
     if (listed.count(nd)) continue;
     if (nd == "/checkpoint/loss_reference")
@@ -176,12 +183,15 @@ inline void read_checkpoint(const std::string& path, model::ParamMap& p, model::
 }
 
 struct TrainSeries {
-  std::vector<double> loss, loss_reference;             // every step since step 1 (a resumed run continues them)
+  std::vector<double> loss, loss_reference;                  // every step since step 1 (a resumed run continues them)
   std::vector<double> lr, grad_norm, label_tokens, step_ms;  // this run's steps
 };
 inline void write_train_results(ResultsWriter& w, Communicator& world, const TrainSeries& s, const model::ParamMap& p,
-                                const model::ShardMap& shards, bool owner, bool with_ref, double worst, double rtol, bool pass) {
-  auto vec = [](const std::vector<double>& v) { return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64); };
+                                const model::ShardMap& shards, bool owner, bool with_ref, double worst, double rtol,
+                                bool pass) {
+  auto vec = [](const std::vector<double>& v) {
+    return Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64);
+  };
   w.tensor("/train/loss", vec(s.loss), "[step] (all steps since step 1)", "nats");
   if (with_ref) {
     w.tensor("/train/loss_reference", vec(s.loss_reference), "[step] cp=1 replica", "nats");

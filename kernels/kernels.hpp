@@ -61,14 +61,14 @@ struct SsdParams {
 // Optional inputs are nullptr when absent. seq_idx [B*L] gives each token's sequence index (non-
 // decreasing per row); the state resets where it changes.
 struct SsdInputs {
-  const Tensor* x = nullptr;        // [B,L,H,P]
-  const Tensor* dt = nullptr;       // [B,L,H] raw (before dt_bias and softplus)
-  const Tensor* A_log = nullptr;    // [H], A = -exp(A_log)
-  const Tensor* Bm = nullptr;       // [B,L,G,N]
-  const Tensor* Cm = nullptr;       // [B,L,G,N]
-  const Tensor* D = nullptr;        // [H] skip, optional
-  const Tensor* dt_bias = nullptr;  // [H], optional
-  const Tensor* init_states = nullptr;  // [B,H,P,N], optional
+  const Tensor* x = nullptr;                           // [B,L,H,P]
+  const Tensor* dt = nullptr;                          // [B,L,H] raw (before dt_bias and softplus)
+  const Tensor* A_log = nullptr;                       // [H], A = -exp(A_log)
+  const Tensor* Bm = nullptr;                          // [B,L,G,N]
+  const Tensor* Cm = nullptr;                          // [B,L,G,N]
+  const Tensor* D = nullptr;                           // [H] skip, optional
+  const Tensor* dt_bias = nullptr;                     // [H], optional
+  const Tensor* init_states = nullptr;                 // [B,H,P,N], optional
   const std::vector<std::int64_t>* seq_idx = nullptr;  // [B*L], optional
 };
 // Chunked (state-space duality) forward. final_states [B,H,P,N] optional (state after the last token).
@@ -76,19 +76,18 @@ void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdPara
 // The plain sequential recurrence (test oracle only).
 void ssd_sequential_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p);
 struct SsdGrads {
-  Tensor* dx = nullptr;        // [B,L,H,P]
-  Tensor* ddt = nullptr;       // [B,L,H] w.r.t. raw dt
-  Tensor* dA_log = nullptr;    // [H]
-  Tensor* dB = nullptr;        // [B,L,G,N]
-  Tensor* dC = nullptr;        // [B,L,G,N]
-  Tensor* dD = nullptr;        // [H] (if D given)
-  Tensor* ddt_bias = nullptr;  // [H] (if dt_bias given)
+  Tensor* dx = nullptr;            // [B,L,H,P]
+  Tensor* ddt = nullptr;           // [B,L,H] w.r.t. raw dt
+  Tensor* dA_log = nullptr;        // [H]
+  Tensor* dB = nullptr;            // [B,L,G,N]
+  Tensor* dC = nullptr;            // [B,L,G,N]
+  Tensor* dD = nullptr;            // [H] (if D given)
+  Tensor* ddt_bias = nullptr;      // [H] (if dt_bias given)
   Tensor* dinit_states = nullptr;  // [B,H,P,N] (if init_states given)
 };
 // Backward: chunk-boundary states are recomputed, then each chunk is reversed token by token.
 // dfinal_states [B,H,P,N] optional.
-void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal_states,
-             const SsdParams& p);
+void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal_states, const SsdParams& p);
 
 // ---- state passing (SSM context parallelism): every batch row is one run of consecutive tokens of a
 // single sequence (no seq_idx), e.g. one CP rank's chunk of a sequence.
@@ -140,8 +139,8 @@ void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, doub
 void rmsnorm_bwd(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy);
 // Gated group RMSNorm (Mamba2, norm after gate): g = x * silu(z), RMSNorm over groups of C/G
 // channels of g, times w. x, z, y [M,C]; rstd [M,G].
-void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w,
-                       std::int64_t groups, double eps);
+void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w, std::int64_t groups,
+                       double eps);
 void gated_rmsnorm_bwd(Tensor& dx, Tensor& dz, Tensor& dw, const Tensor& x, const Tensor& z, const Tensor& w,
                        const Tensor& rstd, std::int64_t groups, const Tensor& dy);
 
@@ -183,10 +182,10 @@ void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWS
 // =============================== MoE ============================================================
 struct RouterParams {
   std::int64_t experts = 1, topk = 1;
-  bool sigmoid = true;                            // sigmoid (NemotronH) or softmax scores
-  std::int64_t n_group = 1, topk_group = 1;       // group-limited selection (n_group = 1: off)
-  bool renormalize = true;                        // top-k weights divided by their sum
-  double scaling = 1.0;                           // routed scaling factor
+  bool sigmoid = true;                       // sigmoid (NemotronH) or softmax scores
+  std::int64_t n_group = 1, topk_group = 1;  // group-limited selection (n_group = 1: off)
+  bool renormalize = true;                   // top-k weights divided by their sum
+  double scaling = 1.0;                      // routed scaling factor
 };
 // The token -> expert routing of one MoE call, kept where the tensors live so that a GPU run builds
 // and applies it on the device. Index arrays are F64 tensors holding integers (exact below 2^53):
@@ -222,7 +221,8 @@ void router_bwd(Tensor& dlogits, const Tensor& scores, const MoeRouting& route, 
 // Switch-style load-balancing loss E * sum_e f_e P_e, f_e = share of assignments to e (route.counts),
 // P_e = mean over tokens of the normalised score. Backward adds d/dscores (scaled by dloss) into dscores.
 double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const RouterParams& p);
-void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& route, const RouterParams& p, double dloss);
+void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& route, const RouterParams& p,
+                      double dloss);
 // Permute token copies by expert: makes route.src and route.inv; xp [T*k,C] row r = x row src[r] / k.
 void moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x);
 // dx [T,C] = sum of dxp rows of each token.

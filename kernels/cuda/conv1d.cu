@@ -17,7 +17,8 @@ constexpr int kThreads = 256;
 // ---- causal depthwise conv1d ------------------------------------------------------------------------
 template <class S>
 __device__ typename Acc<S>::type conv_u(const S* x, const S* w, const S* bias, const std::int64_t* seq, std::int64_t L,
-                                        std::int64_t C, std::int64_t W, std::int64_t b, std::int64_t t, std::int64_t c) {
+                                        std::int64_t C, std::int64_t W, std::int64_t b, std::int64_t t,
+                                        std::int64_t c) {
   using A = typename Acc<S>::type;
   A u = bias ? ld(bias + c) : A(0);
   const std::int64_t sq = seq ? seq[b * L + t] : 0;
@@ -69,7 +70,8 @@ __global__ void conv_fwd_vec_k(S* __restrict__ y, const S* __restrict__ x, const
   for (int k = 0; k < W - 1; ++k) {
     const std::int64_t src = t0 - (W - 1) + k;
     sq[k] = src < 0 ? kNone : (seq ? seq[b * L + src] : 0);
-    if (src >= 0) ld_vec<S>(win[k], x + (b * L + src) * C + c0);
+    if (src >= 0)
+      ld_vec<S>(win[k], x + (b * L + src) * C + c0);
     else
 #pragma unroll
       for (int e = 0; e < V; ++e) win[k][e] = 0;
@@ -128,11 +130,12 @@ __global__ void conv_dx_k(S* dx, const A* du, const S* w, const std::int64_t* se
 // by kSlices slices of the (b, t) rows; each thread sums its slice in row order, and the slices are
 // added in a fixed order: deterministic. Widths up to kMaxConvW (the deck's limit).
 constexpr int kDwLanes = 32, kMaxConvW = 16;
-template <class A> constexpr int kDwSlices = sizeof(A) == 8 ? 8 : 16;  // shared memory <= 35 KB
+template <class A>
+constexpr int kDwSlices = sizeof(A) == 8 ? 8 : 16;  // shared memory <= 35 KB
 template <class S, class A>
-__global__ void __launch_bounds__(kDwLanes * kDwSlices<A>) conv_dw_k(S* dw, S* db, const A* du, const S* x,
-                                                                     const std::int64_t* seq, std::int64_t B,
-                                                                     std::int64_t L, std::int64_t C, std::int64_t W) {
+__global__ void __launch_bounds__(kDwLanes* kDwSlices<A>)
+    conv_dw_k(S* dw, S* db, const A* du, const S* x, const std::int64_t* seq, std::int64_t B, std::int64_t L,
+              std::int64_t C, std::int64_t W) {
   constexpr int NS = kDwSlices<A>;
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kDwLanes + threadIdx.x;
   A acc[kMaxConvW + 1];  // [k < W]: dw, [kMaxConvW]: bias
@@ -164,17 +167,20 @@ __global__ void __launch_bounds__(kDwLanes * kDwSlices<A>) conv_dw_k(S* dw, S* d
     const int slot = k == W ? kMaxConvW : static_cast<int>(k);
     A sum = 0;
     for (int j = 0; j < NS; ++j) sum += part[j][slot][threadIdx.x];
-    if (k < W) st(dw + c * W + k, sum);
-    else if (db) st(db + c, sum);
+    if (k < W)
+      st(dw + c * W + k, sum);
+    else if (db)
+      st(db + c, sum);
   }
 }
 
 }  // namespace
 
-void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const std::vector<std::int64_t>* seq_idx,
-                bool silu) {
+void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
+                const std::vector<std::int64_t>* seq_idx, bool silu) {
   check_all({&y, &x, &w, bias}, x.dtype(), "conv1d_fwd");
-  HCP_CHECK(y.raw() != x.raw(), "conv1d_fwd: y must not be x (the causal window reads inputs other threads' outputs would overwrite)");
+  HCP_CHECK(y.raw() != x.raw(),
+            "conv1d_fwd: y must not be x (the causal window reads inputs other threads' outputs would overwrite)");
   const std::int64_t B = x.size(0), L = x.size(1), C = x.size(2), W = w.size(1);
   DeviceIndex seq(seq_idx);
   HCP_CUDA_DISPATCH(x, {
@@ -183,14 +189,14 @@ void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
     const bool vec = C % V == 0 && aligned16(x.raw()) && aligned16(y.raw());
     const std::int64_t nthr = B * ((L + kRun - 1) / kRun) * (C / V);
     if (vec && W == 4) {
-      conv_fwd_vec_k<S, 4><<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L,
-                                                                     C, silu);
+      conv_fwd_vec_k<S, 4>
+          <<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L, C, silu);
     } else if (vec && W == 2) {
-      conv_fwd_vec_k<S, 2><<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L,
-                                                                     C, silu);
+      conv_fwd_vec_k<S, 2>
+          <<<blocks_for(nthr, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L, C, silu);
     } else {
-      conv_fwd_k<S><<<blocks_for(B * L * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L, C,
-                                                                   W, silu);
+      conv_fwd_k<S><<<blocks_for(B * L * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), dptr<S>(w), bp, seq.p, B, L,
+                                                                   C, W, silu);
     }
   });
   check_launch("conv1d_fwd");
@@ -207,8 +213,8 @@ void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Te
     A* du = nullptr;
     HCP_CUDA_CHECK(cudaMallocAsync(&du, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(A), 0));
     const S* bp = bias ? dptr<S>(*bias) : nullptr;
-    conv_du_k<S, A><<<blocks_for(n, kThreads), kThreads>>>(du, dptr<S>(x), dptr<S>(w), bp, seq.p, dptr<S>(dy), B, L, C,
-                                                           W, silu);
+    conv_du_k<S, A>
+        <<<blocks_for(n, kThreads), kThreads>>>(du, dptr<S>(x), dptr<S>(w), bp, seq.p, dptr<S>(dy), B, L, C, W, silu);
     conv_dx_k<S, A><<<blocks_for(n, kThreads), kThreads>>>(dptr<S>(dx), du, dptr<S>(w), seq.p, B, L, C, W);
     conv_dw_k<S, A><<<static_cast<unsigned>((C + kDwLanes - 1) / kDwLanes), dim3(kDwLanes, kDwSlices<A>)>>>(
         dptr<S>(dw), dbias ? dptr<S>(*dbias) : nullptr, du, dptr<S>(x), seq.p, B, L, C, W);

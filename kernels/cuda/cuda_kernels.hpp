@@ -17,7 +17,7 @@ struct RouterParams;
 struct MoeRouting;
 enum class Activation;
 struct AdamWStep;
-}
+}  // namespace hcp::kernels
 
 namespace hcp::kernels::cuda_impl {
 
@@ -27,8 +27,8 @@ void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z
                        double eps);
 void gated_rmsnorm_bwd(Tensor& dx, Tensor& dz, Tensor& dw, const Tensor& x, const Tensor& z, const Tensor& w,
                        const Tensor& rstd, std::int64_t groups, const Tensor& dy);
-void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, const std::vector<std::int64_t>* seq_idx,
-                bool silu);
+void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
+                const std::vector<std::int64_t>* seq_idx, bool silu);
 void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Tensor& w, const Tensor* bias,
                 const std::vector<std::int64_t>* seq_idx, bool silu, const Tensor& dy);
 void linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias);

@@ -15,21 +15,25 @@ namespace {
 constexpr int kThreads = 256;
 
 // ---- elementwise, bias, RoPE, embedding, cross-entropy ------------------------------------------
-template <class S> __global__ void add_k(S* y, const S* a, const S* b, std::int64_t n) {
+template <class S>
+__global__ void add_k(S* y, const S* a, const S* b, std::int64_t n) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) st(y + i, ld(a + i) + ld(b + i));
 }
 // y may be a wider accumulator than x (fp32 y += bf16 x).
-template <class SY, class SX> __global__ void axpy_k(SY* y, double alpha, const SX* x, std::int64_t n) {
+template <class SY, class SX>
+__global__ void axpy_k(SY* y, double alpha, const SX* x, std::int64_t n) {
   using A = typename Acc<SY>::type;
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) st(y + i, ld(y + i) + A(alpha) * ld(x + i));
 }
-template <class S> __global__ void bias_add_k(S* y, const S* bias, std::int64_t M, std::int64_t N) {
+template <class S>
+__global__ void bias_add_k(S* y, const S* bias, std::int64_t M, std::int64_t N) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i < M * N) st(y + i, ld(y + i) + ld(bias + i % N));
 }
-template <class S> __global__ void col_sum_k(S* out, const S* dy, std::int64_t M, std::int64_t N) {
+template <class S>
+__global__ void col_sum_k(S* out, const S* dy, std::int64_t M, std::int64_t N) {
   using A = typename Acc<S>::type;
   const std::int64_t n = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (n >= N) return;
@@ -119,8 +123,8 @@ __global__ void embed_fwd_k(S* y, const S* table, const std::int64_t* ids, std::
 }
 // One thread per (vocabulary row, channel): its tokens in order (CSR built on the host).
 template <class S>
-__global__ void embed_bwd_k(S* dtable, const S* dy, const std::int64_t* start, const std::int64_t* order, std::int64_t V,
-                            std::int64_t C) {
+__global__ void embed_bwd_k(S* dtable, const S* dy, const std::int64_t* start, const std::int64_t* order,
+                            std::int64_t V, std::int64_t C) {
   using A = typename Acc<S>::type;
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i >= V * C) return;
@@ -160,9 +164,7 @@ __global__ void ce_k(double* loss, S* dlogits, const S* logits, const std::int64
       st(dlogits + t * V + v, A(scale) * (exp(ld(row + v) - mx) / s - (v == lab ? A(1) : A(0))));
 }
 
-cudaDataType_t cuda_type(DType d) {
-  return d == DType::F64 ? CUDA_R_64F : d == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
-}
+cudaDataType_t cuda_type(DType d) { return d == DType::F64 ? CUDA_R_64F : d == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
 cublasComputeType_t compute_type(DType d) { return d == DType::F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F; }
 // C (col-major m x n, ldc) = op(A) op(B), alpha 1, beta 0.
 void gemm(cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, std::int64_t n, std::int64_t k, const void* A,
@@ -172,9 +174,9 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, std::int64
   const void* alpha = dt == DType::F64 ? static_cast<const void*>(&one64) : static_cast<const void*>(&one32);
   const void* beta = dt == DType::F64 ? static_cast<const void*>(&zero64) : static_cast<const void*>(&zero32);
   const cudaDataType_t t = cuda_type(dt);
-  HCP_CUBLAS_CHECK(cublasGemmEx(cublas(), ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, A, t,
-                                static_cast<int>(lda), B, t, static_cast<int>(ldb), beta, C, t, static_cast<int>(ldc),
-                                compute_type(dt), CUBLAS_GEMM_DEFAULT));
+  HCP_CUBLAS_CHECK(cublasGemmEx(cublas(), ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
+                                A, t, static_cast<int>(lda), B, t, static_cast<int>(ldb), beta, C, t,
+                                static_cast<int>(ldc), compute_type(dt), CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace
@@ -185,7 +187,8 @@ void linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias)
   if (M == 0 || N == 0) return;
   // Row-major y[M,N] = x[M,K] W^T is column-major y^T = (W^T)^T x^T.
   gemm(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, W.raw(), K, x.raw(), K, y.raw(), N, x.dtype());
-  if (bias) HCP_CUDA_DISPATCH(x, bias_add_k<S><<<blocks_for(M * N, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(*bias), M, N));
+  if (bias)
+    HCP_CUDA_DISPATCH(x, bias_add_k<S><<<blocks_for(M * N, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(*bias), M, N));
   check_launch("linear_fwd");
 }
 
@@ -201,10 +204,13 @@ void linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Te
     }
   }
   if (dW) {
-    if (M == 0) HCP_CUDA_CHECK(cudaMemset(dW->raw(), 0, dW->nbytes()));
-    else gemm(CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, x.raw(), K, dy.raw(), N, dW->raw(), K, x.dtype());  // dW = dy^T x
+    if (M == 0)
+      HCP_CUDA_CHECK(cudaMemset(dW->raw(), 0, dW->nbytes()));
+    else
+      gemm(CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, x.raw(), K, dy.raw(), N, dW->raw(), K, x.dtype());  // dW = dy^T x
   }
-  if (dbias) HCP_CUDA_DISPATCH(x, col_sum_k<S><<<blocks_for(N, kThreads), kThreads>>>(dptr<S>(*dbias), dptr<S>(dy), M, N));
+  if (dbias)
+    HCP_CUDA_DISPATCH(x, col_sum_k<S><<<blocks_for(N, kThreads), kThreads>>>(dptr<S>(*dbias), dptr<S>(dy), M, N));
   check_launch("linear_bwd");
 }
 
@@ -231,7 +237,8 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
                                                        static_cast<int>(H), static_cast<int>(D), static_cast<int>(rd),
                                                        static_cast<int>(tpb));
       else
-        rope_vec_k<S, std::int64_t><<<blocks, kThreads, smem>>>(dptr<S>(y), dptr<S>(x), pos.p, freq, sign, T, H, D, rd, tpb);
+        rope_vec_k<S, std::int64_t>
+            <<<blocks, kThreads, smem>>>(dptr<S>(y), dptr<S>(x), pos.p, freq, sign, T, H, D, rd, tpb);
     } else {
       rope_k<S><<<blocks_for(T * H * D, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(x), pos.p, T, H, D, rd, theta, sign);
     }
@@ -244,21 +251,24 @@ void embedding_fwd(Tensor& y, const Tensor& table, const std::vector<std::int64_
   const std::int64_t T = static_cast<std::int64_t>(ids.size()), C = table.size(1);
   if (T == 0) return;
   DeviceIndex id(&ids);
-  HCP_CUDA_DISPATCH(table, embed_fwd_k<S><<<blocks_for(T * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(table), id.p, T, C));
+  HCP_CUDA_DISPATCH(table,
+                    embed_fwd_k<S><<<blocks_for(T * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(table), id.p, T, C));
   check_launch("embedding_fwd");
 }
 
 void embedding_bwd(Tensor& dtable, const std::vector<std::int64_t>& ids, const Tensor& dy) {
   check_all({&dtable, &dy}, dy.dtype(), "embedding_bwd");
   const std::int64_t V = dtable.size(0), C = dtable.size(1), T = static_cast<std::int64_t>(ids.size());
-  std::vector<std::int64_t> start(static_cast<std::size_t>(V + 1), 0), order(static_cast<std::size_t>(std::max<std::int64_t>(T, 1)));
+  std::vector<std::int64_t> start(static_cast<std::size_t>(V + 1), 0),
+      order(static_cast<std::size_t>(std::max<std::int64_t>(T, 1)));
   for (auto v : ids) start[static_cast<std::size_t>(v + 1)]++;
   for (std::int64_t v = 0; v < V; ++v) start[static_cast<std::size_t>(v + 1)] += start[static_cast<std::size_t>(v)];
   std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
-  for (std::int64_t t = 0; t < T; ++t) order[static_cast<std::size_t>(fill[static_cast<std::size_t>(ids[static_cast<std::size_t>(t)])]++)] = t;
+  for (std::int64_t t = 0; t < T; ++t)
+    order[static_cast<std::size_t>(fill[static_cast<std::size_t>(ids[static_cast<std::size_t>(t)])]++)] = t;
   DeviceIndex st_(&start), ord(&order);
-  HCP_CUDA_DISPATCH(dy, embed_bwd_k<S><<<blocks_for(V * C, kThreads), kThreads>>>(dptr<S>(dtable), dptr<S>(dy), st_.p,
-                                                                                   ord.p, V, C));
+  HCP_CUDA_DISPATCH(
+      dy, embed_bwd_k<S><<<blocks_for(V * C, kThreads), kThreads>>>(dptr<S>(dtable), dptr<S>(dy), st_.p, ord.p, V, C));
   check_launch("embedding_bwd");
 }
 
@@ -272,7 +282,7 @@ double cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& 
   const DeviceArray<double> lbuf(nullptr, static_cast<std::size_t>(T));
   double* loss = lbuf.p;
   HCP_CUDA_DISPATCH(logits, ce_k<S><<<static_cast<unsigned>(T), kThreads>>>(loss, static_cast<S*>(nullptr),
-                                                                           dptr<S>(logits), lab.p, V, ignore, 0.0));
+                                                                            dptr<S>(logits), lab.p, V, ignore, 0.0));
   check_launch("cross_entropy_fwd");
   std::vector<double> h(static_cast<std::size_t>(T));
   HCP_CUDA_CHECK(cudaMemcpy(h.data(), loss, h.size() * sizeof(double), cudaMemcpyDeviceToHost));
@@ -287,14 +297,14 @@ double cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& 
   return sum;
 }
 
-void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<std::int64_t>& labels, std::int64_t ignore,
-                       double scale) {
+void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<std::int64_t>& labels,
+                       std::int64_t ignore, double scale) {
   check_all({&dlogits, &logits}, logits.dtype(), "cross_entropy_bwd");
   const std::int64_t T = logits.size(0), V = logits.size(1);
   if (T == 0) return;
   DeviceIndex lab(&labels);
   HCP_CUDA_DISPATCH(logits, ce_k<S><<<static_cast<unsigned>(T), kThreads>>>(nullptr, dptr<S>(dlogits), dptr<S>(logits),
-                                                                           lab.p, V, ignore, scale));
+                                                                            lab.p, V, ignore, scale));
   check_launch("cross_entropy_bwd");
 }
 
@@ -310,7 +320,9 @@ void axpy(Tensor& y, double alpha, const Tensor& x) {
   if (y.dtype() == DType::F32 && x.dtype() == DType::BF16) {  // fp32 accumulator, bf16 addend
     check_all({&y}, DType::F32, "axpy");
     check_all({&x}, DType::BF16, "axpy");
-    if (n) axpy_k<float, __nv_bfloat16><<<blocks_for(n, kThreads), kThreads>>>(dptr<float>(y), alpha, dptr<__nv_bfloat16>(x), n);
+    if (n)
+      axpy_k<float, __nv_bfloat16>
+          <<<blocks_for(n, kThreads), kThreads>>>(dptr<float>(y), alpha, dptr<__nv_bfloat16>(x), n);
   } else {
     check_all({&y, &x}, x.dtype(), "axpy");
     if (n) HCP_CUDA_DISPATCH(x, axpy_k<S, S><<<blocks_for(n, kThreads), kThreads>>>(dptr<S>(y), alpha, dptr<S>(x), n));

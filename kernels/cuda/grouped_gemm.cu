@@ -29,7 +29,8 @@ using namespace hcp::cuda;
 namespace {
 constexpr int BM = 64, BN = 64, BK = 32, kThreads = 256;
 
-template <class S> struct Group {
+template <class S>
+struct Group {
   const S* A;
   const S* B;
   S* C;
@@ -42,16 +43,18 @@ struct Tile {
 
 // A tile of op(A) [BM x BK] and op(B) [BK x BN] into shared memory (zero outside the matrix).
 template <bool TA, bool TB, class S, class T, int LDA, int LDB>
-__device__ __forceinline__ void load_tiles(T (*As)[LDA], T (*Bs)[LDB], const Group<S>& g, std::int64_t m0, std::int64_t n0,
-                                           std::int64_t k0, bool a_km) {
+__device__ __forceinline__ void load_tiles(T (*As)[LDA], T (*Bs)[LDB], const Group<S>& g, std::int64_t m0,
+                                           std::int64_t n0, std::int64_t k0, bool a_km) {
   for (int i = threadIdx.x; i < BM * BK; i += blockDim.x) {
     // Walk along the contiguous axis of the source for coalescing.
     const int m = TA ? i % BM : i / BK, k = TA ? i / BM : i % BK;
     const std::int64_t gm = m0 + m, gk = k0 + k;
     float v = 0;
     if (gm < g.M && gk < g.K) v = ld(TA ? g.A + gk * g.lda + gm : g.A + gm * g.lda + gk);
-    if (a_km) As[k][m] = T(v);
-    else As[m][k] = T(v);
+    if (a_km)
+      As[k][m] = T(v);
+    else
+      As[m][k] = T(v);
   }
   for (int i = threadIdx.x; i < BK * BN; i += blockDim.x) {
     const int n = TB ? i / BK : i % BN, k = TB ? i % BK : i / BN;
@@ -63,8 +66,8 @@ __device__ __forceinline__ void load_tiles(T (*As)[LDA], T (*Bs)[LDB], const Gro
 }
 // fp64 keeps fp64 through the load (the float path above would round it).
 template <bool TA, bool TB>
-__device__ __forceinline__ void load_tiles_f64(double (*As)[BM], double (*Bs)[BN], const Group<double>& g, std::int64_t m0,
-                                               std::int64_t n0, std::int64_t k0) {
+__device__ __forceinline__ void load_tiles_f64(double (*As)[BM], double (*Bs)[BN], const Group<double>& g,
+                                               std::int64_t m0, std::int64_t n0, std::int64_t k0) {
   for (int i = threadIdx.x; i < BM * BK; i += blockDim.x) {
     const int m = TA ? i % BM : i / BK, k = TA ? i / BM : i % BK;
     const std::int64_t gm = m0 + m, gk = k0 + k;
@@ -78,7 +81,8 @@ __device__ __forceinline__ void load_tiles_f64(double (*As)[BM], double (*Bs)[BN
 }
 
 // FMA path (fp32, fp64): 256 threads, each a 4x4 block of the 64x64 tile.
-template <class S, class A, bool TA, bool TB> __global__ void gemm_fma_k(const Group<S>* groups, const Tile* tiles) {
+template <class S, class A, bool TA, bool TB>
+__global__ void gemm_fma_k(const Group<S>* groups, const Tile* tiles) {
   __shared__ A As[BK][BM];
   __shared__ A Bs[BK][BN];
   const Tile tl = tiles[blockIdx.x];
@@ -88,8 +92,10 @@ template <class S, class A, bool TA, bool TB> __global__ void gemm_fma_k(const G
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   A acc[4][4] = {};
   for (std::int64_t k0 = 0; k0 < g.K; k0 += BK) {
-    if constexpr (std::is_same_v<S, double>) load_tiles_f64<TA, TB>(As, Bs, g, m0, n0, k0);
-    else load_tiles<TA, TB, S, A, BM, BN>(As, Bs, g, m0, n0, k0, true);
+    if constexpr (std::is_same_v<S, double>)
+      load_tiles_f64<TA, TB>(As, Bs, g, m0, n0, k0);
+    else
+      load_tiles<TA, TB, S, A, BM, BN>(As, Bs, g, m0, n0, k0, true);
     __syncthreads();
 #pragma unroll 8
     for (int kk = 0; kk < BK; ++kk) {
@@ -108,7 +114,8 @@ template <class S, class A, bool TA, bool TB> __global__ void gemm_fma_k(const G
 }
 
 // Tensor-core path (bf16): 8 warps, warp w owns rows (w/2)*16 and columns (w%2)*32 of the tile.
-template <bool TA, bool TB> __global__ void gemm_wmma_k(const Group<__nv_bfloat16>* groups, const Tile* tiles) {
+template <bool TA, bool TB>
+__global__ void gemm_wmma_k(const Group<__nv_bfloat16>* groups, const Tile* tiles) {
   using namespace nvcuda;
   constexpr int LA = BK + 8, LB = BN + 8, LC = BN + 4;
   __shared__ __align__(32) __nv_bfloat16 As[BM][LA];
@@ -170,12 +177,12 @@ __device__ __forceinline__ void tma_stage_b(__nv_bfloat16* b, const TensorMap* m
     for (int h = 0; h < kBN / 64; ++h) ptx::tma_load_2d(b + h * kWgHalf, mb, n0 + 64 * h, k0, bar);
 }
 // A warpgroup's 64 x WN fp32 accumulator (wgmma fragment order) as bf16 into rows m_row0.. and
-// columns n0.. of the group's C, inside its extents, through shared memory: stg is this warpgroup's [64][128] bf16 buffer, its 16-byte chunks
-// XOR-swizzled by row (chunk q of row r at q ^ (r & 7)) so that both the fragment writes (8 rows, one
-// chunk each) and the row reads are free of bank conflicts; bar: the warpgroup's named barrier.
+// columns n0.. of the group's C, inside its extents, through shared memory: stg is this warpgroup's [64][128] bf16
+// buffer, its 16-byte chunks XOR-swizzled by row (chunk q of row r at q ^ (r & 7)) so that both the fragment writes (8
+// rows, one chunk each) and the row reads are free of bank conflicts; bar: the warpgroup's named barrier.
 template <int WN>
-__device__ __forceinline__ void store_acc_staged(const Group<__nv_bfloat16>& g, const float (&acc)[WN / 2], int m_row0, int n0,
-                                                 __nv_bfloat16* stg, int bar) {
+__device__ __forceinline__ void store_acc_staged(const Group<__nv_bfloat16>& g, const float (&acc)[WN / 2], int m_row0,
+                                                 int n0, __nv_bfloat16* stg, int bar) {
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, gr = lane >> 2, tg = lane & 3;
   auto* s32 = reinterpret_cast<std::uint32_t*>(stg);
   const auto* s128 = reinterpret_cast<const uint4*>(stg);
@@ -208,14 +215,16 @@ __device__ __forceinline__ void store_acc_staged(const Group<__nv_bfloat16>& g, 
 // of a branch between both halves and the first alone, ptxas serialises the wgmma batches (warning
 // C7520: a compiler-inserted warpgroup arrive on a divergent path).
 constexpr int XBM = 256, XBN = 192, kXThreads = 384, kXProdRegs = 40, kXConsRegs = 232;
-static_assert(kXProdRegs + 2 * kXConsRegs <= 512, "per SM sub-partition: one producer and two consumer warps' registers");
+static_assert(kXProdRegs + 2 * kXConsRegs <= 512,
+              "per SM sub-partition: one producer and two consumer warps' registers");
 constexpr std::size_t kXSmem = static_cast<std::size_t>(kWgStages) * (XBM + XBN) * WBK * sizeof(__nv_bfloat16) + 1024 +
                                2 * kWgStages * sizeof(std::uint64_t);
-static_assert(kXSmem <= 227 * 1024 && 2 * 64 * 128 <= kWgStages * XBN * WBK, "the ring fits; the staging buffers fit its B part");
+static_assert(kXSmem <= 227 * 1024 && 2 * 64 * 128 <= kWgStages * XBN * WBK,
+              "the ring fits; the staging buffers fit its B part");
 // A 64 x WN accumulator's columns [128 h, +128) (or fewer) through store_acc_staged.
 template <int WN>
-__device__ __forceinline__ void store_wide_half(const Group<__nv_bfloat16>& g, const float (&acc)[WN / 2], int m_row0, int n0,
-                                                __nv_bfloat16* stg, int bar) {
+__device__ __forceinline__ void store_wide_half(const Group<__nv_bfloat16>& g, const float (&acc)[WN / 2], int m_row0,
+                                                int n0, __nv_bfloat16* stg, int bar) {
   if constexpr (WN <= 128) {
     store_acc_staged<WN>(g, acc, m_row0, n0, stg, bar);
   } else {
@@ -225,9 +234,9 @@ __device__ __forceinline__ void store_wide_half(const Group<__nv_bfloat16>& g, c
   }
 }
 template <int WN, bool TA, bool TB>
-__device__ __forceinline__ void wide_consume(const Group<__nv_bfloat16>& g, const __nv_bfloat16* As, const __nv_bfloat16* Bs,
-                                             std::uint64_t* full, std::uint64_t* empty, int nk, int c, int m0, int n0,
-                                             __nv_bfloat16* stg) {
+__device__ __forceinline__ void wide_consume(const Group<__nv_bfloat16>& g, const __nv_bfloat16* As,
+                                             const __nv_bfloat16* Bs, std::uint64_t* full, std::uint64_t* empty, int nk,
+                                             int c, int m0, int n0, __nv_bfloat16* stg) {
   namespace wg = hcp::cuda::wg;
   float acc0[WN / 2], acc1[WN / 2];
 #pragma unroll
@@ -268,8 +277,8 @@ __device__ __forceinline__ void wide_consume(const Group<__nv_bfloat16>& g, cons
   if (live1) store_wide_half<WN>(g, acc1, r0 + 64, n0, stg, 1 + c);
 }
 template <bool TA, bool TB>
-__global__ void __launch_bounds__(kXThreads, 1) gemm_tma_wide_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn,
-                                                                const TensorMap* maps) {
+__global__ void __launch_bounds__(kXThreads, 1)
+    gemm_tma_wide_k(const Group<__nv_bfloat16>* groups, const Tile* tiles, int ntn, const TensorMap* maps) {
   namespace wg = hcp::cuda::wg;
   using bf16 = __nv_bfloat16;
   extern __shared__ __align__(128) unsigned char tx_sm[];
@@ -313,9 +322,12 @@ __global__ void __launch_bounds__(kXThreads, 1) gemm_tma_wide_k(const Group<__nv
   // The tile's last columns on a narrower product (64, 128 or 192 wide).
   const int w = static_cast<int>(g.N - n0);
   bf16* stg = Bs + c * 64 * 128;  // this warpgroup's [64 * 128] staging buffer, in the idle ring
-  if (w <= 64) wide_consume<64, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, stg);
-  else if (w <= 128) wide_consume<128, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, stg);
-  else wide_consume<XBN, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, stg);
+  if (w <= 64)
+    wide_consume<64, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, stg);
+  else if (w <= 128)
+    wide_consume<128, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, stg);
+  else
+    wide_consume<XBN, TA, TB>(g, As, Bs, full, empty, nk, c, m0, n0, stg);
 }
 static_assert(sizeof(TensorMap) == sizeof(CUtensorMap), "a TensorMap holds one CUtensorMap");
 
@@ -331,12 +343,16 @@ bool tma_ok(bool ta, bool tb, const std::vector<GemmGroupDesc>& desc) {
   return true;
 }
 // The kernel for these operands: a pure function of dtype and layout.
-template <class S> GemmKernel gemm_plan(bool ta, bool tb, const std::vector<GemmGroupDesc>& desc) {
-  if constexpr (!std::is_same_v<S, __nv_bfloat16>) return GemmKernel::Fma;
-  else return tma_ok(ta, tb, desc) ? GemmKernel::TmaWide : GemmKernel::Wmma;
+template <class S>
+GemmKernel gemm_plan(bool ta, bool tb, const std::vector<GemmGroupDesc>& desc) {
+  if constexpr (!std::is_same_v<S, __nv_bfloat16>)
+    return GemmKernel::Fma;
+  else
+    return tma_ok(ta, tb, desc) ? GemmKernel::TmaWide : GemmKernel::Wmma;
 }
 
-template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc>& desc, std::int64_t N) {
+template <class S, bool TA, bool TB>
+void launch(const std::vector<GemmGroupDesc>& desc, std::int64_t N) {
   const GemmKernel kind = gemm_plan<S>(TA, TB, desc);
   const int bm = kind == GemmKernel::TmaWide ? XBM : BM, bn = kind == GemmKernel::TmaWide ? XBN : BN;
   std::vector<Group<S>> groups;
@@ -344,7 +360,8 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
   for (const GemmGroupDesc& d : desc) {
     HCP_CHECK(d.N == N, "grouped_gemm: every group must have the same N (", N, "), got ", d.N);
     const int gi = static_cast<int>(groups.size());
-    groups.push_back({static_cast<const S*>(d.A), static_cast<const S*>(d.B), static_cast<S*>(d.C), d.M, d.N, d.K, d.lda, d.ldb, d.ldc});
+    groups.push_back({static_cast<const S*>(d.A), static_cast<const S*>(d.B), static_cast<S*>(d.C), d.M, d.N, d.K,
+                      d.lda, d.ldb, d.ldc});
     for (std::int64_t m0 = 0; m0 < d.M; m0 += bm) tiles.push_back({gi, static_cast<int>(m0)});
   }
   if (tiles.empty() || N == 0) return;
@@ -387,11 +404,16 @@ template <class S, bool TA, bool TB> void launch(const std::vector<GemmGroupDesc
   HCP_CUDA_CHECK(cudaFreeAsync(dg, 0));
   HCP_CUDA_CHECK(cudaFreeAsync(dt, 0));
 }
-template <class S> void launch_t(bool ta, bool tb, const std::vector<GemmGroupDesc>& desc, std::int64_t N) {
-  if (ta && tb) launch<S, true, true>(desc, N);
-  else if (ta) launch<S, true, false>(desc, N);
-  else if (tb) launch<S, false, true>(desc, N);
-  else launch<S, false, false>(desc, N);
+template <class S>
+void launch_t(bool ta, bool tb, const std::vector<GemmGroupDesc>& desc, std::int64_t N) {
+  if (ta && tb)
+    launch<S, true, true>(desc, N);
+  else if (ta)
+    launch<S, true, false>(desc, N);
+  else if (tb)
+    launch<S, false, true>(desc, N);
+  else
+    launch<S, false, false>(desc, N);
 }
 }  // namespace
 
@@ -399,9 +421,15 @@ void grouped_gemm(bool trans_a, bool trans_b, const std::vector<GemmGroupDesc>& 
   if (groups.empty()) return;
   const std::int64_t N = groups.front().N;
   switch (dt) {
-    case DType::F64: launch_t<double>(trans_a, trans_b, groups, N); break;
-    case DType::F32: launch_t<float>(trans_a, trans_b, groups, N); break;
-    default: launch_t<__nv_bfloat16>(trans_a, trans_b, groups, N); break;
+    case DType::F64:
+      launch_t<double>(trans_a, trans_b, groups, N);
+      break;
+    case DType::F32:
+      launch_t<float>(trans_a, trans_b, groups, N);
+      break;
+    default:
+      launch_t<__nv_bfloat16>(trans_a, trans_b, groups, N);
+      break;
   }
 }
 
@@ -419,17 +447,18 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 }  // namespace
 
-TensorMap make_map(const void* base, std::int64_t rows, std::int64_t cols, std::int64_t ld, unsigned box_rows, unsigned box_cols) {
+TensorMap make_map(const void* base, std::int64_t rows, std::int64_t cols, std::int64_t ld, unsigned box_rows,
+                   unsigned box_cols) {
   TensorMap m{};
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
   const cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
   const CUresult r = tensor_map_encoder()(reinterpret_cast<CUtensorMap*>(&m), CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                                          const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  HCP_CHECK(r == CUDA_SUCCESS, "tensor map: cuTensorMapEncodeTiled failed (", static_cast<int>(r), ") for a ", rows, " x ",
-            cols, " operand, leading dimension ", ld);
+                                          const_cast<void*>(base), dims, strides, box, estr,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  HCP_CHECK(r == CUDA_SUCCESS, "tensor map: cuTensorMapEncodeTiled failed (", static_cast<int>(r), ") for a ", rows,
+            " x ", cols, " operand, leading dimension ", ld);
   return m;
 }
 }  // namespace hcp::kernels::cuda_impl

@@ -23,10 +23,12 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 // Element (r, c) of a swizzled [rows][W] tile; c a multiple of 8 for the 16-byte accessors.
-template <int W> __device__ __forceinline__ bf16* at(bf16* tile, int r, int c) {
+template <int W>
+__device__ __forceinline__ bf16* at(bf16* tile, int r, int c) {
   return tile + r * W + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7);
 }
-template <int W> __device__ __forceinline__ const bf16* at(const bf16* tile, int r, int c) {
+template <int W>
+__device__ __forceinline__ const bf16* at(const bf16* tile, int r, int c) {
   return tile + r * W + ((((c >> 3) ^ (r & 7))) << 3) + (c & 7);
 }
 
@@ -38,7 +40,10 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -65,23 +70,27 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 }
 
 // A fragment of the 16x16 block at (r0, c0) of a row-major [.][W] tile.
-template <int W> __device__ __forceinline__ void load_a(unsigned (&a)[4], const bf16* tile, int r0, int c0) {
+template <int W>
+__device__ __forceinline__ void load_a(unsigned (&a)[4], const bf16* tile, int r0, int c0) {
   const int l = threadIdx.x & 31;
   ldsm_x4(a, at<W>(tile, r0 + (l & 15), c0 + ((l >> 4) << 3)));
 }
 // The same A fragment from a tile stored [k][m] (A^T row-major), through ldmatrix.trans.
-template <int W> __device__ __forceinline__ void load_a_km(unsigned (&a)[4], const bf16* tile, int k0, int m0) {
+template <int W>
+__device__ __forceinline__ void load_a_km(unsigned (&a)[4], const bf16* tile, int k0, int m0) {
   const int l = threadIdx.x & 31;
   ldsm_x4_t(a, at<W>(tile, k0 + (l & 7) + ((l >> 4) << 3), m0 + (((l >> 3) & 1) << 3)));
 }
 // B fragments of two n8 tiles (n0, n0+8) x k16 (k0) from a tile stored [n][k] (B^T row-major, e.g. K
 // for Q·K^T): b[0..1] for n-tile n0, b[2..3] for n0+8.
-template <int W> __device__ __forceinline__ void load_b_nk(unsigned (&b)[4], const bf16* tile, int n0, int k0) {
+template <int W>
+__device__ __forceinline__ void load_b_nk(unsigned (&b)[4], const bf16* tile, int n0, int k0) {
   const int l = threadIdx.x & 31;
   ldsm_x4(b, at<W>(tile, n0 + (l & 7) + ((l >> 4) << 3), k0 + (((l >> 3) & 1) << 3)));
 }
 // The same from a tile stored [k][n] (B row-major, e.g. V for P·V), through ldmatrix.trans.
-template <int W> __device__ __forceinline__ void load_b_kn(unsigned (&b)[4], const bf16* tile, int k0, int n0) {
+template <int W>
+__device__ __forceinline__ void load_b_kn(unsigned (&b)[4], const bf16* tile, int k0, int n0) {
   const int l = threadIdx.x & 31;
   ldsm_x4_t(b, at<W>(tile, k0 + (l & 7) + (((l >> 3) & 1) << 3), n0 + ((l >> 4) << 3)));
 }
@@ -119,8 +128,8 @@ __device__ __forceinline__ void mma_kn(float (&acc)[NT8][4], const unsigned (&a)
 // threads cooperating, 16-byte cp.async each; rows >= valid and columns >= valid_cols (a multiple of 8)
 // are zero-filled.
 template <int W, int NT>
-__device__ __forceinline__ void load_tile_async(bf16* tile, const bf16* src, std::int64_t ld, int rows, std::int64_t valid,
-                                                std::int64_t valid_cols = W) {
+__device__ __forceinline__ void load_tile_async(bf16* tile, const bf16* src, std::int64_t ld, int rows,
+                                                std::int64_t valid, std::int64_t valid_cols = W) {
   constexpr int kChunks = W / 8;
 #pragma unroll 4
   for (int c = threadIdx.x; c < rows * kChunks; c += NT) {

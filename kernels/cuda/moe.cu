@@ -15,7 +15,8 @@ namespace {
 constexpr int kThreads = 256;
 
 // a = act(h): squared ReLU (F1 = F) or SwiGLU (gate rows then up rows, F1 = 2F).
-template <class S, class A, int W> __global__ void act_k(S* a, const S* h, std::int64_t rows, std::int64_t F, bool swiglu) {
+template <class S, class A, int W>
+__global__ void act_k(S* a, const S* h, std::int64_t rows, std::int64_t F, bool swiglu) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x, nv = F / W;
   if (i >= rows * nv) return;
   const std::int64_t r = i / nv, f = (i % nv) * W, F1 = swiglu ? 2 * F : F;
@@ -53,7 +54,8 @@ __global__ void act_bwd_k(S* dh, const S* da, const S* h, std::int64_t rows, std
 // Load-balancing loss per token: part[t] = sum_e f_e s_te / sum_e s_te; backward adds
 // k (f_e - inner_t) / sum_t into dscores.
 template <class S, class A>
-__global__ void aux_k(double* part, S* dscores, const S* scores, const double* f, std::int64_t Tn, std::int64_t E, double k) {
+__global__ void aux_k(double* part, S* dscores, const S* scores, const double* f, std::int64_t Tn, std::int64_t E,
+                      double k) {
   const std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (t >= Tn) return;
   double sum = 0, inner = 0;
@@ -103,9 +105,10 @@ void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<d
 namespace {
 // One group per expert over its consecutive rows. rows_grouped: C_e = rows of X (x ld) times weight e
 // (trans: weight [N,K] used as W^T); else (weight gradients) C_e [M,N] = X_e^T Y_e summed over the rows.
-std::vector<GemmGroupDesc> per_expert(const std::vector<std::int64_t>& counts, std::size_t es, const void* a, std::int64_t lda,
-                                      const void* b, std::int64_t ldb, void* c, std::int64_t ldc, std::int64_t M,
-                                      std::int64_t N, std::int64_t K, bool rows_grouped, std::int64_t wstride) {
+std::vector<GemmGroupDesc> per_expert(const std::vector<std::int64_t>& counts, std::size_t es, const void* a,
+                                      std::int64_t lda, const void* b, std::int64_t ldb, void* c, std::int64_t ldc,
+                                      std::int64_t M, std::int64_t N, std::int64_t K, bool rows_grouped,
+                                      std::int64_t wstride) {
   std::vector<GemmGroupDesc> g;
   std::int64_t r0 = 0;
   for (std::size_t e = 0; e < counts.size(); ++e) {
@@ -143,7 +146,8 @@ void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, c
     if (rows > 0)
       with_width<S>({F}, {a.raw(), h.raw()}, [&](auto w) {
         constexpr int W = decltype(w)::value;
-        act_k<S, A, W><<<blocks_for(rows * F / W, kThreads), kThreads>>>(dptr<S>(a), dptr<S>(h), rows, F, act == Activation::SwiGLU);
+        act_k<S, A, W><<<blocks_for(rows * F / W, kThreads), kThreads>>>(dptr<S>(a), dptr<S>(h), rows, F,
+                                                                         act == Activation::SwiGLU);
       });
   });
   check_launch("expert_mlp_fwd");
@@ -172,23 +176,28 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
         });
     });
     check_launch("expert_mlp_bwd");
-    grouped_gemm(true, false, per_expert(counts, es, dyp.raw(), C, a.raw(), F, dW2.raw(), F, C, F, 0, false, C * F), dt);  // dW2_e = dy^T a
+    grouped_gemm(true, false, per_expert(counts, es, dyp.raw(), C, a.raw(), F, dW2.raw(), F, C, F, 0, false, C * F),
+                 dt);  // dW2_e = dy^T a
   }
   Tensor da = Tensor::empty({R, F}, dt, Space::Cuda);
-  grouped_gemm(false, false, per_expert(counts, es, dyp.raw(), C, W2.raw(), F, da.raw(), F, 0, F, C, true, C * F), dt);  // da = dy W2_e
+  grouped_gemm(false, false, per_expert(counts, es, dyp.raw(), C, W2.raw(), F, da.raw(), F, 0, F, C, true, C * F),
+               dt);                                               // da = dy W2_e
   Tensor dh = sw ? Tensor::empty({R, F1}, dt, Space::Cuda) : da;  // element-wise: in place is safe
   HCP_CUDA_DISPATCH(xp, {
     using A = typename Acc<S>::type;
     if (rows > 0)
       with_width<S>({F}, {dh.raw(), da.raw(), h.raw()}, [&](auto w) {
         constexpr int W = decltype(w)::value;
-        act_bwd_k<S, A, W><<<blocks_for(rows * F / W, kThreads), kThreads>>>(dptr<S>(dh), dptr<S>(da), dptr<S>(h), rows, F, sw);
+        act_bwd_k<S, A, W>
+            <<<blocks_for(rows * F / W, kThreads), kThreads>>>(dptr<S>(dh), dptr<S>(da), dptr<S>(h), rows, F, sw);
       });
   });
   check_launch("expert_mlp_bwd");
   da = Tensor();
-  grouped_gemm(false, false, per_expert(counts, es, dh.raw(), F1, W1.raw(), C, dxp.raw(), C, 0, C, F1, true, F1 * C), dt);  // dx = dh W1_e
-  grouped_gemm(true, false, per_expert(counts, es, dh.raw(), F1, xp.raw(), C, dW1.raw(), C, F1, C, 0, false, F1 * C), dt);  // dW1_e = dh^T x
+  grouped_gemm(false, false, per_expert(counts, es, dh.raw(), F1, W1.raw(), C, dxp.raw(), C, 0, C, F1, true, F1 * C),
+               dt);  // dx = dh W1_e
+  grouped_gemm(true, false, per_expert(counts, es, dh.raw(), F1, xp.raw(), C, dW1.raw(), C, F1, C, 0, false, F1 * C),
+               dt);  // dW1_e = dh^T x
 }
 
 }  // namespace hcp::kernels::cuda_impl

@@ -18,7 +18,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxE = 512;
 
-template <class A> __device__ __forceinline__ bool before(A a, std::int64_t ia, A b, std::int64_t ib) {
+template <class A>
+__device__ __forceinline__ bool before(A a, std::int64_t ia, A b, std::int64_t ib) {
   return a > b || (a == b && ia < ib);
 }
 
@@ -51,8 +52,10 @@ __global__ void router_fwd_k(S* scores, double* idx, S* w, const S* logits, cons
       A b1 = -INFINITY, b2 = -INFINITY;
       for (std::int64_t e = g * gs; e < (g + 1) * gs; ++e) {
         const A v = sel(e);
-        if (v > b1) b2 = b1, b1 = v;
-        else if (v > b2) b2 = v;
+        if (v > b1)
+          b2 = b1, b1 = v;
+        else if (v > b2)
+          b2 = v;
       }
       gsc[g] = b1 + (gs > 1 ? b2 : A(0));
     }
@@ -85,8 +88,8 @@ __global__ void router_fwd_k(S* scores, double* idx, S* w, const S* logits, cons
 // The same without a group limit, one warp per token: lane l holds experts l, l + 32, ... (J of
 // them); the top-k are K rounds of a warp arg-max with the same tie rule (the lower expert index).
 template <class S, class A, int J>
-__global__ void router_fwd_warp_k(S* scores, double* idx, S* w, const S* logits, const S* bias, std::int64_t Tn,
-                                  int E, int K, bool sig, bool renorm, double scaling) {
+__global__ void router_fwd_warp_k(S* scores, double* idx, S* w, const S* logits, const S* bias, std::int64_t Tn, int E,
+                                  int K, bool sig, bool renorm, double scaling) {
   const std::int64_t t = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (t >= Tn) return;
@@ -184,13 +187,15 @@ __global__ void router_bwd_k(S* dlogits, const S* scores, const double* idx, con
 
 // out row r = in row map[r] / div (a gather), C channels.
 template <class S, int W>
-__global__ void gather_rows_k(S* out, const S* in, const double* map, std::int64_t rows, std::int64_t C, std::int64_t div) {
+__global__ void gather_rows_k(S* out, const S* in, const double* map, std::int64_t rows, std::int64_t C,
+                              std::int64_t div) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x, nv = C / W;
   if (i >= rows * nv) return;
   const std::int64_t r = i / nv, c = (i % nv) * W;
   const S* src = in + (static_cast<std::int64_t>(map[r]) / div) * C + c;
   S* dst = out + r * C + c;
-  if constexpr (W == kVec<S>) *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+  if constexpr (W == kVec<S>)
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
   else
 #pragma unroll
     for (int k = 0; k < W; ++k) dst[k] = src[k];
@@ -290,15 +295,18 @@ void router_fwd(Tensor& scores, MoeRouting& route, Tensor& topk_w, const Tensor&
     const S* b = bias ? dptr<S>(*bias) : nullptr;
     const auto warp = [&](auto j) {
       router_fwd_warp_k<S, A, decltype(j)::value><<<blocks_for(Tn * 32, 256), 256>>>(
-          dptr<S>(scores), idx, dptr<S>(topk_w), dptr<S>(logits), b, Tn, static_cast<int>(E), static_cast<int>(K), p.sigmoid,
-          p.renormalize, p.scaling);
+          dptr<S>(scores), idx, dptr<S>(topk_w), dptr<S>(logits), b, Tn, static_cast<int>(E), static_cast<int>(K),
+          p.sigmoid, p.renormalize, p.scaling);
     };
     if (p.n_group > 1 || K > 32)
-      router_fwd_k<S, A><<<blocks_for(Tn, 128), 128>>>(dptr<S>(scores), idx, dptr<S>(topk_w), dptr<S>(logits), b, Tn, E, K,
-                                                       p.sigmoid, p.n_group, p.topk_group, p.renormalize, p.scaling);
-    else if (E <= 128) warp(std::integral_constant<int, 4>{});
-    else if (E <= 256) warp(std::integral_constant<int, 8>{});
-    else warp(std::integral_constant<int, 16>{});
+      router_fwd_k<S, A><<<blocks_for(Tn, 128), 128>>>(dptr<S>(scores), idx, dptr<S>(topk_w), dptr<S>(logits), b, Tn, E,
+                                                       K, p.sigmoid, p.n_group, p.topk_group, p.renormalize, p.scaling);
+    else if (E <= 128)
+      warp(std::integral_constant<int, 4>{});
+    else if (E <= 256)
+      warp(std::integral_constant<int, 8>{});
+    else
+      warp(std::integral_constant<int, 16>{});
   });
   check_launch("router_fwd");
   // The counts per expert, the one copy to the host: they size the grouped GEMMs and the EP exchange.
@@ -321,9 +329,9 @@ void router_bwd(Tensor& dlogits, const Tensor& scores, const MoeRouting& route, 
   if (Tn == 0) return;
   HCP_CUDA_DISPATCH(scores, {
     using A = typename Acc<S>::type;
-    router_bwd_k<S, A><<<blocks_for(Tn, 128), 128>>>(dptr<S>(dlogits), dptr<S>(scores), ids(route.idx), dptr<S>(dtopk_w),
-                                                     dscores ? dptr<S>(*dscores) : nullptr, Tn, E, K, p.sigmoid,
-                                                     p.renormalize, p.scaling);
+    router_bwd_k<S, A><<<blocks_for(Tn, 128), 128>>>(dptr<S>(dlogits), dptr<S>(scores), ids(route.idx),
+                                                     dptr<S>(dtopk_w), dscores ? dptr<S>(*dscores) : nullptr, Tn, E, K,
+                                                     p.sigmoid, p.renormalize, p.scaling);
   });
   check_launch("router_bwd");
 }
@@ -337,28 +345,29 @@ void moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x) {
   if (TK == 0) return;
   const std::vector<std::int64_t> off = route.offsets();
   const DeviceIndex doff(&off);
-  route_sort_k<<<static_cast<unsigned>(E), 1024>>>(static_cast<double*>(route.src.raw()), static_cast<double*>(route.inv.raw()),
-                                                  ids(route.idx), doff.p, TK);
+  route_sort_k<<<static_cast<unsigned>(E), 1024>>>(static_cast<double*>(route.src.raw()),
+                                                   static_cast<double*>(route.inv.raw()), ids(route.idx), doff.p, TK);
   check_launch("moe_permute (sort)");
   HCP_CUDA_DISPATCH(x, with_width<S>({C}, {xp.raw(), x.raw()}, [&](auto w) {
-    constexpr int W = decltype(w)::value;
-    gather_rows_k<S, W><<<blocks_for(TK * C / W, kThreads), kThreads>>>(dptr<S>(xp), dptr<S>(x), ids(route.src), TK, C,
-                                                                        route.topk);
-  }));
+                      constexpr int W = decltype(w)::value;
+                      gather_rows_k<S, W><<<blocks_for(TK * C / W, kThreads), kThreads>>>(
+                          dptr<S>(xp), dptr<S>(x), ids(route.src), TK, C, route.topk);
+                    }));
   check_launch("moe_permute");
 }
 
 void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const MoeRouting& route) {
   check_same({&dxp, &dx}, "moe_permute_bwd");
   require_cuda(route.inv, "moe_permute_bwd: the routing");
-  const std::int64_t TK = route.inv.numel(), topk = route.topk, Tn = TK / topk, C = dxp.numel() / std::max<std::int64_t>(TK, 1);
+  const std::int64_t TK = route.inv.numel(), topk = route.topk, Tn = TK / topk,
+                     C = dxp.numel() / std::max<std::int64_t>(TK, 1);
   if (TK == 0) return;
   HCP_CUDA_DISPATCH(dxp, {
     using A = typename Acc<S>::type;
     with_width<S>({C}, {dx.raw(), dxp.raw()}, [&](auto w) {
       constexpr int W = decltype(w)::value;
-      combine_k<S, A, W><<<blocks_for(Tn * C / W, kThreads), kThreads>>>(dptr<S>(dx), dptr<S>(dxp), ids(route.inv), nullptr,
-                                                                          Tn, topk, C);
+      combine_k<S, A, W><<<blocks_for(Tn * C / W, kThreads), kThreads>>>(dptr<S>(dx), dptr<S>(dxp), ids(route.inv),
+                                                                         nullptr, Tn, topk, C);
     });
   });
   check_launch("moe_permute_bwd");
@@ -367,13 +376,14 @@ void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const MoeRouting& route) {
 void moe_combine_fwd(Tensor& y, const Tensor& yp, const MoeRouting& route, const Tensor& topk_w) {
   check_same({&yp, &y, &topk_w}, "moe_combine_fwd");
   require_cuda(route.inv, "moe_combine_fwd: the routing");
-  const std::int64_t TK = route.inv.numel(), C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1, Tn = TK / K;
+  const std::int64_t TK = route.inv.numel(), C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1,
+                     Tn = TK / K;
   HCP_CUDA_DISPATCH(yp, {
     using A = typename Acc<S>::type;
     with_width<S>({C}, {y.raw(), yp.raw()}, [&](auto w) {
       constexpr int W = decltype(w)::value;
       combine_k<S, A, W><<<blocks_for(Tn * C / W, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(yp), ids(route.inv),
-                                                                          dptr<S>(topk_w), Tn, K, C);
+                                                                         dptr<S>(topk_w), Tn, K, C);
     });
   });
   check_launch("moe_combine_fwd");
@@ -388,8 +398,8 @@ void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tenso
     using A = typename Acc<S>::type;
     with_width<S>({C}, {dyp.raw(), dy.raw(), yp.raw()}, [&](auto w) {
       constexpr int W = decltype(w)::value;
-      combine_bwd_k<S, A, W><<<blocks_for(TK * 32, kThreads), kThreads>>>(dptr<S>(dyp), dptr<S>(dtopk_w), dptr<S>(dy),
-                                                                          dptr<S>(yp), ids(route.src), dptr<S>(topk_w), TK, K, C);
+      combine_bwd_k<S, A, W><<<blocks_for(TK * 32, kThreads), kThreads>>>(
+          dptr<S>(dyp), dptr<S>(dtopk_w), dptr<S>(dy), dptr<S>(yp), ids(route.src), dptr<S>(topk_w), TK, K, C);
     });
   });
   check_launch("moe_combine_bwd");

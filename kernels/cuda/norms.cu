@@ -60,7 +60,7 @@ __global__ void rmsnorm_fwd_vec_k(S* y, S* rstd, const S* x, const S* w, std::in
   ss = block_sum(ss);
   const A r = A(1) / sqrt(ss / A(C) + A(eps));
   if (threadIdx.x == 0) st(rstd + blockIdx.x, r);
-  auto out = [&](std::int64_t i, A (&v)[V]) {
+  auto out = [&](std::int64_t i, A(&v)[V]) {
     A wv[V];
     ld_vec<S>(wv, w + i * V);
 #pragma unroll
@@ -96,14 +96,16 @@ __global__ void rmsnorm_bwd_dx_k(S* dx, const S* x, const S* w, const S* rstd, c
 // Stage 2: the slices in order. (One thread per channel over every row kept only C/256 blocks busy:
 // 11-16 of the H200's 132 SMs at C = 2688-4096.)
 constexpr int kColWarps = 8;
-template <class S> struct RmsDwTerm {  // dy * x * rstd (the weight gradient of RMSNorm)
+template <class S>
+struct RmsDwTerm {  // dy * x * rstd (the weight gradient of RMSNorm)
   const S *x, *rstd, *dy;
   std::int64_t C, G;
   __device__ typename Acc<S>::type operator()(std::int64_t m, std::int64_t c) const {
     return ld(dy + m * C + c) * ld(x + m * C + c) * ld(rstd + m * G + c / (C / G));
   }
 };
-template <class S> struct GatedDwTerm {  // dy * x * silu(z) * rstd (gated group RMSNorm)
+template <class S>
+struct GatedDwTerm {  // dy * x * silu(z) * rstd (gated group RMSNorm)
   const S *x, *z, *rstd, *dy;
   std::int64_t C, G;
   __device__ typename Acc<S>::type operator()(std::int64_t m, std::int64_t c) const {
@@ -128,7 +130,8 @@ __global__ void colsum_part_k(A* part, Term term, std::int64_t M, std::int64_t C
     part[slice * C + c] = sum;
   }
 }
-template <class S, class A> __global__ void colsum_final_k(S* out, const A* part, std::int64_t slices, std::int64_t C) {
+template <class S, class A>
+__global__ void colsum_final_k(S* out, const A* part, std::int64_t slices, std::int64_t C) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   A sum = 0;
@@ -136,7 +139,8 @@ template <class S, class A> __global__ void colsum_final_k(S* out, const A* part
   st(out + c, sum);
 }
 // out[c] = sum over m of term(m, c), M rows and C channels (stream 0, scratch from its pool).
-template <class S, class Term> void column_sums(S* out, Term term, std::int64_t M, std::int64_t C) {
+template <class S, class Term>
+void column_sums(S* out, Term term, std::int64_t M, std::int64_t C) {
   using A = typename Acc<S>::type;
   if (C == 0) return;
   const std::int64_t slices = std::max<std::int64_t>(1, std::min<std::int64_t>(256, (M + 63) / 64));
@@ -195,10 +199,13 @@ void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, doub
     if (C % V == 0 && aligned16(x.raw()) && aligned16(y.raw()) && aligned16(w.raw())) {
       // about kKeep vectors per thread, whole warps, at most 1024 threads
       const std::int64_t per = (C / V + kKeep - 1) / kKeep;
-      const int threads = static_cast<int>(std::min<std::int64_t>(1024, std::max<std::int64_t>(32, (per + 31) / 32 * 32)));
-      rmsnorm_fwd_vec_k<S><<<static_cast<unsigned>(M), threads>>>(dptr<S>(y), dptr<S>(rstd), dptr<S>(x), dptr<S>(w), C, eps);
+      const int threads =
+          static_cast<int>(std::min<std::int64_t>(1024, std::max<std::int64_t>(32, (per + 31) / 32 * 32)));
+      rmsnorm_fwd_vec_k<S>
+          <<<static_cast<unsigned>(M), threads>>>(dptr<S>(y), dptr<S>(rstd), dptr<S>(x), dptr<S>(w), C, eps);
     } else {
-      rmsnorm_fwd_k<S><<<static_cast<unsigned>(M), kThreads>>>(dptr<S>(y), dptr<S>(rstd), dptr<S>(x), dptr<S>(w), C, eps);
+      rmsnorm_fwd_k<S>
+          <<<static_cast<unsigned>(M), kThreads>>>(dptr<S>(y), dptr<S>(rstd), dptr<S>(x), dptr<S>(w), C, eps);
     }
   });
   check_launch("rmsnorm_fwd");
@@ -208,8 +215,8 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const
   check_all({&dx, &dw, &x, &w, &rstd, &dy}, x.dtype(), "rmsnorm_bwd");
   const std::int64_t C = w.numel(), M = x.numel() / C;
   HCP_CUDA_DISPATCH(x, {
-    rmsnorm_bwd_dx_k<S><<<static_cast<unsigned>(M), kThreads>>>(dptr<S>(dx), dptr<S>(x), dptr<S>(w), dptr<S>(rstd),
-                                                               dptr<S>(dy), C);
+    rmsnorm_bwd_dx_k<S>
+        <<<static_cast<unsigned>(M), kThreads>>>(dptr<S>(dx), dptr<S>(x), dptr<S>(w), dptr<S>(rstd), dptr<S>(dy), C);
     column_sums<S>(dptr<S>(dw), RmsDwTerm<S>{dptr<S>(x), dptr<S>(rstd), dptr<S>(dy), C, 1}, M, C);
   });
   check_launch("rmsnorm_bwd");
@@ -219,8 +226,8 @@ void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z
                        double eps) {
   check_all({&y, &rstd, &x, &z, &w}, x.dtype(), "gated_rmsnorm_fwd");
   const std::int64_t C = w.numel(), M = x.numel() / C;
-  HCP_CUDA_DISPATCH(x, gated_fwd_k<S><<<static_cast<unsigned>(M * G), kThreads>>>(
-                           dptr<S>(y), dptr<S>(rstd), dptr<S>(x), dptr<S>(z), dptr<S>(w), C, G, eps));
+  HCP_CUDA_DISPATCH(x, gated_fwd_k<S><<<static_cast<unsigned>(M * G), kThreads>>>(dptr<S>(y), dptr<S>(rstd), dptr<S>(x),
+                                                                                  dptr<S>(z), dptr<S>(w), C, G, eps));
   check_launch("gated_rmsnorm_fwd");
 }
 

@@ -16,7 +16,8 @@ constexpr int kThreads = 256;
 
 // Fixed grid and fixed per-thread strides: the partial sums, and so the result, never change.
 constexpr int kSqBlocks = 256;
-template <class S> __global__ void sumsq_k(double* part, const S* x, std::int64_t n) {
+template <class S>
+__global__ void sumsq_k(double* part, const S* x, std::int64_t n) {
   double acc = 0;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -26,7 +27,8 @@ template <class S> __global__ void sumsq_k(double* part, const S* x, std::int64_
   acc = block_sum(acc);
   if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
-template <class S> __global__ void adamw_k(S* p, const S* g, S* m, S* v, std::int64_t n, AdamWStep s) {
+template <class S>
+__global__ void adamw_k(S* p, const S* g, S* m, S* v, std::int64_t n, AdamWStep s) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const double gi = static_cast<double>(g[i]) * s.grad_scale;
@@ -57,9 +59,11 @@ void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWS
   const std::int64_t n = p.numel();
   if (n == 0) return;
   if (p.dtype() == DType::F64)
-    adamw_k<double><<<blocks_for(n, kThreads), kThreads>>>(dptr<double>(p), dptr<double>(g), dptr<double>(m), dptr<double>(v), n, s);
+    adamw_k<double><<<blocks_for(n, kThreads), kThreads>>>(dptr<double>(p), dptr<double>(g), dptr<double>(m),
+                                                           dptr<double>(v), n, s);
   else
-    adamw_k<float><<<blocks_for(n, kThreads), kThreads>>>(dptr<float>(p), dptr<float>(g), dptr<float>(m), dptr<float>(v), n, s);
+    adamw_k<float>
+        <<<blocks_for(n, kThreads), kThreads>>>(dptr<float>(p), dptr<float>(g), dptr<float>(m), dptr<float>(v), n, s);
   check_launch("adamw_update");
 }
 

@@ -44,8 +44,8 @@ void dev_copy(void* dst, Space ds, const void* src, Space ss, std::size_t n) {
     HCP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, 0));
     return;
   }
-  const cudaMemcpyKind k = ds == Space::Cuda ? cudaMemcpyHostToDevice
-                                             : (ss == Space::Cuda ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+  const cudaMemcpyKind k =
+      ds == Space::Cuda ? cudaMemcpyHostToDevice : (ss == Space::Cuda ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
   HCP_CUDA_CHECK(cudaMemcpy(dst, src, n, k));
 }
 void dev_zero(void* p, std::size_t n) {
@@ -70,7 +70,8 @@ struct StridedArgs {
   std::int64_t shape[8], ds[8], ss[8];
   int ndim;
 };
-template <class W> __global__ void strided_k(W* dst, const W* src, StridedArgs a, std::int64_t n) {
+template <class W>
+__global__ void strided_k(W* dst, const W* src, StridedArgs a, std::int64_t n) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   std::int64_t rem = i, od = 0, os = 0;
@@ -82,8 +83,8 @@ template <class W> __global__ void strided_k(W* dst, const W* src, StridedArgs a
   }
   dst[od] = src[os];
 }
-void dev_copy_strided(void* dst, const std::int64_t* ds, const void* src, const std::int64_t* ss, const std::int64_t* shape,
-                      int ndim, std::size_t elem) {
+void dev_copy_strided(void* dst, const std::int64_t* ds, const void* src, const std::int64_t* ss,
+                      const std::int64_t* shape, int ndim, std::size_t elem) {
   StridedArgs a{};
   a.ndim = ndim;
   std::int64_t n = 1;
@@ -96,9 +97,18 @@ void dev_copy_strided(void* dst, const std::int64_t* ds, const void* src, const 
   if (n == 0) return;
   const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
   switch (elem) {
-    case 2: strided_k<unsigned short><<<blocks, 256>>>(static_cast<unsigned short*>(dst), static_cast<const unsigned short*>(src), a, n); break;
-    case 4: strided_k<unsigned int><<<blocks, 256>>>(static_cast<unsigned int*>(dst), static_cast<const unsigned int*>(src), a, n); break;
-    default: strided_k<unsigned long long><<<blocks, 256>>>(static_cast<unsigned long long*>(dst), static_cast<const unsigned long long*>(src), a, n); break;
+    case 2:
+      strided_k<unsigned short>
+          <<<blocks, 256>>>(static_cast<unsigned short*>(dst), static_cast<const unsigned short*>(src), a, n);
+      break;
+    case 4:
+      strided_k<unsigned int>
+          <<<blocks, 256>>>(static_cast<unsigned int*>(dst), static_cast<const unsigned int*>(src), a, n);
+      break;
+    default:
+      strided_k<unsigned long long>
+          <<<blocks, 256>>>(static_cast<unsigned long long*>(dst), static_cast<const unsigned long long*>(src), a, n);
+      break;
   }
   check_launch("strided copy");
 }
@@ -117,34 +127,52 @@ void dev_copy_rows(void* dst, const void* src, const std::int64_t* drows, const 
   // Stream-ordered index buffers: the copy is ordered with the work around it and does not stall the device.
   const DeviceIndex d(drows, static_cast<std::size_t>(n)), s(srows, static_cast<std::size_t>(n));
   const std::int64_t words = static_cast<std::int64_t>(row_bytes / 2);
-  rows_k<<<static_cast<unsigned>((n * words + 255) / 256), 256>>>(static_cast<unsigned short*>(dst),
-                                                                  static_cast<const unsigned short*>(src), d.p, s.p, n, words);
+  rows_k<<<static_cast<unsigned>((n * words + 255) / 256), 256>>>(
+      static_cast<unsigned short*>(dst), static_cast<const unsigned short*>(src), d.p, s.p, n, words);
   check_launch("row copy");
 }
 // Element-wise dtype conversion with the host's rounding (Tensor::set: double -> float -> bf16).
-template <class D, class S> __global__ void convert_k(D* dst, const S* src, std::int64_t n) {
+template <class D, class S>
+__global__ void convert_k(D* dst, const S* src, std::int64_t n) {
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   double v;
-  if constexpr (std::is_same_v<S, __nv_bfloat16>) v = static_cast<double>(__bfloat162float(src[i]));
-  else v = static_cast<double>(src[i]);
-  if constexpr (std::is_same_v<D, __nv_bfloat16>) dst[i] = __float2bfloat16(static_cast<float>(v));
-  else dst[i] = static_cast<D>(v);
+  if constexpr (std::is_same_v<S, __nv_bfloat16>)
+    v = static_cast<double>(__bfloat162float(src[i]));
+  else
+    v = static_cast<double>(src[i]);
+  if constexpr (std::is_same_v<D, __nv_bfloat16>)
+    dst[i] = __float2bfloat16(static_cast<float>(v));
+  else
+    dst[i] = static_cast<D>(v);
 }
-template <class D> void convert_from(D* dst, const void* src, DType sdt, std::int64_t n) {
+template <class D>
+void convert_from(D* dst, const void* src, DType sdt, std::int64_t n) {
   const unsigned blocks = blocks_for(n, 256);
   switch (sdt) {
-    case DType::F64: convert_k<<<blocks, 256>>>(dst, static_cast<const double*>(src), n); break;
-    case DType::F32: convert_k<<<blocks, 256>>>(dst, static_cast<const float*>(src), n); break;
-    case DType::BF16: convert_k<<<blocks, 256>>>(dst, static_cast<const __nv_bfloat16*>(src), n); break;
+    case DType::F64:
+      convert_k<<<blocks, 256>>>(dst, static_cast<const double*>(src), n);
+      break;
+    case DType::F32:
+      convert_k<<<blocks, 256>>>(dst, static_cast<const float*>(src), n);
+      break;
+    case DType::BF16:
+      convert_k<<<blocks, 256>>>(dst, static_cast<const __nv_bfloat16*>(src), n);
+      break;
   }
 }
 void dev_convert(void* dst, DType ddt, const void* src, DType sdt, std::int64_t n) {
   if (n <= 0) return;
   switch (ddt) {
-    case DType::F64: convert_from(static_cast<double*>(dst), src, sdt, n); break;
-    case DType::F32: convert_from(static_cast<float*>(dst), src, sdt, n); break;
-    case DType::BF16: convert_from(static_cast<__nv_bfloat16*>(dst), src, sdt, n); break;
+    case DType::F64:
+      convert_from(static_cast<double*>(dst), src, sdt, n);
+      break;
+    case DType::F32:
+      convert_from(static_cast<float*>(dst), src, sdt, n);
+      break;
+    case DType::BF16:
+      convert_from(static_cast<__nv_bfloat16*>(dst), src, sdt, n);
+      break;
   }
   check_launch("dtype conversion");
 }
@@ -206,7 +234,6 @@ void init(int local_rank) {
   g_init = true;
 }
 
-bool initialized() { return g_init; }
 std::string device_name() { return g_name; }
 std::string versions() {
   int rt = 0, drv = 0;

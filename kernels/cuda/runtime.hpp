@@ -13,7 +13,6 @@ std::string unavailable_reason();
 // Selects device local_rank % device_count(), registers the device-memory hooks and creates the
 // cuBLAS handle. Throws (naming the reason) when no GPU is usable. Idempotent.
 void init(int local_rank = 0);
-bool initialized();
 std::string device_name();
 // "CUDA runtime 13.0, driver 13.0" (the driver part "none" without a driver).
 std::string versions();
@@ -25,7 +24,8 @@ std::size_t pool_used();
 // Milliseconds between CUDA events recorded on the default stream before and after fn() (host
 // launch gaps inside fn count; the final synchronisation does not).
 double time_ms(void (*fn)(void*), void* arg);
-template <class F> double time_ms(F& f) {
+template <class F>
+double time_ms(F& f) {
   return time_ms([](void* a) { (*static_cast<F*>(a))(); }, &f);
 }
 // Time marks on the default stream (CUDA events), for phase timings that are the device's own:

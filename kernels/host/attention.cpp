@@ -1,6 +1,6 @@
 // Flash-style attention on the host: query blocks against key tiles as BLAS GEMMs, online
-// softmax, LSE output; backward from the saved O and LSE. Segments (kernels.hpp) carry the block structure that varlen THD and the CP
-// strategies need.
+// softmax, LSE output; backward from the saved O and LSE. Segments (kernels.hpp) carry the block structure that varlen
+// THD and the CP strategies need.
 #include <algorithm>
 #include <vector>
 
@@ -21,20 +21,18 @@ struct Shapes {
 
 Shapes check_attn(const Tensor& q, const Tensor& k, const Tensor& v, const AttnParams& p) {
   HCP_CHECK(p.heads > 0 && p.kv_heads > 0 && p.head_dim > 0, "attention: heads, kv_heads, head_dim must be > 0");
-  HCP_CHECK(p.heads % p.kv_heads == 0, "attention: heads (", p.heads, ") must be divisible by kv_heads (",
-            p.kv_heads, ")");
+  HCP_CHECK(p.heads % p.kv_heads == 0, "attention: heads (", p.heads, ") must be divisible by kv_heads (", p.kv_heads,
+            ")");
   HCP_CHECK(q.numel() % (p.heads * p.head_dim) == 0, "attention: q shape ", shape_str(q.shape()),
             " is not [T, heads=", p.heads, ", head_dim=", p.head_dim, "]");
-  HCP_CHECK(k.numel() % (p.kv_heads * p.head_dim) == 0 && k.numel() == v.numel(), "attention: k ",
-            shape_str(k.shape()), " / v ", shape_str(v.shape()), " are not [T, kv_heads=", p.kv_heads,
-            ", head_dim=", p.head_dim, "]");
+  HCP_CHECK(k.numel() % (p.kv_heads * p.head_dim) == 0 && k.numel() == v.numel(), "attention: k ", shape_str(k.shape()),
+            " / v ", shape_str(v.shape()), " are not [T, kv_heads=", p.kv_heads, ", head_dim=", p.head_dim, "]");
   HCP_CHECK(p.kv_tile > 0, "attention: kv_tile must be > 0");
-  Shapes s{q.numel() / (p.heads * p.head_dim), k.numel() / (p.kv_heads * p.head_dim), p.heads, p.kv_heads,
-           p.head_dim};
+  Shapes s{q.numel() / (p.heads * p.head_dim), k.numel() / (p.kv_heads * p.head_dim), p.heads, p.kv_heads, p.head_dim};
   std::vector<char> used(static_cast<std::size_t>(s.tq), 0);
   for (const auto& g : p.segments) {
-    HCP_CHECK(g.q_start >= 0 && g.q_len >= 0 && g.q_start + g.q_len <= s.tq, "attention: segment q rows [",
-              g.q_start, ", ", g.q_start + g.q_len, ") outside the ", s.tq, " query rows");
+    HCP_CHECK(g.q_start >= 0 && g.q_len >= 0 && g.q_start + g.q_len <= s.tq, "attention: segment q rows [", g.q_start,
+              ", ", g.q_start + g.q_len, ") outside the ", s.tq, " query rows");
     HCP_CHECK(g.kv_start >= 0 && g.kv_len >= 0 && g.kv_start + g.kv_len <= s.tkv, "attention: segment kv rows [",
               g.kv_start, ", ", g.kv_start + g.kv_len, ") outside the ", s.tkv, " key rows");
     for (std::int64_t i = g.q_start; i < g.q_start + g.q_len; ++i) {
@@ -52,15 +50,17 @@ inline std::int64_t visible(const AttnSegment& g, std::int64_t i, Mask m) {
   return std::clamp<std::int64_t>(n, 0, g.kv_len);
 }
 
-double scale_of(const AttnParams& p) { return p.scale != 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim)); }
+double scale_of(const AttnParams& p) {
+  return p.scale != 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+}
 
 // Query rows per block of the tiled products (keys per block: AttnParams::kv_tile).
 constexpr std::int64_t kQueryBlock = 64;
 
 // A block of `nq` query rows (segment rows i0..) against keys j0..j0+nb of segment g: the number of
 // those keys row r sees, in [0, nb].
-inline std::int64_t block_visible(const AttnSegment& g, std::int64_t i0, std::int64_t r, std::int64_t j0, std::int64_t nb,
-                                  Mask m) {
+inline std::int64_t block_visible(const AttnSegment& g, std::int64_t i0, std::int64_t r, std::int64_t j0,
+                                  std::int64_t nb, Mask m) {
   return std::clamp<std::int64_t>(visible(g, i0 + r, m) - j0, 0, nb);
 }
 
@@ -191,8 +191,7 @@ void merge_impl(T* o, T* lse, const T* ob, const T* lseb, std::int64_t rows, std
 }  // namespace
 
 std::vector<AttnSegment> segments_from_layout(const SeqLayout& ql, const SeqLayout& kl, bool bottom_right) {
-  HCP_CHECK(ql.nseq() == kl.nseq(), "attention: cu_seqlens_q has ", ql.nseq(), " sequences, cu_seqlens_kv ",
-            kl.nseq());
+  HCP_CHECK(ql.nseq() == kl.nseq(), "attention: cu_seqlens_q has ", ql.nseq(), " sequences, cu_seqlens_kv ", kl.nseq());
   std::vector<AttnSegment> segs;
   for (std::int64_t s = 0; s < ql.nseq(); ++s) {
     AttnSegment g;
@@ -237,8 +236,7 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
 }
 
 void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& lse_b) {
-  HCP_CHECK(o.shape() == o_b.shape() && lse.numel() == lse_b.numel() && lse.numel() > 0 &&
-                o.numel() % lse.numel() == 0,
+  HCP_CHECK(o.shape() == o_b.shape() && lse.numel() == lse_b.numel() && lse.numel() > 0 && o.numel() % lse.numel() == 0,
             "attention_merge: shapes o ", shape_str(o.shape()), ", o_b ", shape_str(o_b.shape()), ", lse ",
             shape_str(lse.shape()), ", lse_b ", shape_str(lse_b.shape()));
   const std::int64_t rows = lse.numel(), D = o.numel() / rows;

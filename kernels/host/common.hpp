@@ -11,14 +11,18 @@ namespace hcp::kernels::host {
 
 using Exec = Kokkos::DefaultHostExecutionSpace;
 using Range = Kokkos::RangePolicy<Exec>;
-template <class T> using View1 = Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
-template <class T> using View2 = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
-template <class T> using View3 = Kokkos::View<T***, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+template <class T>
+using View1 = Kokkos::View<T*, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+template <class T>
+using View2 = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+template <class T>
+using View3 = Kokkos::View<T***, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
 
 inline void require_host(const Tensor& t, const char* what) {
   HCP_CHECK(t.defined(), what, ": tensor is not defined");
 #ifdef HCP_HAVE_CUDA
-  HCP_CHECK(t.space() == Space::Host, what, ": this op has no CUDA implementation yet (kernels/cuda); pass host tensors");
+  HCP_CHECK(t.space() == Space::Host, what,
+            ": this op has no CUDA implementation yet (kernels/cuda); pass host tensors");
 #else
   HCP_CHECK(t.space() == Space::Host, what, ": CUDA tensors need the CUDA backend, which this build lacks");
 #endif
@@ -29,7 +33,8 @@ inline void require_numel(const Tensor& t, std::int64_t n, const char* what) {
 }
 
 // Read-only T view of a tensor; converts (bf16/fp32/fp64) into a temporary when the dtype differs.
-template <class T> class In {
+template <class T>
+class In {
  public:
   explicit In(const Tensor& t, const char* what = "input") {
     require_host(t, what);
@@ -49,7 +54,8 @@ template <class T> class In {
 };
 
 // Writable T view; a temporary is written back on destruction when the dtype differs.
-template <class T> class Out {
+template <class T>
+class Out {
  public:
   // `load`: start from the tensor's current values (in-place ops); otherwise from zeros.
   explicit Out(Tensor& t, const char* what = "output", bool load = false) : t_(t) {
@@ -88,10 +94,20 @@ double row_max(const double* x, std::int64_t n, double init);
 float row_sum(const float* x, std::int64_t n);
 double row_sum(const double* x, std::int64_t n);
 
-template <class T> inline T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
-template <class T> inline T softplus(T x) { return x > T(20) ? x : std::log1p(std::exp(x)); }
-template <class T> inline T silu(T x) { return x * sigmoid(x); }
-template <class T> inline T dsilu(T x) {
+template <class T>
+inline T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+template <class T>
+inline T softplus(T x) {
+  return x > T(20) ? x : std::log1p(std::exp(x));
+}
+template <class T>
+inline T silu(T x) {
+  return x * sigmoid(x);
+}
+template <class T>
+inline T dsilu(T x) {
   T s = sigmoid(x);
   return s * (T(1) + x * (T(1) - s));
 }
@@ -101,12 +117,12 @@ template <class T> inline T dsilu(T x) {
 // Tensors on Space::Cuda go to the CUDA implementation (kernels/cuda) after the shape checks.
 #ifdef HCP_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.hpp"
-#define HCP_ROUTE_CUDA(t, ...)                       \
-  do {                                               \
-    if ((t).space() == ::hcp::Space::Cuda) {         \
-      __VA_ARGS__;                                   \
-      return;                                        \
-    }                                                \
+#define HCP_ROUTE_CUDA(t, ...)               \
+  do {                                       \
+    if ((t).space() == ::hcp::Space::Cuda) { \
+      __VA_ARGS__;                           \
+      return;                                \
+    }                                        \
   } while (0)
 #else
 #define HCP_ROUTE_CUDA(t, ...) \
@@ -115,13 +131,13 @@ template <class T> inline T dsilu(T x) {
 #endif
 
 // Runs the statement with T = double for fp64 `ref`, T = float otherwise.
-#define HCP_DISPATCH_FLOAT(ref, ...)            \
-  do {                                          \
-    if ((ref).dtype() == ::hcp::DType::F64) {   \
-      using T = double;                         \
-      __VA_ARGS__;                              \
-    } else {                                    \
-      using T = float;                          \
-      __VA_ARGS__;                              \
-    }                                           \
+#define HCP_DISPATCH_FLOAT(ref, ...)          \
+  do {                                        \
+    if ((ref).dtype() == ::hcp::DType::F64) { \
+      using T = double;                       \
+      __VA_ARGS__;                            \
+    } else {                                  \
+      using T = float;                        \
+      __VA_ARGS__;                            \
+    }                                         \
   } while (0)

@@ -22,7 +22,8 @@ ConvShape check_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const
   HCP_CHECK(x.dim() == 3, "conv1d: x must be [B,L,C], got ", shape_str(x.shape()));
   HCP_CHECK(w.dim() == 2 && w.size(0) == x.size(2), "conv1d: weight must be [C=", x.size(2), ", W], got ",
             shape_str(w.shape()));
-  HCP_CHECK(w.size(1) >= 1 && w.size(1) <= kMaxConvWidth, "conv1d: width ", w.size(1), " outside [1, ", kMaxConvWidth, "]");
+  HCP_CHECK(w.size(1) >= 1 && w.size(1) <= kMaxConvWidth, "conv1d: width ", w.size(1), " outside [1, ", kMaxConvWidth,
+            "]");
   if (bias) host::require_numel(*bias, x.size(2), "conv1d: bias [C]");
   if (seq)
     HCP_CHECK(static_cast<std::int64_t>(seq->size()) == x.size(0) * x.size(1), "conv1d: seq_idx has ", seq->size(),
@@ -45,7 +46,10 @@ T conv_u(const T* x, const T* w, const T* bias, const std::vector<std::int64_t>*
   return u;
 }
 
-template <class T> const T* opt_ptr(const std::optional<In<T>>& v) { return v ? v->get() : nullptr; }
+template <class T>
+const T* opt_ptr(const std::optional<In<T>>& v) {
+  return v ? v->get() : nullptr;
+}
 
 }  // namespace
 

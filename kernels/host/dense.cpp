@@ -144,7 +144,8 @@ void embedding_bwd(Tensor& dtable, const std::vector<std::int64_t>& ids, const T
   }
   for (std::int64_t v = 0; v < V; ++v) start[static_cast<std::size_t>(v + 1)] += start[static_cast<std::size_t>(v)];
   std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
-  for (std::int64_t t = 0; t < Tn; ++t) order[static_cast<std::size_t>(fill[static_cast<std::size_t>(ids[static_cast<std::size_t>(t)])]++)] = t;
+  for (std::int64_t t = 0; t < Tn; ++t)
+    order[static_cast<std::size_t>(fill[static_cast<std::size_t>(ids[static_cast<std::size_t>(t)])]++)] = t;
   HCP_ROUTE_CUDA(dy, cuda_impl::embedding_bwd(dtable, ids, dy));
   HCP_DISPATCH_FLOAT(dy, {
     In<T> dy_(dy, "dy");

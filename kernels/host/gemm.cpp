@@ -19,7 +19,8 @@ namespace host {
 namespace {
 
 // Scales C by beta (beta = 0 writes zeros, whatever C held).
-template <class T> void scale_c(std::int64_t M, std::int64_t N, T beta, T* C, std::int64_t ldc) {
+template <class T>
+void scale_c(std::int64_t M, std::int64_t N, T beta, T* C, std::int64_t ldc) {
   for (std::int64_t i = 0; i < M; ++i)
     for (std::int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
 }
@@ -64,8 +65,8 @@ void gemm_t(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, T 
 
 }  // namespace
 
-void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A, std::int64_t lda,
-          const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
+void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
+          std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
   gemm_t(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 void gemm(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, double alpha, const double* A,

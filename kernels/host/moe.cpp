@@ -17,8 +17,8 @@ using host::Out;
 using host::Range;
 
 void check_router(const RouterParams& p) {
-  HCP_CHECK(p.experts > 0 && p.topk > 0 && p.topk <= p.experts, "moe: topk (", p.topk, ") must be in [1, experts=",
-            p.experts, "]");
+  HCP_CHECK(p.experts > 0 && p.topk > 0 && p.topk <= p.experts, "moe: topk (", p.topk,
+            ") must be in [1, experts=", p.experts, "]");
   HCP_CHECK(p.n_group > 0 && p.experts % p.n_group == 0, "moe: n_group (", p.n_group, ") must divide experts (",
             p.experts, ")");
   HCP_CHECK(p.topk_group > 0 && p.topk_group <= p.n_group, "moe: topk_group (", p.topk_group,
@@ -28,7 +28,10 @@ void check_router(const RouterParams& p) {
 }
 
 // Descending by value, ties to the lower index: a strict, deterministic order.
-template <class T> bool before(T a, std::int64_t ia, T b, std::int64_t ib) { return a > b || (a == b && ia < ib); }
+template <class T>
+bool before(T a, std::int64_t ia, T b, std::int64_t ib) {
+  return a > b || (a == b && ia < ib);
+}
 
 // The integers an F64 index tensor holds, on the host.
 std::vector<std::int64_t> ids(const Tensor& t) {
@@ -131,7 +134,8 @@ void router_fwd(Tensor& scores, MoeRouting& route, Tensor& topk_w, const Tensor&
         });
         std::fill(allowed.begin(), allowed.end(), 0);
         for (std::int64_t r = 0; r < p.topk_group; ++r)
-          for (std::int64_t e = gi[static_cast<std::size_t>(r)] * gs; e < (gi[static_cast<std::size_t>(r)] + 1) * gs; ++e)
+          for (std::int64_t e = gi[static_cast<std::size_t>(r)] * gs; e < (gi[static_cast<std::size_t>(r)] + 1) * gs;
+               ++e)
             allowed[static_cast<std::size_t>(e)] = 1;
       }
       std::vector<std::int64_t> cand;
@@ -363,12 +367,14 @@ MlpShape check_mlp(const Tensor& xp, const Tensor& W1, const Tensor& W2, const s
   HCP_CHECK(static_cast<std::int64_t>(counts.size()) == s.E, "expert_mlp: ", counts.size(), " counts for ", s.E,
             " experts");
   s.off.assign(static_cast<std::size_t>(s.E + 1), 0);
-  for (std::int64_t e = 0; e < s.E; ++e) s.off[static_cast<std::size_t>(e + 1)] = s.off[static_cast<std::size_t>(e)] + counts[static_cast<std::size_t>(e)];
+  for (std::int64_t e = 0; e < s.E; ++e)
+    s.off[static_cast<std::size_t>(e + 1)] = s.off[static_cast<std::size_t>(e)] + counts[static_cast<std::size_t>(e)];
   s.rows = s.off.back();
   host::require_numel(xp, s.rows * s.C, "expert_mlp: xp [rows,C]");
   return s;
 }
-template <class T> inline T act_fwd(const T* h, std::int64_t f, std::int64_t F, Activation a) {
+template <class T>
+inline T act_fwd(const T* h, std::int64_t f, std::int64_t F, Activation a) {
   if (a == Activation::SquaredReLU) {
     const T r = h[f] > T(0) ? h[f] : T(0);
     return r * r;
@@ -399,7 +405,8 @@ void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, c
       host::gemm(false, true, n, s.F1, s.C, T(1), xb + r0 * s.C, s.C, w1 + e * s.F1 * s.C, s.C, T(0), hr, s.F1);
       std::vector<T> a(static_cast<std::size_t>(n * s.F));
       for (std::int64_t r = 0; r < n; ++r)
-        for (std::int64_t f = 0; f < s.F; ++f) a[static_cast<std::size_t>(r * s.F + f)] = act_fwd(hr + r * s.F1, f, s.F, act);
+        for (std::int64_t f = 0; f < s.F; ++f)
+          a[static_cast<std::size_t>(r * s.F + f)] = act_fwd(hr + r * s.F1, f, s.F, act);
       host::gemm(false, true, n, s.C, s.F, T(1), a.data(), s.F, w2 + e * s.C * s.F, s.F, T(0), yb + r0 * s.C, s.C);
     });
   });
@@ -441,9 +448,11 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
       std::vector<T> a(static_cast<std::size_t>(n * s.F)), da(static_cast<std::size_t>(n * s.F)),
           dh(static_cast<std::size_t>(n * s.F1));
       for (std::int64_t r = 0; r < n; ++r)
-        for (std::int64_t f = 0; f < s.F; ++f) a[static_cast<std::size_t>(r * s.F + f)] = act_fwd(hr + r * s.F1, f, s.F, act);
-      host::gemm(true, false, s.C, s.F, n, T(1), dy, s.C, a.data(), s.F, T(0), dw2e, s.F);               // dW2 = dY^T A
-      host::gemm(false, false, n, s.F, s.C, T(1), dy, s.C, w2 + e * s.C * s.F, s.F, T(0), da.data(), s.F);  // dA = dY W2
+        for (std::int64_t f = 0; f < s.F; ++f)
+          a[static_cast<std::size_t>(r * s.F + f)] = act_fwd(hr + r * s.F1, f, s.F, act);
+      host::gemm(true, false, s.C, s.F, n, T(1), dy, s.C, a.data(), s.F, T(0), dw2e, s.F);  // dW2 = dY^T A
+      host::gemm(false, false, n, s.F, s.C, T(1), dy, s.C, w2 + e * s.C * s.F, s.F, T(0), da.data(),
+                 s.F);  // dA = dY W2
       for (std::int64_t r = 0; r < n; ++r) {
         const T* h_r = hr + r * s.F1;
         T* dh_r = dh.data() + r * s.F1;
@@ -457,7 +466,8 @@ void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, con
           }
         }
       }
-      host::gemm(true, false, s.F1, s.C, n, T(1), dh.data(), s.F1, xb + r0 * s.C, s.C, T(0), dw1e, s.C);  // dW1 = dH^T X
+      host::gemm(true, false, s.F1, s.C, n, T(1), dh.data(), s.F1, xb + r0 * s.C, s.C, T(0), dw1e,
+                 s.C);  // dW1 = dH^T X
       host::gemm(false, false, n, s.C, s.F1, T(1), dh.data(), s.F1, w1 + e * s.F1 * s.C, s.C, T(0), dxb + r0 * s.C,
                  s.C);  // dX = dH W1
     });

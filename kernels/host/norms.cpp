@@ -71,12 +71,12 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const
 }
 
 // ---- gated group RMSNorm ----------------------------------------------------------------------
-void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w,
-                       std::int64_t groups, double eps) {
+void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w, std::int64_t groups,
+                       double eps) {
   const std::int64_t C = w.numel();
   HCP_CHECK(groups > 0 && C % groups == 0, "gated_rmsnorm: groups (", groups, ") must divide channels (", C, ")");
-  HCP_CHECK(C > 0 && x.numel() % C == 0 && z.numel() == x.numel(), "gated_rmsnorm: x ", shape_str(x.shape()),
-            " / z ", shape_str(z.shape()), " are not [M, C=", C, "]");
+  HCP_CHECK(C > 0 && x.numel() % C == 0 && z.numel() == x.numel(), "gated_rmsnorm: x ", shape_str(x.shape()), " / z ",
+            shape_str(z.shape()), " are not [M, C=", C, "]");
   const std::int64_t M = x.numel() / C, Cg = C / groups;
   host::require_numel(y, x.numel(), "gated_rmsnorm_fwd: y");
   host::require_numel(rstd, M * groups, "gated_rmsnorm_fwd: rstd [M,G]");

@@ -44,7 +44,8 @@ void check_ssd(const SsdInputs& in, const SsdParams& p) {
 }
 
 // Typed pointers to all inputs plus the effective dt and its derivative factor.
-template <class T> struct SsdData {
+template <class T>
+struct SsdData {
   In<T> x, dt, A_log, Bm, Cm;
   std::vector<T> D, dt_bias, init;
   std::vector<T> dte, ddte;  // effective dt [B,L,H] and d dt_eff / d dt_raw
@@ -52,12 +53,23 @@ template <class T> struct SsdData {
   SsdParams p;
 
   SsdData(const SsdInputs& in, const SsdParams& pp)
-      : x(*in.x, "x"), dt(*in.dt, "dt"), A_log(*in.A_log, "A_log"), Bm(*in.Bm, "B"), Cm(*in.Cm, "C"), seq(in.seq_idx),
+      : x(*in.x, "x"),
+        dt(*in.dt, "dt"),
+        A_log(*in.A_log, "A_log"),
+        Bm(*in.Bm, "B"),
+        Cm(*in.Cm, "C"),
+        seq(in.seq_idx),
         p(pp) {
     D.assign(static_cast<std::size_t>(p.heads), T(0));
     dt_bias.assign(static_cast<std::size_t>(p.heads), T(0));
-    if (in.D) { In<T> d(*in.D); D.assign(d.get(), d.get() + p.heads); }
-    if (in.dt_bias) { In<T> d(*in.dt_bias); dt_bias.assign(d.get(), d.get() + p.heads); }
+    if (in.D) {
+      In<T> d(*in.D);
+      D.assign(d.get(), d.get() + p.heads);
+    }
+    if (in.dt_bias) {
+      In<T> d(*in.dt_bias);
+      dt_bias.assign(d.get(), d.get() + p.heads);
+    }
     if (in.init_states) {
       In<T> s(*in.init_states);
       init.assign(s.get(), s.get() + in.init_states->numel());
@@ -238,8 +250,10 @@ void bwd_impl(const SsdGrads& gr, const SsdData<T>& d, const T* dy, const T* dfi
           const bool reset = t > 0 && d.sidx(b, t) != d.sidx(b, t - 1);
           const T* Sprev = nullptr;  // S_{t-1} as used by step t (nullptr: zero)
           if (!reset) {
-            if (t > c0) Sprev = states.data() + (t - 1 - c0) * P * N;
-            else if (t > 0 || !d.init.empty()) Sprev = starts.data() + c * P * N;
+            if (t > c0)
+              Sprev = states.data() + (t - 1 - c0) * P * N;
+            else if (t > 0 || !d.init.empty())
+              Sprev = starts.data() + c * P * N;
           }
           const T* Ct = d.Cr(b, t, g);
           const T* Bt = d.Br(b, t, g);
@@ -274,8 +288,10 @@ void bwd_impl(const SsdGrads& gr, const SsdData<T>& d, const T* dy, const T* dfi
             T* di = dinit + (b * p.heads + h) * P * N;
             for (std::int64_t e = 0; e < P * N; ++e) di[e] = a * dS[static_cast<std::size_t>(e)];
           }
-          if (reset) std::fill(dS.begin(), dS.end(), T(0));
-          else for (auto& v : dS) v *= a;
+          if (reset)
+            std::fill(dS.begin(), dS.end(), T(0));
+          else
+            for (auto& v : dS) v *= a;
           const std::size_t k = static_cast<std::size_t>((b * L + t) * p.heads + h);
           const T graw = ddt_t * d.ddte[k];
           ddt[k] = graw;
@@ -380,7 +396,8 @@ void reduce_heads(Tensor* out, const std::vector<T>& part, const SsdParams& p, b
   host::require_numel(*out, p.heads, "ssd: per-head gradient");
   for (std::int64_t h = 0; h < p.heads; ++h) {
     double acc = accumulate ? out->get(h) : 0.0;
-    for (std::int64_t b = 0; b < p.batch; ++b) acc += static_cast<double>(part[static_cast<std::size_t>(b * p.heads + h)]);
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      acc += static_cast<double>(part[static_cast<std::size_t>(b * p.heads + h)]);
     out->set(h, acc);
   }
 }
@@ -390,7 +407,8 @@ void reduce_heads(Tensor* out, const std::vector<T>& part, const SsdParams& p, b
 void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p) {
   check_ssd(in, p);
   host::require_numel(y, in.x->numel(), "ssd_fwd: y");
-  if (final_states) host::require_numel(*final_states, p.batch * p.heads * p.head_dim * p.d_state, "ssd_fwd: final_states");
+  if (final_states)
+    host::require_numel(*final_states, p.batch * p.heads * p.head_dim * p.d_state, "ssd_fwd: final_states");
   HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_fwd(y, final_states, in, p));
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
@@ -497,7 +515,8 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
   if (dy) {
     host::require_numel(*dy, in.x->numel(), "ssd_init_state_bwd: dy");
     host::require_numel(*g.dC, in.Cm->numel(), "ssd_init_state_bwd: dC");
-    host::require_numel(*g.dinit_states, p.batch * p.heads * p.head_dim * p.d_state, "ssd_init_state_bwd: dinit_states");
+    host::require_numel(*g.dinit_states, p.batch * p.heads * p.head_dim * p.d_state,
+                        "ssd_init_state_bwd: dinit_states");
   }
   if (ddecay) host::require_numel(*ddecay, p.batch * p.heads, "ssd_init_state_bwd: ddecay [B,H]");
   HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_init_state_bwd(g, in, dy, ddecay, p));
@@ -521,18 +540,20 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
 namespace {
 void check_state_scan(const Tensor& S, const Tensor& a, const Tensor& Sin, const std::vector<std::int64_t>& order,
                       const std::vector<std::int64_t>& off, const char* what) {
-  HCP_CHECK(S.dim() == 4 && a.dim() == 2 && a.size(0) == S.size(0) && a.size(1) == S.size(1) && Sin.shape() == S.shape(),
-            what, ": need S, Sin [slots,H,P,N] and a [slots,H], got ", shape_str(S.shape()), ", ", shape_str(Sin.shape()),
-            ", ", shape_str(a.shape()));
-  HCP_CHECK(S.dtype() == a.dtype() && S.dtype() == Sin.dtype() && S.space() == a.space() && S.space() == Sin.space(), what,
-            ": tensors must share dtype and memory space");
+  HCP_CHECK(
+      S.dim() == 4 && a.dim() == 2 && a.size(0) == S.size(0) && a.size(1) == S.size(1) && Sin.shape() == S.shape(),
+      what, ": need S, Sin [slots,H,P,N] and a [slots,H], got ", shape_str(S.shape()), ", ", shape_str(Sin.shape()),
+      ", ", shape_str(a.shape()));
+  HCP_CHECK(S.dtype() == a.dtype() && S.dtype() == Sin.dtype() && S.space() == a.space() && S.space() == Sin.space(),
+            what, ": tensors must share dtype and memory space");
   HCP_CHECK(!off.empty() && off.front() == 0 && off.back() == static_cast<std::int64_t>(order.size()), what,
             ": offsets must run from 0 to the number of slots named");
-  for (std::int64_t o : order) HCP_CHECK(o >= 0 && o < S.size(0), what, ": slot ", o, " out of range [0, ", S.size(0), ")");
+  for (std::int64_t o : order)
+    HCP_CHECK(o >= 0 && o < S.size(0), what, ": slot ", o, " out of range [0, ", S.size(0), ")");
 }
 template <class T>
-void scan_fwd(T* Sin, const T* S, const T* a, const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off,
-              std::int64_t H, std::int64_t PN) {
+void scan_fwd(T* Sin, const T* S, const T* a, const std::vector<std::int64_t>& order,
+              const std::vector<std::int64_t>& off, std::int64_t H, std::int64_t PN) {
   for (std::size_t q = 0; q + 1 < off.size(); ++q)
     for (std::int64_t k = off[q]; k < off[q + 1]; ++k) {
       T* out = Sin + order[static_cast<std::size_t>(k)] * H * PN;
@@ -568,8 +589,8 @@ void scan_bwd(T* dS, T* da, const T* dSin, const T* Sin, const T* a, const std::
   }
 }
 void check_compose(const Tensor& A, const Tensor& B, const Tensor& A_prev, const Tensor& B_prev, const char* what) {
-  HCP_CHECK(B.dim() == 4 && A.dim() == 2 && A.size(0) == B.size(0) && A.size(1) == B.size(1) && B_prev.shape() == B.shape() &&
-                A_prev.shape() == A.shape(),
+  HCP_CHECK(B.dim() == 4 && A.dim() == 2 && A.size(0) == B.size(0) && A.size(1) == B.size(1) &&
+                B_prev.shape() == B.shape() && A_prev.shape() == A.shape(),
             what, ": need B, B_prev [rows,H,P,N] and A, A_prev [rows,H], got ", shape_str(B.shape()), ", ",
             shape_str(B_prev.shape()), ", ", shape_str(A.shape()), ", ", shape_str(A_prev.shape()));
   for (const Tensor* t : {&A, &A_prev, &B_prev})
@@ -595,8 +616,9 @@ void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor&
 }
 
 void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X) {
-  HCP_CHECK(G.dim() == 4 && X.shape() == G.shape() && da.dim() == 2 && da.size(0) == G.size(0) && da.size(1) == G.size(1),
-            "ssd_state_dot: need G, X [rows,H,P,N] and da [rows,H]");
+  HCP_CHECK(
+      G.dim() == 4 && X.shape() == G.shape() && da.dim() == 2 && da.size(0) == G.size(0) && da.size(1) == G.size(1),
+      "ssd_state_dot: need G, X [rows,H,P,N] and da [rows,H]");
   HCP_CHECK(X.dtype() == G.dtype() && da.dtype() == G.dtype() && X.space() == G.space() && da.space() == G.space(),
             "ssd_state_dot: tensors must share dtype and memory space");
   HCP_ROUTE_CUDA(G, cuda_impl::ssd_state_dot(da, G, X));

@@ -35,7 +35,8 @@ void exp_inplace(float* x, std::int64_t n) {
 namespace {
 // Eight independent lanes, then the lanes in a fixed order: the same order on every call (results
 // are deterministic) and no chain of dependent adds or compares.
-template <class T> T lane_max(const T* x, std::int64_t n, T init) {
+template <class T>
+T lane_max(const T* x, std::int64_t n, T init) {
   T m[8] = {init, init, init, init, init, init, init, init};
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -45,7 +46,8 @@ template <class T> T lane_max(const T* x, std::int64_t n, T init) {
   for (int j = 1; j < 8; ++j) r = m[j] > r ? m[j] : r;
   return r;
 }
-template <class T> T lane_sum(const T* x, std::int64_t n) {
+template <class T>
+T lane_sum(const T* x, std::int64_t n) {
   T s[8] = {};
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8)

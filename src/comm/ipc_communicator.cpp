@@ -58,7 +58,7 @@ struct IpcCommunicator::Impl {
   int rank = 0, size = 1;
   std::unique_ptr<MpiCommunicator> host;  // host buffers
   std::unique_ptr<DeviceOrder> order;
-  Channel main;                 // the collectives'
+  Channel main;                  // the collectives'
   std::map<int, Channel> rings;  // one per ring tag
   std::map<std::int64_t, Ring> inflight;
   std::int64_t next_handle = 0;
@@ -244,7 +244,8 @@ std::size_t IpcCommunicator::exported_bytes() const {
 }
 
 // Host buffers (or a mix) go through MPI; the counters take that call's share.
-template <class F> void IpcCommunicator::on_host(const std::string& op, F&& f) {
+template <class F>
+void IpcCommunicator::on_host(const std::string& op, F&& f) {
   const auto get = [&] {
     const auto& c = impl_->host->counters();
     const auto it = c.find(op);
@@ -263,7 +264,8 @@ static bool both_device(const void* a, const void* b) {
 }
 
 void IpcCommunicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dt) {
-  if (!both_device(send, recv)) return on_host("all_to_all", [&](Communicator& h) { h.all_to_all(send, recv, count, dt); });
+  if (!both_device(send, recv))
+    return on_host("all_to_all", [&](Communicator& h) { h.all_to_all(send, recv, count, dt); });
   const double t0 = now();
   const std::size_t blk = nbytes(count, dt);
   auto& I = *impl_;
@@ -294,13 +296,12 @@ void IpcCommunicator::all_to_all_v(const void* send, const std::vector<std::int6
   I.begin(nbytes(ns, dt));
   I.copy(I.main.buf, send, nbytes(ns, dt));
   // The "ready" exchange carries where each rank's block for each peer starts in its buffer.
-  I.ready([&] {
-    HCP_MPI_CHECK(MPI_Alltoall(sd.data(), 1, MPI_INT64_T, theirs.data(), 1, MPI_INT64_T, I.sync));
-  });
+  I.ready([&] { HCP_MPI_CHECK(MPI_Alltoall(sd.data(), 1, MPI_INT64_T, theirs.data(), 1, MPI_INT64_T, I.sync)); });
   std::size_t ro = 0;
   for (int p = 0; p < size_; ++p) {
     const std::size_t n = nbytes(rc[static_cast<std::size_t>(p)], dt);
-    I.copy(static_cast<char*>(recv) + ro, static_cast<const char*>(I.peer_buf(p)) + nbytes(theirs[static_cast<std::size_t>(p)], dt), n);
+    I.copy(static_cast<char*>(recv) + ro,
+           static_cast<const char*>(I.peer_buf(p)) + nbytes(theirs[static_cast<std::size_t>(p)], dt), n);
     ro += n;
   }
   I.end("all_to_all_v");
@@ -308,7 +309,8 @@ void IpcCommunicator::all_to_all_v(const void* send, const std::vector<std::int6
 }
 
 void IpcCommunicator::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
-  if (!both_device(send, recv)) return on_host("all_gather", [&](Communicator& h) { h.all_gather(send, recv, count, dt); });
+  if (!both_device(send, recv))
+    return on_host("all_gather", [&](Communicator& h) { h.all_gather(send, recv, count, dt); });
   const double t0 = now();
   const std::size_t blk = nbytes(count, dt);
   auto& I = *impl_;
@@ -336,7 +338,8 @@ void IpcCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t 
 }
 
 void IpcCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, ReduceOp op) {
-  if (!both_device(buf, nullptr)) return on_host("all_reduce", [&](Communicator& h) { h.all_reduce(buf, count, dt, op); });
+  if (!both_device(buf, nullptr))
+    return on_host("all_reduce", [&](Communicator& h) { h.all_reduce(buf, count, dt, op); });
   const double t0 = now();
   auto& I = *impl_;
   I.begin(nbytes(count, dt));
@@ -351,7 +354,8 @@ void IpcCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, Reduce
 }
 
 void IpcCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {
-  if (!both_device(buf, nullptr)) return on_host("broadcast", [&](Communicator& h) { h.broadcast(buf, count, dt, root); });
+  if (!both_device(buf, nullptr))
+    return on_host("broadcast", [&](Communicator& h) { h.broadcast(buf, count, dt, root); });
   const double t0 = now();
   auto& I = *impl_;
   const std::size_t n = nbytes(count, dt);

@@ -59,7 +59,8 @@ class IpcCommunicator final : public Communicator {
 
  private:
   struct Impl;
-  template <class F> void on_host(const std::string& op, F&& f);
+  template <class F>
+  void on_host(const std::string& op, F&& f);
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
 };

@@ -9,12 +9,30 @@
 namespace hcp::ipc {
 namespace {
 
-template <class T> struct Acc { using type = T; };
-template <> struct Acc<__nv_bfloat16> { using type = float; };
-template <class T> __device__ typename Acc<T>::type widen(T v) { return v; }
-template <> __device__ float widen<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T> __device__ T narrow(typename Acc<T>::type v) { return v; }
-template <> __device__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <class T>
+struct Acc {
+  using type = T;
+};
+template <>
+struct Acc<__nv_bfloat16> {
+  using type = float;
+};
+template <class T>
+__device__ typename Acc<T>::type widen(T v) {
+  return v;
+}
+template <>
+__device__ float widen<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <class T>
+__device__ T narrow(typename Acc<T>::type v) {
+  return v;
+}
+template <>
+__device__ __nv_bfloat16 narrow<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 template <class T, bool kSum>
 __global__ void reduce_kernel(T* out, Sources src, int n, std::int64_t count, std::int64_t offset) {
@@ -47,9 +65,12 @@ void reduce(void* out, const Sources& src, int n, std::int64_t count, std::int64
             cudaStream_t s) {
   if (count == 0) return;
   switch (dt) {
-    case DType::F32: return launch<float>(out, src, n, count, offset, sum, s);
-    case DType::F64: return launch<double>(out, src, n, count, offset, sum, s);
-    case DType::BF16: return launch<__nv_bfloat16>(out, src, n, count, offset, sum, s);
+    case DType::F32:
+      return launch<float>(out, src, n, count, offset, sum, s);
+    case DType::F64:
+      return launch<double>(out, src, n, count, offset, sum, s);
+    case DType::BF16:
+      return launch<__nv_bfloat16>(out, src, n, count, offset, sum, s);
   }
 }
 

@@ -13,7 +13,8 @@ namespace {
 // one GPU.
 class Stage {
  public:
-  Stage(PinnedCache* cache, const void* p, std::size_t bytes, bool copy_in) : dev_(const_cast<void*>(p)), bytes_(bytes) {
+  Stage(PinnedCache* cache, const void* p, std::size_t bytes, bool copy_in)
+      : dev_(const_cast<void*>(p)), bytes_(bytes) {
     const DeviceOps* ops = device_ops();
     if (!ops || !p || bytes == 0 || !ops->is_device_ptr(p)) {
       host_ = dev_;
@@ -45,9 +46,12 @@ std::size_t nbytes(std::int64_t count, DType dt) { return static_cast<std::size_
 
 MPI_Datatype mpi_type(DType dt) {
   switch (dt) {
-    case DType::F32: return MPI_FLOAT;
-    case DType::F64: return MPI_DOUBLE;
-    case DType::BF16: return MPI_UINT16_T;
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::F64:
+      return MPI_DOUBLE;
+    case DType::BF16:
+      return MPI_UINT16_T;
   }
   return MPI_BYTE;
 }
@@ -55,7 +59,8 @@ MPI_Datatype mpi_type(DType dt) {
 // bf16 reductions: MPI has no bf16 type, so bf16 travels as 16-bit words and these user ops combine
 // two operands by widening to fp32 and rounding the result back (one rounding per combine, as NCCL's
 // bf16 reductions do). Open MPI applies them in a fixed order for a given size: repeatable.
-template <bool kSum> void bf16_combine(void* in, void* inout, int* len, MPI_Datatype*) {
+template <bool kSum>
+void bf16_combine(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const bf16*>(in);
   auto* b = static_cast<bf16*>(inout);
   for (int i = 0; i < *len; ++i) {
@@ -162,7 +167,7 @@ void MpiCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, Reduce
   b.copy_out();
   // Ring all-reduce cost: 2 (p-1)/p of the buffer per rank.
   record("all_reduce", size_ > 1 ? 2 * count * (size_ - 1) / size_ * static_cast<std::int64_t>(dtype_size(dt)) : 0,
-        t.elapsed());
+         t.elapsed());
 }
 
 void MpiCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {

@@ -49,8 +49,8 @@ class MpiCommunicator final : public Communicator {
   PinnedCache* cache();  // the staging buffers' cache (made on first use; null without a device backend)
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
-  std::unique_ptr<PinnedCache> pinned_;  // declared before staged_: outlives the stages that hold its buffers
-  std::vector<MPI_Request> pending_;  // requests of in-flight ring steps, indexed by RingRequest handles
+  std::unique_ptr<PinnedCache> pinned_;        // declared before staged_: outlives the stages that hold its buffers
+  std::vector<MPI_Request> pending_;           // requests of in-flight ring steps, indexed by RingRequest handles
   std::vector<std::shared_ptr<void>> staged_;  // their staging buffers (same index)
 };
 

@@ -3,9 +3,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
-#include <atomic>
 #include <map>
 
 #include "comm/device_order.hpp"
@@ -15,9 +15,12 @@ namespace hcp {
 namespace {
 ncclDataType_t nccl_type(DType dt) {
   switch (dt) {
-    case DType::F32: return ncclFloat32;
-    case DType::F64: return ncclFloat64;
-    case DType::BF16: return ncclBfloat16;
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::BF16:
+      return ncclBfloat16;
   }
   return ncclFloat32;
 }
@@ -138,10 +141,10 @@ void NcclCommunicator::all_to_all(const void* send, void* recv, std::int64_t cou
   HCP_NCCL_TIMED("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), r.staged(), {
     HCP_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < size_; ++p) {
-      HCP_NCCL_CHECK(ncclSend(static_cast<const char*>(s.dev()) + p * blk, count, nccl_type(dt), p, impl_->comm,
-                              impl_->stream()));
-      HCP_NCCL_CHECK(ncclRecv(static_cast<char*>(r.dev()) + p * blk, count, nccl_type(dt), p, impl_->comm,
-                              impl_->stream()));
+      HCP_NCCL_CHECK(
+          ncclSend(static_cast<const char*>(s.dev()) + p * blk, count, nccl_type(dt), p, impl_->comm, impl_->stream()));
+      HCP_NCCL_CHECK(
+          ncclRecv(static_cast<char*>(r.dev()) + p * blk, count, nccl_type(dt), p, impl_->comm, impl_->stream()));
     }
     HCP_NCCL_CHECK(ncclGroupEnd());
   });
@@ -164,8 +167,11 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::vector<std::int
     std::size_t so = 0, ro = 0;
     for (int p = 0; p < size_; ++p) {
       const auto n_s = sc[static_cast<std::size_t>(p)], n_r = rc[static_cast<std::size_t>(p)];
-      if (n_s) HCP_NCCL_CHECK(ncclSend(static_cast<const char*>(s.dev()) + so, n_s, nccl_type(dt), p, impl_->comm, impl_->stream()));
-      if (n_r) HCP_NCCL_CHECK(ncclRecv(static_cast<char*>(r.dev()) + ro, n_r, nccl_type(dt), p, impl_->comm, impl_->stream()));
+      if (n_s)
+        HCP_NCCL_CHECK(
+            ncclSend(static_cast<const char*>(s.dev()) + so, n_s, nccl_type(dt), p, impl_->comm, impl_->stream()));
+      if (n_r)
+        HCP_NCCL_CHECK(ncclRecv(static_cast<char*>(r.dev()) + ro, n_r, nccl_type(dt), p, impl_->comm, impl_->stream()));
       so += nbytes(n_s, dt);
       ro += nbytes(n_r, dt);
     }
@@ -191,17 +197,18 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t
 
 void NcclCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, ReduceOp op) {
   DevStage b(buf, nbytes(count, dt), true);
-  HCP_NCCL_TIMED("all_reduce",
-                 size_ > 1 ? 2 * count * (size_ - 1) / size_ * static_cast<std::int64_t>(dtype_size(dt)) : 0, b.staged(),
-                 HCP_NCCL_CHECK(ncclAllReduce(b.dev(), b.dev(), count, nccl_type(dt), nccl_op(op), impl_->comm,
-                                              impl_->stream())));
+  HCP_NCCL_TIMED(
+      "all_reduce", size_ > 1 ? 2 * count * (size_ - 1) / size_ * static_cast<std::int64_t>(dtype_size(dt)) : 0,
+      b.staged(),
+      HCP_NCCL_CHECK(ncclAllReduce(b.dev(), b.dev(), count, nccl_type(dt), nccl_op(op), impl_->comm, impl_->stream())));
   b.copy_out();
 }
 
 void NcclCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {
   DevStage b(buf, nbytes(count, dt), rank_ == root);
-  HCP_NCCL_TIMED("broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0, b.staged(),
-                 HCP_NCCL_CHECK(ncclBroadcast(b.dev(), b.dev(), count, nccl_type(dt), root, impl_->comm, impl_->stream())));
+  HCP_NCCL_TIMED(
+      "broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0, b.staged(),
+      HCP_NCCL_CHECK(ncclBroadcast(b.dev(), b.dev(), count, nccl_type(dt), root, impl_->comm, impl_->stream())));
   if (rank_ != root) b.copy_out();
 }
 
@@ -213,7 +220,8 @@ void NcclCommunicator::send(const void* buf, std::int64_t count, DType dt, int d
 
 void NcclCommunicator::recv(void* buf, std::int64_t count, DType dt, int src, int /*tag*/) {
   DevStage b(buf, nbytes(count, dt), false);
-  HCP_NCCL_TIMED("recv", 0, b.staged(), HCP_NCCL_CHECK(ncclRecv(b.dev(), count, nccl_type(dt), src, impl_->comm, impl_->stream())));
+  HCP_NCCL_TIMED("recv", 0, b.staged(),
+                 HCP_NCCL_CHECK(ncclRecv(b.dev(), count, nccl_type(dt), src, impl_->comm, impl_->stream())));
   b.copy_out();
 }
 
@@ -250,8 +258,9 @@ void NcclCommunicator::ring_wait(RingRequest& req) {
 void NcclCommunicator::barrier() {
   float one = 1;
   DevStage b(&one, sizeof one, true);
-  HCP_NCCL_TIMED("barrier", 0, true,
-                 HCP_NCCL_CHECK(ncclAllReduce(b.dev(), b.dev(), 1, ncclFloat32, ncclSum, impl_->comm, impl_->stream())));
+  HCP_NCCL_TIMED(
+      "barrier", 0, true,
+      HCP_NCCL_CHECK(ncclAllReduce(b.dev(), b.dev(), 1, ncclFloat32, ncclSum, impl_->comm, impl_->stream())));
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) const {

@@ -34,9 +34,12 @@ struct bf16 {
 
 inline std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::F64: return 8;
-    case DType::BF16: return 2;
+    case DType::F32:
+      return 4;
+    case DType::F64:
+      return 8;
+    case DType::BF16:
+      return 2;
   }
   return 0;
 }
@@ -45,9 +48,19 @@ std::string to_string(DType t);
 std::string to_string(Space s);
 DType dtype_from_string(const std::string& s);  // "fp32" | "fp64" | "bf16"
 
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::F32; }
-template <> constexpr DType dtype_of<double>() { return DType::F64; }
-template <> constexpr DType dtype_of<bf16>() { return DType::BF16; }
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::F64;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::BF16;
+}
 
 }  // namespace hcp

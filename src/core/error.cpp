@@ -9,5 +9,7 @@ namespace hcp::detail {
   if (pos != std::string::npos) f = f.substr(pos + 1);
   throw Error(f + ":" + std::to_string(line) + ": " + msg);
 }
-[[noreturn]] void throw_input_error(const std::string& where, const std::string& msg) { throw Error(where + ": " + msg); }
+[[noreturn]] void throw_input_error(const std::string& where, const std::string& msg) {
+  throw Error(where + ": " + msg);
+}
 }  // namespace hcp::detail

@@ -26,8 +26,8 @@ std::string concat(Args&&... args) {
 }  // namespace hcp
 
 // HCP_CHECK(cond, parts...): throw hcp::Error("file:line: parts...") when cond is false.
-#define HCP_CHECK(cond, ...)                                                              \
-  do {                                                                                    \
+#define HCP_CHECK(cond, ...)                                                                         \
+  do {                                                                                               \
     if (!(cond)) ::hcp::detail::throw_error(__FILE__, __LINE__, ::hcp::detail::concat(__VA_ARGS__)); \
   } while (0)
 
@@ -36,26 +36,26 @@ std::string concat(Args&&... args) {
 // Bad input: the message opens with where the value came from (the deck's "file:line", or the
 // "--set k=v" that gave it), not with a source location the user cannot act on.
 #define HCP_INPUT_FAIL(where, ...) ::hcp::detail::throw_input_error(where, ::hcp::detail::concat(__VA_ARGS__))
-#define HCP_INPUT_CHECK(cond, where, ...)                                                         \
-  do {                                                                                            \
-    if (!(cond)) ::hcp::detail::throw_input_error(where, ::hcp::detail::concat(__VA_ARGS__));    \
+#define HCP_INPUT_CHECK(cond, where, ...)                                                     \
+  do {                                                                                        \
+    if (!(cond)) ::hcp::detail::throw_input_error(where, ::hcp::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 // MPI: every call returning an error code goes through this.
-#define HCP_MPI_CHECK(call)                                                             \
-  do {                                                                                  \
-    int hcp_mpi_rc_ = (call);                                                           \
-    if (hcp_mpi_rc_ != 0) {                                                             \
-      ::hcp::detail::throw_error(__FILE__, __LINE__,                                    \
+#define HCP_MPI_CHECK(call)                                                                                   \
+  do {                                                                                                        \
+    int hcp_mpi_rc_ = (call);                                                                                 \
+    if (hcp_mpi_rc_ != 0) {                                                                                   \
+      ::hcp::detail::throw_error(__FILE__, __LINE__,                                                          \
                                  ::hcp::detail::concat("MPI call failed (code ", hcp_mpi_rc_, "): ", #call)); \
-    }                                                                                   \
+    }                                                                                                         \
   } while (0)
 
 // HDF5: calls return a negative value (herr_t or hid_t) on failure.
-#define HCP_H5_CHECK(call)                                                              \
-  ([&]() {                                                                              \
-    auto hcp_h5_rc_ = (call);                                                           \
-    if (hcp_h5_rc_ < 0)                                                                 \
+#define HCP_H5_CHECK(call)                                                                                \
+  ([&]() {                                                                                                \
+    auto hcp_h5_rc_ = (call);                                                                             \
+    if (hcp_h5_rc_ < 0)                                                                                   \
       ::hcp::detail::throw_error(__FILE__, __LINE__, ::hcp::detail::concat("HDF5 call failed: ", #call)); \
-    return hcp_h5_rc_;                                                                  \
+    return hcp_h5_rc_;                                                                                    \
   }())

@@ -8,7 +8,6 @@ namespace hcp {
 
 enum class Format { BSHD, THD };
 std::string to_string(Format f);
-Format format_from_string(const std::string& s);  // "bshd" | "thd"
 
 // Describes how the token axis of a tensor is organised. For BSHD, `cu_seqlens` is filled with the
 // uniform boundaries 0, S, 2S, ... so every kernel can treat both formats as a list of segments.
@@ -25,7 +24,9 @@ struct SeqLayout {
   std::int64_t nseq() const { return static_cast<std::int64_t>(cu_seqlens.size()) - 1; }
   std::int64_t total() const { return cu_seqlens.empty() ? 0 : cu_seqlens.back(); }
   std::int64_t len(std::int64_t s) const { return cu_seqlens[s + 1] - cu_seqlens[s]; }
-  std::int64_t real(std::int64_t s) const { return real_lens.empty() ? len(s) : real_lens[static_cast<std::size_t>(s)]; }
+  std::int64_t real(std::int64_t s) const {
+    return real_lens.empty() ? len(s) : real_lens[static_cast<std::size_t>(s)];
+  }
   bool padded() const;
   // The same sequences at their real lengths, packed without padding (THD; BSHD when none is padded).
   SeqLayout unpadded() const;

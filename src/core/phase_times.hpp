@@ -20,7 +20,8 @@ class PhaseTimes {
   PhaseTimes& operator=(const PhaseTimes&) = delete;
   ~PhaseTimes() { release(); }
 
-  template <class F> void time(const std::string& name, Space space, F&& f) {
+  template <class F>
+  void time(const std::string& name, Space space, F&& f) {
     const DeviceOps* ops = space == Space::Cuda ? device_ops() : nullptr;
     if (ops && ops->event_mark) {
       void* a = ops->event_mark();

@@ -15,9 +15,12 @@ namespace hcp {
 
 std::string to_string(DType t) {
   switch (t) {
-    case DType::F32: return "fp32";
-    case DType::F64: return "fp64";
-    case DType::BF16: return "bf16";
+    case DType::F32:
+      return "fp32";
+    case DType::F64:
+      return "fp64";
+    case DType::BF16:
+      return "bf16";
   }
   return "?";
 }
@@ -55,7 +58,8 @@ namespace {
 DeviceOps g_device_ops;
 bool g_have_device = false;
 const DeviceOps& require_device(const char* what) {
-  HCP_CHECK(g_have_device, what, " on a CUDA tensor needs the CUDA backend: this process has no GPU backend "
+  HCP_CHECK(g_have_device, what,
+            " on a CUDA tensor needs the CUDA backend: this process has no GPU backend "
             "initialised (a build without CUDA, or no usable GPU)");
   return g_device_ops;
 }
@@ -74,7 +78,8 @@ const DeviceOps* device_ops() { return g_have_device ? &g_device_ops : nullptr; 
 namespace {
 // fn(begin, end) over [0, n): one call below 2^20 elements, else one range per hardware thread.
 // Callers compute each element from its index alone, so the split never changes a result.
-template <class F> void for_ranges(std::int64_t n, F&& fn) {
+template <class F>
+void for_ranges(std::int64_t n, F&& fn) {
   const std::int64_t nt = n < (1 << 20) ? 1 : std::clamp<std::int64_t>(std::thread::hardware_concurrency(), 1, 32);
   std::vector<std::thread> pool;
   for (std::int64_t k = 1; k < nt; ++k) pool.emplace_back([&fn, n, nt, k] { fn(n * k / nt, n * (k + 1) / nt); });
@@ -82,20 +87,29 @@ template <class F> void for_ranges(std::int64_t n, F&& fn) {
   for (auto& th : pool) th.join();
 }
 // fn(typed pointer) for the dtype of `data`.
-template <class F> void with_typed(DType dt, void* data, F&& fn) {
+template <class F>
+void with_typed(DType dt, void* data, F&& fn) {
   switch (dt) {
-    case DType::F32: return fn(static_cast<float*>(data));
-    case DType::F64: return fn(static_cast<double*>(data));
-    case DType::BF16: return fn(static_cast<bf16*>(data));
+    case DType::F32:
+      return fn(static_cast<float*>(data));
+    case DType::F64:
+      return fn(static_cast<double*>(data));
+    case DType::BF16:
+      return fn(static_cast<bf16*>(data));
   }
 }
-template <class F> void with_typed(DType dt, const void* data, F&& fn) {
-  with_typed(dt, const_cast<void*>(data), [&](auto* p) { fn(static_cast<const std::remove_pointer_t<decltype(p)>*>(p)); });
+template <class F>
+void with_typed(DType dt, const void* data, F&& fn) {
+  with_typed(dt, const_cast<void*>(data),
+             [&](auto* p) { fn(static_cast<const std::remove_pointer_t<decltype(p)>*>(p)); });
 }
 // A value as set() stores it (bf16 through float) and as get() reads it.
-template <class D> D narrow(double v) {
-  if constexpr (std::is_same_v<D, bf16>) return bf16(static_cast<float>(v));
-  else return static_cast<D>(v);
+template <class D>
+D narrow(double v) {
+  if constexpr (std::is_same_v<D, bf16>)
+    return bf16(static_cast<float>(v));
+  else
+    return static_cast<D>(v);
 }
 double widen(float v) { return v; }
 double widen(double v) { return v; }
@@ -152,8 +166,10 @@ Tensor Tensor::empty(const Shape& shape, DType dt, Space sp) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dt, Space sp) {
   Tensor t = empty(shape, dt, sp);
-  if (sp == Space::Cuda) require_device("Tensor::zeros").zero(t.data_, t.nbytes());
-  else std::memset(t.data_, 0, t.nbytes());
+  if (sp == Space::Cuda)
+    require_device("Tensor::zeros").zero(t.data_, t.nbytes());
+  else
+    std::memset(t.data_, 0, t.nbytes());
   return t;
 }
 
@@ -169,8 +185,8 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dt, Space sp) {
 }
 
 Tensor Tensor::from(const std::vector<double>& v, const Shape& shape, DType dt) {
-  HCP_CHECK(static_cast<std::int64_t>(v.size()) == numel_of(shape), "Tensor::from: ", v.size(),
-            " values for shape ", shape_str(shape));
+  HCP_CHECK(static_cast<std::int64_t>(v.size()) == numel_of(shape), "Tensor::from: ", v.size(), " values for shape ",
+            shape_str(shape));
   Tensor t = empty(shape, dt, Space::Host);
   for (std::size_t i = 0; i < v.size(); ++i) t.set(static_cast<std::int64_t>(i), v[i]);
   return t;
@@ -210,12 +226,12 @@ Tensor Tensor::view(const Shape& shape) const {
     }
   }
   if (neg >= 0) {
-    HCP_CHECK(known > 0 && numel() % known == 0, "view(): cannot infer -1 in ", shape_str(shape),
-              " from ", shape_str(shape_));
+    HCP_CHECK(known > 0 && numel() % known == 0, "view(): cannot infer -1 in ", shape_str(shape), " from ",
+              shape_str(shape_));
     s[neg] = numel() / known;
   }
-  HCP_CHECK(numel_of(s) == numel(), "view(): shape ", shape_str(s), " does not match ", numel(),
-            " elements of ", shape_str(shape_));
+  HCP_CHECK(numel_of(s) == numel(), "view(): shape ", shape_str(s), " does not match ", numel(), " elements of ",
+            shape_str(shape_));
   Tensor t = *this;
   t.shape_ = s;
   t.strides_ = contiguous_strides(s);
@@ -225,8 +241,8 @@ Tensor Tensor::view(const Shape& shape) const {
 Tensor Tensor::slice(int d, std::int64_t start, std::int64_t len) const {
   if (d < 0) d += dim();
   HCP_CHECK(d >= 0 && d < dim(), "slice(): axis ", d, " out of range for ", shape_str(shape_));
-  HCP_CHECK(start >= 0 && len >= 0 && start + len <= shape_[d], "slice(): [", start, ", ",
-            start + len, ") out of range of axis ", d, " of ", shape_str(shape_));
+  HCP_CHECK(start >= 0 && len >= 0 && start + len <= shape_[d], "slice(): [", start, ", ", start + len,
+            ") out of range of axis ", d, " of ", shape_str(shape_));
   Tensor t = *this;
   t.data_ = static_cast<char*>(data_) + start * strides_[d] * static_cast<std::int64_t>(dtype_size(dtype_));
   t.shape_[d] = len;
@@ -247,9 +263,12 @@ double Tensor::get(std::int64_t flat) const {
   HCP_CHECK(space_ == Space::Host, "get() on a ", to_string(space_), " tensor");
   std::int64_t o = offset_of(flat);
   switch (dtype_) {
-    case DType::F32: return static_cast<const float*>(data_)[o];
-    case DType::F64: return static_cast<const double*>(data_)[o];
-    case DType::BF16: return static_cast<float>(static_cast<const bf16*>(data_)[o]);
+    case DType::F32:
+      return static_cast<const float*>(data_)[o];
+    case DType::F64:
+      return static_cast<const double*>(data_)[o];
+    case DType::BF16:
+      return static_cast<float>(static_cast<const bf16*>(data_)[o]);
   }
   return 0;
 }
@@ -258,9 +277,15 @@ void Tensor::set(std::int64_t flat, double v) {
   HCP_CHECK(space_ == Space::Host, "set() on a ", to_string(space_), " tensor");
   std::int64_t o = offset_of(flat);
   switch (dtype_) {
-    case DType::F32: static_cast<float*>(data_)[o] = static_cast<float>(v); break;
-    case DType::F64: static_cast<double*>(data_)[o] = v; break;
-    case DType::BF16: static_cast<bf16*>(data_)[o] = bf16(static_cast<float>(v)); break;
+    case DType::F32:
+      static_cast<float*>(data_)[o] = static_cast<float>(v);
+      break;
+    case DType::F64:
+      static_cast<double*>(data_)[o] = v;
+      break;
+    case DType::BF16:
+      static_cast<bf16*>(data_)[o] = bf16(static_cast<float>(v));
+      break;
   }
 }
 
@@ -271,8 +296,7 @@ std::vector<double> Tensor::to_vector() const {
 }
 
 void Tensor::copy_from(const Tensor& src) {
-  HCP_CHECK(src.shape_ == shape_, "copy_from(): shape ", shape_str(src.shape_), " into ",
-            shape_str(shape_));
+  HCP_CHECK(src.shape_ == shape_, "copy_from(): shape ", shape_str(src.shape_), " into ", shape_str(shape_));
   if (space_ == Space::Cuda || src.space_ == Space::Cuda) {
     // Across spaces or on the device: one dtype (convert on the host first); strided views on the
     // device by the backend's strided copy.
@@ -348,8 +372,7 @@ void Tensor::fill(double v) {
 }
 
 ErrorStats compare(const Tensor& a, const Tensor& ref, double rel_floor) {
-  HCP_CHECK(a.shape() == ref.shape(), "compare(): shapes ", shape_str(a.shape()), " and ",
-            shape_str(ref.shape()));
+  HCP_CHECK(a.shape() == ref.shape(), "compare(): shapes ", shape_str(a.shape()), " and ", shape_str(ref.shape()));
   ErrorStats e;
   for (std::int64_t i = 0; i < a.numel(); ++i) {
     const double x = a.get(i), y = ref.get(i);
@@ -370,7 +393,6 @@ ErrorStats compare(const Tensor& a, const Tensor& ref, double rel_floor) {
   }
   return e;
 }
-
 
 namespace {
 // splitmix64 of (seed, index): reproducible regardless of rank count or iteration order.
@@ -418,11 +440,6 @@ void fill_uniform_rows(Tensor& t, std::uint64_t seed, const std::vector<std::int
 
 // ---- layouts -------------------------------------------------------------------------------
 std::string to_string(Format f) { return f == Format::BSHD ? "bshd" : "thd"; }
-Format format_from_string(const std::string& s) {
-  if (s == "bshd") return Format::BSHD;
-  if (s == "thd") return Format::THD;
-  HCP_FAIL("unknown format '", s, "' (expected bshd or thd)");
-}
 
 SeqLayout SeqLayout::bshd(std::int64_t batch, std::int64_t seqlen) {
   SeqLayout l;

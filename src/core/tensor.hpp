@@ -59,22 +59,24 @@ class Tensor {
 
   void* raw() { return data_; }
   const void* raw() const { return data_; }
-  template <class T> T* data() {
+  template <class T>
+  T* data() {
     check_type<T>();
     return static_cast<T*>(data_);
   }
-  template <class T> const T* data() const {
+  template <class T>
+  const T* data() const {
     check_type<T>();
     return static_cast<const T*>(data_);
   }
 
   // Views sharing storage.
-  Tensor view(const Shape& shape) const;                          // contiguous only; one -1 allowed
+  Tensor view(const Shape& shape) const;                            // contiguous only; one -1 allowed
   Tensor slice(int d, std::int64_t start, std::int64_t len) const;  // along one axis
   // Copies.
-  Tensor clone() const;          // contiguous copy, same dtype
-  Tensor to(DType dt) const;     // contiguous copy converted
-  Tensor to(Space sp) const;     // contiguous copy in another memory space (CUDA: needs the backend)
+  Tensor clone() const;               // contiguous copy, same dtype
+  Tensor to(DType dt) const;          // contiguous copy converted
+  Tensor to(Space sp) const;          // contiguous copy in another memory space (CUDA: needs the backend)
   void copy_from(const Tensor& src);  // same shape, any dtypes/strides (host)
   void fill(double v);
 
@@ -84,7 +86,8 @@ class Tensor {
   std::vector<double> to_vector() const;
 
  private:
-  template <class T> void check_type() const {
+  template <class T>
+  void check_type() const {
     HCP_CHECK(dtype_of<T>() == dtype_, "tensor dtype is ", to_string(dtype_), ", accessed as ",
               to_string(dtype_of<T>()));
   }
@@ -122,7 +125,10 @@ void reset_tensor_peak(Space sp);
 
 // Drops the storage of tensors a layer saved for its backward: each becomes undefined. Layers call
 // it at the end of backward, as autograd frees saved tensors, so they hold nothing between steps.
-template <class... T> void release_saved(T&... t) { ((t = Tensor()), ...); }
+template <class... T>
+void release_saved(T&... t) {
+  ((t = Tensor()), ...);
+}
 
 // splitmix64: a well-mixed 64-bit hash (the fills below, checkpoint checksums and synthetic data).
 inline std::uint64_t mix64(std::uint64_t x) {

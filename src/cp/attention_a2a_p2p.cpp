@@ -61,7 +61,8 @@ void CpAttention::bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
   const std::int64_t hl = cfg_.heads / inner_, D = cfg_.head_dim, kvr = ring_kv_heads();
   Tensor doh = xq_->to_heads(dout);
   bwd_t_.comm_wait += c.lap();
-  Tensor dqh = Tensor::zeros({inner_ * tl_, hl, D}, q_.dtype()), dkh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype()),
+  Tensor dqh = Tensor::zeros({inner_ * tl_, hl, D}, q_.dtype()),
+         dkh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype()),
          dvh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype());
   ring_->backward(dqh, dkh, dvh, doh);
   bwd_t_.compute += ring_->bwd_times().compute;
@@ -73,7 +74,8 @@ void CpAttention::bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
     dvh = expand_heads_adjoint(dvh, kv_map_, n);
   }
   bwd_t_.compute += c.lap();
-  Tensor dql = xq_->to_tokens(dqh, cfg_.heads), dkl = xkv_->to_tokens(dkh, cfg_.kv_heads), dvl = xkv_->to_tokens(dvh, cfg_.kv_heads);
+  Tensor dql = xq_->to_tokens(dqh, cfg_.heads), dkl = xkv_->to_tokens(dkh, cfg_.kv_heads),
+         dvl = xkv_->to_tokens(dvh, cfg_.kv_heads);
   bwd_t_.comm_wait += c.lap();
   dq.copy_from(dql.view(dq.shape()));
   dk.copy_from(dkl.view(dk.shape()));

@@ -11,7 +11,6 @@
 namespace hcp::cp {
 namespace k = hcp::kernels;
 
-
 namespace {
 Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype()); }
 DType lse_dtype(const Tensor& q) { return q.dtype() == DType::F64 ? DType::F64 : DType::F32; }
@@ -26,7 +25,8 @@ CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg) : comm_(comm), cf
   local_ = local_layout(cfg_.global, cp_);
   tl_ = local_.total();
   if (cfg_.strategy == AttnStrategy::A2A) {
-    HCP_CHECK(cfg_.heads % cp_ == 0, "a2a attention needs attention.heads (", cfg_.heads, ") divisible by cp (", cp_, ")");
+    HCP_CHECK(cfg_.heads % cp_ == 0, "a2a attention needs attention.heads (", cfg_.heads, ") divisible by cp (", cp_,
+              ")");
     KvHeadRanges r = kv_head_ranges(cfg_.heads, cfg_.kv_heads, cp_, rank_);
     kv_lo_ = std::move(r.lo);
     kv_n_ = std::move(r.n);
@@ -66,8 +66,8 @@ void CpAttention::forward(Tensor& o, const Tensor& q, const Tensor& kk, const Te
   const std::int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
   HCP_CHECK(q.numel() == tl_ * H * D, "cp attention: q has shape ", shape_str(q.shape()), ", expected [", tl_, ", ", H,
             ", ", D, "] (local tokens = global / cp)");
-  HCP_CHECK(kk.numel() == tl_ * Hkv * D && v.numel() == kk.numel(), "cp attention: k/v must be [", tl_, ", ", Hkv,
-            ", ", D, "]");
+  HCP_CHECK(kk.numel() == tl_ * Hkv * D && v.numel() == kk.numel(), "cp attention: k/v must be [", tl_, ", ", Hkv, ", ",
+            D, "]");
   HCP_CHECK(o.numel() == q.numel(), "cp attention: o must match q");
   q_ = q.view({tl_, H, D});
   k_ = kk.view({tl_, Hkv, D});
@@ -75,29 +75,45 @@ void CpAttention::forward(Tensor& o, const Tensor& q, const Tensor& kk, const Te
   fwd_t_ = {};
   if (cp_ == 1) return fwd_local(o);
   switch (cfg_.strategy) {
-    case AttnStrategy::P2P: fwd_p2p(o); break;
-    case AttnStrategy::AllGather: fwd_allgather(o); break;
-    case AttnStrategy::A2A: fwd_a2a(o); break;
-    case AttnStrategy::A2AP2P: fwd_a2a_p2p(o); break;
+    case AttnStrategy::P2P:
+      fwd_p2p(o);
+      break;
+    case AttnStrategy::AllGather:
+      fwd_allgather(o);
+      break;
+    case AttnStrategy::A2A:
+      fwd_a2a(o);
+      break;
+    case AttnStrategy::A2AP2P:
+      fwd_a2a_p2p(o);
+      break;
   }
 }
 
 void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
   SpaceScope space_scope(dout.space());  // work tensors live where the inputs do
   HCP_CHECK(o_.defined(), "cp attention: backward() before forward()");
-  HCP_CHECK(dout.numel() == q_.numel() && dq.numel() == q_.numel() && dk.numel() == k_.numel() &&
-                dv.numel() == v_.numel(),
-            "cp attention backward: gradient shapes do not match the forward's inputs");
+  HCP_CHECK(
+      dout.numel() == q_.numel() && dq.numel() == q_.numel() && dk.numel() == k_.numel() && dv.numel() == v_.numel(),
+      "cp attention backward: gradient shapes do not match the forward's inputs");
   bwd_t_ = {};
   Tensor dov = dout.view(q_.shape());
   if (cp_ == 1) {
     bwd_local(dq, dk, dv, dov);
   } else {
     switch (cfg_.strategy) {
-      case AttnStrategy::P2P: bwd_p2p(dq, dk, dv, dov); break;
-      case AttnStrategy::AllGather: bwd_allgather(dq, dk, dv, dov); break;
-      case AttnStrategy::A2A: bwd_a2a(dq, dk, dv, dov); break;
-      case AttnStrategy::A2AP2P: bwd_a2a_p2p(dq, dk, dv, dov); break;
+      case AttnStrategy::P2P:
+        bwd_p2p(dq, dk, dv, dov);
+        break;
+      case AttnStrategy::AllGather:
+        bwd_allgather(dq, dk, dv, dov);
+        break;
+      case AttnStrategy::A2A:
+        bwd_a2a(dq, dk, dv, dov);
+        break;
+      case AttnStrategy::A2AP2P:
+        bwd_a2a_p2p(dq, dk, dv, dov);
+        break;
     }
   }
   release_saved(q_, k_, v_, o_, lse_, kg_, vg_, qh_, kh_, vh_, oh_);
@@ -181,8 +197,8 @@ k::AttnParams CpAttention::ring_params(int i) const {
 // the last K/V step (a negative step always posts: the dK/dV accumulator moves after every step).
 RingRequest CpAttention::ring_post_next(Tensor& send, Tensor& recv, int i, int tag) {
   if (i >= 0 && i + 1 >= cp_) return {};
-  return comm_.ring_post(send.raw(), recv.raw(), send.numel(), send.dtype(), (rank_ + 1) % cp_,
-                         (rank_ - 1 + cp_) % cp_, tag);
+  return comm_.ring_post(send.raw(), recv.raw(), send.numel(), send.dtype(), (rank_ + 1) % cp_, (rank_ - 1 + cp_) % cp_,
+                         tag);
 }
 
 void CpAttention::fwd_p2p(Tensor& o) {
@@ -368,9 +384,11 @@ std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
   if (cp_ == 1) return 0;  // one rank runs locally
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt)), kv = 2 * tl_ * cfg_.kv_heads * cfg_.head_dim;
   switch (cfg_.strategy) {
-    case AttnStrategy::P2P: return (cp_ - 1) * kv * es;             // cp-1 ring steps of local K/V
-    case AttnStrategy::AllGather: return (cp_ - 1) * kv * es;       // every other rank gets local K/V
-    case AttnStrategy::A2A: {  // q in, o out: (cp-1)/cp of each; K and V: each rank its heads
+    case AttnStrategy::P2P:
+      return (cp_ - 1) * kv * es;  // cp-1 ring steps of local K/V
+    case AttnStrategy::AllGather:
+      return (cp_ - 1) * kv * es;  // every other rank gets local K/V
+    case AttnStrategy::A2A: {      // q in, o out: (cp-1)/cp of each; K and V: each rank its heads
       const std::int64_t q = tl_ * cfg_.heads * cfg_.head_dim;
       std::int64_t heads_out = 0;
       for (int r = 0; r < cp_; ++r) heads_out += r == rank_ ? 0 : kv_n_[static_cast<std::size_t>(r)];
@@ -395,14 +413,17 @@ std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
       const auto acc_es = static_cast<std::int64_t>(dtype_size(dt == DType::BF16 ? DType::F32 : dt));
       return (cp_ - 1) * kv * es + cp_ * kv * acc_es;
     }
-    case AttnStrategy::AllGather: return (cp_ - 1) * kv * es;     // reduce-scatter of dK/dV
-    case AttnStrategy::A2A: {  // dout in, dq out; dK/dV of this rank's heads back to every owner
+    case AttnStrategy::AllGather:
+      return (cp_ - 1) * kv * es;  // reduce-scatter of dK/dV
+    case AttnStrategy::A2A: {      // dout in, dq out; dK/dV of this rank's heads back to every owner
       const std::int64_t q = tl_ * cfg_.heads * cfg_.head_dim;
-      return ((cp_ - 1) * 2 * q / cp_ + 2 * (cp_ - 1) * tl_ * kv_n_[static_cast<std::size_t>(rank_)] * cfg_.head_dim) * es;
+      return ((cp_ - 1) * 2 * q / cp_ + 2 * (cp_ - 1) * tl_ * kv_n_[static_cast<std::size_t>(rank_)] * cfg_.head_dim) *
+             es;
     }
     case AttnStrategy::A2AP2P: {  // inner: dout in, dq out, dK/dV back; outer: K/V and accumulator rings
       const std::int64_t D = cfg_.head_dim, hl = cfg_.heads / inner_, me = rank_ % inner_;
-      const std::int64_t a2a = 2 * tl_ * (cfg_.heads - hl) * D + 2 * (inner_ - 1) * tl_ * kv_n_[static_cast<std::size_t>(me)] * D;
+      const std::int64_t a2a =
+          2 * tl_ * (cfg_.heads - hl) * D + 2 * (inner_ - 1) * tl_ * kv_n_[static_cast<std::size_t>(me)] * D;
       if (outer_ == 1) return a2a * es;
       const std::int64_t kv = 2 * inner_ * tl_ * ring_kv_heads() * D;
       const auto acc_es = static_cast<std::int64_t>(dtype_size(dt == DType::BF16 ? DType::F32 : dt));

@@ -56,7 +56,8 @@ class CpAttention {
   void fwd_a2a_p2p(Tensor& o);
   void bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   void make_levels();
-  std::int64_t ring_kv_heads() const;  // a2a+p2p: K/V heads per rank on the outer ring  // a2a+p2p: the inner and outer groups, exchanges and ring (collective, once)
+  std::int64_t ring_kv_heads() const;  // a2a+p2p: K/V heads per rank on the outer ring  // a2a+p2p: the inner and outer
+                                       // groups, exchanges and ring (collective, once)
   kernels::AttnParams base_params(std::int64_t heads, std::int64_t kv_heads) const;
   // Ring p2p pieces shared by forward and backward: the [2, Tl, Hkv, D] K-then-V buffer that
   // travels, the attention parameters of step i, and posting the send/receive of the next block.

@@ -47,7 +47,8 @@ HeadExchange::HeadExchange(Communicator& group, std::vector<std::int64_t> lo, st
                            std::vector<std::vector<std::int64_t>> dest, std::int64_t rows_out)
     : group_(group), lo_(std::move(lo)), n_(std::move(n)), dest_(std::move(dest)), rows_out_(rows_out) {
   const auto p = static_cast<std::size_t>(group_.size());
-  HCP_CHECK(lo_.size() == p && n_.size() == p && dest_.size() == p, "HeadExchange: one head range and row list per rank");
+  HCP_CHECK(lo_.size() == p && n_.size() == p && dest_.size() == p,
+            "HeadExchange: one head range and row list per rank");
 }
 
 namespace {
@@ -84,7 +85,8 @@ Tensor HeadExchange::to_heads(const Tensor& x) const {
 
 Tensor HeadExchange::to_tokens(const Tensor& xh, std::int64_t heads) const {
   const int p = group_.size(), me = group_.rank();
-  const std::int64_t nm = xh.size(1), D = xh.size(2), tl = static_cast<std::int64_t>(dest_[static_cast<std::size_t>(me)].size());
+  const std::int64_t nm = xh.size(1), D = xh.size(2),
+                     tl = static_cast<std::int64_t>(dest_[static_cast<std::size_t>(me)].size());
   std::vector<std::int64_t> sc, rc, src;
   std::int64_t nr = 0;
   for (int j = 0; j < p; ++j) {

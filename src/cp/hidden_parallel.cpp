@@ -38,7 +38,8 @@ std::vector<HpSlice> hp_slices(const HpShare& s, std::int64_t Di, std::int64_t G
           {"dt_bias", "dt_bias", s.h0, s.hl}};
 }
 
-std::map<std::string, Tensor> take_slices(const std::vector<HpSlice>& slices, const std::map<std::string, Tensor>& params) {
+std::map<std::string, Tensor> take_slices(const std::vector<HpSlice>& slices,
+                                          const std::map<std::string, Tensor>& params) {
   std::map<std::string, Tensor> out;
   for (const HpSlice& s : slices) out[s.name] = params.at(s.param).slice(0, s.row0, s.rows).clone();
   return out;

@@ -30,7 +30,8 @@ struct HpSlice {
 // conv_wC, conv_bC) and its heads of A_log, D and dt_bias.
 std::vector<HpSlice> hp_slices(const HpShare& s, std::int64_t Di, std::int64_t G, std::int64_t N, std::int64_t P);
 // The slices themselves, as contiguous copies, by name.
-std::map<std::string, Tensor> take_slices(const std::vector<HpSlice>& slices, const std::map<std::string, Tensor>& params);
+std::map<std::string, Tensor> take_slices(const std::vector<HpSlice>& slices,
+                                          const std::map<std::string, Tensor>& params);
 // Adds each slice's gradient into its rows of the full parameter gradient (the other ranks' slices
 // arrive through the gradient all-reduce).
 void add_slice_grads(std::map<std::string, Tensor>& grads, const std::vector<HpSlice>& slices,

@@ -13,9 +13,10 @@ void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& w
   global.validate(what.c_str());
   const std::int64_t m = part == Partition::DCS ? 2 * cp : cp;
   for (std::int64_t s = 0; s < global.nseq(); ++s)
-    HCP_CHECK(global.len(s) % m == 0, what, ": sequence ", s, " has length ", global.len(s), ", which must be a multiple of ",
-              part == Partition::DCS ? "2*cp = " : "cp = ", m,
-              part == Partition::DCS ? " for DualChunkSwap (pad it, e.g. with pack_sequences)" : " for a contiguous split");
+    HCP_CHECK(
+        global.len(s) % m == 0, what, ": sequence ", s, " has length ", global.len(s), ", which must be a multiple of ",
+        part == Partition::DCS ? "2*cp = " : "cp = ", m,
+        part == Partition::DCS ? " for DualChunkSwap (pad it, e.g. with pack_sequences)" : " for a contiguous split");
 }
 
 SeqLayout local_layout(const SeqLayout& global, int cp, Partition part) {
@@ -64,7 +65,8 @@ std::vector<std::int64_t> pad_rows(const SeqLayout& global) {
 std::vector<std::int64_t> local_real_index(const SeqLayout& global, int cp, int rank, Partition part) {
   const std::vector<std::int64_t> real = real_rows(global);
   std::vector<std::int64_t> real_of(static_cast<std::size_t>(global.total()), -1);
-  for (std::size_t k = 0; k < real.size(); ++k) real_of[static_cast<std::size_t>(real[k])] = static_cast<std::int64_t>(k);
+  for (std::size_t k = 0; k < real.size(); ++k)
+    real_of[static_cast<std::size_t>(real[k])] = static_cast<std::int64_t>(k);
   std::vector<std::int64_t> rows = dcs_global_index(global, cp, rank, part);
   for (auto& r : rows) r = real_of[static_cast<std::size_t>(r)];
   return rows;
@@ -121,7 +123,8 @@ namespace {
 void permute_rows(Tensor& out, const Tensor& in, const std::vector<std::int64_t>& src,
                   const std::vector<std::int64_t>& dst) {
   HCP_CHECK(in.is_contiguous() && out.is_contiguous(), "dcs: tensors must be contiguous");
-  const std::size_t row = static_cast<std::size_t>(in.numel() / std::max<std::int64_t>(in.size(0), 1)) * dtype_size(in.dtype());
+  const std::size_t row =
+      static_cast<std::size_t>(in.numel() / std::max<std::int64_t>(in.size(0), 1)) * dtype_size(in.dtype());
   if (in.space() == Space::Cuda || out.space() == Space::Cuda) {
     HCP_CHECK(in.space() == out.space(), "dcs: row permutation across memory spaces");
     device_ops()->copy_rows(out.raw(), in.raw(), dst.data(), src.data(), static_cast<std::int64_t>(src.size()), row);
@@ -149,7 +152,7 @@ void copy_rows(Tensor& out, const Tensor& in, const std::vector<std::int64_t>& d
   HCP_CHECK(dst_rows.size() == src_rows.size(), "copy_rows: ", dst_rows.size(), " destination and ", src_rows.size(),
             " source rows");
   HCP_CHECK(in.dtype() == out.dtype() && in.numel() / std::max<std::int64_t>(in.size(0), 1) ==
-                                              out.numel() / std::max<std::int64_t>(out.size(0), 1),
+                                             out.numel() / std::max<std::int64_t>(out.size(0), 1),
             "copy_rows: tensors of different row shape or dtype");
   if (!src_rows.empty()) permute_rows(out, in, src_rows, dst_rows);
 }
@@ -201,7 +204,8 @@ Tensor cp2hp(Communicator& comm, const Tensor& x, const SeqLayout& global, Parti
   if (cp == 1) return x.view({tl, C});  // one rank: local order is global order, nothing moves
   const std::int64_t cb = C / cp;
   Tensor x2 = x.view({tl, cp, cb});
-  Tensor send = Tensor::empty({cp, tl, cb}, x.dtype(), x.space()), recv = Tensor::empty({cp, tl, cb}, x.dtype(), x.space());
+  Tensor send = Tensor::empty({cp, tl, cb}, x.dtype(), x.space()),
+         recv = Tensor::empty({cp, tl, cb}, x.dtype(), x.space());
   for (int r = 0; r < cp; ++r) send.slice(0, r, 1).view({tl, 1, cb}).copy_from(x2.slice(1, r, 1));
   comm.all_to_all(send, recv);
   return dcs_undo(recv.view({cp * tl, cb}), global, cp, part);

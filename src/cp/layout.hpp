@@ -21,12 +21,10 @@ enum class Partition { DCS, Contiguous };
 inline Partition effective_partition(Partition p, int cp) { return cp == 1 ? Partition::Contiguous : p; }
 
 // Throws hcp::Error naming `what` unless every sequence length is a multiple of 2*cp (cp at cp = 1).
-void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& what,
-                Partition part = Partition::DCS);
+void require_dcs_divisible(const SeqLayout& global, int cp, const std::string& what, Partition part = Partition::DCS);
 
 // Local layout of a CP rank: every sequence keeps len/cp tokens (cu_seqlens / cp).
-SeqLayout local_layout(const SeqLayout& global, int cp,
-                Partition part = Partition::DCS);
+SeqLayout local_layout(const SeqLayout& global, int cp, Partition part = Partition::DCS);
 
 // Real (unpadded) tokens of sequence s on `rank`: always a prefix of its local rows, since pads sit at
 // the end of the sequence and a rank's chunks are in increasing position order.
@@ -41,17 +39,14 @@ Tensor take_rows(const Tensor& t, const std::vector<std::int64_t>& rows);
 
 // For each local token of `rank` (in local order), its index in the global token order. Rank r
 // keeps chunks r and 2cp-1-r (of 2cp equal chunks) of every sequence, in that order.
-std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank,
-                Partition part = Partition::DCS);
+std::vector<std::int64_t> dcs_global_index(const SeqLayout& global, int cp, int rank, Partition part = Partition::DCS);
 // For each local token of `rank` (in local order), its index among the real tokens in global order
 // (the unpadded problem's row), or -1 for a pad.
-std::vector<std::int64_t> local_real_index(const SeqLayout& global, int cp, int rank,
-                Partition part = Partition::DCS);
+std::vector<std::int64_t> local_real_index(const SeqLayout& global, int cp, int rank, Partition part = Partition::DCS);
 // Position of each local token inside its own sequence (RoPE / causal masks use these).
 std::vector<std::int64_t> dcs_positions(const SeqLayout& global, int cp, int rank);
 // Rank-major order (all ranks' local tokens concatenated by rank) -> global index of each.
-std::vector<std::int64_t> dcs_rank_major_index(const SeqLayout& global, int cp,
-                Partition part = Partition::DCS);
+std::vector<std::int64_t> dcs_rank_major_index(const SeqLayout& global, int cp, Partition part = Partition::DCS);
 
 // Row copies of contiguous [R, ...] tensors in one memory space (host memcpy, or one device
 // kernel): out row dst_rows[i] <- in row src_rows[i].
@@ -60,33 +55,28 @@ void copy_rows(Tensor& out, const Tensor& in, const std::vector<std::int64_t>& d
 
 // Tensors with the token axis first ([T, ...]):
 Tensor dcs_partition(const Tensor& global_t, const SeqLayout& global, int cp, int rank,
-                Partition part = Partition::DCS);
+                     Partition part = Partition::DCS);
 // Rank-major concatenation -> global order, and back (both exact permutations).
-Tensor dcs_undo(const Tensor& rank_major, const SeqLayout& global, int cp,
-                Partition part = Partition::DCS);
-Tensor dcs_redo(const Tensor& global_t, const SeqLayout& global, int cp,
-                Partition part = Partition::DCS);
+Tensor dcs_undo(const Tensor& rank_major, const SeqLayout& global, int cp, Partition part = Partition::DCS);
+Tensor dcs_redo(const Tensor& global_t, const SeqLayout& global, int cp, Partition part = Partition::DCS);
 // All-gather the local tensors of the CP group and return them in global order (every rank).
-Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& global,
-                Partition part = Partition::DCS);
+Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& global, Partition part = Partition::DCS);
 
 // Sequence-parallel <-> hidden-parallel all-to-all (every channel block to its rank):
 // cp2hp: local [Tl, C] (DCS order) -> [T, C/cp] in global token order, channels of block `rank`;
 // for packed THD the de-interleave of sequences is part of the same permutation.
 // hp2cp is its exact inverse; the backward of each is the other. At cp = 1 both return a view of
 // their input (no copy, no communication).
-Tensor cp2hp(Communicator& comm, const Tensor& local, const SeqLayout& global,
-                Partition part = Partition::DCS);
-Tensor hp2cp(Communicator& comm, const Tensor& hp, const SeqLayout& global,
-                Partition part = Partition::DCS);
+Tensor cp2hp(Communicator& comm, const Tensor& local, const SeqLayout& global, Partition part = Partition::DCS);
+Tensor hp2cp(Communicator& comm, const Tensor& hp, const SeqLayout& global, Partition part = Partition::DCS);
 
 // Sequence packing: concatenate sequences, each padded to a multiple of `multiple` (2*cp) with
 // `pad_id`; labels are next-token targets inside each sequence, `ignore` on pads and last tokens.
 struct PackedBatch {
   std::vector<std::int64_t> tokens, labels;
-  SeqLayout layout;               // THD, padded cu_seqlens
+  SeqLayout layout;                    // THD, padded cu_seqlens
   std::vector<std::int64_t> seq_lens;  // unpadded lengths
-  std::int64_t label_tokens = 0;  // labels != ignore
+  std::int64_t label_tokens = 0;       // labels != ignore
 };
 PackedBatch pack_sequences(const std::vector<std::vector<std::int64_t>>& seqs, std::int64_t multiple,
                            std::int64_t pad_id, std::int64_t ignore = -100);

@@ -11,7 +11,8 @@ std::int64_t width(const Tensor& t) { return t.size(0) ? t.numel() / t.size(0) :
 }  // namespace
 
 ExpertRange ep_experts(std::int64_t experts, int ep, int rank) {
-  HCP_CHECK(experts % ep == 0, "expert parallelism needs moe.experts (", experts, ") divisible by the EP size (", ep, ")");
+  HCP_CHECK(experts % ep == 0, "expert parallelism needs moe.experts (", experts, ") divisible by the EP size (", ep,
+            ")");
   return {rank * (experts / ep), experts / ep};
 }
 

@@ -210,7 +210,8 @@ std::string to_string(StateExchange e) {
   return e == StateExchange::Auto ? "auto" : e == StateExchange::Doubling ? "doubling" : "allgather";
 }
 
-StateExchange resolve_state_exchange(const SeqLayout& global, int cp, Partition part, StateExchange e, std::int64_t pn) {
+StateExchange resolve_state_exchange(const SeqLayout& global, int cp, Partition part, StateExchange e,
+                                     std::int64_t pn) {
   if (e != StateExchange::Auto) return e;
   std::int64_t dbl = 0, ag = 0;  // per-rank maxima, one head
   for (int q = 0; q < cp; ++q) {
@@ -251,12 +252,13 @@ StateScan::StateScan(const SeqLayout& global, int cp, int rank, Partition part, 
     pos_.push_back(p.chunk);
     seq_.push_back(p.seq);
   }
-  slot_.assign(static_cast<std::size_t>(global.nseq()), std::vector<std::int64_t>(
-                                                            static_cast<std::size_t>(chunks_per_seq(cp, part)), -1));
+  slot_.assign(static_cast<std::size_t>(global.nseq()),
+               std::vector<std::int64_t>(static_cast<std::size_t>(chunks_per_seq(cp, part)), -1));
   for (int q = 0; q < cp; ++q) {
     const auto ps = local_pieces(global, cp, q, part);
     for (std::size_t i = 0; i < ps.size(); ++i)
-      slot_[static_cast<std::size_t>(ps[i].seq)][static_cast<std::size_t>(ps[i].chunk)] = q * np_ + static_cast<std::int64_t>(i);
+      slot_[static_cast<std::size_t>(ps[i].seq)][static_cast<std::size_t>(ps[i].chunk)] =
+          q * np_ + static_cast<std::int64_t>(i);
   }
   off_.push_back(0);
   for (const auto& seq : slot_) {
@@ -384,7 +386,8 @@ void StateScan::backward(Communicator& comm, Tensor& dS_local, Tensor& da_local,
   HCP_CHECK(Sin_all_.defined(), "StateScan: backward() before forward()");
   HCP_CHECK(dS_in.shape() == S_all_.slice(0, 0, np_).shape() && dS_in.dtype() == S_all_.dtype() &&
                 dS_in.space() == S_all_.space(),
-            "StateScan::backward: dS_in must be ", shape_str(S_all_.slice(0, 0, np_).shape()), " where the states live");
+            "StateScan::backward: dS_in must be ", shape_str(S_all_.slice(0, 0, np_).shape()),
+            " where the states live");
   Tensor dsin_all = Tensor::empty(S_all_.shape(), S_all_.dtype(), S_all_.space());
   comm.all_gather(dS_in.is_contiguous() ? dS_in : dS_in.clone(), dsin_all);
   Tensor dS_all = Tensor::zeros(S_all_.shape(), S_all_.dtype(), S_all_.space()),

@@ -106,7 +106,6 @@ class StateScan {
   // `pn`: values of a state per head, for resolving StateExchange::Auto.
   StateScan(const SeqLayout& global, int cp, int rank, Partition part, StateExchange how = StateExchange::Auto,
             std::int64_t pn = 64);
-  StateExchange exchange_used() const { return how_; }
   // S_local [np, H, P, N] zero-state final states of this rank's pieces, a_local [np, H] their
   // decays -> S_in [np, H, P, N], the true state entering each piece. Saves what backward needs.
   Tensor forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local);
@@ -132,7 +131,7 @@ class StateScan {
 
   StateExchange how_ = StateExchange::Doubling;
   std::vector<std::int64_t> pos_, seq_;  // this rank's pieces: position in the sequence, sequence
-  std::int64_t K_ = 1;                    // pieces per sequence
+  std::int64_t K_ = 1;                   // pieces per sequence
   std::vector<Route> fwd_rounds_, bwd_rounds_;
   Route fwd_shift_, bwd_shift_;
   Tensor a_, Sin_;  // this rank's decays and incoming states (doubling), for backward
@@ -141,7 +140,7 @@ class StateScan {
   // Gathered slot (rank * np + i) of chunk k of sequence s: slot_[s][k].
   std::vector<std::vector<std::int64_t>> slot_;
   std::vector<std::int64_t> order_, off_;  // slot_ flattened: the scan kernels' run order and offsets
-  Tensor S_all_, a_all_, Sin_all_;  // [cp*np, H, P, N], [cp*np, H], [cp*np, H, P, N]
+  Tensor S_all_, a_all_, Sin_all_;         // [cp*np, H, P, N], [cp*np, H], [cp*np, H, P, N]
 };
 
 }  // namespace hcp::cp

@@ -1,10 +1,10 @@
 #include "io/deck.hpp"
 
+#include <toml++/toml.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "core/error.hpp"
 
@@ -13,10 +13,14 @@ namespace {
 
 const char* type_name(DeckKey::Type t) {
   switch (t) {
-    case DeckKey::Type::Int: return "an integer";
-    case DeckKey::Type::Float: return "a number";
-    case DeckKey::Type::String: return "a string";
-    case DeckKey::Type::Bool: return "a boolean";
+    case DeckKey::Type::Int:
+      return "an integer";
+    case DeckKey::Type::Float:
+      return "a number";
+    case DeckKey::Type::String:
+      return "a string";
+    case DeckKey::Type::Bool:
+      return "a boolean";
   }
   return "?";
 }
@@ -42,8 +46,7 @@ void check_rules(const DeckKey& k, const DeckValue& v, const std::string& where)
   if (auto p = std::get_if<double>(&v)) num = *p, numeric = true;
   if (numeric) {
     // NaN fails every comparison below and inf passes a one-sided range: neither is a setting.
-    if (!std::isfinite(num))
-      HCP_INPUT_FAIL(where, "key '", k.key, "' = ", fmt_value(v), " must be a finite number");
+    if (!std::isfinite(num)) HCP_INPUT_FAIL(where, "key '", k.key, "' = ", fmt_value(v), " must be a finite number");
     if (k.min && num < *k.min)
       HCP_INPUT_FAIL(where, "key '", k.key, "' = ", fmt_value(v), " is out of range: must be >= ", *k.min);
     if (k.max && num > *k.max)
@@ -77,9 +80,12 @@ std::string joined(const DeckKey& k, const std::vector<std::string>& items, cons
 std::string joined(const DeckKey& k, const toml::array& a, const std::string& where) {
   std::vector<std::string> items;
   for (const toml::node& e : a) {
-    if (auto s = e.value_exact<std::string>()) items.push_back(*s);
-    else if (auto i = e.value_exact<std::int64_t>()) items.push_back(std::to_string(*i));
-    else HCP_INPUT_FAIL(where, "key '", k.key, "': array items must be strings or integers");
+    if (auto s = e.value_exact<std::string>())
+      items.push_back(*s);
+    else if (auto i = e.value_exact<std::int64_t>())
+      items.push_back(std::to_string(*i));
+    else
+      HCP_INPUT_FAIL(where, "key '", k.key, "': array items must be strings or integers");
   }
   return joined(k, items, where);
 }
@@ -166,8 +172,7 @@ void walk(const toml::table& tbl, const std::string& prefix, const DeckSchema& s
       continue;
     }
     const DeckKey* k = schema.find(key);
-    if (!k && !schema.renamed(key).empty())
-      HCP_INPUT_FAIL(where, "key '", key, "' is now '", schema.renamed(key), "'");
+    if (!k && !schema.renamed(key).empty()) HCP_INPUT_FAIL(where, "key '", key, "' is now '", schema.renamed(key), "'");
     if (!k) HCP_INPUT_FAIL(where, "unknown key '", key, "' (see --help-deck for the keys this driver reads)");
     DeckValue v = from_node(*k, node, where);
     check_rules(*k, v, where);
@@ -202,7 +207,8 @@ DeckSchema& DeckSchema::rename_key(const std::string& old_key, const std::string
   return *this;
 }
 
-DeckSchema& DeckSchema::rename_choice(const std::string& key, const std::string& old_value, const std::string& new_value) {
+DeckSchema& DeckSchema::rename_choice(const std::string& key, const std::string& old_value,
+                                      const std::string& new_value) {
   for (auto& k : keys_)
     if (k.key == key) k.renamed_choices[old_value] = new_value;
   return *this;
@@ -255,8 +261,7 @@ Deck Deck::parse(const DeckSchema& schema, const std::string& text, const std::s
   walk(tbl, "", schema, source, d.values_, d.where_);
   for (auto& o : overrides) {
     auto eq = o.find('=');
-    if (eq == std::string::npos || eq == 0)
-      HCP_INPUT_FAIL("--set " + o, "expected section.key=value");
+    if (eq == std::string::npos || eq == 0) HCP_INPUT_FAIL("--set " + o, "expected section.key=value");
     std::string key = o.substr(0, eq), val = o.substr(eq + 1);
     const DeckKey* k = schema.find(key);
     if (!k && !schema.renamed(key).empty())
@@ -296,7 +301,9 @@ const DeckValue& Deck::value(const std::string& key, DeckKey::Type t) const {
   return values_.at(key);
 }
 
-std::int64_t Deck::get_int(const std::string& key) const { return std::get<std::int64_t>(value(key, DeckKey::Type::Int)); }
+std::int64_t Deck::get_int(const std::string& key) const {
+  return std::get<std::int64_t>(value(key, DeckKey::Type::Int));
+}
 double Deck::get_float(const std::string& key) const { return std::get<double>(value(key, DeckKey::Type::Float)); }
 const std::string& Deck::get_string(const std::string& key) const {
   return std::get<std::string>(value(key, DeckKey::Type::String));

@@ -17,10 +17,10 @@ struct DeckKey {
   enum class Type { Int, Float, String, Bool };
   std::string key;  // "section.name"
   Type type = Type::Int;
-  DeckValue def;    // default value (of `type`)
+  DeckValue def;  // default value (of `type`)
   std::string help;
-  std::optional<double> min, max;    // inclusive range (Int, Float)
-  std::vector<std::string> choices;  // allowed strings (String), empty = any
+  std::optional<double> min, max;                      // inclusive range (Int, Float)
+  std::vector<std::string> choices;                    // allowed strings (String), empty = any
   std::map<std::string, std::string> renamed_choices;  // an old value -> its new name (refused, naming it)
   bool list = false;  // a comma-separated list (String): a TOML array of strings or integers is joined with ','
 };

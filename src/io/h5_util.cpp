@@ -43,8 +43,10 @@ std::string h5_reason(const std::string& file) {
     const auto slash = file.rfind('/');
     const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : file.substr(0, slash);
     struct statvfs fs {};
-    if (statvfs(dir.c_str(), &fs) == 0 && static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) < 1048576.0)
-      return detail::concat(std::strerror(ENOSPC), " (", static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize),
+    if (statvfs(dir.c_str(), &fs) == 0 &&
+        static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize) < 1048576.0)
+      return detail::concat(std::strerror(ENOSPC), " (",
+                            static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize),
                             " bytes free where it is written)");
   }
   return r.code != 0 ? std::strerror(r.code) : "the HDF5 library refused the call";

@@ -13,14 +13,14 @@ namespace hcp {
 std::string h5_reason(const std::string& file = "");
 
 // Checks an HDF5 call made while writing `what` to `file`; a failure names both and the reason.
-#define HCP_H5_WRITE(call, file, what)                                                                    \
-  ([&]() {                                                                                                \
-    errno = 0;                                                                                            \
-    auto hcp_rc_ = (call);                                                                                \
-    if (hcp_rc_ < 0)                                                                                      \
-      throw ::hcp::Error(::hcp::detail::concat("cannot write ", what, " to results file '", file, "': ",   \
-                                               h5_reason(file)));                                             \
-    return hcp_rc_;                                                                                       \
+#define HCP_H5_WRITE(call, file, what)                                                                       \
+  ([&]() {                                                                                                   \
+    errno = 0;                                                                                               \
+    auto hcp_rc_ = (call);                                                                                   \
+    if (hcp_rc_ < 0)                                                                                         \
+      throw ::hcp::Error(                                                                                    \
+          ::hcp::detail::concat("cannot write ", what, " to results file '", file, "': ", h5_reason(file))); \
+    return hcp_rc_;                                                                                          \
   }())
 
 // Writes /checksums into the closed results file `tmp` (shown as `shown` in messages): one line per

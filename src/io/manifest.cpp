@@ -97,15 +97,17 @@ void write_manifest(const std::string& tmp, const std::string& shown) {
     for (const auto& o : scan.summary_objects) {
       std::vector<std::pair<std::string, std::uint64_t>> attrs;
       hsize_t idx = 0;
-      HCP_H5_CHECK(H5Aiterate_by_name(f, o.c_str(), H5_INDEX_NAME, H5_ITER_INC, &idx, manifest_attr, &attrs, H5P_DEFAULT));
+      HCP_H5_CHECK(
+          H5Aiterate_by_name(f, o.c_str(), H5_INDEX_NAME, H5_ITER_INC, &idx, manifest_attr, &attrs, H5P_DEFAULT));
       for (const auto& [n, v] : attrs) text += o + "@" + n + " " + checksum_hex(v) + "\n";
     }
     const hsize_t len = std::max<hsize_t>(text.size(), 1);
     hid_t sp = HCP_H5_CHECK(H5Screate_simple(1, &len, nullptr));
-    hid_t ds = HCP_H5_WRITE(H5Dcreate2(f, "checksums", H5T_NATIVE_UINT8, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), shown,
-                            "dataset /checksums");
+    hid_t ds = HCP_H5_WRITE(H5Dcreate2(f, "checksums", H5T_NATIVE_UINT8, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                            shown, "dataset /checksums");
     text.resize(static_cast<std::size_t>(len), '\n');
-    HCP_H5_WRITE(H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), shown, "dataset /checksums");
+    HCP_H5_WRITE(H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()), shown,
+                 "dataset /checksums");
     H5Dclose(ds);
     H5Sclose(sp);
   } catch (...) {

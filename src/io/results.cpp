@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -43,7 +43,8 @@ hid_t create_dataset(hid_t loc, const std::string& name, const Shape& shape, DTy
     chunk[0] = static_cast<hsize_t>(chunk_rows);
     HCP_H5_CHECK(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()));
   }
-  hid_t ds = HCP_H5_WRITE(H5Dcreate2(loc, name.c_str(), h5_type(dt), space, H5P_DEFAULT, dcpl, H5P_DEFAULT), file, what);
+  hid_t ds =
+      HCP_H5_WRITE(H5Dcreate2(loc, name.c_str(), h5_type(dt), space, H5P_DEFAULT, dcpl, H5P_DEFAULT), file, what);
   H5Pclose(dcpl);
   H5Sclose(space);
   return ds;
@@ -176,8 +177,10 @@ void ResultsWriter::open() {
     double made = 1;
     if (comm_.rank() == 0) {
       hid_t first = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-      if (first < 0) made = 0, why = h5_reason();
-      else H5Fclose(first);
+      if (first < 0)
+        made = 0, why = h5_reason();
+      else
+        H5Fclose(first);
     }
     comm_.broadcast(&made, 1, DType::F64, 0);
     if (made == 1) file_ = H5Fopen(tmp_.c_str(), H5F_ACC_RDWR, fapl);
@@ -241,8 +244,8 @@ void ResultsWriter::string_attr(long long obj, const std::string& name, const st
   HCP_H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8));
   hid_t space = HCP_H5_CHECK(H5Screate(H5S_SCALAR));
   if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
-  hid_t a = HCP_H5_WRITE(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), path_,
-                         "attribute " + name);
+  hid_t a =
+      HCP_H5_WRITE(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), path_, "attribute " + name);
   const char* s = v.c_str();
   HCP_H5_WRITE(H5Awrite(a, type, &s), path_, "attribute " + name);
   H5Aclose(a);
@@ -253,8 +256,8 @@ void ResultsWriter::string_attr(long long obj, const std::string& name, const st
 void ResultsWriter::double_attr(long long obj, const std::string& name, double v) {
   hid_t space = HCP_H5_CHECK(H5Screate(H5S_SCALAR));
   if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
-  hid_t a = HCP_H5_WRITE(H5Acreate2(obj, name.c_str(), H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT),
-                         path_, "attribute " + name);
+  hid_t a = HCP_H5_WRITE(H5Acreate2(obj, name.c_str(), H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT), path_,
+                         "attribute " + name);
   HCP_H5_WRITE(H5Awrite(a, H5T_NATIVE_DOUBLE, &v), path_, "attribute " + name);
   H5Aclose(a);
   H5Sclose(space);
@@ -302,10 +305,13 @@ struct Partial {
   double v[5] = {0, 0, 0, 0, 0};
   // Rows of a writable() tensor (host, contiguous, fp32 or fp64).
   void add(const Tensor& c, std::int64_t row, std::int64_t row_len) {
-    if (c.dtype() == DType::F32) add(static_cast<const float*>(c.raw()) + row * row_len, row_len);
-    else add(static_cast<const double*>(c.raw()) + row * row_len, row_len);
+    if (c.dtype() == DType::F32)
+      add(static_cast<const float*>(c.raw()) + row * row_len, row_len);
+    else
+      add(static_cast<const double*>(c.raw()) + row * row_len, row_len);
   }
-  template <class T> void add(const T* p, std::int64_t n) {
+  template <class T>
+  void add(const T* p, std::int64_t n) {
     for (std::int64_t j = 0; j < n; ++j) {
       const double x = p[j];
       v[0] += x, v[1] += x * x, v[2] = nan_max(v[2], std::abs(x)), v[3] += 1;
@@ -342,7 +348,8 @@ void ResultsWriter::tensor(const std::string& path, const Tensor& t, const std::
   hid_t g = group(dir);
   const DType wdt = orig == DType::F64 ? DType::F64 : DType::F32;
   hid_t ds = create_dataset(g, name, shape, wdt, 0, path_, what);
-  write_from_root(ds, wdt, comm_.rank() == 0 ? c.raw() : nullptr, io_ == H5Io::Collective, comm_.rank() == 0, path_, what);
+  write_from_root(ds, wdt, comm_.rank() == 0 ? c.raw() : nullptr, io_ == H5Io::Collective, comm_.rank() == 0, path_,
+                  what);
   string_attr(ds, "layout", layout);
   string_attr(ds, "units", units);
   string_attr(ds, "dtype", to_string(orig));
@@ -352,16 +359,18 @@ void ResultsWriter::tensor(const std::string& path, const Tensor& t, const std::
 
 void ResultsWriter::rows(const std::string& path, const Tensor& local, const std::vector<std::int64_t>& file_row,
                          std::int64_t total_rows, const std::string& layout, const std::string& units) {
-  HCP_CHECK(local.dim() >= 1 && static_cast<std::int64_t>(file_row.size()) == local.size(0), "rows('", path, "'): ",
-            file_row.size(), " row indices for ", local.dim() ? local.size(0) : 0, " local rows");
+  HCP_CHECK(local.dim() >= 1 && static_cast<std::int64_t>(file_row.size()) == local.size(0), "rows('", path,
+            "'): ", file_row.size(), " row indices for ", local.dim() ? local.size(0) : 0, " local rows");
   const Tensor c = writable(local);
-  const std::int64_t row_len = c.size(0) > 0 ? c.numel() / c.size(0) : numel_of(Shape(c.shape().begin() + 1, c.shape().end()));
+  const std::int64_t row_len =
+      c.size(0) > 0 ? c.numel() / c.size(0) : numel_of(Shape(c.shape().begin() + 1, c.shape().end()));
   const DType wdt = c.dtype();
   // This rank's rows in file order.
   std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // (file row, local row)
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(file_row.size()); ++i) {
     const std::int64_t f = file_row[static_cast<std::size_t>(i)];
-    HCP_CHECK(f < total_rows, "rows('", path, "'): file row ", f, " of local row ", i, " outside [0, ", total_rows, ")");
+    HCP_CHECK(f < total_rows, "rows('", path, "'): file row ", f, " of local row ", i, " outside [0, ", total_rows,
+              ")");
     if (f >= 0) mine.emplace_back(f, i);
   }
   std::sort(mine.begin(), mine.end());
@@ -393,10 +402,12 @@ void ResultsWriter::rows(const std::string& path, const Tensor& local, const std
   std::vector<unsigned char> buf(static_cast<std::size_t>(n * row_len) * esz);
   for (std::int64_t k = 0; k < n; ++k)
     std::memcpy(buf.data() + static_cast<std::size_t>(k * row_len) * esz,
-                static_cast<const unsigned char*>(c.raw()) + static_cast<std::size_t>(mine[static_cast<std::size_t>(k)].second * row_len) * esz,
+                static_cast<const unsigned char*>(c.raw()) +
+                    static_cast<std::size_t>(mine[static_cast<std::size_t>(k)].second * row_len) * esz,
                 static_cast<std::size_t>(row_len) * esz);
   std::vector<std::int64_t> rows_of_mine(static_cast<std::size_t>(n));
-  for (std::int64_t k = 0; k < n; ++k) rows_of_mine[static_cast<std::size_t>(k)] = mine[static_cast<std::size_t>(k)].first;
+  for (std::int64_t k = 0; k < n; ++k)
+    rows_of_mine[static_cast<std::size_t>(k)] = mine[static_cast<std::size_t>(k)].first;
 
   // Gather mode: rank 0 receives every rank's rows and places them.
   Tensor whole;
@@ -441,7 +452,8 @@ void ResultsWriter::rows(const std::string& path, const Tensor& local, const std
     std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
     for (std::int64_t k = 0; k < n;) {
       std::int64_t e = k + 1;
-      while (e < n && rows_of_mine[static_cast<std::size_t>(e)] == rows_of_mine[static_cast<std::size_t>(e - 1)] + 1) ++e;
+      while (e < n && rows_of_mine[static_cast<std::size_t>(e)] == rows_of_mine[static_cast<std::size_t>(e - 1)] + 1)
+        ++e;
       start[0] = static_cast<hsize_t>(rows_of_mine[static_cast<std::size_t>(k)]);
       count[0] = static_cast<hsize_t>(e - k);
       HCP_H5_CHECK(H5Sselect_hyperslab(fs, H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr));
@@ -471,8 +483,7 @@ void ResultsWriter::timings(const std::string& phase, const std::vector<double>&
   std::vector<double> nrep(static_cast<std::size_t>(p));
   const double mine = static_cast<double>(ms.size());
   comm_.all_gather(&mine, nrep.data(), 1, DType::F64);
-  for (double n : nrep)
-    HCP_CHECK(n == mine, "timings('", phase, "'): ranks recorded different repeat counts");
+  for (double n : nrep) HCP_CHECK(n == mine, "timings('", phase, "'): ranks recorded different repeat counts");
   const auto r = static_cast<std::int64_t>(ms.size());
   Tensor all = Tensor::zeros({p, r}, DType::F64, Space::Host);
   if (r > 0) comm_.all_gather(ms.data(), all.raw(), r, DType::F64);
@@ -503,12 +514,12 @@ void ResultsWriter::per_rank(const std::string& path, double v, const std::strin
   H5Gclose(g);
 }
 
-void ResultsWriter::comm(const std::map<std::string, CommCounter>& counters, int steps, bool equal, const std::string& prefix) {
+void ResultsWriter::comm(const std::map<std::string, CommCounter>& counters, int steps, bool equal,
+                         const std::string& prefix) {
   HCP_CHECK(steps > 0, "results: communication counters need at least one step");
   // Every rank must report the same op names: take the union by exchanging a fixed list.
-  static const char* kOps[] = {"all_to_all", "all_to_all_v", "all_gather", "reduce_scatter", "all_reduce",
-                               "broadcast",  "send",         "recv",       "ring_post",      "ring_wait",
-                               "barrier"};
+  static const char* kOps[] = {"all_to_all", "all_to_all_v", "all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                               "send",       "recv",         "ring_post",  "ring_wait",      "barrier"};
   const int p = comm_.size();
   const double all_equal = comm_.all_reduce_scalar(equal ? 0.0 : 1.0, ReduceOp::Max) == 0 ? 1 : 0;
   for (const char* op : kOps) {
@@ -534,7 +545,8 @@ void ResultsWriter::comm(const std::map<std::string, CommCounter>& counters, int
       const std::string what = "dataset " + base + "/" + n;
       const hsize_t dim = static_cast<hsize_t>(p);
       hid_t space = HCP_H5_CHECK(H5Screate_simple(1, &dim, nullptr));
-      hid_t ds = HCP_H5_WRITE(H5Dcreate2(g, n, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path_, what);
+      hid_t ds =
+          HCP_H5_WRITE(H5Dcreate2(g, n, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path_, what);
       hid_t fs = HCP_H5_CHECK(H5Dget_space(ds));
       hid_t ms = HCP_H5_CHECK(H5Scopy(fs));
       hid_t dxpl = HCP_H5_CHECK(H5Pcreate(H5P_DATASET_XFER));
@@ -567,7 +579,8 @@ void ResultsWriter::comm(const std::map<std::string, CommCounter>& counters, int
     // collective, the bytes that leave this rank in its logical exchange; an all-reduce counts as a
     // ring's 2 (n-1)/n of the buffer), not bytes on the wire (no protocol headers, no relaying by
     // NCCL rings or trees, no host staging).
-    string_attr(g, "bytes_sent", "logical payload sent by this rank (all_reduce: 2(n-1)/n of the buffer), not wire bytes");
+    string_attr(g, "bytes_sent",
+                "logical payload sent by this rank (all_reduce: 2(n-1)/n of the buffer), not wire bytes");
     H5Gclose(g);
   }
 }

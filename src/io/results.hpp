@@ -104,9 +104,9 @@ class ResultsWriter {
   const SaveSet& save() const { return save_; }
 
  private:
-  bool writes() const;                        // does this rank make HDF5 calls
-  void open();                               // creates the temporary file on first use
-  void bcast(std::string& s);                // rank 0's value on every rank (collective mode)
+  bool writes() const;         // does this rank make HDF5 calls
+  void open();                 // creates the temporary file on first use
+  void bcast(std::string& s);  // rank 0's value on every rank (collective mode)
   void bcast(double* v, int n);
   void stats(const std::string& path, double sum, double sumsq, double max_abs, double count, double nonfinite);
   void dataset(const std::string& path, const Tensor* data, const Shape& shape, DType dt, const std::string& layout,

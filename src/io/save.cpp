@@ -47,11 +47,13 @@ SaveSet::SaveSet(const std::string& list) : text_(list) {
     while (!item.empty() && item.back() == '/') item.pop_back();
     // No source location: the caller names the deck key and line.
     if (item.empty())
-      throw Error(detail::concat("\"", list, "\" has an empty item (items: all, auto, activations, gradients, timings, ",
+      throw Error(detail::concat("\"", list,
+                                 "\" has an empty item (items: all, auto, activations, gradients, timings, ",
                                  "comm, memory, summary, inputs, or tensor names, separated by commas)"));
     for (char ch : item)
       if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '/' && ch != '-' && ch != '.')
-        throw Error(detail::concat("item '", item, "': a tensor name holds letters, digits, '_', '-', '.' and '/' only"));
+        throw Error(
+            detail::concat("item '", item, "': a tensor name holds letters, digits, '_', '-', '.' and '/' only"));
     items_.push_back(item);
     start = end + 1;
   }
@@ -89,7 +91,8 @@ std::string SaveSet::unmatched(const std::vector<std::string>& tensors) const {
     if (it == "all" || it == "auto" || is_class(it)) continue;
     const std::string first = it.substr(0, it.find('/'));
     // Below /timings, /comm, /memory, /summary: names a run makes as it goes (phases, ops).
-    if (it.find('/') != std::string::npos && is_class(first) && first != "activations" && first != "gradients") continue;
+    if (it.find('/') != std::string::npos && is_class(first) && first != "activations" && first != "gradients")
+      continue;
     if (std::none_of(tensors.begin(), tensors.end(), [&](const std::string& p) { return names(it, p); })) return it;
   }
   return "";

@@ -30,9 +30,7 @@ ParamMap sub(const ParamMap& p, const std::string& prefix) {
 }
 }  // namespace
 
-bool is_buffer(const std::string& name) {
-  return name.size() >= 6 && name.compare(name.size() - 6, 6, "e_bias") == 0;
-}
+bool is_buffer(const std::string& name) { return name.size() >= 6 && name.compare(name.size() - 6, 6, "e_bias") == 0; }
 
 ExpertGroups::ExpertGroups(Communicator& cp, int ep) : cp_(cp) {
   const int n = cp.size(), r = cp.rank();
@@ -113,10 +111,18 @@ ParamMap hybrid_init(const HybridConfig& cin, DType dt, std::uint64_t seed, cons
     const std::uint64_t s = seed * 1000 + i;
     ParamMap m;
     switch (c.pattern[i]) {
-      case 'M': m = mamba2_init(c.mamba, dt, s); break;
-      case '*': m = attention_init(c.attn, dt, s); break;
-      case 'E': m = moe_init(c.moe, dt, s, groups ? groups->experts(c.moe.experts) : RowRange{}); break;
-      default: m = mlp_init(c.mlp, dt, s); break;
+      case 'M':
+        m = mamba2_init(c.mamba, dt, s);
+        break;
+      case '*':
+        m = attention_init(c.attn, dt, s);
+        break;
+      case 'E':
+        m = moe_init(c.moe, dt, s, groups ? groups->experts(c.moe.experts) : RowRange{});
+        break;
+      default:
+        m = mlp_init(c.mlp, dt, s);
+        break;
     }
     for (auto& [n, t] : m) p[pre + n] = t;
     init_param(p, pre + "norm", {c.hidden}, dt, s, 0.9, 1.1);
@@ -124,7 +130,8 @@ ParamMap hybrid_init(const HybridConfig& cin, DType dt, std::uint64_t seed, cons
   return p;
 }
 
-template <class F> void HybridModel::timed(const std::string& name, F&& f) {
+template <class F>
+void HybridModel::timed(const std::string& name, F&& f) {
   phases_.time(name, default_space(), f);
 }
 
@@ -135,17 +142,24 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global,
   cp::require_dcs_divisible(global_, cp, "hybrid model layout");
   tl_ = global_.total() / cp;
   if (!groups_) groups_ = (own_groups_ = std::make_unique<ExpertGroups>(comm_, c_.ep)).get();
-  HCP_CHECK(groups_->replicas().size() * groups_->size() == cp,
-            "hybrid: the expert groups do not split this CP group");
+  HCP_CHECK(groups_->replicas().size() * groups_->size() == cp, "hybrid: the expert groups do not split this CP group");
   for (std::size_t i = 0; i < c_.pattern.size(); ++i) {
     Block b;
     b.kind = c_.pattern[i];
     b.prefix = block_prefix(i);
     switch (b.kind) {
-      case 'M': b.mamba = make_mamba2(c_.mamba_cp, comm_, c_.mamba, global_); break;
-      case '*': b.attn = std::make_unique<AttentionLayer>(comm_, c_.attn, global_); break;
-      case 'E': b.moe = std::make_unique<MoeLayer>(groups_->ep(), groups_->replicas(), comm_, c_.moe); break;
-      default: b.mlp = std::make_unique<MlpLayer>(comm_, c_.mlp); break;
+      case 'M':
+        b.mamba = make_mamba2(c_.mamba_cp, comm_, c_.mamba, global_);
+        break;
+      case '*':
+        b.attn = std::make_unique<AttentionLayer>(comm_, c_.attn, global_);
+        break;
+      case 'E':
+        b.moe = std::make_unique<MoeLayer>(groups_->ep(), groups_->replicas(), comm_, c_.moe);
+        break;
+      default:
+        b.mlp = std::make_unique<MlpLayer>(comm_, c_.mlp);
+        break;
     }
     blocks_.push_back(std::move(b));
   }
@@ -164,19 +178,13 @@ std::vector<Tensor> HybridModel::routing() const {
   return out;
 }
 
-std::int64_t HybridModel::attention_model_bytes(DType dt) const {
-  std::int64_t n = 0;
-  for (const auto& b : blocks_)
-    if (b.attn) n += b.attn->attention().model_fwd_bytes(dt) + b.attn->attention().model_bwd_bytes(dt);
-  return n;
-}
-
-void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
-                      StepResult& r) {
+void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens,
+                      const std::vector<std::int64_t>& labels, StepResult& r) {
   SpaceScope space_scope(p.at("embed").space());  // the model runs where its parameters live
   HCP_CHECK(static_cast<std::int64_t>(tokens.size()) == tl_ && labels.size() == tokens.size(), "hybrid: need ", tl_,
             " local tokens and labels, got ", tokens.size(), " and ", labels.size());
-  for (auto t : tokens) HCP_CHECK(t >= 0 && t < c_.vocab, "hybrid: token id ", t, " outside [0, model.vocab = ", c_.vocab, ")");
+  for (auto t : tokens)
+    HCP_CHECK(t >= 0 && t < c_.vocab, "hybrid: token id ", t, " outside [0, model.vocab = ", c_.vocab, ")");
   const DType dt = p.at("embed").dtype();
   const std::int64_t C = c_.hidden;
   tokens_ = tokens;
@@ -244,7 +252,8 @@ StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>&
   Tensor dh = Tensor::zeros({tl_, C}, dt);
   timed("bwd/head", [&] {
     dlogits_ = Tensor::zeros(logits_.shape(), dt);
-    k::cross_entropy_bwd(dlogits_, logits_, labels_, c_.ignore_label, count_ > 0 ? 1.0 / static_cast<double>(count_) : 0.0);
+    k::cross_entropy_bwd(dlogits_, logits_, labels_, c_.ignore_label,
+                         count_ > 0 ? 1.0 / static_cast<double>(count_) : 0.0);
     Tensor dhn = Tensor::zeros({tl_, C}, dt);
     k::linear_bwd(&dhn, &grad("lm_head"), nullptr, hn_, p.at("lm_head"), dlogits_);
     k::rmsnorm_bwd(dh, grad("final_norm"), hfinal_, p.at("final_norm"), rstd_final_, dhn);

@@ -90,7 +90,8 @@ class HybridModel {
   StepResult step(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
                   ParamMap& grads);
   // Forward only (the loss).
-  StepResult forward(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels);
+  StepResult forward(const ParamMap& p, const std::vector<std::int64_t>& tokens,
+                     const std::vector<std::int64_t>& labels);
   // After step(): local output of every block [Tl, C], logits and their gradient [Tl, V].
   const std::vector<Tensor>& block_outputs() const { return outs_; }
   const Tensor& logits() const { return logits_; }
@@ -103,8 +104,6 @@ class HybridModel {
   const std::map<std::string, double>& phase_ms() const { return phases_.totals(); }
   void reset_phases() { phases_.reset(); }
   const HybridConfig& config() const { return c_; }
-  // Attention layers' CP communication model (values sent per step, all attention blocks).
-  std::int64_t attention_model_bytes(DType dt) const;
 
  private:
   struct Block {
@@ -118,7 +117,8 @@ class HybridModel {
   };
   void fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
            StepResult& r);
-  template <class F> void timed(const std::string& name, F&& f);
+  template <class F>
+  void timed(const std::string& name, F&& f);
   Communicator& comm_;
   std::unique_ptr<ExpertGroups> own_groups_;
   const ExpertGroups* groups_ = nullptr;

@@ -13,7 +13,8 @@ namespace {
 std::uint64_t param_seed(std::uint64_t seed, const std::string& name) { return mix64(seed ^ name_hash(name)); }
 }  // namespace
 
-void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo, double hi) {
+void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo,
+                double hi) {
   Tensor t = Tensor::empty(s, dt);
   fill_uniform(t, param_seed(seed, name), lo, hi);
   p[name] = t;
@@ -38,8 +39,10 @@ ParamMap init_params(const std::vector<ParamSpec>& specs, DType dt, std::uint64_
   for (const ParamSpec& sp : specs) {
     const std::string& drawn = sp.seed_name.empty() ? sp.name : sp.seed_name;
     ParamMap one;
-    if (sp.expert_rows) init_param_rows(one, drawn, sp.shape, experts, dt, seed + sp.seed_offset, sp.lo, sp.hi);
-    else init_param(one, drawn, sp.shape, dt, seed + sp.seed_offset, sp.lo, sp.hi);
+    if (sp.expert_rows)
+      init_param_rows(one, drawn, sp.shape, experts, dt, seed + sp.seed_offset, sp.lo, sp.hi);
+    else
+      init_param(one, drawn, sp.shape, dt, seed + sp.seed_offset, sp.lo, sp.hi);
     p[sp.name] = one.at(drawn);
   }
   return p;
@@ -100,7 +103,8 @@ void AttentionLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
   const DType dt = x.dtype();
   const std::int64_t H = c_.heads, Hk = c_.kv_heads, D = c_.head_dim;
   x_ = x.view({tl_, c_.hidden});
-  Tensor q = Tensor::zeros({tl_, H * D}, dt), kk = Tensor::zeros({tl_, Hk * D}, dt), v = Tensor::zeros({tl_, Hk * D}, dt);
+  Tensor q = Tensor::zeros({tl_, H * D}, dt), kk = Tensor::zeros({tl_, Hk * D}, dt),
+         v = Tensor::zeros({tl_, Hk * D}, dt);
   k::linear_fwd(q, x_, p.at("Wq"), nullptr);
   k::linear_fwd(kk, x_, p.at("Wk"), nullptr);
   k::linear_fwd(v, x_, p.at("Wv"), nullptr);
@@ -129,7 +133,8 @@ void AttentionLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, con
   grads = zeros_like(p);
   Tensor dyv = dy.view({tl_, c_.hidden}), dout = Tensor::zeros({tl_, H * D}, dt);
   k::linear_bwd(&dout, &grads["Wo"], nullptr, o_.view({tl_, H * D}), p.at("Wo"), dyv);
-  Tensor dq = Tensor::zeros({tl_, H, D}, dt), dk = Tensor::zeros({tl_, Hk, D}, dt), dv = Tensor::zeros({tl_, Hk, D}, dt);
+  Tensor dq = Tensor::zeros({tl_, H, D}, dt), dk = Tensor::zeros({tl_, Hk, D}, dt),
+         dv = Tensor::zeros({tl_, Hk, D}, dt);
   attn_.backward(dq, dk, dv, dout.view({tl_, H, D}));
   if (c_.rope_theta > 0) {
     Tensor a = Tensor::zeros(dq.shape(), dt), b = Tensor::zeros(dk.shape(), dt);
@@ -220,13 +225,12 @@ ParamMap moe_init(const MoeConfig& c, DType dt, std::uint64_t seed, RowRange exp
 MoeLayer::MoeLayer(Communicator& ep, Communicator& replicas, Communicator& grad, MoeConfig cfg)
     : ep_(ep), replica_(replicas), grad_(grad), c_(cfg) {
   cp::ep_experts(c_.experts, ep_.size(), ep_.rank());  // throws unless the experts split over the group
-  HCP_CHECK(c_.topk >= 1 && c_.topk <= c_.experts, "moe.topk (", c_.topk, ") must be in [1, moe.experts = ", c_.experts, "]");
+  HCP_CHECK(c_.topk >= 1 && c_.topk <= c_.experts, "moe.topk (", c_.topk, ") must be in [1, moe.experts = ", c_.experts,
+            "]");
 }
 
 namespace {
-ParamMap shared_params(const ParamMap& p) {
-  return {{"W1", p.at("shared_W1")}, {"W2", p.at("shared_W2")}};
-}
+ParamMap shared_params(const ParamMap& p) { return {{"W1", p.at("shared_W1")}, {"W2", p.at("shared_W2")}}; }
 DType router_dtype(DType dt) { return dt == DType::BF16 ? DType::F32 : dt; }
 // `t` in dtype `dt`: itself when it already is, else a converted copy.
 Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
@@ -258,7 +262,8 @@ void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
   const std::int64_t el = disp_->local_experts(), F1 = p.at("W1").size(1);
   for (const char* n : {"W1", "W2"})
     HCP_CHECK(p.at(n).size(0) == el, "moe: ", n, " holds ", p.at(n).size(0), " experts; EP rank ", ep_.rank(), " of ",
-              ep_.size(), " holds ", el, " (experts ", disp_->first_expert(), "..", disp_->first_expert() + el - 1, ")");
+              ep_.size(), " holds ", el, " (experts ", disp_->first_expert(), "..", disp_->first_expert() + el - 1,
+              ")");
   h_ = Tensor::empty({disp_->local_rows(), F1}, dt);
   Tensor yl = Tensor::empty({disp_->local_rows(), C}, dt);
   if (disp_->local_rows() > 0) k::expert_mlp_fwd(yl, h_, xl_, p.at("W1"), p.at("W2"), disp_->local_counts(), c_.act);
@@ -287,7 +292,8 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   const bool mlp_runs = disp_->local_rows() > 0;
   for (const char* n : {"W1", "W2", "e_bias", "router"}) {
     const bool whole = mlp_runs && is_expert_weight(n);
-    grads[n] = whole ? Tensor::empty(p.at(n).shape(), p.at(n).dtype()) : Tensor::zeros(p.at(n).shape(), p.at(n).dtype());
+    grads[n] =
+        whole ? Tensor::empty(p.at(n).shape(), p.at(n).dtype()) : Tensor::zeros(p.at(n).shape(), p.at(n).dtype());
   }
   Tensor dyv = dy.view({T, C}), dxl = Tensor::empty({T, C}, dt);  // moe_permute_bwd writes every row
   // Routed experts: combine -> (dispatch) -> grouped MLP -> (combine) -> permute.
@@ -297,7 +303,8 @@ void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const Par
   Tensor dyl = disp_->dispatch(dyp);
   Tensor dxloc = dyl;  // the grouped MLP writes dx over dy once dy is spent (expert_mlp_bwd)
   if (disp_->local_rows() > 0)
-    k::expert_mlp_bwd(dxloc, grads["W1"], grads["W2"], xl_, p.at("W1"), p.at("W2"), h_, disp_->local_counts(), c_.act, dyl);
+    k::expert_mlp_bwd(dxloc, grads["W1"], grads["W2"], xl_, p.at("W1"), p.at("W2"), h_, disp_->local_counts(), c_.act,
+                      dyl);
   release_saved(xl_, h_, dyl, dyp);
   Tensor dxp = disp_->combine(dxloc);
   release_saved(dxloc);

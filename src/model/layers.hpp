@@ -23,7 +23,8 @@
 namespace hcp::model {
 
 // Uniform(-a, a) parameters with a per-name seed (shared by every layer's init).
-void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo, double hi);
+void init_param(ParamMap& p, const std::string& name, const Shape& s, DType dt, std::uint64_t seed, double lo,
+                double hi);
 // The rows `r` of what init_param(whole) makes, bit for bit, without making the rest.
 void init_param_rows(ParamMap& p, const std::string& name, const Shape& whole, RowRange r, DType dt, std::uint64_t seed,
                      double lo, double hi);

@@ -11,7 +11,8 @@ namespace hcp::model {
 namespace k = hcp::kernels;
 
 std::vector<ParamSpec> mamba2_params(const Mamba2Config& c) {
-  const double si = 1.0 / std::sqrt(static_cast<double>(c.hidden)), so = 1.0 / std::sqrt(static_cast<double>(c.d_inner()));
+  const double si = 1.0 / std::sqrt(static_cast<double>(c.hidden)),
+               so = 1.0 / std::sqrt(static_cast<double>(c.d_inner()));
   return {{"in_proj", {c.d_in_proj(), c.hidden}, -si, si},
           {"conv_w", {c.conv_dim(), c.conv}, -0.5, 0.5},
           {"conv_b", {c.conv_dim()}, -0.1, 0.1},
@@ -22,7 +23,9 @@ std::vector<ParamSpec> mamba2_params(const Mamba2Config& c) {
           {"out_proj", {c.hidden, c.d_inner()}, -so, so}};
 }
 
-ParamMap mamba2_init(const Mamba2Config& c, DType dt, std::uint64_t seed) { return init_params(mamba2_params(c), dt, seed); }
+ParamMap mamba2_init(const Mamba2Config& c, DType dt, std::uint64_t seed) {
+  return init_params(mamba2_params(c), dt, seed);
+}
 
 ParamMap zeros_like(const ParamMap& p) {
   ParamMap g;
@@ -35,8 +38,8 @@ namespace {
 Tensor as(const Tensor& t, DType d) { return t.dtype() == d ? t : t.to(d); }
 }  // namespace
 
-
-template <class F> void Mamba2Layer::timed(const std::string& name, F&& f) {
+template <class F>
+void Mamba2Layer::timed(const std::string& name, F&& f) {
   phases_.time(name, default_space(), f);
 }
 
@@ -100,7 +103,7 @@ void Mamba2Layer::in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt
   timed("bwd/in_proj", [&] {
     Tensor dhl = Tensor::zeros({tl_, c_.hidden}, h_.dtype());
     k::linear_bwd(&dhl, &grads["in_proj"], nullptr, h_, p.at("in_proj"), dzxbcdt);
-    release_saved(h_, zxbcdt_, yl_, rstd_, gated_);  // the forward's tensors are spent
+    release_saved(h_, zxbcdt_, yl_, rstd_, gated_);      // the forward's tensors are spent
     cp::zero_pad_rows(dhl, global_, cp_, rank_, part_);  // pads: zero input gradients
     dh.copy_from(dhl.view(dh.shape()));
   });
@@ -150,10 +153,12 @@ void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   in_proj_fwd(h, p);
   // cp2hp of x, B, C (groups repeated when G < cp) and dt.
   timed("fwd/all_to_all", [&] {
-    xpre_ = cp::cp2hp(comm_, cp::cols(zxbcdt_, Di, Di), global_, part_);                                   // [T, Hl*P]
-    Bpre_ = cp::cp2hp(comm_, cp::repeat_groups(cp::cols(zxbcdt_, 2 * Di, G * N), G, N, share_.rep), global_, part_);  // [T, Gl*N]
-    Cpre_ = cp::cp2hp(comm_, cp::repeat_groups(cp::cols(zxbcdt_, 2 * Di + G * N, G * N), G, N, share_.rep), global_, part_);
-    dt_ = cp::cp2hp(comm_, cp::cols(zxbcdt_, 2 * Di + 2 * G * N, H), global_, part_);                       // [T, Hl]
+    xpre_ = cp::cp2hp(comm_, cp::cols(zxbcdt_, Di, Di), global_, part_);  // [T, Hl*P]
+    Bpre_ = cp::cp2hp(comm_, cp::repeat_groups(cp::cols(zxbcdt_, 2 * Di, G * N), G, N, share_.rep), global_,
+                      part_);  // [T, Gl*N]
+    Cpre_ =
+        cp::cp2hp(comm_, cp::repeat_groups(cp::cols(zxbcdt_, 2 * Di + G * N, G * N), G, N, share_.rep), global_, part_);
+    dt_ = cp::cp2hp(comm_, cp::cols(zxbcdt_, 2 * Di + 2 * G * N, H), global_, part_);  // [T, Hl]
   });
   const std::vector<std::int64_t>* seq = seq_idx_.empty() ? nullptr : &seq_idx_;
   timed("fwd/conv1d", [&] {
@@ -187,8 +192,9 @@ void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   Tensor dyh;
   timed("bwd/all_to_all", [&] { dyh = cp::cp2hp(comm_, dyl, global_, part_); });  // backward of hp2cp
   const std::vector<std::int64_t>* seq = seq_idx_.empty() ? nullptr : &seq_idx_;
-  Tensor dxc = Tensor::zeros(xc_.shape(), dt), ddt = Tensor::zeros(dt_.shape(), dt), dA = Tensor::zeros({share_.hl}, dt),
-         dBc = Tensor::zeros(Bc_.shape(), dt), dCc = Tensor::zeros(Cc_.shape(), dt), dD = Tensor::zeros({share_.hl}, dt),
+  Tensor dxc = Tensor::zeros(xc_.shape(), dt), ddt = Tensor::zeros(dt_.shape(), dt),
+         dA = Tensor::zeros({share_.hl}, dt), dBc = Tensor::zeros(Bc_.shape(), dt),
+         dCc = Tensor::zeros(Cc_.shape(), dt), dD = Tensor::zeros({share_.hl}, dt),
          ddb = Tensor::zeros({share_.hl}, dt);
   timed("bwd/ssd", [&] {
     k::SsdParams sp;
@@ -203,9 +209,12 @@ void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
     ParamMap dsl{{"A_log", dA}, {"D", dD}, {"dt_bias", ddb}};
     for (const char* n : {"conv_wx", "conv_bx", "conv_wB", "conv_bB", "conv_wC", "conv_bC"})
       dsl[n] = Tensor::zeros(sl_.at(n).shape(), dt);
-    k::conv1d_bwd(dxpre, dsl["conv_wx"], &dsl["conv_bx"], xpre_.view(xc_.shape()), sl_["conv_wx"], &sl_["conv_bx"], seq, true, dxc);
-    k::conv1d_bwd(dBpre, dsl["conv_wB"], &dsl["conv_bB"], Bpre_.view(Bc_.shape()), sl_["conv_wB"], &sl_["conv_bB"], seq, true, dBc);
-    k::conv1d_bwd(dCpre, dsl["conv_wC"], &dsl["conv_bC"], Cpre_.view(Cc_.shape()), sl_["conv_wC"], &sl_["conv_bC"], seq, true, dCc);
+    k::conv1d_bwd(dxpre, dsl["conv_wx"], &dsl["conv_bx"], xpre_.view(xc_.shape()), sl_["conv_wx"], &sl_["conv_bx"], seq,
+                  true, dxc);
+    k::conv1d_bwd(dBpre, dsl["conv_wB"], &dsl["conv_bB"], Bpre_.view(Bc_.shape()), sl_["conv_wB"], &sl_["conv_bB"], seq,
+                  true, dBc);
+    k::conv1d_bwd(dCpre, dsl["conv_wC"], &dsl["conv_bC"], Cpre_.view(Cc_.shape()), sl_["conv_wC"], &sl_["conv_bC"], seq,
+                  true, dCc);
     cp::add_slice_grads(grads, slices_, dsl);  // the other ranks' slices arrive through the all-reduce
   });
   // hp2cp: the backward of cp2hp (group copies summed back).
@@ -316,8 +325,8 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   const DType dt = h_.dtype();
   Tensor dz;
   Tensor dyl = out_bwd(dz, grads, dy, p);
-  Tensor dxl = Tensor::zeros(xl_.shape(), dt), dBl = Tensor::zeros(Bl_.shape(), dt), dCl = Tensor::zeros(Cl_.shape(), dt),
-         ddtl = Tensor::zeros(dtl_.shape(), dt);
+  Tensor dxl = Tensor::zeros(xl_.shape(), dt), dBl = Tensor::zeros(Bl_.shape(), dt),
+         dCl = Tensor::zeros(Cl_.shape(), dt), ddtl = Tensor::zeros(dtl_.shape(), dt);
   // The per-head parameter gradients (A_log, D, dt_bias) are sums over every piece of this rank:
   // each piece's part is added to an fp32 sum (bf16 runs), rounded once at the end, not per piece.
   const DType adt = dt == DType::BF16 ? DType::F32 : dt;
@@ -395,8 +404,8 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   in_proj_bwd(dh, grads, dzxbcdt, p);
 }
 
-std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
-                                  cp::Partition part) {
+std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank,
+                                  DType dt, cp::Partition part) {
   const std::int64_t Tl = global.total() / cp, G = c.groups, es = static_cast<std::int64_t>(dtype_size(dt));
   if (strategy == MambaCp::HiddenParallel) {
     const std::int64_t rep = G < cp ? cp / G : 1;
@@ -405,7 +414,8 @@ std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const
   }
   const auto ss = static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(dt)));
   const std::int64_t halo = cp::model_halo_rows_sent(global, cp, part, c.conv - 1, rank) * c.conv_dim() * es;
-  return cp::model_state_elements_sent(global, cp, rank, part, c.state_exchange, c.heads, c.head_dim * c.d_state) * ss + halo;
+  return cp::model_state_elements_sent(global, cp, rank, part, c.state_exchange, c.heads, c.head_dim * c.d_state) * ss +
+         halo;
 }
 
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& comm, Mamba2Config cfg, SeqLayout global,

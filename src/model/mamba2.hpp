@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "core/phase_times.hpp"
 #include "core/layout.hpp"
+#include "core/phase_times.hpp"
 #include "core/tensor.hpp"
 #include "cp/hidden_parallel.hpp"
-#include "cp/strategy.hpp"
 #include "cp/layout.hpp"
 #include "cp/state_passing.hpp"
+#include "cp/strategy.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::model {
@@ -89,7 +89,8 @@ class Mamba2Layer {
   // Backward of in_proj from the assembled dzxbcdt; all-reduce of every parameter gradient.
   void in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt, const ParamMap& p);
   // Runs f and adds its time to phase `name` (PhaseTimes).
-  template <class F> void timed(const std::string& name, F&& f);
+  template <class F>
+  void timed(const std::string& name, F&& f);
 
   Communicator& comm_;
   Mamba2Config c_;
@@ -114,8 +115,8 @@ class Mamba2HP : public Mamba2Layer {
 
  private:
   void ssd_setup(kernels::SsdParams& sp, kernels::SsdInputs& in);  // this rank's SSD problem
-  cp::HpShare share_;                 // this rank's heads and groups
-  std::vector<cp::HpSlice> slices_;  // its parameter slices
+  cp::HpShare share_;                                              // this rank's heads and groups
+  std::vector<cp::HpSlice> slices_;                                // its parameter slices
   std::int64_t batch_ = 1, seqlen_ = 1;
   std::vector<std::int64_t> seq_idx_;  // empty for BSHD
   // saved by forward
@@ -131,8 +132,6 @@ class Mamba2SP : public Mamba2Layer {
   void forward(Tensor& y, const Tensor& h, const ParamMap& p) override;
   void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) override;
   MambaCp strategy() const override { return MambaCp::StatePassing; }
-  // Rows of the conv halo this rank sends per exchange (the backward sends the same back).
-  std::int64_t halo_rows_sent() const { return halo_.remote_rows_sent(); }
 
  private:
   // SSD problem of piece i over the local tensors (views of its rows).
@@ -156,8 +155,8 @@ class Mamba2SP : public Mamba2Layer {
 //                    gradients (backward): (cp-1) x pieces x H (2 P N + 1) values in the scan dtype,
 //                    plus the conv halos this rank sends (cp::model_halo_rows_sent x conv channels).
 // Logical payload handed to the communicator (what it counts), not wire bytes.
-std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
-                                  cp::Partition part = cp::Partition::DCS);
+std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank,
+                                  DType dt, cp::Partition part = cp::Partition::DCS);
 
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg, SeqLayout global,
                                          cp::Partition part = cp::Partition::DCS);

@@ -30,7 +30,8 @@ double AdamW::step(ParamMap& params, ParamMap& grads, bool (*skip)(const std::st
   const double scale = c_.clip > 0 && norm > c_.clip ? c_.clip / norm : 1.0;
   ++t_;
   last_lr_ = lr_at(c_, t_);
-  const double bc1 = 1 - std::pow(c_.beta1, static_cast<double>(t_)), bc2 = 1 - std::pow(c_.beta2, static_cast<double>(t_));
+  const double bc1 = 1 - std::pow(c_.beta1, static_cast<double>(t_)),
+               bc2 = 1 - std::pow(c_.beta2, static_cast<double>(t_));
   for (auto& [n, p] : params) {
     if (skip && skip(n)) continue;
     Tensor& g = grads.at(n);
@@ -38,7 +39,8 @@ double AdamW::step(ParamMap& params, ParamMap& grads, bool (*skip)(const std::st
               " and its gradient must be contiguous and of one dtype");
     HCP_CHECK(p.dtype() == DType::F64 || p.dtype() == DType::F32, "AdamW: parameters must be fp32 or fp64 (", n, " is ",
               to_string(p.dtype()), ")");
-    const kernels::AdamWStep st{last_lr_, c_.beta1, c_.beta2, bc1, bc2, c_.eps, p.dim() >= 2 ? c_.weight_decay : 0.0, scale};
+    const kernels::AdamWStep st{last_lr_, c_.beta1, c_.beta2, bc1, bc2, c_.eps, p.dim() >= 2 ? c_.weight_decay : 0.0,
+                                scale};
     kernels::adamw_update(p, g, m_.at(n), v_.at(n), st);
   }
   return norm;

@@ -209,8 +209,10 @@ TEST(CudaComm, DeviceOrderWatchdogFires) {
       aborted = why;
       ++calls;
     });
-    HCP_CHECK(cudaLaunchHostFunc(order.stream(), [](void*) { std::this_thread::sleep_for(std::chrono::seconds(2)); },
-                                 nullptr) == cudaSuccess, "cudaLaunchHostFunc");
+    HCP_CHECK(cudaLaunchHostFunc(
+                  order.stream(), [](void*) { std::this_thread::sleep_for(std::chrono::seconds(2)); }, nullptr) ==
+                  cudaSuccess,
+              "cudaLaunchHostFunc");
     order.end("held op");
     std::string thrown;
     for (int i = 0; i < 200 && thrown.empty(); ++i) {

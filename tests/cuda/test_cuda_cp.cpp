@@ -5,11 +5,11 @@
 // Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <mpi.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
-#include <mpi.h>
 
 #include "comm/ipc_communicator.hpp"
 #include "comm/mpi_communicator.hpp"
@@ -29,7 +29,8 @@ namespace {
 double tol(DType d) { return d == DType::F64 ? 1e-12 : d == DType::F32 ? 2e-5 : 2e-2; }
 void expect_match(const Tensor& dev, const Tensor& host, DType d, const std::string& what) {
   ErrorStats e = compare(dev.to(Space::Host), host);
-  EXPECT_LE(e.max_abs, tol(d) * std::max(e.ref_max, 1e-30)) << what << ": max abs " << e.max_abs << ", ref max " << e.ref_max;
+  EXPECT_LE(e.max_abs, tol(d) * std::max(e.ref_max, 1e-30))
+      << what << ": max abs " << e.max_abs << ", ref max " << e.ref_max;
 }
 SeqLayout layout_of(const std::string& f, int cp) {
   const std::int64_t m = 2 * cp;
@@ -133,7 +134,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, GpuAttentionCpBf16,
                                                               cp::AttnStrategy::A2A),
                                             ::testing::Values(64, 128)),
                          [](const auto& info) {
-                           return cp::to_string(std::get<0>(info.param)) + "_D" + std::to_string(std::get<1>(info.param));
+                           return cp::to_string(std::get<0>(info.param)) + "_D" +
+                                  std::to_string(std::get<1>(info.param));
                          });
 
 namespace {
@@ -254,7 +256,8 @@ TEST(GpuHybrid, DeviceEqualsHost) {
       const std::string tag = cp::to_string(strat) + " " + cp::to_string(mcp);
       // Block phases by CUDA events: every block kind and the head timed, together within the step.
       double blocks = 0;
-      for (const char* ph : {"fwd/M", "fwd/*", "fwd/E", "fwd/-", "fwd/head", "bwd/M", "bwd/*", "bwd/E", "bwd/-", "bwd/head"}) {
+      for (const char* ph :
+           {"fwd/M", "fwd/*", "fwd/E", "fwd/-", "fwd/head", "bwd/M", "bwd/*", "bwd/E", "bwd/-", "bwd/head"}) {
         ASSERT_TRUE(dev.phase_ms().count(ph)) << ph << " " << tag;
         const double ms = dev.phase_ms().at(ph);
         EXPECT_TRUE(std::isfinite(ms) && ms > 0) << ph << " " << ms << " " << tag;
@@ -266,4 +269,3 @@ TEST(GpuHybrid, DeviceEqualsHost) {
       for (auto& [nm, t] : gh) expect_match(gd.at(nm), t, DType::F64, "d" + nm + " " + tag);
     }
 }
-

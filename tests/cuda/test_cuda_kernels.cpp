@@ -25,8 +25,8 @@ double tol(DType d) { return d == DType::F64 ? 1e-12 : d == DType::F32 ? 2e-5 : 
 void expect_match(const Tensor& dev, const Tensor& host, DType d, const std::string& what) {
   Tensor got = dev.to(Space::Host);
   ErrorStats e = compare(got, host);
-  EXPECT_LE(e.max_abs, tol(d) * std::max(e.ref_max, 1e-30)) << what << " (" << to_string(d) << "): max abs " << e.max_abs
-                                                             << ", reference max " << e.ref_max;
+  EXPECT_LE(e.max_abs, tol(d) * std::max(e.ref_max, 1e-30))
+      << what << " (" << to_string(d) << "): max abs " << e.max_abs << ", reference max " << e.ref_max;
 }
 Tensor rnd(const Shape& s, std::uint64_t seed, DType d, double lo = -1, double hi = 1) {
   return test::rand(s, seed, lo, hi, d);
@@ -41,7 +41,8 @@ TEST(CudaKernels, RmsNormForwardBackward) {
   for (DType d : kTypes)
     for (auto [M, C] : {std::pair<std::int64_t, std::int64_t>{7, 33}, {64, 1024}, {3, 4096}}) {
       Tensor x = rnd({M, C}, 1, d), w = rnd({C}, 2, d, 0.5, 1.5), dy = rnd({M, C}, 3, d);
-      Tensor y = Tensor::zeros({M, C}, d), r = Tensor::zeros({M}, d), dx = Tensor::zeros({M, C}, d), dw = Tensor::zeros({C}, d);
+      Tensor y = Tensor::zeros({M, C}, d), r = Tensor::zeros({M}, d), dx = Tensor::zeros({M, C}, d),
+             dw = Tensor::zeros({C}, d);
       rmsnorm_fwd(y, r, x, w, 1e-5);
       rmsnorm_bwd(dx, dw, x, w, r, dy);
       Tensor Y = zeros_like_on(y, Space::Cuda), R = zeros_like_on(r, Space::Cuda), DX = zeros_like_on(dx, Space::Cuda),
@@ -95,7 +96,8 @@ TEST(CudaKernels, Conv1dForwardBackwardWithSeqIdx) {
           conv1d_fwd(y, x, w, with_bias ? &b : nullptr, sp, true);
           conv1d_bwd(dx, dw, with_bias ? &db : nullptr, x, w, with_bias ? &b : nullptr, sp, true, dy);
           Tensor X = dev(x), Wt = dev(w), Bt = dev(b), DY = dev(dy), Y = zeros_like_on(y, Space::Cuda),
-                 DX = zeros_like_on(dx, Space::Cuda), DW = zeros_like_on(dw, Space::Cuda), DB = zeros_like_on(db, Space::Cuda);
+                 DX = zeros_like_on(dx, Space::Cuda), DW = zeros_like_on(dw, Space::Cuda),
+                 DB = zeros_like_on(db, Space::Cuda);
           conv1d_fwd(Y, X, Wt, with_bias ? &Bt : nullptr, sp, true);
           conv1d_bwd(DX, DW, with_bias ? &DB : nullptr, X, Wt, with_bias ? &Bt : nullptr, sp, true, DY);
           const std::string tag = std::string(packed ? " packed" : "") + (with_bias ? " bias" : "") + " W" +
@@ -117,7 +119,8 @@ TEST(CudaKernels, LinearForwardBackward) {
       linear_fwd(y, x, W, &b);
       linear_bwd(&dx, &dW, &db, x, W, dy);
       Tensor X = dev(x), Wt = dev(W), Bt = dev(b), DY = dev(dy), Y = zeros_like_on(y, Space::Cuda),
-             DX = zeros_like_on(dx, Space::Cuda), DW = zeros_like_on(dW, Space::Cuda), DB = zeros_like_on(db, Space::Cuda);
+             DX = zeros_like_on(dx, Space::Cuda), DW = zeros_like_on(dW, Space::Cuda),
+             DB = zeros_like_on(db, Space::Cuda);
       linear_fwd(Y, X, Wt, &Bt);
       linear_bwd(&DX, &DW, &DB, X, Wt, DY);
       expect_match(Y, y, d, "linear y");
@@ -142,7 +145,8 @@ TEST(CudaKernels, RopeEmbeddingCrossEntropyElementwise) {
     for (auto [Dr, rd] : {std::pair<std::int64_t, std::int64_t>{D, 12}, {64, 32}, {128, 128}}) {
       std::vector<std::int64_t> far;
       for (std::int64_t t = 0; t < T; ++t) far.push_back(Dr == D ? pos[static_cast<std::size_t>(t)] : 99000 + 37 * t);
-      Tensor x = rnd({T, H, Dr}, 16, d), y = Tensor::zeros({T, H, Dr}, d), Y = Tensor::zeros({T, H, Dr}, d, Space::Cuda);
+      Tensor x = rnd({T, H, Dr}, 16, d), y = Tensor::zeros({T, H, Dr}, d),
+             Y = Tensor::zeros({T, H, Dr}, d, Space::Cuda);
       rope_fwd(y, x, far, 10000.0, rd);
       Tensor X = dev(x);
       rope_fwd(Y, X, far, 10000.0, rd);
@@ -162,7 +166,8 @@ TEST(CudaKernels, RopeEmbeddingCrossEntropyElementwise) {
     embedding_bwd(DT, ids, dev(dy));
     expect_match(DT, dt, d, "embedding bwd");
 
-    Tensor logits = rnd({T, V}, 19, d, -3, 3), dl = Tensor::zeros({T, V}, d), DL = Tensor::zeros({T, V}, d, Space::Cuda);
+    Tensor logits = rnd({T, V}, 19, d, -3, 3), dl = Tensor::zeros({T, V}, d),
+           DL = Tensor::zeros({T, V}, d, Space::Cuda);
     std::int64_t n1 = 0, n2 = 0;
     const double l1 = cross_entropy_fwd(logits, labels, -100, &n1);
     const double l2 = cross_entropy_fwd(dev(logits), labels, -100, &n2);
@@ -172,7 +177,8 @@ TEST(CudaKernels, RopeEmbeddingCrossEntropyElementwise) {
     cross_entropy_bwd(DL, dev(logits), labels, -100, 0.25);
     expect_match(DL, dl, d, "cross-entropy dlogits");
 
-    Tensor a = rnd({T, C}, 20, d), b = rnd({T, C}, 21, d), s = Tensor::zeros({T, C}, d), S = Tensor::zeros({T, C}, d, Space::Cuda);
+    Tensor a = rnd({T, C}, 20, d), b = rnd({T, C}, 21, d), s = Tensor::zeros({T, C}, d),
+           S = Tensor::zeros({T, C}, d, Space::Cuda);
     add(s, a, b);
     add(S, dev(a), dev(b));
     expect_match(S, s, d, "add");
@@ -187,7 +193,8 @@ TEST(CudaKernels, DtypeConversionMatchesHost) {
   // Device Tensor::to(DType) against the host conversion, bit for bit: every pair of dtypes, values
   // spanning many binades (and bf16 rounding ties), a contiguous tensor and a strided slice.
   Tensor base = rnd({37, 29}, 91, DType::F64, -3, 3);
-  for (std::int64_t i = 0; i < base.numel(); ++i) base.set(i, base.get(i) * std::pow(10.0, static_cast<double>(i % 13) - 6));
+  for (std::int64_t i = 0; i < base.numel(); ++i)
+    base.set(i, base.get(i) * std::pow(10.0, static_cast<double>(i % 13) - 6));
   base.set(0, 1.0 + 1.0 / 256);  // a bf16 tie (rounds to even)
   base.set(1, 0.0);
   for (DType from : kTypes)
@@ -207,11 +214,13 @@ TEST(CudaKernels, DtypeConversionMatchesHost) {
 
 TEST(CudaKernels, BitwiseRepeatable) {
   REQUIRE_GPU();
-  Tensor x = rnd({64, 96, 128}, 22, DType::F32), w = rnd({128, 4}, 23, DType::F32), dy = rnd({64, 96, 128}, 24, DType::F32);
+  Tensor x = rnd({64, 96, 128}, 22, DType::F32), w = rnd({128, 4}, 23, DType::F32),
+         dy = rnd({64, 96, 128}, 24, DType::F32);
   Tensor X = dev(x), W = dev(w), DY = dev(dy);
   std::vector<std::vector<double>> runs;
   for (int i = 0; i < 2; ++i) {
-    Tensor DX = Tensor::zeros(x.shape(), DType::F32, Space::Cuda), DW = Tensor::zeros(w.shape(), DType::F32, Space::Cuda);
+    Tensor DX = Tensor::zeros(x.shape(), DType::F32, Space::Cuda),
+           DW = Tensor::zeros(w.shape(), DType::F32, Space::Cuda);
     conv1d_bwd(DX, DW, nullptr, X, W, nullptr, nullptr, true, DY);
     runs.push_back(DW.to(Space::Host).to_vector());
   }
@@ -226,8 +235,10 @@ TEST(CudaKernels, BitwiseRepeatable) {
          v = dev(rnd({150, 2, 64}, 27, DType::BF16)), dout = dev(rnd({240, 4, 64}, 28, DType::BF16));
   std::vector<std::vector<double>> grads;
   for (int i = 0; i < 2; ++i) {
-    Tensor o = Tensor::zeros(q.shape(), DType::BF16, Space::Cuda), lse = Tensor::zeros({240, 4}, DType::F32, Space::Cuda);
-    Tensor dq = Tensor::zeros(q.shape(), DType::BF16, Space::Cuda), dk = Tensor::zeros(k.shape(), DType::BF16, Space::Cuda),
+    Tensor o = Tensor::zeros(q.shape(), DType::BF16, Space::Cuda),
+           lse = Tensor::zeros({240, 4}, DType::F32, Space::Cuda);
+    Tensor dq = Tensor::zeros(q.shape(), DType::BF16, Space::Cuda),
+           dk = Tensor::zeros(k.shape(), DType::BF16, Space::Cuda),
            dv = Tensor::zeros(v.shape(), DType::BF16, Space::Cuda);
     attention_fwd(o, lse, q, k, v, p);
     attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, p);
@@ -248,18 +259,22 @@ TEST(CudaKernels, BitwiseRepeatable) {
   p2.segments = {{0, 2048, 0, 2048, 0, 0}};
   Tensor q2 = dev(rnd({2048, 4, 128}, 29, DType::BF16)), k2 = dev(rnd({2048, 2, 128}, 30, DType::BF16)),
          v2 = dev(rnd({2048, 2, 128}, 31, DType::BF16)), do2 = dev(rnd({2048, 4, 128}, 32, DType::BF16));
-  Tensor o2 = Tensor::zeros(q2.shape(), DType::BF16, Space::Cuda), lse2 = Tensor::zeros({2048, 4}, DType::F32, Space::Cuda);
+  Tensor o2 = Tensor::zeros(q2.shape(), DType::BF16, Space::Cuda),
+         lse2 = Tensor::zeros({2048, 4}, DType::F32, Space::Cuda);
   attention_fwd(o2, lse2, q2, k2, v2, p2);
   std::vector<double> first;
   for (int i = 0; i < 5; ++i) {
-    Tensor dq = Tensor::zeros(q2.shape(), DType::BF16, Space::Cuda), dk = Tensor::zeros(k2.shape(), DType::BF16, Space::Cuda),
+    Tensor dq = Tensor::zeros(q2.shape(), DType::BF16, Space::Cuda),
+           dk = Tensor::zeros(k2.shape(), DType::BF16, Space::Cuda),
            dv = Tensor::zeros(v2.shape(), DType::BF16, Space::Cuda);
     attention_bwd(dq, dk, dv, q2, k2, v2, o2, lse2, do2, p2);
     std::vector<double> all = dq.to(Space::Host).to_vector();
     const auto x = dk.to(Space::Host).to_vector();
     all.insert(all.end(), x.begin(), x.end());
-    if (i == 0) first = all;
-    else EXPECT_EQ(first, all) << "attention backward run " << i;
+    if (i == 0)
+      first = all;
+    else
+      EXPECT_EQ(first, all) << "attention backward run " << i;
   }
 }
 
@@ -273,10 +288,12 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
   };
   std::vector<Case> cases;
   // Packed THD (3 sequences) causal GQA 4:2, D 64.
-  cases.push_back({4, 2, 64, Mask::Causal, {{0, 50, 0, 50, 0, 0}, {50, 7, 50, 7, 0, 0}, {57, 100, 57, 100, 0, 0}}, 157, 157});
+  cases.push_back(
+      {4, 2, 64, Mask::Causal, {{0, 50, 0, 50, 0, 0}, {50, 7, 50, 7, 0, 0}, {57, 100, 57, 100, 0, 0}}, 157, 157});
   // CP-like blocks: two query chunks against one key block at position offsets (all-gather style,
   // key rows shared by two segments), MQA, D 128, plus a row with no visible key.
-  cases.push_back({4, 1, 128, Mask::Causal, {{0, 40, 0, 160, 40, 0}, {40, 40, 0, 160, 120, 0}, {80, 5, 0, 160, 0, 10}}, 85, 160});
+  cases.push_back(
+      {4, 1, 128, Mask::Causal, {{0, 40, 0, 160, 40, 0}, {40, 40, 0, 160, 120, 0}, {80, 5, 0, 160, 0, 10}}, 85, 160});
   // Full (non-causal) attention, D 16, MHA.
   cases.push_back({2, 2, 16, Mask::None, {{0, 33, 0, 70, 0, 0}}, 33, 70});
   // Several 64-row tiles (bf16 D 64/128 take the tensor-core path): packed causal GQA with ragged
@@ -322,8 +339,8 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
       attention_fwd(o, lse, q, k, v, p);
       attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, p);
       Tensor Q = dev(q), K = dev(k), V = dev(v), DO = dev(dout), O = zeros_like_on(o, Space::Cuda),
-             L = zeros_like_on(lse, Space::Cuda), DQ = zeros_like_on(dq, Space::Cuda), DK = zeros_like_on(dk, Space::Cuda),
-             DV = zeros_like_on(dv, Space::Cuda);
+             L = zeros_like_on(lse, Space::Cuda), DQ = zeros_like_on(dq, Space::Cuda),
+             DK = zeros_like_on(dk, Space::Cuda), DV = zeros_like_on(dv, Space::Cuda);
       attention_fwd(O, L, Q, K, V, p);
       attention_bwd(DQ, DK, DV, Q, K, V, O, L, DO, p);
       const std::string tag = " H" + std::to_string(c.H) + ":" + std::to_string(c.Hkv) + " D" + std::to_string(c.D);
@@ -394,10 +411,11 @@ TEST(CudaKernels, AttentionUnalignedOperandsMatchHost) {
   p.head_dim = D;
   p.mask = Mask::Causal;
   p.segments = {{0, 60, 0, 60, 0, 0}, {60, 36, 60, 36, 0, 0}};
-  Tensor q = rnd({T, H, D}, 70, DType::BF16), k = rnd({T, Hkv, D}, 71, DType::BF16), v = rnd({T, Hkv, D}, 72, DType::BF16),
-         dout = rnd({T, H, D}, 73, DType::BF16);
-  Tensor o = Tensor::zeros(q.shape(), DType::BF16), lse = Tensor::zeros({T, H}, DType::F32), dq = Tensor::zeros(q.shape(), DType::BF16),
-         dk = Tensor::zeros(k.shape(), DType::BF16), dv = Tensor::zeros(v.shape(), DType::BF16);
+  Tensor q = rnd({T, H, D}, 70, DType::BF16), k = rnd({T, Hkv, D}, 71, DType::BF16),
+         v = rnd({T, Hkv, D}, 72, DType::BF16), dout = rnd({T, H, D}, 73, DType::BF16);
+  Tensor o = Tensor::zeros(q.shape(), DType::BF16), lse = Tensor::zeros({T, H}, DType::F32),
+         dq = Tensor::zeros(q.shape(), DType::BF16), dk = Tensor::zeros(k.shape(), DType::BF16),
+         dv = Tensor::zeros(v.shape(), DType::BF16);
   attention_fwd(o, lse, q, k, v, p);
   attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, p);
   // The device copy of q one element into a larger buffer: a contiguous, misaligned view.
@@ -464,7 +482,8 @@ void check_ssd(const test::SsdCase& hc, bool packed, const std::string& tag) {
     ssd_init_state_fwd(Y, di, p);
     expect_match(Y, y, d, "ssd initial-state term" + tag);
     Tensor dd = rnd({B, H}, 50, d);
-    SsdStateGrads hsg{&hg.dC, &hg.ddt, &hg.dA_log, &hg.ddt_bias, &hg.dinit}, dsg{&dg.dC, &dg.ddt, &dg.dA_log, &dg.ddt_bias, &dg.dinit};
+    SsdStateGrads hsg{&hg.dC, &hg.ddt, &hg.dA_log, &hg.ddt_bias, &hg.dinit},
+        dsg{&dg.dC, &dg.ddt, &dg.dA_log, &dg.ddt_bias, &dg.dinit};
     ssd_init_state_bwd(hsg, hi, &dy, &dd, p);
     Tensor DDc = dev(dd);
     ssd_init_state_bwd(dsg, di, &DY, &DDc, p);
@@ -527,7 +546,8 @@ TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
       rp.topk_group = variant == 0 ? 2 : 1;
       rp.scaling = variant == 0 ? 2.5 : 1.0;
       const Activation act = variant == 1 ? Activation::SwiGLU : Activation::SquaredReLU;
-      const std::int64_t T = 45, C = variant == 2 ? 30 : 32, F = variant == 2 ? 21 : 24, E = rp.experts, K = rp.topk, F1 = act == Activation::SwiGLU ? 2 * F : F;
+      const std::int64_t T = 45, C = variant == 2 ? 30 : 32, F = variant == 2 ? 21 : 24, E = rp.experts, K = rp.topk,
+                         F1 = act == Activation::SwiGLU ? 2 * F : F;
       Tensor logits = rnd({T, E}, 60, d, -2, 2), bias = rnd({E}, 61, d, -0.1, 0.1);
       bias.set(5, -50.0);  // expert 5 never selected
       Tensor sc = Tensor::zeros({T, E}, d), w = Tensor::zeros({T, K}, d), SC = Tensor::zeros({T, E}, d, Space::Cuda),
@@ -556,8 +576,8 @@ TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
       const MoeRouting &src = idx, &SRC = IDX;
       expect_match(XP, xp, d, "permute");
       Tensor W1 = rnd({E, F1, C}, 64, d, -0.3, 0.3), W2 = rnd({E, C, F}, 65, d, -0.3, 0.3);
-      Tensor yp = Tensor::zeros({T * K, C}, d), h = Tensor::zeros({T * K, F1}, d), YP = Tensor::zeros({T * K, C}, d, Space::Cuda),
-             Hh = Tensor::zeros({T * K, F1}, d, Space::Cuda);
+      Tensor yp = Tensor::zeros({T * K, C}, d), h = Tensor::zeros({T * K, F1}, d),
+             YP = Tensor::zeros({T * K, C}, d, Space::Cuda), Hh = Tensor::zeros({T * K, F1}, d, Space::Cuda);
       expert_mlp_fwd(yp, h, xp, W1, W2, cnt, act);
       Tensor DW1 = dev(W1), DW2 = dev(W2);
       expert_mlp_fwd(YP, Hh, XP, DW1, DW2, CNT, act);
@@ -582,11 +602,14 @@ TEST(CudaKernels, MoeRouterPermuteCombineExperts) {
       expect_match(GW1, dW1, d, "expert dW1");
       expect_match(GW2, dW2, d, "expert dW2");
       {  // dx written over dy (as MoeLayer runs it): bitwise the device's separate-buffer result
-        Tensor over = DYP.clone(), OW1 = Tensor::zeros(W1.shape(), d, Space::Cuda), OW2 = Tensor::zeros(W2.shape(), d, Space::Cuda);
+        Tensor over = DYP.clone(), OW1 = Tensor::zeros(W1.shape(), d, Space::Cuda),
+               OW2 = Tensor::zeros(W2.shape(), d, Space::Cuda);
         expert_mlp_bwd(over, OW1, OW2, XP, DW1, DW2, Hh, CNT, act, over);
         EXPECT_EQ(over.to(Space::Host).to_vector(), DXP.to(Space::Host).to_vector()) << "dx over dy " << to_string(d);
-        EXPECT_EQ(OW1.to(Space::Host).to_vector(), GW1.to(Space::Host).to_vector()) << "dW1, dx over dy " << to_string(d);
-        EXPECT_EQ(OW2.to(Space::Host).to_vector(), GW2.to(Space::Host).to_vector()) << "dW2, dx over dy " << to_string(d);
+        EXPECT_EQ(OW1.to(Space::Host).to_vector(), GW1.to(Space::Host).to_vector())
+            << "dW1, dx over dy " << to_string(d);
+        EXPECT_EQ(OW2.to(Space::Host).to_vector(), GW2.to(Space::Host).to_vector())
+            << "dW2, dx over dy " << to_string(d);
       }
       Tensor dx = Tensor::zeros({T, C}, d), DX = Tensor::zeros({T, C}, d, Space::Cuda);
       moe_permute_bwd(dx, dxp, src);
@@ -644,12 +667,14 @@ TEST(CudaKernels, GroupedGemmUnevenGroupsAllTransposes) {
   // element-wise path; the rest (multiples of 8) take the pipelined bf16 tensor-core path in three of
   // the four modes: partial M/N tiles, a 128-row tile whose second 64 rows lie beyond the group, two N
   // tiles of the 256-wide wgmma kernels whose second is multiplied 256 (N = 392), 64 (N = 320) or 128
-  // (N = 384) wide (the 192-wide default: 64, 128 and full last tiles), a K tail inside a 64-deep stage; for the TMA kernel's clusters, pairs of tiles
-  // sharing B (131 rows, other = 136 / 200), pairs of two groups' odd tiles and an odd tile left with
-  // an idle partner (70, 1 and 9 rows; other = 72).
-  for (auto [N, other] : {std::pair<std::int64_t, std::int64_t>{100, 45}, {136, 200}, {392, 136}, {320, 72}, {384, 136}})
+  // (N = 384) wide (the 192-wide default: 64, 128 and full last tiles), a K tail inside a 64-deep stage; for the TMA
+  // kernel's clusters, pairs of tiles sharing B (131 rows, other = 136 / 200), pairs of two groups' odd tiles and an
+  // odd tile left with an idle partner (70, 1 and 9 rows; other = 72).
+  for (auto [N, other] :
+       {std::pair<std::int64_t, std::int64_t>{100, 45}, {136, 200}, {392, 136}, {320, 72}, {384, 136}})
     for (DType d : kTypes)
-      for (int mode = 0; mode < 4; ++mode) check_grouped_gemm({70, 0, 131, 1, 9}, N, other, d, mode & 1, mode & 2, 60, "grouped gemm");
+      for (int mode = 0; mode < 4; ++mode)
+        check_grouped_gemm({70, 0, 131, 1, 9}, N, other, d, mode & 1, mode & 2, 60, "grouped gemm");
 }
 
 TEST(CudaKernels, GroupedGemmDeepKSeveralTiles) {
@@ -708,7 +733,8 @@ TEST(CudaKernels, SsdStateComposeAndDotMatchHost) {
 TEST(CudaKernels, AdamWUpdateAndSumOfSquares) {
   REQUIRE_GPU();
   for (DType d : {DType::F64, DType::F32}) {
-    Tensor p = rnd({37, 19}, 90, d), g = rnd({37, 19}, 91, d), m = rnd({37, 19}, 92, d), v = rnd({37, 19}, 93, d, 0.0, 1.0);
+    Tensor p = rnd({37, 19}, 90, d), g = rnd({37, 19}, 91, d), m = rnd({37, 19}, 92, d),
+           v = rnd({37, 19}, 93, d, 0.0, 1.0);
     Tensor P = dev(p), G = dev(g), M = dev(m), V = dev(v);
     const AdamWStep s{3e-3, 0.9, 0.95, 0.19, 0.0975, 1e-8, 0.01, 0.7};
     adamw_update(p, g, m, v, s);

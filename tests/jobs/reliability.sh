@@ -32,6 +32,7 @@ py=/usr/bin/python3
 post="$here/../../jobs/post/hcp_post.py"
 rm -rf "$work"; mkdir -p "$work"
 fail=0
+declare -A by_exit=()  # cases run through expect, by exit status
 
 # expect RC REGEX CMD...: CMD exits with RC, its output matches REGEX, it took SECONDS (printed).
 expect() {
@@ -42,6 +43,7 @@ expect() {
   t1=$(date +%s.%N)
   elapsed=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
   echo "exit $rc in ${elapsed} s: $(grep -m1 -E "error|RESULT" <<<"$out")"
+  by_exit[$rc]=$(( ${by_exit[$rc]:-0} + 1 ))
   if [ "$rc" -ne "$want" ]; then echo "FAILED: exit $rc, expected $want"; echo "$out" | tail -5; fail=1; return 1; fi
   if ! grep -Eq -- "$regex" <<<"$out"; then echo "FAILED: output does not match /$regex/"; echo "$out" | tail -5; fail=1; return 1; fi
   if grep -q "Traceback" <<<"$out"; then echo "FAILED: a Python traceback"; fail=1; return 1; fi
@@ -307,5 +309,7 @@ PY
   expect 2 "^error: " $py "$post" summary "$work/truncated.h5" ;;
 *) echo "unknown class '$class'"; exit 2 ;;
 esac
+counts=""; for k in $(printf '%s\n' "${!by_exit[@]}" | sort -n); do counts+=" exit $k: ${by_exit[$k]}"; done
+[ -z "$counts" ] || echo "cases by exit status:$counts"
 [ "$fail" -eq 0 ] && echo "RESULT reliability $class PASS"
 exit "$fail"

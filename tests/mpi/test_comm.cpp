@@ -27,7 +27,8 @@ TEST_P(Comm, AllToAllEqualSplits) {
   c.all_to_all(s, d);
   for (int k = 0; k < p; ++k)
     for (std::int64_t j = 0; j < blk; ++j) EXPECT_EQ(d.get(k * blk + j), val(k, r * blk + j));
-  EXPECT_EQ(c.counters().at("all_to_all").bytes_sent, blk * (p - 1) * static_cast<std::int64_t>(dtype_size(GetParam())));
+  EXPECT_EQ(c.counters().at("all_to_all").bytes_sent,
+            blk * (p - 1) * static_cast<std::int64_t>(dtype_size(GetParam())));
 }
 
 TEST_P(Comm, AllToAllV) {
@@ -202,10 +203,15 @@ TEST(ProcessGrid, SplitsAndErrors) {
 TEST(Harness, AgreeOnErrorsPicksLowestFailingRank) {
   MpiCommunicator w(MPI_COMM_WORLD);
   std::string msg;
-  EXPECT_TRUE(agree_on_errors(w, [] {}, &msg, false));
+  EXPECT_TRUE(agree_on_errors(
+      w, [] {}, &msg, false));
   const int bad = w.size() - 1;
   bool ok = agree_on_errors(
-      w, [&] { if (w.rank() >= bad) throw Error("bad rank " + std::to_string(w.rank())); }, &msg, false);
+      w,
+      [&] {
+        if (w.rank() >= bad) throw Error("bad rank " + std::to_string(w.rank()));
+      },
+      &msg, false);
   EXPECT_FALSE(ok);
   EXPECT_EQ(msg, "bad rank " + std::to_string(bad));
 }

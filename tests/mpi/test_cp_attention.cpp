@@ -32,8 +32,9 @@ TEST(DcsLayout, PartitionRoundTripAndPositions) {
   auto g2 = SeqLayout::thd({0, 8, 12});
   EXPECT_EQ(dcs_positions(g2, 2, 1), (std::vector<std::int64_t>{2, 3, 4, 5, 1, 2}));
   EXPECT_EQ(local_layout(g2, 2).cu_seqlens, (std::vector<std::int64_t>{0, 4, 6}));
-  EXPECT_NE(test::error_of([&] { dcs_global_index(SeqLayout::thd({0, 8, 14}), 2, 0); })
-                .find("sequence 1 has length 6, which must be a multiple of 2*cp = 4"),
+  EXPECT_NE(test::error_of([&] {
+              dcs_global_index(SeqLayout::thd({0, 8, 14}), 2, 0);
+            }).find("sequence 1 has length 6, which must be a multiple of 2*cp = 4"),
             std::string::npos);
 }
 
@@ -62,8 +63,8 @@ Grads reference(const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor
   p.head_dim = c.head_dim;
   p.mask = c.causal ? k::Mask::Causal : k::Mask::None;
   p.segments = k::segments_from_layout(c.global, c.global);
-  Grads g{Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(kk.shape(), q.dtype()),
-          Tensor::zeros(v.shape(), q.dtype())};
+  Grads g{Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(q.shape(), q.dtype()),
+          Tensor::zeros(kk.shape(), q.dtype()), Tensor::zeros(v.shape(), q.dtype())};
   Tensor lse = Tensor::zeros({q.size(0), c.heads}, q.dtype() == DType::F64 ? DType::F64 : DType::F32);
   k::attention_fwd(g.o, lse, q, kk, v, p);
   k::attention_bwd(g.dq, g.dk, g.dv, q, kk, v, g.o, lse, dout, p);
@@ -92,7 +93,7 @@ TEST_P(CpAttentionGrid, MatchesCp1) {
   c.kv_heads = cc.kv_heads;
   c.head_dim = 4;
   c.causal = cc.causal;
-  c.global = cc.format == "bshd" ? SeqLayout::bshd(2, 16)
+  c.global = cc.format == "bshd"   ? SeqLayout::bshd(2, 16)
              : cc.format == "thd1" ? SeqLayout::thd({0, 24})
                                    : SeqLayout::thd({0, 8, 24, 32});
   const std::int64_t T = c.global.total(), H = c.heads, Hkv = c.kv_heads, D = c.head_dim;
@@ -192,8 +193,8 @@ TEST(CpAttentionBf16, P2PRoundsOnceNotEveryStep) {
     CpAttention a(cm, c);
     Tensor ql = dcs_partition(q, c.global, n, me), kl = dcs_partition(kk, c.global, n, me),
            vl = dcs_partition(v, c.global, n, me), dol = dcs_partition(dout, c.global, n, me);
-    std::vector<Tensor> g = {Tensor::zeros(ql.shape(), bf), Tensor::zeros(ql.shape(), bf), Tensor::zeros(kl.shape(), bf),
-                             Tensor::zeros(vl.shape(), bf)};
+    std::vector<Tensor> g = {Tensor::zeros(ql.shape(), bf), Tensor::zeros(ql.shape(), bf),
+                             Tensor::zeros(kl.shape(), bf), Tensor::zeros(vl.shape(), bf)};
     a.forward(g[0], ql, kl, vl);
     a.backward(g[1], g[2], g[3], dol);
     for (auto& t : g) t = dcs_gather(cm, t, c.global);
@@ -203,8 +204,8 @@ TEST(CpAttentionBf16, P2PRoundsOnceNotEveryStep) {
   const char* names[] = {"o", "dq", "dk", "dv"};
   for (int i = 0; i < 4; ++i) {
     const ErrorStats e = compare(got[i], ref[i]);
-    EXPECT_LE(e.max_abs, 0x1p-7 * e.ref_max) << names[i] << " at cp " << cp << ": max abs " << e.max_abs << ", max "
-                                             << e.ref_max;
+    EXPECT_LE(e.max_abs, 0x1p-7 * e.ref_max)
+        << names[i] << " at cp " << cp << ": max abs " << e.max_abs << ", max " << e.ref_max;
   }
 }
 

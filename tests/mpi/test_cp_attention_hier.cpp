@@ -30,8 +30,8 @@ Result cp1(const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& dou
   p.head_dim = c.head_dim;
   p.mask = c.causal ? k::Mask::Causal : k::Mask::None;
   p.segments = k::segments_from_layout(unpadded, unpadded);
-  Result g{Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(kk.shape(), q.dtype()),
-           Tensor::zeros(v.shape(), q.dtype())};
+  Result g{Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(q.shape(), q.dtype()),
+           Tensor::zeros(kk.shape(), q.dtype()), Tensor::zeros(v.shape(), q.dtype())};
   Tensor lse = Tensor::zeros({q.size(0), c.heads}, DType::F64);
   k::attention_fwd(g.o, lse, q, kk, v, p);
   k::attention_bwd(g.dq, g.dk, g.dv, q, kk, v, g.o, lse, dout, p);
@@ -93,10 +93,14 @@ TEST(CpAttentionA2AP2P, EveryInnerSizeMatchesUnpaddedCp1AndModel) {
           comm.reset_counters();
           attn.forward(o, ql, kl, vl);
           attn.backward(dq, dk, dv, dol);
-          const std::string tag = std::to_string(inner) + "x" + std::to_string(cp / inner) + " " + f + (causal ? " causal" : " full") +
-                                  " heads " + std::to_string(H) + "/" + std::to_string(Hkv) + " rank " + std::to_string(r);
-          EXPECT_EQ(test::payload_sent(comm), attn.model_fwd_bytes(DType::F64) + attn.model_bwd_bytes(DType::F64)) << tag;
-          const auto real = [&](const Tensor& t) { return take_rows(dcs_gather(comm, t, c.global), real_rows(c.global)); };
+          const std::string tag = std::to_string(inner) + "x" + std::to_string(cp / inner) + " " + f +
+                                  (causal ? " causal" : " full") + " heads " + std::to_string(H) + "/" +
+                                  std::to_string(Hkv) + " rank " + std::to_string(r);
+          EXPECT_EQ(test::payload_sent(comm), attn.model_fwd_bytes(DType::F64) + attn.model_bwd_bytes(DType::F64))
+              << tag;
+          const auto real = [&](const Tensor& t) {
+            return take_rows(dcs_gather(comm, t, c.global), real_rows(c.global));
+          };
           test::expect_close(real(o), ref.o, 1e-12, 1e-10, "o " + tag);
           test::expect_close(real(dq), ref.dq, 1e-12, 1e-10, "dq " + tag);
           test::expect_close(real(dk), ref.dk, 1e-12, 1e-10, "dk " + tag);
@@ -118,13 +122,16 @@ TEST(CpAttentionA2AP2P, InnerSizesThatDoNotDivideFailOnEveryRank) {
   c.global = SeqLayout::bshd(1, 4 * cp);
   c.cp_inner = cp + 1;
   if (cp > 1) {
-    EXPECT_NE(test::error_of([&] { CpAttention a(comm, c); }).find("parallel.cp_inner (" + std::to_string(cp + 1) + ") to divide the CP size"),
+    EXPECT_NE(test::error_of([&] {
+                CpAttention a(comm, c);
+              }).find("parallel.cp_inner (" + std::to_string(cp + 1) + ") to divide the CP size"),
               std::string::npos);
   }
   c.cp_inner = cp;
   c.heads = 5 * cp + (cp > 1 ? 1 : 0);
   c.kv_heads = 1;
   if (cp > 1) {
-    EXPECT_NE(test::error_of([&] { CpAttention a(comm, c); }).find("divisible by parallel.cp_inner"), std::string::npos);
+    EXPECT_NE(test::error_of([&] { CpAttention a(comm, c); }).find("divisible by parallel.cp_inner"),
+              std::string::npos);
   }
 }

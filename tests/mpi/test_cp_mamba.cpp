@@ -46,7 +46,9 @@ Result run(Communicator& comm, const Mamba2Config& c, const SeqLayout& g, const 
   return out;
 }
 SeqLayout layout_of(const std::string& f) {
-  return f == "bshd" || f == "bshd_contiguous" ? SeqLayout::bshd(2, 16) : f == "thd1" ? SeqLayout::thd({0, 24}) : SeqLayout::thd({0, 8, 24, 32});
+  return f == "bshd" || f == "bshd_contiguous" ? SeqLayout::bshd(2, 16)
+         : f == "thd1"                         ? SeqLayout::thd({0, 24})
+                                               : SeqLayout::thd({0, 8, 24, 32});
 }
 }  // namespace
 
@@ -62,7 +64,8 @@ TEST_P(MambaHpGrid, MatchesCp1) {
   if (c.groups < cp && cp % c.groups != 0) GTEST_SKIP() << "cp % n_groups != 0";
   if (c.groups >= cp && c.groups % cp != 0) GTEST_SKIP() << "n_groups % cp != 0";
   ParamMap p = mamba2_init(c, dtype, 5);
-  Tensor h = test::rand({g.total(), c.hidden}, 11, -1, 1, dtype), dy = test::rand({g.total(), c.hidden}, 12, -1, 1, dtype);
+  Tensor h = test::rand({g.total(), c.hidden}, 11, -1, 1, dtype),
+         dy = test::rand({g.total(), c.hidden}, 12, -1, 1, dtype);
   Result ref = run(*self, c, g, h, dy, p);
   // bshd_contiguous: tokens split into cp contiguous pieces per row, as a plain all-gather
   // attention layer leaves them (no DCS to undo).
@@ -74,8 +77,8 @@ TEST_P(MambaHpGrid, MatchesCp1) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, MambaHpGrid,
-                         ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked", "bshd_contiguous"), ::testing::Values(1, 2, 8),
-                                            ::testing::Values(DType::F64, DType::F32)),
+                         ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked", "bshd_contiguous"),
+                                            ::testing::Values(1, 2, 8), ::testing::Values(DType::F64, DType::F32)),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_groups" + std::to_string(std::get<1>(info.param)) + "_" +
                                   hcp::to_string(std::get<2>(info.param));
@@ -97,7 +100,8 @@ TEST(MambaCpLayout, Cp2hpHp2cpRoundTripAndContent) {
   // Contiguous: rank r holds the r-th piece of every row.
   auto g = SeqLayout::bshd(2, 8);
   if (cp == 2) {
-    EXPECT_EQ(cp::dcs_global_index(g, 2, 1, cp::Partition::Contiguous), (std::vector<std::int64_t>{4, 5, 6, 7, 12, 13, 14, 15}));
+    EXPECT_EQ(cp::dcs_global_index(g, 2, 1, cp::Partition::Contiguous),
+              (std::vector<std::int64_t>{4, 5, 6, 7, 12, 13, 14, 15}));
   }
 }
 
@@ -115,10 +119,12 @@ TEST(MambaCp1, PackedEqualsSequencesOneByOne) {
     const std::int64_t n = cu[s + 1] - cu[s];
     Result one = run(*self, c, SeqLayout::bshd(1, n), h.slice(0, cu[s], n).clone(), dy.slice(0, cu[s], n).clone(), p);
     test::expect_close(packed.y.slice(0, cu[s], n).clone(), one.y, 1e-13, 1e-11, "y of sequence " + std::to_string(s));
-    test::expect_close(packed.dh.slice(0, cu[s], n).clone(), one.dh, 1e-13, 1e-11, "dh of sequence " + std::to_string(s));
+    test::expect_close(packed.dh.slice(0, cu[s], n).clone(), one.dh, 1e-13, 1e-11,
+                       "dh of sequence " + std::to_string(s));
     for (auto& [nm, t] : one.grads) kernels::axpy(gsum[nm], 1.0, t);
   }
-  for (auto& [nm, t] : gsum) test::expect_close(packed.grads.at(nm), t, 1e-12, 1e-10, "d" + nm + " (sum over sequences)");
+  for (auto& [nm, t] : gsum)
+    test::expect_close(packed.grads.at(nm), t, 1e-12, 1e-10, "d" + nm + " (sum over sequences)");
 }
 
 TEST(MambaCp1, ParameterGradientsFiniteDifference) {
@@ -150,8 +156,9 @@ TEST(MambaCpErrors, DivisibilityRules) {
   if (cp == 1) GTEST_SKIP() << "needs cp > 1";
   Mamba2Config c = small(1);
   c.heads = 2 * cp + 1;  // never divisible by cp
-  EXPECT_NE(test::error_of([&] { Mamba2HP m(world, c, SeqLayout::bshd(1, 8 * cp)); })
-                .find("heads (" + std::to_string(c.heads) + ") divisible by cp (" + std::to_string(cp) + ")"),
+  EXPECT_NE(test::error_of([&] {
+              Mamba2HP m(world, c, SeqLayout::bshd(1, 8 * cp));
+            }).find("heads (" + std::to_string(c.heads) + ") divisible by cp (" + std::to_string(cp) + ")"),
             std::string::npos);
   c = small(2);
   c.heads = 3 * cp;
@@ -159,6 +166,8 @@ TEST(MambaCpErrors, DivisibilityRules) {
   EXPECT_NE(test::error_of([&] { Mamba2HP m(world, c, SeqLayout::bshd(1, 8 * cp)); }).find("mamba.n_groups (3)"),
             std::string::npos);
   c = small(2);
-  EXPECT_NE(test::error_of([&] { Mamba2HP m(world, c, SeqLayout::thd({0, 2 * cp + 2})); }).find("multiple of 2*cp"),
+  EXPECT_NE(test::error_of([&] {
+              Mamba2HP m(world, c, SeqLayout::thd({0, 2 * cp + 2}));
+            }).find("multiple of 2*cp"),
             std::string::npos);
 }

@@ -4,8 +4,8 @@
 // cp = 3); the halo plan and the state scan on their own.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <mpi.h>
+#include <cmath>
 
 #include "comm/mpi_communicator.hpp"
 #include "cp/layout.hpp"
@@ -78,7 +78,8 @@ TEST_P(MambaSp, MatchesCp1AndHiddenParallel) {
   const SeqLayout g = layout_of(format, cp);
   const auto part = format == "bshd_contiguous" ? cp::Partition::Contiguous : cp::Partition::DCS;
   ParamMap p = mamba2_init(c, dtype, 5);
-  Tensor h = test::rand({g.total(), c.hidden}, 11, -1, 1, dtype), dy = test::rand({g.total(), c.hidden}, 12, -1, 1, dtype);
+  Tensor h = test::rand({g.total(), c.hidden}, 11, -1, 1, dtype),
+         dy = test::rand({g.total(), c.hidden}, 12, -1, 1, dtype);
   Result ref = run(MambaCp::HiddenParallel, *self, c, g, h, dy, p, cp::Partition::DCS);
   Result sp = run(MambaCp::StatePassing, world, c, g, h, dy, p, part);
   expect_same(sp, ref, dtype, "state_passing vs cp=1:");
@@ -88,16 +89,17 @@ TEST_P(MambaSp, MatchesCp1AndHiddenParallel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Grid, MambaSp,
-    ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked", "bshd_contiguous"),
-                       ::testing::Values(std::make_tuple(8, 2), std::make_tuple(8, 8), std::make_tuple(6, 1),
-                                         std::make_tuple(6, 3)),
-                       ::testing::Values(DType::F64, DType::F32)),
-    [](const auto& info) {
-      return std::get<0>(info.param) + "_heads" + std::to_string(std::get<0>(std::get<1>(info.param))) + "_groups" +
-             std::to_string(std::get<1>(std::get<1>(info.param))) + "_" + hcp::to_string(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Grid, MambaSp,
+                         ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked", "bshd_contiguous"),
+                                            ::testing::Values(std::make_tuple(8, 2), std::make_tuple(8, 8),
+                                                              std::make_tuple(6, 1), std::make_tuple(6, 3)),
+                                            ::testing::Values(DType::F64, DType::F32)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_heads" +
+                                  std::to_string(std::get<0>(std::get<1>(info.param))) + "_groups" +
+                                  std::to_string(std::get<1>(std::get<1>(info.param))) + "_" +
+                                  hcp::to_string(std::get<2>(info.param));
+                         });
 
 // The halo plan: every extended row holds the token `halo - m` places before its piece (or zero
 // before the sequence start), checked against the global tensor; the gradient path is the adjoint.
@@ -150,10 +152,13 @@ TEST(MambaSpLayout, StateBytesIndependentOfLength) {
       Tensor h = test::rand({g.total(), c.hidden}, 1), dy = test::rand({g.total(), c.hidden}, 2);
       world.reset_counters();
       run(MambaCp::StatePassing, world, c, g, h, dy, p, cp::Partition::DCS);
-      const auto sent = [&](const char* op) { return world.counters().count(op) ? world.counters().at(op).bytes_sent : 0; };
+      const auto sent = [&](const char* op) {
+        return world.counters().count(op) ? world.counters().at(op).bytes_sent : 0;
+      };
       // run() also all-gathers y and dh ([T, hidden]) for the comparison; the halo goes by all_to_all_v.
       const std::int64_t gathers = 2 * (cp - 1) * (g.total() / cp) * c.hidden * 8;
-      const std::int64_t halo = cp::model_halo_rows_sent(g, cp, cp::Partition::DCS, c.conv - 1, world.rank()) * c.conv_dim() * 8;
+      const std::int64_t halo =
+          cp::model_halo_rows_sent(g, cp, cp::Partition::DCS, c.conv - 1, world.rank()) * c.conv_dim() * 8;
       states.push_back(sent("all_gather") - gathers + sent("all_to_all_v") - halo);
       EXPECT_EQ(states.back(), cp::model_state_elements_sent(g, cp, world.rank(), cp::Partition::DCS, ex, H, PN) * 8)
           << cp::to_string(ex) << " L " << L;
@@ -197,8 +202,10 @@ TEST(MambaSpLayout, StateScanModelsToLargeCp) {
     const SeqLayout g = SeqLayout::bshd(1, 2 * cp * 4);
     std::int64_t dbl = 0, ag = 0;
     for (int q = 0; q < cp; ++q) {
-      dbl = std::max(dbl, cp::model_state_elements_sent(g, cp, q, cp::Partition::DCS, cp::StateExchange::Doubling, H, PN));
-      ag = std::max(ag, cp::model_state_elements_sent(g, cp, q, cp::Partition::DCS, cp::StateExchange::AllGather, H, PN));
+      dbl = std::max(dbl,
+                     cp::model_state_elements_sent(g, cp, q, cp::Partition::DCS, cp::StateExchange::Doubling, H, PN));
+      ag = std::max(ag,
+                    cp::model_state_elements_sent(g, cp, q, cp::Partition::DCS, cp::StateExchange::AllGather, H, PN));
     }
     const auto rounds = static_cast<std::int64_t>(std::ceil(std::log2(2.0 * cp)));
     EXPECT_LE(dbl, 2 * (2 * rounds + 2) * H * (PN + 1)) << "cp " << cp;
@@ -215,11 +222,13 @@ TEST(MambaSpErrors, LayoutRules) {
   MpiCommunicator world(MPI_COMM_WORLD);
   const int cp = world.size();
   if (cp == 1) GTEST_SKIP() << "needs cp > 1";
-  EXPECT_NE(test::error_of([&] { Mamba2SP m(world, small(6, 3), SeqLayout::thd({0, 2 * cp + 2})); })
-                .find("multiple of 2*cp"),
+  EXPECT_NE(test::error_of([&] {
+              Mamba2SP m(world, small(6, 3), SeqLayout::thd({0, 2 * cp + 2}));
+            }).find("multiple of 2*cp"),
             std::string::npos);
-  EXPECT_NE(test::error_of([&] { Mamba2SP m(world, small(6, 4), SeqLayout::bshd(1, 8 * cp)); })
-                .find("mamba.n_groups (4) must divide mamba.heads (6)"),
+  EXPECT_NE(test::error_of([&] {
+              Mamba2SP m(world, small(6, 4), SeqLayout::bshd(1, 8 * cp));
+            }).find("mamba.n_groups (4) must divide mamba.heads (6)"),
             std::string::npos);
   EXPECT_EQ(cp::mamba_cp_from_string("state_passing"), MambaCp::StatePassing);
   EXPECT_NE(test::error_of([] { cp::mamba_cp_from_string("ring"); }).find("not one of"), std::string::npos);
@@ -253,10 +262,13 @@ TEST(MambaSpBf16, PerHeadGradientsRoundOnce) {
   const Result got = run(MambaCp::StatePassing, world, c, g, h, dy, p, cp::Partition::DCS);
   ParamMap p64;
   for (const auto& [n, t] : p) p64[n] = t.to(DType::F64);
-  const Result exact = run(MambaCp::StatePassing, *self, c, g, h.to(DType::F64), dy.to(DType::F64), p64, cp::Partition::DCS);
+  const Result exact =
+      run(MambaCp::StatePassing, *self, c, g, h.to(DType::F64), dy.to(DType::F64), p64, cp::Partition::DCS);
   for (const char* n : {"A_log", "D", "dt_bias"}) {
-    const ErrorStats e_cp = compare(got.grads.at(n), exact.grads.at(n)), e_1 = compare(ref.grads.at(n), exact.grads.at(n));
+    const ErrorStats e_cp = compare(got.grads.at(n), exact.grads.at(n)),
+                     e_1 = compare(ref.grads.at(n), exact.grads.at(n));
     const double rel_cp = e_cp.max_abs / e_cp.ref_max, rel_1 = e_1.max_abs / e_1.ref_max;
-    EXPECT_LE(rel_cp, 2 * rel_1 + 4 * 0x1p-8) << "d" << n << " at cp " << cp << ": cp=1 in bf16 is " << rel_1 << " from fp64";
+    EXPECT_LE(rel_cp, 2 * rel_1 + 4 * 0x1p-8)
+        << "d" << n << " at cp " << cp << ": cp=1 in bf16 is " << rel_1 << " from fp64";
   }
 }

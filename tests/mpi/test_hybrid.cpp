@@ -3,8 +3,8 @@
 // (BSHD, THD single sequence, THD packed) x Mamba CP strategy; the packed loss equals the sequences' losses one by one.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <mpi.h>
+#include <algorithm>
 
 #include "comm/mpi_communicator.hpp"
 #include "cp/layout.hpp"
@@ -162,7 +162,8 @@ TEST(HybridCp1, PackedLossIsSumOfSequences) {
   std::int64_t count = 0;
   for (std::int64_t s = 0; s < b.layout.nseq(); ++s) {
     const auto a = b.layout.cu_seqlens[static_cast<std::size_t>(s)], n = b.layout.len(s);
-    std::vector<std::int64_t> t(b.tokens.begin() + a, b.tokens.begin() + a + n), l(b.labels.begin() + a, b.labels.begin() + a + n);
+    std::vector<std::int64_t> t(b.tokens.begin() + a, b.tokens.begin() + a + n),
+        l(b.labels.begin() + a, b.labels.begin() + a + n);
     HybridModel one(*self, c, SeqLayout::bshd(1, n));
     const StepResult r = one.forward(p, t, l);
     sum += r.loss * static_cast<double>(r.label_tokens);
@@ -203,8 +204,9 @@ TEST(HybridErrors, EpMustDivideCp) {
   MpiCommunicator world(MPI_COMM_WORLD);
   if (world.size() < 2) GTEST_SKIP() << "needs an EP size that does not divide cp";
   const int bad = world.size() + 1;
-  EXPECT_NE(test::error_of([&] { ExpertGroups g(world, bad); })
-                .find("parallel.ep = " + std::to_string(bad) + " must divide the CP group size"),
+  EXPECT_NE(test::error_of([&] {
+              ExpertGroups g(world, bad);
+            }).find("parallel.ep = " + std::to_string(bad) + " must divide the CP group size"),
             std::string::npos);
 }
 
@@ -212,6 +214,7 @@ TEST(HybridErrors, BadPattern) {
   MpiCommunicator world(MPI_COMM_WORLD);
   HybridConfig c = small(cp::AttnStrategy::P2P, MambaCp::StatePassing);
   c.pattern = "M*X";
-  EXPECT_NE(test::error_of([&] { HybridModel m(world, c, SeqLayout::bshd(1, 8 * world.size())); }).find("'X' is not a block"),
-            std::string::npos);
+  EXPECT_NE(
+      test::error_of([&] { HybridModel m(world, c, SeqLayout::bshd(1, 8 * world.size())); }).find("'X' is not a block"),
+      std::string::npos);
 }

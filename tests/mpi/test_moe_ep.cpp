@@ -93,7 +93,8 @@ TEST_P(MoeEp, MatchesEp1) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Grid, MoeEp, ::testing::Combine(::testing::Values(0, 7), ::testing::Values(DType::F64, DType::F32)),
+INSTANTIATE_TEST_SUITE_P(Grid, MoeEp,
+                         ::testing::Combine(::testing::Values(0, 7), ::testing::Values(DType::F64, DType::F32)),
                          [](const auto& info) {
                            return "shared" + std::to_string(std::get<0>(info.param)) + "_" +
                                   hcp::to_string(std::get<1>(info.param));
@@ -117,7 +118,8 @@ TEST(MoeLayerFd, EveryGradient) {
     return test::dot(yy, dy);
   };
   test::fd_check(x, dx, loss, "dx");
-  for (const char* n : {"router", "W1", "W2", "shared_W1", "shared_W2"}) test::fd_check(p[n], g.at(n), loss, std::string("d") + n);
+  for (const char* n : {"router", "W1", "W2", "shared_W1", "shared_W2"})
+    test::fd_check(p[n], g.at(n), loss, std::string("d") + n);
   for (std::int64_t i = 0; i < c.experts; ++i) EXPECT_EQ(g.at("e_bias").get(i), 0.0);
 }
 

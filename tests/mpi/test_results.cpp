@@ -140,14 +140,16 @@ TEST(Results, CollectiveAndGatherWriteTheSameTensors) {
   write_run(pg, c, H5Io::Gather, "all", g);
   if (c.rank() == 0) {
     ResultsReader a(pc), b(pg);
-    for (const char* n : {"/activations/p2p/o", "/gradients/p2p/dq", "/activations/reference/o", "/timings/p2p/forward"}) {
+    for (const char* n :
+         {"/activations/p2p/o", "/gradients/p2p/dq", "/activations/reference/o", "/timings/p2p/forward"}) {
       const Tensor x = a.read(n), y = b.read(n);
       EXPECT_EQ(x.shape(), y.shape()) << n;
       EXPECT_EQ(x.to_vector(), y.to_vector()) << n;
       EXPECT_EQ(checksum(x), checksum(y)) << n;
       for (const char* s : {"l2", "max_abs", "mean", "count"}) {
         if (std::string(n).rfind("/timings", 0) != 0) {
-          EXPECT_EQ(a.double_attr(std::string("/stats") + n, s), b.double_attr(std::string("/stats") + n, s)) << n << " " << s;
+          EXPECT_EQ(a.double_attr(std::string("/stats") + n, s), b.double_attr(std::string("/stats") + n, s))
+              << n << " " << s;
         }
       }
     }

@@ -55,7 +55,8 @@ inline void expect_close(const Tensor& a, const Tensor& ref, double atol, double
   EXPECT_EQ(bad, 0) << name << ": " << bad << " of " << a.numel() << " elements differ";
 }
 
-template <class F> std::string error_of(F&& f) {
+template <class F>
+std::string error_of(F&& f) {
   try {
     f();
   } catch (const std::exception& e) {

@@ -15,8 +15,8 @@ struct SsdCase {
   std::vector<std::int64_t> seq;
   bool use_seq = false, use_init = false;
 
-  SsdCase(std::int64_t b, std::int64_t L, std::int64_t H, std::int64_t P, std::int64_t G, std::int64_t N, std::int64_t chunk,
-       std::uint64_t seed, DType d = DType::F64) {
+  SsdCase(std::int64_t b, std::int64_t L, std::int64_t H, std::int64_t P, std::int64_t G, std::int64_t N,
+          std::int64_t chunk, std::uint64_t seed, DType d = DType::F64) {
     p.batch = b;
     p.seqlen = L;
     p.heads = H;

@@ -222,14 +222,17 @@ TEST(Attention, BadShapesAreClearErrors) {
   p.kv_heads = 2;
   p.head_dim = 2;
   p.segments = segments_from_layout(SeqLayout::bshd(1, 4), SeqLayout::bshd(1, 4));
-  EXPECT_NE(test::error_of([&] { attention_fwd(o, l, q, k, k, p); }).find("heads (3) must be divisible by kv_heads (2)"),
-            std::string::npos);
+  EXPECT_NE(
+      test::error_of([&] { attention_fwd(o, l, q, k, k, p); }).find("heads (3) must be divisible by kv_heads (2)"),
+      std::string::npos);
   p.heads = 3;
   p.kv_heads = 3;
   Tensor k3 = rand({4, 3, 2}, 3);
   p.segments = segments_from_layout(SeqLayout::thd({0, 2, 9}), SeqLayout::thd({0, 2, 9}));
-  EXPECT_NE(test::error_of([&] { attention_fwd(o, l, q, k3, k3, p); }).find("outside the 4 query rows"), std::string::npos);
-  EXPECT_NE(test::error_of([&] { segments_from_layout(SeqLayout::thd({0, 4}), SeqLayout::thd({0, 2, 4})); })
-                .find("cu_seqlens_q has 1 sequences, cu_seqlens_kv 2"),
+  EXPECT_NE(test::error_of([&] { attention_fwd(o, l, q, k3, k3, p); }).find("outside the 4 query rows"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              segments_from_layout(SeqLayout::thd({0, 4}), SeqLayout::thd({0, 2, 4}));
+            }).find("cu_seqlens_q has 1 sequences, cu_seqlens_kv 2"),
             std::string::npos);
 }

@@ -108,9 +108,11 @@ TEST(Deck, ListKeysTakeArrays) {
     }
     return std::string();
   };
-  EXPECT_NE(message("[data]\nformat = [\"thd\"]\n").find("x.toml:2: key 'data.format' must be a string"), std::string::npos);
-  EXPECT_NE(message("[data]\nlens = [1.5]\n").find("x.toml:2: key 'data.lens': array items must be strings or integers"),
+  EXPECT_NE(message("[data]\nformat = [\"thd\"]\n").find("x.toml:2: key 'data.format' must be a string"),
             std::string::npos);
+  EXPECT_NE(
+      message("[data]\nlens = [1.5]\n").find("x.toml:2: key 'data.lens': array items must be strings or integers"),
+      std::string::npos);
   EXPECT_NE(message("[data]\nlens = []\n").find("key 'data.lens' is an empty array"), std::string::npos);
   EXPECT_NE(message("[data]\nlens = [\"a,b\"]\n").find("holds a comma"), std::string::npos);
   EXPECT_NE(message("", {"data.lens=[1,,2]"}).find("--set data.lens=[1,,2]: key 'data.lens': array item \"\" is empty"),

@@ -130,8 +130,7 @@ TEST(Golden, Mamba2Ssd) {
          dD = zeros_like(D), ddb = zeros_like(dtb);
   SsdGrads gr{&dx, &ddt, &dA, &dB, &dC, &dD, &ddb, nullptr};
   ssd_bwd(gr, in, dy, nullptr, p);
-  for (auto [name, t] : std::vector<std::pair<std::string, Tensor*>>{{"dx", &dx}, {"ddt", &ddt}, {"dA_log", &dA},
-                                                                     {"dB", &dB}, {"dC", &dC}, {"dD", &dD},
-                                                                     {"ddt_bias", &ddb}})
+  for (auto [name, t] : std::vector<std::pair<std::string, Tensor*>>{
+           {"dx", &dx}, {"ddt", &ddt}, {"dA_log", &dA}, {"dB", &dB}, {"dC", &dC}, {"dD", &dD}, {"ddt_bias", &ddb}})
     test::expect_close(*t, g.read("/ssd/" + name), kAtol, kRtol, "ssd " + name);
 }

@@ -33,8 +33,9 @@ TEST(Moe, RouterSelectionRules) {
   router_fwd(s, r, w, logits, nullptr, p);
   EXPECT_EQ(r.indices(), (std::vector<std::int64_t>{2, 3}));
   p.n_group = 3;
-  EXPECT_NE(test::error_of([&] { router_fwd(s, r, w, logits, nullptr, p); }).find("n_group (3) must divide experts (4)"),
-            std::string::npos);
+  EXPECT_NE(
+      test::error_of([&] { router_fwd(s, r, w, logits, nullptr, p); }).find("n_group (3) must divide experts (4)"),
+      std::string::npos);
 }
 
 TEST(Moe, RouterAndAuxLossGradients) {
@@ -69,21 +70,28 @@ TEST(Moe, RouterAndAuxLossGradients) {
 // A routing names its rule when misused: indices outside the experts, a combine before the
 // permutation exists, a router backward over another number of tokens.
 TEST(Moe, RoutingErrorsNameTheRule) {
-  EXPECT_NE(test::error_of([] { moe_routing({0, 7}, 1, 4, Space::Host); }).find("expert index 7 outside [0, 4)"),
+  EXPECT_NE(test::error_of([] {
+              moe_routing({0, 7}, 1, 4, Space::Host);
+            }).find("expert index 7 outside [0, 4)"),
             std::string::npos);
-  EXPECT_NE(test::error_of([] { moe_routing({0, 1, 2}, 2, 4, Space::Host); }).find("not a whole number of tokens"),
+  EXPECT_NE(test::error_of([] {
+              moe_routing({0, 1, 2}, 2, 4, Space::Host);
+            }).find("not a whole number of tokens"),
             std::string::npos);
   const MoeRouting r = moe_routing({0, 1, 1, 3}, 2, 4, Space::Host);
   EXPECT_EQ(r.counts, (std::vector<std::int64_t>{1, 2, 0, 1}));
-  Tensor y = Tensor::zeros({2, 3}, DType::F64), yp = Tensor::zeros({4, 3}, DType::F64), w = Tensor::zeros({2, 2}, DType::F64);
+  Tensor y = Tensor::zeros({2, 3}, DType::F64), yp = Tensor::zeros({4, 3}, DType::F64),
+         w = Tensor::zeros({2, 2}, DType::F64);
   EXPECT_NE(test::error_of([&] { moe_combine_fwd(y, yp, r, w); }).find("no permutation (moe_permute first)"),
             std::string::npos);
   RouterParams p;
   p.experts = 4;
   p.topk = 2;
-  Tensor s = Tensor::zeros({3, 4}, DType::F64), dl = Tensor::zeros({3, 4}, DType::F64), dw = Tensor::zeros({3, 2}, DType::F64);
-  EXPECT_NE(test::error_of([&] { router_bwd(dl, s, r, dw, nullptr, p); }).find("the routing has 4 assignments, expected 6"),
-            std::string::npos);
+  Tensor s = Tensor::zeros({3, 4}, DType::F64), dl = Tensor::zeros({3, 4}, DType::F64),
+         dw = Tensor::zeros({3, 2}, DType::F64);
+  EXPECT_NE(
+      test::error_of([&] { router_bwd(dl, s, r, dw, nullptr, p); }).find("the routing has 4 assignments, expected 6"),
+      std::string::npos);
 }
 
 TEST(Moe, PermuteCombineAndExpertsAgainstPerTokenLoop) {
@@ -120,7 +128,8 @@ TEST(Moe, PermuteCombineAndExpertsAgainstPerTokenLoop) {
               hg += W1.get((e * F1 + f) * C + j) * x.get(t * C + j);
               if (act == Activation::SwiGLU) hu += W1.get((e * F1 + F + f) * C + j) * x.get(t * C + j);
             }
-            const double a = act == Activation::SquaredReLU ? std::pow(std::max(hg, 0.0), 2) : hg / (1 + std::exp(-hg)) * hu;
+            const double a =
+                act == Activation::SquaredReLU ? std::pow(std::max(hg, 0.0), 2) : hg / (1 + std::exp(-hg)) * hu;
             out += W2.get((e * C + c) * F + f) * a;
           }
           acc += tw.get(t * K + k) * out;

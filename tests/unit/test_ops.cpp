@@ -97,8 +97,9 @@ TEST(Norms, GatedGroupRmsNormGradients) {
   test::fd_check(z, dz, loss, "gated dz");
   test::fd_check(w, dw, loss, "gated dw");
   Tensor w7 = rand({7}, 1);
-  EXPECT_NE(test::error_of([&] { gated_rmsnorm_fwd(y, r, x, z, w7, 2, 1e-5); }).find("groups (2) must divide channels (7)"),
-            std::string::npos);
+  EXPECT_NE(
+      test::error_of([&] { gated_rmsnorm_fwd(y, r, x, z, w7, 2, 1e-5); }).find("groups (2) must divide channels (7)"),
+      std::string::npos);
 }
 
 TEST(Dense, LinearGradients) {
@@ -130,10 +131,11 @@ TEST(Dense, RopeRotatesByGlobalPositionAndInverts) {
   std::vector<std::int64_t> pos{0, 5, 1000, 70000};
   Tensor y = Tensor::zeros(x.shape(), DType::F64);
   rope_fwd(y, x, pos, 10000.0, 4);
-  EXPECT_EQ(y.get(0), x.get(0));  // position 0: identity
+  EXPECT_EQ(y.get(0), x.get(0));                                          // position 0: identity
   EXPECT_EQ(y.get(((1 * H) + 0) * D + 5), x.get(((1 * H) + 0) * D + 5));  // beyond rotary_dim: passthrough
-  const double ang = 5.0;  // position 5, pair 0 (frequency 1)
-  EXPECT_NEAR(y.get((1 * H) * D + 0), x.get((1 * H) * D) * std::cos(ang) - x.get((1 * H) * D + 2) * std::sin(ang), 1e-14);
+  const double ang = 5.0;                                                 // position 5, pair 0 (frequency 1)
+  EXPECT_NEAR(y.get((1 * H) * D + 0), x.get((1 * H) * D) * std::cos(ang) - x.get((1 * H) * D + 2) * std::sin(ang),
+              1e-14);
   auto loss = [&] {
     Tensor yy = Tensor::zeros(x.shape(), DType::F64);
     rope_fwd(yy, x, pos, 10000.0, 4);
@@ -162,7 +164,10 @@ TEST(Dense, EmbeddingAndCrossEntropy) {
   Tensor dt = Tensor::zeros(table.shape(), DType::F64);
   embedding_bwd(dt, ids, dy);
   test::fd_check(table, dt, eloss, "embedding dtable");
-  EXPECT_NE(test::error_of([&] { embedding_fwd(y, table, {1, 5, 0, 0}); }).find("token id 5 outside"), std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              embedding_fwd(y, table, {1, 5, 0, 0});
+            }).find("token id 5 outside"),
+            std::string::npos);
 
   Tensor logits = rand({4, V}, 22, -3, 3);
   std::vector<std::int64_t> labels{2, -100, 4, 0};
@@ -180,7 +185,9 @@ TEST(Dense, EmbeddingAndCrossEntropy) {
   Tensor dl = Tensor::zeros(logits.shape(), DType::F64);
   cross_entropy_bwd(dl, logits, labels, -100, 1.0 / 3.0);
   test::fd_check(logits, dl, closs, "cross-entropy dlogits");
-  EXPECT_NE(test::error_of([&] { cross_entropy_fwd(logits, {7, 0, 0, 0}, -100, nullptr); }).find("label 7 outside"),
+  EXPECT_NE(test::error_of([&] {
+              cross_entropy_fwd(logits, {7, 0, 0, 0}, -100, nullptr);
+            }).find("label 7 outside"),
             std::string::npos);
 }
 

@@ -21,29 +21,39 @@ namespace {
 // element shows up in the results.
 struct SerialExec {
   std::vector<std::unique_ptr<double[]>> bufs;
-  template <class T> T* alloc(std::int64_t n) {
+  template <class T>
+  T* alloc(std::int64_t n) {
     static_assert(std::is_same_v<T, double>);
     bufs.emplace_back(new double[static_cast<std::size_t>(std::max<std::int64_t>(n, 1))]);
     std::fill_n(bufs.back().get(), std::max<std::int64_t>(n, 1), std::nan(""));
     return bufs.back().get();
   }
-  template <class F> void run(std::int64_t n, const F& f) {
+  template <class F>
+  void run(std::int64_t n, const F& f) {
     for (std::int64_t i = n - 1; i >= 0; --i) f(i);  // reverse order: no element may depend on another
   }
 };
 
 ssdc::Dims dims_of(const SsdParams& p, bool init) {
-  return {p.batch,   p.seqlen, p.heads,       p.head_dim, p.groups, p.d_state, p.chunk, (p.seqlen + p.chunk - 1) / p.chunk,
-          p.dt_softplus, p.dt_min, p.dt_max, init};
+  return {p.batch,       p.seqlen,  p.heads,  p.head_dim,
+          p.groups,      p.d_state, p.chunk,  (p.seqlen + p.chunk - 1) / p.chunk,
+          p.dt_softplus, p.dt_min,  p.dt_max, init};
 }
 ssdc::In<double> in_of(const Case& c) {
-  return {c.x.data<double>(),       c.dt.data<double>(), c.A_log.data<double>(),    c.B.data<double>(),
-          c.C.data<double>(),       c.D.data<double>(),  c.dt_bias.data<double>(), c.use_init ? c.init.data<double>() : nullptr,
+  return {c.x.data<double>(),
+          c.dt.data<double>(),
+          c.A_log.data<double>(),
+          c.B.data<double>(),
+          c.C.data<double>(),
+          c.D.data<double>(),
+          c.dt_bias.data<double>(),
+          c.use_init ? c.init.data<double>() : nullptr,
           c.use_seq ? c.seq.data() : nullptr};
 }
 void expect_near(const Tensor& got, const Tensor& want, const std::string& what) {
   const ErrorStats e = compare(got, want);
-  EXPECT_LE(e.max_abs, 1e-12 * std::max(1.0, e.ref_max)) << what << ": max abs " << e.max_abs << " (ref max " << e.ref_max << ")";
+  EXPECT_LE(e.max_abs, 1e-12 * std::max(1.0, e.ref_max))
+      << what << ": max abs " << e.max_abs << " (ref max " << e.ref_max << ")";
 }
 
 void check_case(Case& c, const std::string& tag) {
@@ -64,9 +74,9 @@ void check_case(Case& c, const std::string& tag) {
   expect_near(fin, fin_ref, tag + " final states");
   Case::Grads g = c.zero_grads();
   SerialExec ex;
-  const ssdc::Partials<double> part =
-      ssdc::backward<double>(ex, in_of(c), d, dy.data<double>(), dfin.data<double>(), g.dx.data<double>(), g.ddt.data<double>(),
-                             g.dB.data<double>(), g.dC.data<double>(), c.use_init ? g.dinit.data<double>() : nullptr);
+  const ssdc::Partials<double> part = ssdc::backward<double>(
+      ex, in_of(c), d, dy.data<double>(), dfin.data<double>(), g.dx.data<double>(), g.ddt.data<double>(),
+      g.dB.data<double>(), g.dC.data<double>(), c.use_init ? g.dinit.data<double>() : nullptr);
   for (std::int64_t h = 0; h < d.H; ++h) {
     double a = 0, dd = 0, db = 0;
     for (std::int64_t bc = 0; bc < d.B * d.nch; ++bc) {

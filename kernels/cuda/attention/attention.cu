@@ -27,7 +27,8 @@ __device__ __forceinline__ std::int64_t visible(const Seg& g, std::int64_t i, bo
   const std::int64_t n = g.q_pos0 + i - g.kv_pos0 + 1;
   return n < 0 ? 0 : (n > g.kv_len ? g.kv_len : n);
 }
-template <class S, class A> __device__ __forceinline__ A dot_row(const A* a_sh, const S* b, std::int64_t D) {
+template <class S, class A>
+__device__ __forceinline__ A dot_row(const A* a_sh, const S* b, std::int64_t D) {
   A s = 0;
   for (std::int64_t d = 0; d < D; ++d) s += a_sh[d] * ld(b + d);
   return s;
@@ -78,14 +79,16 @@ __global__ void fwd_k(S* o, A* lse, const S* q, const S* k, const S* v, const Se
   if (lane == 0) lse[row * H + h] = nvis > 0 ? m + log(l) : -INFINITY;
 }
 
-template <class S, class A> __global__ void init_k(S* o, A* lse, std::int64_t rows, std::int64_t D) {
+template <class S, class A>
+__global__ void init_k(S* o, A* lse, std::int64_t rows, std::int64_t D) {
   const std::int64_t x = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (x < rows * D) st(o + x, A(0));
   if (x < rows) lse[x] = -INFINITY;
 }
 
 // ---- backward ---------------------------------------------------------------------------------------
-template <class S, class A> __global__ void delta_k(A* delta, const S* dout, const S* o, std::int64_t rows, std::int64_t D) {
+template <class S, class A>
+__global__ void delta_k(A* delta, const S* dout, const S* o, std::int64_t rows, std::int64_t D) {
   const std::int64_t x = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (x >= rows) return;
   A acc = 0;
@@ -238,18 +241,25 @@ struct SegPlan : HostPlan {
   DeviceIndex d_row_seg, d_row_i;
   std::int64_t nseg = 0, nrows = 0;
   explicit SegPlan(const AttnParams& p)
-      : HostPlan(p), d_segs(&segs), d_row_seg(&row_seg), d_row_i(&row_i),
-        nseg(static_cast<std::int64_t>(segs.size())), nrows(static_cast<std::int64_t>(row_seg.size())) {}
+      : HostPlan(p),
+        d_segs(&segs),
+        d_row_seg(&row_seg),
+        d_row_i(&row_i),
+        nseg(static_cast<std::int64_t>(segs.size())),
+        nrows(static_cast<std::int64_t>(row_seg.size())) {}
 };
 
-double scale_of(const AttnParams& p) { return p.scale != 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim)); }
+double scale_of(const AttnParams& p) {
+  return p.scale != 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+}
 void check_types(const Tensor& q, std::initializer_list<const Tensor*> same, std::initializer_list<const Tensor*> lses,
                  const char* what) {
   const DType acc = q.dtype() == DType::F64 ? DType::F64 : DType::F32;
   require_cuda(q, what);
   for (const Tensor* t : same) {
     require_cuda(*t, what);
-    HCP_CHECK(t->dtype() == q.dtype(), what, ": q, k, v, o, dout and gradients must share q's dtype (", to_string(q.dtype()), ")");
+    HCP_CHECK(t->dtype() == q.dtype(), what, ": q, k, v, o, dout and gradients must share q's dtype (",
+              to_string(q.dtype()), ")");
   }
   for (const Tensor* t : lses) {
     require_cuda(*t, what);
@@ -257,8 +267,8 @@ void check_types(const Tensor& q, std::initializer_list<const Tensor*> same, std
   }
 }
 attn_tc::Dims tc_dims(const AttnParams& p, std::int64_t tq, std::int64_t tkv) {
-  return {&p.segments, static_cast<int>(p.heads), static_cast<int>(p.kv_heads), static_cast<int>(p.head_dim), tq, tkv,
-          static_cast<float>(scale_of(p)), p.mask == Mask::Causal};
+  return {&p.segments, static_cast<int>(p.heads),       static_cast<int>(p.kv_heads), static_cast<int>(p.head_dim), tq,
+          tkv,         static_cast<float>(scale_of(p)), p.mask == Mask::Causal};
 }
 unsigned warp_blocks(std::int64_t items) { return static_cast<unsigned>((items + kWarps - 1) / kWarps); }
 }  // namespace
@@ -270,7 +280,8 @@ void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, con
   if (tq == 0) return;
   const std::int64_t tkv = k.numel() / (Hkv * D);
   if (attn_tc::supported(q.dtype(), D, H, Hkv) && attn_tc::operands_ok({o.raw(), q.raw(), k.raw(), v.raw()}, tq, tkv)) {
-    init_k<__nv_bfloat16, float><<<blocks_for(tq * H * D, 256), 256>>>(dptr<__nv_bfloat16>(o), dptr<float>(lse), tq * H, D);
+    init_k<__nv_bfloat16, float>
+        <<<blocks_for(tq * H * D, 256), 256>>>(dptr<__nv_bfloat16>(o), dptr<float>(lse), tq * H, D);
     attn_tc::fwd({dptr<__nv_bfloat16>(o), dptr<float>(lse), dptr<__nv_bfloat16>(q), dptr<__nv_bfloat16>(k),
                   dptr<__nv_bfloat16>(v), tc_dims(p, tq, tkv)});
     return;
@@ -280,10 +291,9 @@ void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, con
     using A = typename Acc<S>::type;
     init_k<S, A><<<blocks_for(tq * H * D, 256), 256>>>(dptr<S>(o), dptr<A>(lse), tq * H, D);
     if (plan.nrows > 0)
-      fwd_k<S, A><<<warp_blocks(plan.nrows * H), 32 * kWarps>>>(dptr<S>(o), dptr<A>(lse), dptr<S>(q), dptr<S>(k),
-                                                               dptr<S>(v), plan.d_segs.p, plan.d_row_seg.p, plan.d_row_i.p,
-                                                               plan.nrows, H, Hkv, D, A(scale_of(p)),
-                                                               p.mask == Mask::Causal);
+      fwd_k<S, A><<<warp_blocks(plan.nrows * H), 32 * kWarps>>>(
+          dptr<S>(o), dptr<A>(lse), dptr<S>(q), dptr<S>(k), dptr<S>(v), plan.d_segs.p, plan.d_row_seg.p, plan.d_row_i.p,
+          plan.nrows, H, Hkv, D, A(scale_of(p)), p.mask == Mask::Causal);
   });
   check_launch("attention_fwd");
 }
@@ -292,13 +302,14 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
                    const Tensor& o, const Tensor& lse, const Tensor& dout, const AttnParams& p) {
   check_types(q, {&dq, &dk, &dv, &k, &v, &o, &dout}, {&lse}, "attention_bwd");
   HCP_CHECK(p.head_dim <= kMaxD, "attention (CUDA): head_dim ", p.head_dim, " > ", kMaxD, " is not supported");
-  const std::int64_t H = p.heads, Hkv = p.kv_heads, D = p.head_dim, tq = q.numel() / (H * D), tkv = k.numel() / (Hkv * D);
+  const std::int64_t H = p.heads, Hkv = p.kv_heads, D = p.head_dim, tq = q.numel() / (H * D),
+                     tkv = k.numel() / (Hkv * D);
   HCP_CUDA_CHECK(cudaMemsetAsync(dq.raw(), 0, dq.nbytes(), 0));
   if (attn_tc::supported(q.dtype(), D, H, Hkv) &&
       attn_tc::operands_ok({dq.raw(), dk.raw(), dv.raw(), q.raw(), k.raw(), v.raw(), o.raw(), dout.raw()}, tq, tkv)) {
     using B = __nv_bfloat16;
-    attn_tc::bwd({dptr<B>(dq), dptr<B>(dk), dptr<B>(dv), dptr<B>(q), dptr<B>(k), dptr<B>(v), dptr<B>(o), dptr<float>(lse),
-                  dptr<B>(dout), tc_dims(p, tq, tkv)});
+    attn_tc::bwd({dptr<B>(dq), dptr<B>(dk), dptr<B>(dv), dptr<B>(q), dptr<B>(k), dptr<B>(v), dptr<B>(o),
+                  dptr<float>(lse), dptr<B>(dout), tc_dims(p, tq, tkv)});
     return;
   }
   SegPlan plan(p);
@@ -310,13 +321,13 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
     const A sc = A(scale_of(p));
     const bool causal = p.mask == Mask::Causal;
     if (plan.nrows > 0)
-      dq_k<S, A><<<warp_blocks(plan.nrows * H), 32 * kWarps>>>(dptr<S>(dq), dptr<S>(q), dptr<S>(k), dptr<S>(v),
-                                                              dptr<A>(lse), delta, dptr<S>(dout), plan.d_segs.p,
-                                                              plan.d_row_seg.p, plan.d_row_i.p, plan.nrows, H, Hkv, D, sc, causal);
+      dq_k<S, A><<<warp_blocks(plan.nrows * H), 32 * kWarps>>>(
+          dptr<S>(dq), dptr<S>(q), dptr<S>(k), dptr<S>(v), dptr<A>(lse), delta, dptr<S>(dout), plan.d_segs.p,
+          plan.d_row_seg.p, plan.d_row_i.p, plan.nrows, H, Hkv, D, sc, causal);
     if (tkv > 0)
       dkv_k<S, A><<<warp_blocks(tkv * Hkv), 32 * kWarps>>>(dptr<S>(dk), dptr<S>(dv), dptr<S>(q), dptr<S>(k), dptr<S>(v),
-                                                          dptr<A>(lse), delta, dptr<S>(dout), plan.d_segs.p, plan.nseg, tkv, H,
-                                                          Hkv, D, sc, causal);
+                                                           dptr<A>(lse), delta, dptr<S>(dout), plan.d_segs.p, plan.nseg,
+                                                           tkv, H, Hkv, D, sc, causal);
     check_launch("attention_bwd");
   });
 }

@@ -33,7 +33,8 @@
 
 namespace hcp::kernels::cuda_impl::attn_tc {
 namespace {
-template <class K> void set_smem(K kernel, std::size_t bytes) {
+template <class K>
+void set_smem(K kernel, std::size_t bytes) {
   HCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
@@ -70,7 +71,8 @@ struct DkvPart {
   DkvPart& operator=(const DkvPart&) = delete;
 };
 
-template <int D> void fwd_d(const Fwd& a) {
+template <int D>
+void fwd_d(const Fwd& a) {
   const Dims& d = a.dims;
   if (d.tkv == 0) return;  // no key: the caller's o = 0, lse = -inf stand
   Plan plan(*d.segments, kWgRows, d.tkv, false);
@@ -87,7 +89,8 @@ template <int D> void fwd_d(const Fwd& a) {
   check_launch("attention_fwd (tensor cores)");
 }
 
-template <int D> void bwd_d(const Bwd& a) {
+template <int D>
+void bwd_d(const Bwd& a) {
   constexpr int BM = 16 * kNW;
   constexpr std::size_t kAlign = 1024;  // the wgmma tiles' 1024-byte alignment inside dynamic shared memory
   const Dims& d = a.dims;
@@ -110,8 +113,9 @@ template <int D> void bwd_d(const Bwd& a) {
     if (!store_first) HCP_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(n) * sizeof(float), 0));
     HCP_CUDA_CHECK(cudaMemsetAsync(sem, 0, nsem * sizeof(unsigned), 0));
     if (plan.nktiles > 0) {
-      const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) +
-                               128 * kBN * sizeof(bf16) + 2 * kBN * (D + 8) * sizeof(float) + 4 * sizeof(std::uint64_t) + kAlign;
+      const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) +
+                               4 * kBN * sizeof(float) + 128 * kBN * sizeof(bf16) + 2 * kBN * (D + 8) * sizeof(float) +
+                               4 * sizeof(std::uint64_t) + kAlign;
       // Q and dO as [tq][H·D] maps, boxes [64 rows][64 columns].
       const TensorMap qmap = make_map(a.q, d.tq, d.H * D, d.H * D, 64, 64);
       const TensorMap omap = make_map(a.dout, d.tq, d.H * D, d.H * D, 64, 64);
@@ -132,12 +136,12 @@ template <int D> void bwd_d(const Bwd& a) {
       const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + kAlign;
       auto* kern = dq_k<D, kNW>;
       set_smem(kern, smem);
-      kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 32 * kNW, smem>>>(a.dq, a.q, a.k, a.v, a.lse, delta, a.dout,
-                                                                          plan.segs, plan.qtiles, d.H, d.Hkv, sl2,
-                                                                          d.scale, d.causal);
+      kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 32 * kNW, smem>>>(
+          a.dq, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.qtiles, d.H, d.Hkv, sl2, d.scale, d.causal);
     }
     if (plan.nktiles > 0) {
-      const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + kAlign;
+      const std::size_t smem =
+          static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + kAlign;
       auto* kern = dkv_k<D, kNW, false>;
       set_smem(kern, smem);
       const DkvPart part(d, plan.nktiles * d.Hkv);
@@ -163,11 +167,15 @@ bool operands_ok(std::initializer_list<const void*> tensors, std::int64_t tq, st
   return true;
 }
 void fwd(const Fwd& a) {
-  if (a.dims.D == 64) fwd_d<64>(a);
-  else fwd_d<128>(a);
+  if (a.dims.D == 64)
+    fwd_d<64>(a);
+  else
+    fwd_d<128>(a);
 }
 void bwd(const Bwd& a) {
-  if (a.dims.D == 64) bwd_d<64>(a);
-  else bwd_d<128>(a);
+  if (a.dims.D == 64)
+    bwd_d<64>(a);
+  else
+    bwd_d<128>(a);
 }
 }  // namespace hcp::kernels::cuda_impl::attn_tc

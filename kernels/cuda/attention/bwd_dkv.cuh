@@ -8,13 +8,14 @@ namespace hcp::kernels::cuda_impl::attn_tc {
 // Named barriers of the fused kernel (0 is __syncthreads): the consumers' own, and per dQ buffer an
 // "empty" and a "full" one between the consumers and the dQ warp.
 constexpr int kBarCons = 1, kBarEmpty = 2, kBarFull = 4;  // +buffer for the last two
-constexpr int kBarDsFree = 6;  // +warpgroup, "my reads of dS^T are done"
+constexpr int kBarDsFree = 6;                             // +warpgroup, "my reads of dS^T are done"
 // Registers per thread of the fused kernel's dQ warpgroup and consumers. The block starts at 168 per
 // thread (65536 / 384, in steps of 8) and the consumers can only take what the dQ warpgroup gives
 // up: 2 (cons - 168) <= 168 - warp. (With 32 and 240 every dQ warp traps waiting for its
 // predecessor's counter, as consumers blocked in setmaxnreg.inc would make it.)
 constexpr int kDqWarpRegs = 24, kDqConsRegs = 240;
-static_assert(2 * (kDqConsRegs - 168) <= 168 - kDqWarpRegs, "setmaxnreg: the consumers take what the dQ warpgroup frees");
+static_assert(2 * (kDqConsRegs - 168) <= 168 - kDqWarpRegs,
+              "setmaxnreg: the consumers take what the dQ warpgroup frees");
 
 // Work list of one kv tile: the segments that hold any of its keys (CSR over tiles).
 // NW = 8: 128 keys per block, two warpgroups of 64 keys sharing each Q/dO job.
@@ -40,8 +41,8 @@ template <int D, int NW, bool kDq>
 __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
     dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
           const bf16* dout, const SegD* segs, const std::int64_t* tile_off, const std::int64_t* tile_segs,
-          std::int64_t tkv, int H, int Hkv, float sl2, float scale, bool causal, float* dq_acc,
-          unsigned* dq_sem, bool dq_store_first, int hsplit, float* dkv_part, const __grid_constant__ TensorMap qmap,
+          std::int64_t tkv, int H, int Hkv, float sl2, float scale, bool causal, float* dq_acc, unsigned* dq_sem,
+          bool dq_store_first, int hsplit, float* dkv_part, const __grid_constant__ TensorMap qmap,
           const __grid_constant__ TensorMap omap) {
   constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
   static_assert(BQ == 64 && (BNk == 64 || BNk == 128), "the product helpers take 64-row tiles");
@@ -50,12 +51,12 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Ks = reinterpret_cast<bf16*>(wg::align1024(smem_raw));
   bf16* Vs = Ks + BNk * D;
-  bf16* Qs = Vs + BNk * D;    // [2][BQ][D]
-  bf16* dOs = Qs + 2 * BQ * D;  // [2][BQ][D]
+  bf16* Qs = Vs + BNk * D;       // [2][BQ][D]
+  bf16* dOs = Qs + 2 * BQ * D;   // [2][BQ][D]
   bf16* dSs = dOs + 2 * BQ * D;  // kDq: dS^T [BNk keys][BQ queries], the M-major A operand of dS·K
   float* Ls = reinterpret_cast<float*>(dSs + (kDq ? BNk * BQ : 0));  // [2][BQ]
-  float* Ds = Ls + 2 * BQ;                                 // [2][BQ]
-  float* dQs = Ds + 2 * BQ;                                // kDq: [2][BQ][kDqLd] fp32
+  float* Ds = Ls + 2 * BQ;                                           // [2][BQ]
+  float* dQs = Ds + 2 * BQ;                                          // kDq: [2][BQ][kDqLd] fp32
   // kDq: the stages' mbarriers, full[2] (the producer's TMA bytes and its 32 lanes' LSE / delta
   // stores) and empty[2] (every consumer thread).
   auto* mbar = reinterpret_cast<std::uint64_t*>(dQs + (kDq ? 2 * BQ * kDqLd : 0));
@@ -129,12 +130,16 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
     }
   };
   auto first_job = [&]() -> Job {
-    if constexpr (kDq) return Job{s_hi - 1, s_hi > s_lo ? last_block(s_hi - 1) : -1, 0};
-    else return Job{s_lo, s_lo < s_hi ? first_row(segs[tile_segs[s_lo]]) : 0, 0};
+    if constexpr (kDq)
+      return Job{s_hi - 1, s_hi > s_lo ? last_block(s_hi - 1) : -1, 0};
+    else
+      return Job{s_lo, s_lo < s_hi ? first_row(segs[tile_segs[s_lo]]) : 0, 0};
   };
   auto next_job = [&](const Job& jb) -> Job {
-    if constexpr (kDq) return jb.h + 1 < grp ? Job{jb.s, jb.i, jb.h + 1} : Job{jb.s, jb.i - BQ, 0};
-    else return Job{jb.s, jb.i + BQ, jb.h};
+    if constexpr (kDq)
+      return jb.h + 1 < grp ? Job{jb.s, jb.i, jb.h + 1} : Job{jb.s, jb.i - BQ, 0};
+    else
+      return Job{jb.s, jb.i + BQ, jb.h};
   };
   // A job's query rows: its segment, head, valid rows (of BQ) and first row of q / dout / lse / delta.
   struct JobRows {
@@ -170,8 +175,10 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
             ptx::mbar_arrive_expect_tx(&mbar[b], 2 * BQ * D * sizeof(bf16));
 #pragma unroll
             for (int hb = 0; hb < D / 64; ++hb) {
-              ptx::tma_load_2d(Qs + b * BQ * D + hb * 64 * 64, &qmap, h * D + 64 * hb, static_cast<int>(row0), &mbar[b]);
-              ptx::tma_load_2d(dOs + b * BQ * D + hb * 64 * 64, &omap, h * D + 64 * hb, static_cast<int>(row0), &mbar[b]);
+              ptx::tma_load_2d(Qs + b * BQ * D + hb * 64 * 64, &qmap, h * D + 64 * hb, static_cast<int>(row0),
+                               &mbar[b]);
+              ptx::tma_load_2d(dOs + b * BQ * D + hb * 64 * 64, &omap, h * D + 64 * hb, static_cast<int>(row0),
+                               &mbar[b]);
             }
           }
           jb = next_job(jb);
@@ -196,7 +203,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
         }
         __syncwarp();
         ptx::bar_sync(kBarFull + b, NT + 32);  // the consumers' dS·K of this job is in buffer b
-        ptx::fence_proxy_async_global();  // the previous tile's adds, observed, before this one's
+        ptx::fence_proxy_async_global();       // the previous tile's adds, observed, before this one's
         const float* src = dQs + b * BQ * kDqLd;
         float* dst = dq_acc + ((g.q_start + cur.i) * H + h) * static_cast<std::int64_t>(D);
         // dq_store_first: every row of dq_acc gets its first share from key tile 0 of its segment,
@@ -226,8 +233,10 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
   }
   // The consumers' block-wide barrier (the dQ warp does not take part in it).
   auto sync_all = [] {
-    if constexpr (kDq) ptx::bar_sync(kBarCons, NT);
-    else __syncthreads();
+    if constexpr (kDq)
+      ptx::bar_sync(kBarCons, NT);
+    else
+      __syncthreads();
   };
 
   auto load_job = [&](const Job& jb, int buf) {
@@ -260,7 +269,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
   zero(adk);
   zero(adv);
   int buf = 0, qb = 0;  // Q/dO buffer; kDq: dQ buffer
-  unsigned jn = 0;  // kDq: this job's index (stage buf, phase jn / 2)
+  unsigned jn = 0;      // kDq: this job's index (stage buf, phase jn / 2)
   while (have) {
     Job nxt = next_job(cur);
     const bool more = settle(nxt);
@@ -278,74 +287,77 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
     const float* Dt = Ds + buf * BQ;
     // A warpgroup whose keys no row of the job can see (causal: the job ends before its first key's
     // position; or its keys lie outside the segment) skips the job (uniform over the warpgroup).
-    const bool wg_sees = BNk == 64 || (cw < g.kv_start + g.kv_len && cw + 64 > g.kv_start &&
-                                       (!causal || g.kv_pos0 + lmax(cw - g.kv_start, 0) <= g.q_pos0 + lmin(cur.i + BQ, g.q_len) - 1));
+    const bool wg_sees =
+        BNk == 64 || (cw < g.kv_start + g.kv_len && cw + 64 > g.kv_start &&
+                      (!causal || g.kv_pos0 + lmax(cw - g.kv_start, 0) <= g.q_pos0 + lmin(cur.i + BQ, g.q_len) - 1));
     if (wg_sees) {
-    float st[NT8][4], dpt[NT8][4];
-    mm_xyt<D>(st, Kw, Qt);   // S^T: keys x queries
-    mm_xyt<D>(dpt, Vw, dOt);  // dP^T
-    // Key j (segment-local) of this thread's two rows; query i of each column.
-    std::int64_t jl[2];
-    bool kin[2];
+      float st[NT8][4], dpt[NT8][4];
+      mm_xyt<D>(st, Kw, Qt);    // S^T: keys x queries
+      mm_xyt<D>(dpt, Vw, dOt);  // dP^T
+      // Key j (segment-local) of this thread's two rows; query i of each column.
+      std::int64_t jl[2];
+      bool kin[2];
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const std::int64_t cg = c0 + r0 + gr + 8 * hf;
-      jl[hf] = cg - g.kv_start;
-      kin[hf] = jl[hf] >= 0 && jl[hf] < g.kv_len;
-    }
-    // Interior tile (uniform over the warpgroup): every key of its 64 in the segment, every query row
-    // of the job valid and, when causal, seeing the last key — no per-element mask.
-    const std::int64_t jlast = cw + 63 - g.kv_start;
-    const bool interior = cw >= g.kv_start && jlast < g.kv_len && cur.i + BQ <= g.q_len &&
-                          (!causal || g.kv_pos0 + jlast <= g.q_pos0 + cur.i);
-    if (interior) {
+      for (int hf = 0; hf < 2; ++hf) {
+        const std::int64_t cg = c0 + r0 + gr + 8 * hf;
+        jl[hf] = cg - g.kv_start;
+        kin[hf] = jl[hf] >= 0 && jl[hf] < g.kv_len;
+      }
+      // Interior tile (uniform over the warpgroup): every key of its 64 in the segment, every query row
+      // of the job valid and, when causal, seeing the last key — no per-element mask.
+      const std::int64_t jlast = cw + 63 - g.kv_start;
+      const bool interior = cw >= g.kv_start && jlast < g.kv_len && cur.i + BQ <= g.q_len &&
+                            (!causal || g.kv_pos0 + jlast <= g.q_pos0 + cur.i);
+      if (interior) {
 #pragma unroll
-      for (int nt = 0; nt < NT8; ++nt)
+        for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = nt * 8 + 2 * tg + (e & 1);
-          const float p = ex2(st[nt][e] * sl2 - lse2(Lt[c]));
-          st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
-        }
-    } else {
+          for (int e = 0; e < 4; ++e) {
+            const int c = nt * 8 + 2 * tg + (e & 1);
+            const float p = ex2(st[nt][e] * sl2 - lse2(Lt[c]));
+            st[nt][e] = p;
+            dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
+          }
+      } else {
 #pragma unroll
-      for (int nt = 0; nt < NT8; ++nt)
+        for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int hf = e >> 1, c = nt * 8 + 2 * tg + (e & 1);
-          const std::int64_t i = cur.i + c;
-          const bool ok = kin[hf] && i < g.q_len && (!causal || g.kv_pos0 + jl[hf] <= g.q_pos0 + i);
-          const float p = ok ? ex2(st[nt][e] * sl2 - lse2(Lt[c])) : 0.f;
-          st[nt][e] = p;
-          dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
-        }
-    }
-    if constexpr (kDq) {  // dS^T into shared memory (bf16, as the products take it), for dS·K below
-      if (jn > 0) ptx::bar_sync(kBarDsFree + (wgi ^ 1), NT);  // the other warpgroup's dQ product has read the last dS^T
+          for (int e = 0; e < 4; ++e) {
+            const int hf = e >> 1, c = nt * 8 + 2 * tg + (e & 1);
+            const std::int64_t i = cur.i + c;
+            const bool ok = kin[hf] && i < g.q_len && (!causal || g.kv_pos0 + jl[hf] <= g.q_pos0 + i);
+            const float p = ok ? ex2(st[nt][e] * sl2 - lse2(Lt[c])) : 0.f;
+            st[nt][e] = p;
+            dpt[nt][e] = p * (dpt[nt][e] - Dt[c]);
+          }
+      }
+      if constexpr (kDq) {  // dS^T into shared memory (bf16, as the products take it), for dS·K below
+        if (jn > 0)
+          ptx::bar_sync(kBarDsFree + (wgi ^ 1), NT);  // the other warpgroup's dQ product has read the last dS^T
 #pragma unroll
-      for (int nt = 0; nt < NT8; ++nt)
+        for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          *reinterpret_cast<__nv_bfloat162*>(at<64>(dSs, r0 + gr + 8 * hf, nt * 8 + 2 * tg)) =
-              __floats2bfloat162_rn(dpt[nt][2 * hf], dpt[nt][2 * hf + 1]);
-    }
-    mm_py<D>(adv, st, dOt);
-    mm_py<D>(adk, dpt, Qt);
+          for (int hf = 0; hf < 2; ++hf)
+            *reinterpret_cast<__nv_bfloat162*>(at<64>(dSs, r0 + gr + 8 * hf, nt * 8 + 2 * tg)) =
+                __floats2bfloat162_rn(dpt[nt][2 * hf], dpt[nt][2 * hf + 1]);
+      }
+      mm_py<D>(adv, st, dOt);
+      mm_py<D>(adk, dpt, Qt);
     } else if constexpr (kDq) {  // no key of this warpgroup seen: its rows of dS^T are zero
       if (jn > 0) ptx::bar_sync(kBarDsFree + (wgi ^ 1), NT);
 #pragma unroll
       for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf)
-          *reinterpret_cast<__nv_bfloat162*>(at<64>(dSs, r0 + gr + 8 * hf, nt * 8 + 2 * tg)) = __floats2bfloat162_rn(0.f, 0.f);
+          *reinterpret_cast<__nv_bfloat162*>(at<64>(dSs, r0 + gr + 8 * hf, nt * 8 + 2 * tg)) =
+              __floats2bfloat162_rn(0.f, 0.f);
     }
     if constexpr (kDq)  // this thread has read the stage's LSE and delta, its products Q and dO (waited)
       ptx::mbar_arrive(&mbar[2 + buf]);
     if constexpr (kDq) {
       namespace wg = hcp::cuda::wg;
       ptx::fence_proxy_async();  // this thread's dS^T stores, before the products read them
-      sync_all();               // both warpgroups' rows of dS^T
+      sync_all();                // both warpgroups' rows of dS^T
       // Warpgroup w < D/64: columns [64 w, +64) of dS·K over the 128 keys (dS^T M-major, K N-major).
       float dq[32];
 #pragma unroll
@@ -362,7 +374,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
         wg::wait<0>();
       }
       if (more) ptx::bar_arrive(kBarDsFree + wgi, NT);  // this warpgroup's reads of dS^T are done
-      ptx::bar_sync(kBarEmpty + qb, NT + 32);  // the dQ warp has read this buffer's previous job
+      ptx::bar_sync(kBarEmpty + qb, NT + 32);           // the dQ warp has read this buffer's previous job
       if (wgi < D / 64) {
         float* o = dQs + qb * BQ * kDqLd + 64 * wgi;
         const int row = (warp & 3) * 16 + gr;
@@ -370,7 +382,8 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
         for (int j = 0; j < 8; ++j)
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf)
-            *reinterpret_cast<float2*>(o + (row + 8 * hf) * kDqLd + 8 * j + 2 * tg) = make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
+            *reinterpret_cast<float2*>(o + (row + 8 * hf) * kDqLd + 8 * j + 2 * tg) =
+                make_float2(dq[4 * j + 2 * hf], dq[4 * j + 2 * hf + 1]);
         ptx::fence_proxy_async();  // before the bulk reductions read the buffer
       }
       ptx::bar_arrive(kBarFull + qb, NT + 32);

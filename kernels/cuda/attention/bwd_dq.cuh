@@ -20,10 +20,9 @@ __global__ void delta_k(float* delta, const bf16* dout, const bf16* o, std::int6
 }
 
 template <int D, int NW>
-__global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const float* lse,
-                                                const float* delta, const bf16* dout, const SegD* segs,
-                                                const QTile* tiles, int H, int Hkv, float sl2, float scale,
-                                                bool causal) {
+__global__ void __launch_bounds__(NW * 32)
+    dq_k(bf16* dq, const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta, const bf16* dout,
+         const SegD* segs, const QTile* tiles, int H, int Hkv, float sl2, float scale, bool causal) {
   // NW = 8 (wgmma only): two warpgroups of 64 query rows sharing each K/V tile, as in the forward.
   constexpr int BM = 16 * NW, NT = 32 * NW, NT8 = kBN / 8;
   static_assert(kBN == 64 && (BM == 64 || BM == 128), "the product helpers take 64-row tiles");
@@ -67,23 +66,23 @@ __global__ void __launch_bounds__(NW * 32) dq_k(bf16* dq, const bf16* q, const b
     const bf16* Vt = qt.Vs + buf * kBN * D;
     const std::int64_t j0 = static_cast<std::int64_t>(t) * kBN;
     if (j0 < wg_end) {  // uniform over the warpgroup (always true with one warpgroup)
-    float s[NT8][4], dp[NT8][4];
-    mm_xyt<D>(s, Qw, Kt);
-    mm_xyt<D>(dp, dOw, Vt);
-    const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
+      float s[NT8][4], dp[NT8][4];
+      mm_xyt<D>(s, Qw, Kt);
+      mm_xyt<D>(dp, dOw, Vt);
+      const bool edge = j0 + kBN > g.kv_len || (causal && g.kv_pos0 + j0 + kBN - 1 > g.q_pos0 + i0 + r0);
 #pragma unroll
-    for (int nt = 0; nt < NT8; ++nt)
+      for (int nt = 0; nt < NT8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hf = e >> 1;
-        float p = ex2(s[nt][e] * sl2 - L[hf]);
-        if (edge) {
-          const std::int64_t j = j0 + nt * 8 + 2 * tg + (e & 1);
-          if (j >= g.kv_len || (causal && g.kv_pos0 + j > qp[hf])) p = 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const int hf = e >> 1;
+          float p = ex2(s[nt][e] * sl2 - L[hf]);
+          if (edge) {
+            const std::int64_t j = j0 + nt * 8 + 2 * tg + (e & 1);
+            if (j >= g.kv_len || (causal && g.kv_pos0 + j > qp[hf])) p = 0.f;
+          }
+          s[nt][e] = p * (dp[nt][e] - Dl[hf]);  // dS (unscaled)
         }
-        s[nt][e] = p * (dp[nt][e] - Dl[hf]);  // dS (unscaled)
-      }
-    mm_py<D>(acc, s, Kt);
+      mm_py<D>(acc, s, Kt);
     }
     __syncthreads();
   }

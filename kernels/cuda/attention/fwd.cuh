@@ -8,11 +8,11 @@ namespace hcp::kernels::cuda_impl::attn_tc {
 constexpr int kWgRows = 128;  // query rows per block
 // One block per (128-row query tile, head), one block per SM, 384 threads. Warpgroup 0 hands its
 // registers to the others (setmaxnreg) and one of its warps produces: Q once by TMA, then per K/V tile
-// of BN keys K and V by TMA into rings of S stages (2; 3 fit at D = 128 and measure the same), each stage guarded by a "full" and an "empty" mbarrier; K_t goes out with
-// V_{t-1}, which a consumer needs together. A segment's last V tile, when partial, is loaded by that
-// warp with the keys past the segment zeroed (their P is 0, which must not meet a non-finite value; K
-// needs no care: S is masked there). Warpgroups 1 and 2 consume 64 query rows each: in iteration t a consumer issues
-// S_t = Q·K_t^T and O += P_{t-1}·V_{t-1} back to back, works the softmax of S_t while the second
+// of BN keys K and V by TMA into rings of S stages (2; 3 fit at D = 128 and measure the same), each stage guarded by a
+// "full" and an "empty" mbarrier; K_t goes out with V_{t-1}, which a consumer needs together. A segment's last V tile,
+// when partial, is loaded by that warp with the keys past the segment zeroed (their P is 0, which must not meet a
+// non-finite value; K needs no care: S is masked there). Warpgroups 1 and 2 consume 64 query rows each: in iteration t
+// a consumer issues S_t = Q·K_t^T and O += P_{t-1}·V_{t-1} back to back, works the softmax of S_t while the second
 // product still runs, and rescales O once it is done (P_{t-1} waits in registers as bf16); the two
 // consumers take turns to issue (two named barriers), so that one's softmax runs under the other's
 // products. Both consumers walk all the block's K/V tiles (a warpgroup's tiles past its rows' last
@@ -20,7 +20,8 @@ constexpr int kWgRows = 128;  // query rows per block
 constexpr int kWsProdRegs = 24, kWsConsRegs = 240;
 static_assert(2 * (kWsConsRegs - 168) <= 168 - kWsProdRegs, "setmaxnreg: the consumers take what the producers free");
 constexpr int kBarTurn = 1;  // +consumer warpgroup: "your turn to issue products"
-template <int D, int BN, int S> constexpr std::size_t fwd_ws_smem() {
+template <int D, int BN, int S>
+constexpr std::size_t fwd_ws_smem() {
   return static_cast<std::size_t>(kWgRows + 2 * S * BN) * D * sizeof(bf16) + (1 + 4 * S) * sizeof(std::uint64_t) + 1024;
 }
 template <int D, int BN, int S>
@@ -33,8 +34,8 @@ __global__ void __launch_bounds__(384, 1)
   constexpr unsigned kTileBytes = BN * D * sizeof(bf16);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* Qs = reinterpret_cast<bf16*>(wg::align1024(smem_raw));  // [2][D/64][64][64]
-  bf16* Ks = Qs + BM * D;                                          // [S][D/64][BN][64]
-  bf16* Vs = Ks + S * BN * D;                                      // [S][D/64][BN][64]
+  bf16* Ks = Qs + BM * D;                                       // [S][D/64][BN][64]
+  bf16* Vs = Ks + S * BN * D;                                   // [S][D/64][BN][64]
   auto* bars = reinterpret_cast<std::uint64_t*>(Vs + S * BN * D);
   std::uint64_t *q_full = bars, *k_full = bars + 1, *v_full = k_full + S, *k_empty = v_full + S, *v_empty = k_empty + S;
   const QTile tl = tiles[blockIdx.x / H];
@@ -47,9 +48,9 @@ __global__ void __launch_bounds__(384, 1)
     ptx::mbar_init(q_full, 1);
 #pragma unroll
     for (int st = 0; st < S; ++st) {
-      ptx::mbar_init(&k_full[st], 1);    // the producer's expect_tx; the TMA bytes
-      ptx::mbar_init(&v_full[st], 32);   // every producer lane (TMA bytes, or its stores of a partial tile)
-      ptx::mbar_init(&k_empty[st], 8);   // one lane per consumer warp
+      ptx::mbar_init(&k_full[st], 1);   // the producer's expect_tx; the TMA bytes
+      ptx::mbar_init(&v_full[st], 32);  // every producer lane (TMA bytes, or its stores of a partial tile)
+      ptx::mbar_init(&k_empty[st], 8);  // one lane per consumer warp
       ptx::mbar_init(&v_empty[st], 8);
     }
   }
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int hb = 0; hb < D / 64; ++hb)
           ptx::tma_load_2d(Qs + (w * (D / 64) + hb) * 64 * 64, &qmap, h * D + 64 * hb,
-                          static_cast<int>(g.q_start + i0 + 64 * w), q_full);
+                           static_cast<int>(g.q_start + i0 + 64 * w), q_full);
     }
     const std::int64_t kld = static_cast<std::int64_t>(Hkv) * D;
     // Tile t's stage, its first key row, and the phase in which the consumers released the stage's
@@ -141,9 +142,12 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int hb = kk / 4, ks = kk % 4;  // 64-column block, k16 slice in it (+32 bytes each)
-      const std::uint64_t da = wg::desc_k128(Qw + hb * 64 * 64) + 2 * ks, db = wg::desc_k128(Kt + hb * BN * 64) + 2 * ks;
-      if (kk == 0) wg::mma_ss<BN, false, false, true>(sflat, da, db);
-      else wg::mma_ss<BN, false, false>(sflat, da, db);
+      const std::uint64_t da = wg::desc_k128(Qw + hb * 64 * 64) + 2 * ks,
+                          db = wg::desc_k128(Kt + hb * BN * 64) + 2 * ks;
+      if (kk == 0)
+        wg::mma_ss<BN, false, false, true>(sflat, da, db);
+      else
+        wg::mma_ss<BN, false, false>(sflat, da, db);
     }
     wg::commit();
   };

@@ -36,7 +36,8 @@ __device__ __forceinline__ std::int64_t kv_end(const SegD& g, std::int64_t i0, i
 }
 
 // One row tile (MT = 1) as used by the backward kernels.
-template <int N> __device__ __forceinline__ void zero(float (&x)[N][4]) {
+template <int N>
+__device__ __forceinline__ void zero(float (&x)[N][4]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) x[i][0] = x[i][1] = x[i][2] = x[i][3] = 0.f;
 }
@@ -49,7 +50,8 @@ __device__ __forceinline__ void store_rows(bf16* out, std::int64_t ld, int valid
   for (int nt = 0; nt < D / 8; ++nt) {
     const int c = nt * 8 + 2 * t;
     if (r0 + g < valid)
-      *reinterpret_cast<__nv_bfloat162*>(out + (r0 + g) * ld + c) = __floats2bfloat162_rn(acc[nt][0] * f0, acc[nt][1] * f0);
+      *reinterpret_cast<__nv_bfloat162*>(out + (r0 + g) * ld + c) =
+          __floats2bfloat162_rn(acc[nt][0] * f0, acc[nt][1] * f0);
     if (r0 + g + 8 < valid)
       *reinterpret_cast<__nv_bfloat162*>(out + (r0 + g + 8) * ld + c) =
           __floats2bfloat162_rn(acc[nt][2] * f1, acc[nt][3] * f1);
@@ -57,20 +59,23 @@ __device__ __forceinline__ void store_rows(bf16* out, std::int64_t ld, int valid
 }
 // The same in fp32 (the partial sums of a head-split backward).
 template <int D>
-__device__ __forceinline__ void store_rows_f32(float* out, std::int64_t ld, int valid, int r0, const float (&acc)[D / 8][4],
-                                               float f) {
+__device__ __forceinline__ void store_rows_f32(float* out, std::int64_t ld, int valid, int r0,
+                                               const float (&acc)[D / 8][4], float f) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt) {
     const int c = nt * 8 + 2 * t;
-    if (r0 + g < valid) *reinterpret_cast<float2*>(out + (r0 + g) * ld + c) = make_float2(acc[nt][0] * f, acc[nt][1] * f);
-    if (r0 + g + 8 < valid) *reinterpret_cast<float2*>(out + (r0 + g + 8) * ld + c) = make_float2(acc[nt][2] * f, acc[nt][3] * f);
+    if (r0 + g < valid)
+      *reinterpret_cast<float2*>(out + (r0 + g) * ld + c) = make_float2(acc[nt][0] * f, acc[nt][1] * f);
+    if (r0 + g + 8 < valid)
+      *reinterpret_cast<float2*>(out + (r0 + g + 8) * ld + c) = make_float2(acc[nt][2] * f, acc[nt][3] * f);
   }
 }
 
 // A cp.async double buffer's hand-over: issue the next fill (when there is one) as its own group, then
 // wait until every earlier group, the current buffer's, has landed.
-template <class Issue> __device__ __forceinline__ void cp_async_next_then_wait(bool next, Issue&& issue) {
+template <class Issue>
+__device__ __forceinline__ void cp_async_next_then_wait(bool next, Issue&& issue) {
   if (next) {
     issue();
     cp_async_commit();
@@ -84,7 +89,8 @@ template <class Issue> __device__ __forceinline__ void cp_async_next_then_wait(b
 // segment streamed through a double buffer in shared memory (cp.async, one tile ahead).
 // Tiles stored as D/64 blocks [rows][64] (the wgmma 128-byte-swizzle layout); the async proxy sees the
 // landed tiles (wgmma reads shared memory through it). BN: keys per K/V tile.
-template <int D, int NT, int BN = kBN> struct QTileStream {
+template <int D, int NT, int BN = kBN>
+struct QTileStream {
   SegD g;
   std::int64_t i0, qld, kld;
   int h, qvalid, ntiles;
@@ -134,13 +140,15 @@ template <int D, int NT, int BN = kBN> struct QTileStream {
 // ---- the products of a warpgroup of 4 warps on 64-row tiles, one 16-row fragment tile per warp ----
 // Hopper wgmma from tiles stored as D/64 blocks [64][64] in the 128-byte swizzle (1024-byte aligned),
 // the warpgroup's 64 rows at once; the results in the mma.sync fragment layout (warp rows r0..).
-template <int D, int NT> __device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, std::int64_t ld, int valid) {
+template <int D, int NT>
+__device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, std::int64_t ld, int valid) {
 #pragma unroll
   for (int hb = 0; hb < D / 64; ++hb) load_tile_async<64, NT>(dst + hb * 64 * 64, src + 64 * hb, ld, 64, valid);
 }
 // acc (16 rows x BN per warp) = X · Y^T, X a 64 x D and Y a BN x D tile (rows: the fragment rows /
 // columns).
-template <int D, int BN = kBN> __device__ __forceinline__ void mm_xyt(float (&acc)[BN / 8][4], const bf16* X, const bf16* Y) {
+template <int D, int BN = kBN>
+__device__ __forceinline__ void mm_xyt(float (&acc)[BN / 8][4], const bf16* X, const bf16* Y) {
   namespace wg = hcp::cuda::wg;
   zero(acc);
   float(&flat)[BN / 2] = reinterpret_cast<float(&)[BN / 2]>(acc);
@@ -148,7 +156,8 @@ template <int D, int BN = kBN> __device__ __forceinline__ void mm_xyt(float (&ac
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const int hb = kk / 4, ks = kk % 4;  // 64-column block, k16 slice in it (+32 bytes each)
-    wg::mma_ss<BN, false, false>(flat, wg::desc_k128(X + hb * 64 * 64) + 2 * ks, wg::desc_k128(Y + hb * BN * 64) + 2 * ks);
+    wg::mma_ss<BN, false, false>(flat, wg::desc_k128(X + hb * 64 * 64) + 2 * ks,
+                                 wg::desc_k128(Y + hb * BN * 64) + 2 * ks);
   }
   wg::commit();
   wg::wait<0>();
@@ -220,7 +229,8 @@ __device__ __forceinline__ void softmax_tile(float (&s)[MT][NT8][4], float (&mx)
   }
 }
 // acc rows (fragment layout) of half hf scaled by corr.
-template <int D> __device__ __forceinline__ void rescale_rows(float (&acc)[D / 8][4], int hf, float corr) {
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&acc)[D / 8][4], int hf, float corr) {
 #pragma unroll
   for (int dt = 0; dt < D / 8; ++dt) {
     acc[dt][2 * hf] *= corr;
@@ -230,8 +240,9 @@ template <int D> __device__ __forceinline__ void rescale_rows(float (&acc)[D / 8
 // The forward's epilogue for MT row tiles of 16 rows per warp from row r0 of the query tile: O = acc / l
 // into out (row stride ld), LSE (natural log) into lse[r · lse_ld]; rows >= valid skipped.
 template <int D, int MT>
-__device__ __forceinline__ void finish_rows(const float (&acc)[MT][D / 8][4], const float (&mx)[MT][2], float (&l)[MT][2],
-                                            bf16* out, std::int64_t ld, int valid, int r0, float* lse, std::int64_t lse_ld) {
+__device__ __forceinline__ void finish_rows(const float (&acc)[MT][D / 8][4], const float (&mx)[MT][2],
+                                            float (&l)[MT][2], bf16* out, std::int64_t ld, int valid, int r0,
+                                            float* lse, std::int64_t lse_ld) {
   const int lane = threadIdx.x & 31, gr = lane >> 2, tg = lane & 3;
 #pragma unroll
   for (int m = 0; m < MT; ++m) {

@@ -53,12 +53,14 @@ struct Dims {
   HCP_HD i64 c0(i64 c) const { return c * Q; }
   HCP_HD i64 E(i64 c) const { return (c + 1) * Q < L ? (c + 1) * Q - 1 : L - 1; }
 };
-template <class S> struct In {
+template <class S>
+struct In {
   const S *x, *dt, *A_log, *Bm, *Cm, *D, *dt_bias, *init;
   const i64* seq;  // [B*L] or nullptr
 };
 // Scratch of the forward (the backward recomputes it).
-template <class A> struct Work {
+template <class A>
+struct Work {
   A* dtv;     // [B,H,L] effective dt
   A* ddtv;    // [B,H,L] d dt_eff / d dt_raw
   A* cs;      // [B,H,L] within-chunk cumulative sum of dt A
@@ -66,7 +68,8 @@ template <class A> struct Work {
   A* states;  // [B,nch,H,P,N] chunk-local states, then (after state passing) the chunk-start states
 };
 
-template <class S, class A> struct Ctx {
+template <class S, class A>
+struct Ctx {
   In<S> in;
   Dims d;
   Work<A> w;
@@ -94,7 +97,8 @@ template <class S, class A> struct Ctx {
 
 // ---- forward ---------------------------------------------------------------------------------
 // (b, h, c): effective dt, its derivative factor and the within-chunk cumulative sum.
-template <class S, class A> struct DtCumsum {
+template <class S, class A>
+struct DtCumsum {
   Ctx<S, A> k;
   HCP_HD void operator()(i64 i) const {
     const Dims& d = k.d;
@@ -112,7 +116,8 @@ template <class S, class A> struct DtCumsum {
   }
 };
 // (b, c, g, i, j): CB = C_i . B_j on the lower triangle.
-template <class S, class A> struct ChunkCB {
+template <class S, class A>
+struct ChunkCB {
   Ctx<S, A> k;
   HCP_HD void operator()(i64 e) const {
     const Dims& d = k.d;
@@ -126,7 +131,8 @@ template <class S, class A> struct ChunkCB {
   }
 };
 // (b, c, h, p, n): the chunk's own contribution to its end state.
-template <class S, class A> struct ChunkState {
+template <class S, class A>
+struct ChunkState {
   Ctx<S, A> k;
   HCP_HD void operator()(i64 e) const {
     const Dims& d = k.d;
@@ -144,7 +150,8 @@ template <class S, class A> struct ChunkState {
 // each chunk's value is replaced by the running value on entry and run = [the chunk continues the
 // sequence of the token before it] e^{cs_E} run + value; chunks in order, or reversed (the gradient
 // pass). Returns the last running value.
-template <class S, class A> HCP_HD A pass_chunks(const Ctx<S, A>& k, A* buf, i64 b, i64 h, i64 pn, A run, bool reverse) {
+template <class S, class A>
+HCP_HD A pass_chunks(const Ctx<S, A>& k, A* buf, i64 b, i64 h, i64 pn, A run, bool reverse) {
   const Dims& d = k.d;
   for (i64 n = 0; n < d.nch; ++n) {
     const i64 c = reverse ? d.nch - 1 - n : n;
@@ -157,7 +164,8 @@ template <class S, class A> HCP_HD A pass_chunks(const Ctx<S, A>& k, A* buf, i64
   return run;
 }
 // (b, h, p, n): sequential over chunks; states become chunk-start states; fin = state after token L-1.
-template <class S, class A> struct StatePass {
+template <class S, class A>
+struct StatePass {
   Ctx<S, A> k;
   S* fin;
   HCP_HD void operator()(i64 e) const {
@@ -169,7 +177,8 @@ template <class S, class A> struct StatePass {
   }
 };
 // (b, t, h, p): the output.
-template <class S, class A> struct ChunkScan {
+template <class S, class A>
+struct ChunkScan {
   Ctx<S, A> k;
   S* y;
   HCP_HD void operator()(i64 e) const {
@@ -193,7 +202,8 @@ template <class S, class A> struct ChunkScan {
 };
 
 // ---- backward --------------------------------------------------------------------------------
-template <class S, class A> struct BwdCtx {
+template <class S, class A>
+struct BwdCtx {
   Ctx<S, A> k;
   const S* dy;
   A* dstates;  // [B,nch,H,P,N] local, then the gradient w.r.t. each chunk's END state
@@ -208,7 +218,8 @@ template <class S, class A> struct BwdCtx {
   }
 };
 // (b, c, h, p, n): the chunk-start-state gradient from this chunk's outputs.
-template <class S, class A> struct DStateLocal {
+template <class S, class A>
+struct DStateLocal {
   BwdCtx<S, A> q;
   HCP_HD void operator()(i64 e) const {
     const Ctx<S, A>& k = q.k;
@@ -223,7 +234,8 @@ template <class S, class A> struct DStateLocal {
   }
 };
 // (b, h, p, n): reverse state passing; dstates become end-state gradients; dinit = dSin(0).
-template <class S, class A> struct DStatePass {
+template <class S, class A>
+struct DStatePass {
   BwdCtx<S, A> q;
   const S* dfin;
   S* dinit;
@@ -237,7 +249,8 @@ template <class S, class A> struct DStatePass {
   }
 };
 // (b, c, h, i, j): dy_i . x_j on the lower triangle.
-template <class S, class A> struct DyX {
+template <class S, class A>
+struct DyX {
   BwdCtx<S, A> q;
   HCP_HD void operator()(i64 e) const {
     const Dims& d = q.k.d;
@@ -251,7 +264,8 @@ template <class S, class A> struct DyX {
   }
 };
 // (b, s, h, p): dx.
-template <class S, class A> struct Dx {
+template <class S, class A>
+struct Dx {
   BwdCtx<S, A> q;
   S* dx;
   HCP_HD void operator()(i64 e) const {
@@ -274,7 +288,8 @@ template <class S, class A> struct Dx {
   }
 };
 // (b, s, g, n): dB, the heads of the group summed in order.
-template <class S, class A> struct DB {
+template <class S, class A>
+struct DB {
   BwdCtx<S, A> q;
   S* dB;
   HCP_HD void operator()(i64 e) const {
@@ -300,7 +315,8 @@ template <class S, class A> struct DB {
   }
 };
 // (b, t, g, n): dC, the heads of the group summed in order.
-template <class S, class A> struct DC {
+template <class S, class A>
+struct DC {
   BwdCtx<S, A> q;
   S* dC;
   HCP_HD void operator()(i64 e) const {
@@ -328,7 +344,8 @@ template <class S, class A> struct DC {
   }
 };
 // (b, h, t): the per-token terms of d cs and d dt (u: t as the later token, s: t as the earlier one).
-template <class S, class A> struct TokenTerms {
+template <class S, class A>
+struct TokenTerms {
   BwdCtx<S, A> q;
   HCP_HD void operator()(i64 e) const {
     const Ctx<S, A>& k = q.k;
@@ -341,7 +358,8 @@ template <class S, class A> struct TokenTerms {
       as_later += exp(cst - k.w.cs[k.tok(b, h, s)]) * k.w.dtv[k.tok(b, h, s)] * k.w.CB[k.cb(b, c, g, t - c0, s - c0)] *
                   q.dyx[q.yx(b, c, h, t - c0, s - c0)];
     for (i64 u = t; u <= E && k.seq(b, u) == st; ++u)
-      direct += exp(k.w.cs[k.tok(b, h, u)] - cst) * k.w.CB[k.cb(b, c, g, u - c0, t - c0)] * q.dyx[q.yx(b, c, h, u - c0, t - c0)];
+      direct += exp(k.w.cs[k.tok(b, h, u)] - cst) * k.w.CB[k.cb(b, c, g, u - c0, t - c0)] *
+                q.dyx[q.yx(b, c, h, u - c0, t - c0)];
     as_earlier = direct * dtt;
     A t2 = 0, t3 = 0, w = 0;
     if (k.has_start(c) && st == k.prev_seq(b, c)) {  // y_t's chunk-start term
@@ -375,7 +393,8 @@ template <class S, class A> struct TokenTerms {
 };
 // (b, c, h): reverse cumulative sum of d cs over the chunk -> d dt (raw), and this chunk's partials of
 // dA_log, D and dt_bias ([B,nch,H], summed by the caller in order).
-template <class S, class A> struct ChunkReduce {
+template <class S, class A>
+struct ChunkReduce {
   BwdCtx<S, A> q;
   S* ddt;
   A *part_dA_log, *part_dD, *part_ddtb;
@@ -429,19 +448,22 @@ enum class Phase {
                 // exec replacing this phase keeps its own intermediates; the element path allocates it)
   Reduce        // io.ddt and the partials
 };
-template <class S, class A> struct Io {
+template <class S, class A>
+struct Io {
   S *y, *fin;
   const S* dfin;
   S *dinit, *dx, *ddt, *dB, *dC;
   A *part_dA_log, *part_dD, *part_ddtb;  // [B,nch,H]
 };
-template <class Exec, class S, class A> bool replaced(Exec& ex, Phase ph, const BwdCtx<S, A>& q, const Io<S, A>& io) {
+template <class Exec, class S, class A>
+bool replaced(Exec& ex, Phase ph, const BwdCtx<S, A>& q, const Io<S, A>& io) {
   if constexpr (requires { ex.replace(ph, q, io); })
     return ex.replace(ph, q, io);
   else
     return false;
 }
-template <class A, class S, class Exec> Ctx<S, A> forward(Exec& ex, const In<S>& in, const Dims& d, S* y, S* fin) {
+template <class A, class S, class Exec>
+Ctx<S, A> forward(Exec& ex, const In<S>& in, const Dims& d, S* y, S* fin) {
   Ctx<S, A> k{in, d, {}};
   const i64 BHL = d.B * d.H * d.L;
   k.w = {ex.template alloc<A>(BHL), ex.template alloc<A>(BHL), ex.template alloc<A>(BHL),
@@ -455,7 +477,8 @@ template <class A, class S, class Exec> Ctx<S, A> forward(Exec& ex, const In<S>&
   if (y && !replaced(ex, Phase::Scan, q, io)) ex.run(d.B * d.L * d.H * d.P, ChunkScan<S, A>{k, y});
   return k;
 }
-template <class A> struct Partials {
+template <class A>
+struct Partials {
   A *dA_log, *dD, *ddt_bias;  // [B,nch,H]
 };
 template <class A, class S, class Exec>

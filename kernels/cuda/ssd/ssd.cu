@@ -28,7 +28,8 @@ struct Dims {
   bool softplus;
   double dt_min, dt_max;
 };
-template <class S> struct Ptrs {
+template <class S>
+struct Ptrs {
   const S *x, *dt, *A_log, *Bm, *Cm, *D, *dt_bias, *init;
   const std::int64_t* seq;
 };
@@ -42,10 +43,14 @@ __device__ __forceinline__ void dt_eff(const Ptrs<S>& in, const Dims& d, std::in
   if (v < A(d.dt_min)) v = A(d.dt_min), dv = 0;
   if (v > A(d.dt_max)) v = A(d.dt_max), dv = 0;
 }
-template <class A> __device__ __forceinline__ A Aof(const A a_log) { return -exp(a_log); }
+template <class A>
+__device__ __forceinline__ A Aof(const A a_log) {
+  return -exp(a_log);
+}
 
 // ---- state passing -------------------------------------------------------------------------------
-template <class S, class A> __global__ void decay_k(S* decay, Ptrs<S> in, Dims d) {
+template <class S, class A>
+__global__ void decay_k(S* decay, Ptrs<S> in, Dims d) {
   const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   if (w >= d.B * d.H) return;
   const std::int64_t b = w / d.H, h = w % d.H;
@@ -57,7 +62,8 @@ template <class S, class A> __global__ void decay_k(S* decay, Ptrs<S> in, Dims d
   }
   st(decay + w, exp(s * Aof<A>(ld(in.A_log + h))));
 }
-template <class S, class A> __global__ void init_fwd_k(S* y, Ptrs<S> in, Dims d) {
+template <class S, class A>
+__global__ void init_fwd_k(S* y, Ptrs<S> in, Dims d) {
   const std::int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H, g = h / (d.H / d.G);
   const A Ah = Aof<A>(ld(in.A_log + h));
   const S* S0 = in.init + (b * d.H + h) * d.P * d.N;
@@ -78,8 +84,8 @@ template <class S, class A> __global__ void init_fwd_k(S* y, Ptrs<S> in, Dims d)
 }
 // One block per (b, g); scratch: dcs [L] per block. Accumulates dC and ddt; per-head partials.
 template <class S, class A>
-__global__ void init_bwd_k(S* dC, S* ddt_out, S* dinit, A* dA_part, A* ddtb_part, const S* dy, const S* ddecay, Ptrs<S> in,
-                           Dims d, A* scratch) {
+__global__ void init_bwd_k(S* dC, S* ddt_out, S* dinit, A* dA_part, A* ddtb_part, const S* dy, const S* ddecay,
+                           Ptrs<S> in, Dims d, A* scratch) {
   extern __shared__ unsigned char smem[];
   A* dS0 = reinterpret_cast<A*>(smem);  // the initial state's gradient, accumulated over tokens
   const std::int64_t b = blockIdx.x / d.G, g = blockIdx.x % d.G, hpg = d.H / d.G, PN = d.P * d.N;
@@ -142,9 +148,11 @@ __global__ void init_bwd_k(S* dC, S* ddt_out, S* dinit, A* dA_part, A* ddtb_part
 Dims dims_of(const SsdParams& p) {
   return {p.batch, p.seqlen, p.heads, p.head_dim, p.groups, p.d_state, p.chunk, p.dt_softplus, p.dt_min, p.dt_max};
 }
-template <class S> Ptrs<S> ptrs_of(const SsdInputs& in, const std::int64_t* seq) {
+template <class S>
+Ptrs<S> ptrs_of(const SsdInputs& in, const std::int64_t* seq) {
   auto opt = [](const Tensor* t) { return t ? dptr<S>(*t) : nullptr; };
-  return {dptr<S>(*in.x), dptr<S>(*in.dt), dptr<S>(*in.A_log), dptr<S>(*in.Bm), dptr<S>(*in.Cm), opt(in.D),
+  return {dptr<S>(*in.x),  dptr<S>(*in.dt),     dptr<S>(*in.A_log),
+          dptr<S>(*in.Bm), dptr<S>(*in.Cm),     opt(in.D),
           opt(in.dt_bias), opt(in.init_states), seq};
 }
 void check_inputs(const SsdInputs& in, std::initializer_list<const Tensor*> outs, const char* what) {
@@ -173,51 +181,58 @@ void check_head_sums(const SsdInputs& in, std::initializer_list<const Tensor*> s
 }
 // Per-head partials [rows, H] (device) -> out[h] (+)= sum over rows, in order, in fp64: one thread per
 // head, on the device (no synchronisation).
-template <class S, class A> __global__ void reduce_heads_k(S* out, const A* part, std::int64_t rows, std::int64_t heads, bool accumulate) {
+template <class S, class A>
+__global__ void reduce_heads_k(S* out, const A* part, std::int64_t rows, std::int64_t heads, bool accumulate) {
   const std::int64_t h = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (h >= heads) return;
   double acc = accumulate ? static_cast<double>(ld(out + h)) : 0.0;
   for (std::int64_t r = 0; r < rows; ++r) acc += static_cast<double>(part[r * heads + h]);
   st(out + h, static_cast<A>(acc));
 }
-template <class A> void reduce_heads(Tensor* out, const A* part, std::int64_t rows, std::int64_t heads, bool accumulate) {
+template <class A>
+void reduce_heads(Tensor* out, const A* part, std::int64_t rows, std::int64_t heads, bool accumulate) {
   if (!out) return;
-  HCP_CUDA_DISPATCH(*out, {
-    reduce_heads_k<S, A><<<blocks_for(heads, 128), 128>>>(dptr<S>(*out), part, rows, heads, accumulate);
-  });
+  HCP_CUDA_DISPATCH(
+      *out, { reduce_heads_k<S, A><<<blocks_for(heads, 128), 128>>>(dptr<S>(*out), part, rows, heads, accumulate); });
   check_launch("ssd per-head reduction");
 }
-template <class A> void reduce_heads(Tensor* out, const A* part, const SsdParams& p, bool accumulate) {
+template <class A>
+void reduce_heads(Tensor* out, const A* part, const SsdParams& p, bool accumulate) {
   reduce_heads(out, part, p.batch, p.heads, accumulate);
 }
 // The exec of the chunked element functions: one thread per element; scratch from the stream-ordered
 // allocator, freed when the exec goes (after the work it was used by).
-template <class F> __global__ void each_k(F f, std::int64_t n) {
+template <class F>
+__global__ void each_k(F f, std::int64_t n) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) f(i);
 }
 struct CudaExec {
   std::vector<void*> bufs;
   bool tc = false;  // every phase on the tensor cores (kernels/cuda/ssd/ssd_tc.cu), decided once per call
-  ssd_tc::Scratch scratch{[this](std::size_t n) { return static_cast<void*>(alloc<unsigned char>(static_cast<std::int64_t>(n))); }};
+  ssd_tc::Scratch scratch{
+      [this](std::size_t n) { return static_cast<void*>(alloc<unsigned char>(static_cast<std::int64_t>(n))); }};
   explicit CudaExec(bool use_tc = false) : tc(use_tc) {}
   CudaExec(const CudaExec&) = delete;
   CudaExec& operator=(const CudaExec&) = delete;
   ~CudaExec() {
     for (void* q : bufs) cudaFreeAsync(q, 0);
   }
-  template <class T> T* alloc(std::int64_t n) {
+  template <class T>
+  T* alloc(std::int64_t n) {
     void* q = nullptr;
     HCP_CUDA_CHECK(cudaMallocAsync(&q, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(T), 0));
     bufs.push_back(q);
     return static_cast<T*>(q);
   }
-  template <class F> void run(std::int64_t n, const F& f) {
+  template <class F>
+  void run(std::int64_t n, const F& f) {
     if (n <= 0) return;
     each_k<F><<<blocks_for(n, 256), 256>>>(f, n);
     check_launch("ssd (chunked)");
   }
-  template <class S, class A> bool replace(ssdc::Phase ph, const ssdc::BwdCtx<S, A>& q, const ssdc::Io<S, A>& io) {
+  template <class S, class A>
+  bool replace(ssdc::Phase ph, const ssdc::BwdCtx<S, A>& q, const ssdc::Io<S, A>& io) {
     if constexpr (std::is_same_v<S, __nv_bfloat16> && std::is_same_v<A, float>) {
       if (tc) ssd_tc::run(ph, q, io, scratch);
       return tc;
@@ -227,7 +242,8 @@ struct CudaExec {
   }
 };
 // Whether a call's phases all run on the tensor cores: bf16, sizes ssd_tc covers, 16-byte aligned tensors.
-template <class S> bool use_tc(const ssdc::Dims& d, std::initializer_list<const Tensor*> ts) {
+template <class S>
+bool use_tc(const ssdc::Dims& d, std::initializer_list<const Tensor*> ts) {
   if constexpr (!std::is_same_v<S, __nv_bfloat16>) {
     return false;
   } else {
@@ -237,12 +253,15 @@ template <class S> bool use_tc(const ssdc::Dims& d, std::initializer_list<const 
   }
 }
 ssdc::Dims chunk_dims(const SsdParams& p, bool init) {
-  return {p.batch,       p.seqlen,  p.heads,   p.head_dim, p.groups, p.d_state, p.chunk, (p.seqlen + p.chunk - 1) / p.chunk,
-          p.dt_softplus, p.dt_min,  p.dt_max,  init};
+  return {p.batch,       p.seqlen,  p.heads,  p.head_dim,
+          p.groups,      p.d_state, p.chunk,  (p.seqlen + p.chunk - 1) / p.chunk,
+          p.dt_softplus, p.dt_min,  p.dt_max, init};
 }
-template <class S> ssdc::In<S> chunk_in(const SsdInputs& in, const std::int64_t* seq) {
+template <class S>
+ssdc::In<S> chunk_in(const SsdInputs& in, const std::int64_t* seq) {
   auto opt = [](const Tensor* t) { return t ? dptr<S>(*t) : nullptr; };
-  return {dptr<S>(*in.x), dptr<S>(*in.dt), dptr<S>(*in.A_log), dptr<S>(*in.Bm), dptr<S>(*in.Cm), opt(in.D),
+  return {dptr<S>(*in.x),  dptr<S>(*in.dt),     dptr<S>(*in.A_log),
+          dptr<S>(*in.Bm), dptr<S>(*in.Cm),     opt(in.D),
           opt(in.dt_bias), opt(in.init_states), seq};
 }
 }  // namespace
@@ -268,9 +287,9 @@ void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Ten
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
     CudaExec ex(use_tc<S>(d, {in.x, in.Bm, in.Cm, in.init_states, &dy, dfinal, g.dx, g.dB, g.dC, g.dinit_states}));
-    const ssdc::Partials<A> part = ssdc::backward<A>(ex, chunk_in<S>(in, seq.p), d, dptr<S>(dy), dfinal ? dptr<S>(*dfinal) : nullptr,
-                                                     dptr<S>(*g.dx), dptr<S>(*g.ddt), dptr<S>(*g.dB), dptr<S>(*g.dC),
-                                                     g.dinit_states ? dptr<S>(*g.dinit_states) : nullptr);
+    const ssdc::Partials<A> part = ssdc::backward<A>(
+        ex, chunk_in<S>(in, seq.p), d, dptr<S>(dy), dfinal ? dptr<S>(*dfinal) : nullptr, dptr<S>(*g.dx),
+        dptr<S>(*g.ddt), dptr<S>(*g.dB), dptr<S>(*g.dC), g.dinit_states ? dptr<S>(*g.dinit_states) : nullptr);
     reduce_heads(g.dA_log, part.dA_log, d.B * d.nch, d.H, false);
     if (in.D) reduce_heads(g.dD, part.dD, d.B * d.nch, d.H, false);
     if (in.dt_bias) reduce_heads(g.ddt_bias, part.ddt_bias, d.B * d.nch, d.H, false);
@@ -361,16 +380,19 @@ void require_float_states(const Tensor& t, const char* what) {
   HCP_CHECK(t.dtype() == DType::F64 || t.dtype() == DType::F32, what, ": states must be fp32 or fp64");
 }
 // Composition of the scan's affine maps: B first (it reads A), then A.
-template <class T> __global__ void compose_b_k(T* B, const T* A, const T* B_prev, std::int64_t n, std::int64_t PN) {
+template <class T>
+__global__ void compose_b_k(T* B, const T* A, const T* B_prev, std::int64_t n, std::int64_t PN) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) B[i] = A[i / PN] * B_prev[i] + B[i];
 }
-template <class T> __global__ void compose_a_k(T* A, const T* A_prev, std::int64_t n) {
+template <class T>
+__global__ void compose_a_k(T* A, const T* A_prev, std::int64_t n) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) A[i] *= A_prev[i];
 }
 // One warp per (row, head): the dot product over P*N in a fixed order (deterministic).
-template <class T> __global__ void state_dot_k(T* da, const T* G, const T* X, std::int64_t rh, std::int64_t PN) {
+template <class T>
+__global__ void state_dot_k(T* da, const T* G, const T* X, std::int64_t rh, std::int64_t PN) {
   const std::int64_t w = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (w >= rh) return;
@@ -382,7 +404,8 @@ template <class T> __global__ void state_dot_k(T* da, const T* G, const T* X, st
 }  // namespace
 
 void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&A, &B, &A_prev, &B_prev}) require_float_states(*t, "ssd_state_compose");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&A, &B, &A_prev, &B_prev})
+    require_float_states(*t, "ssd_state_compose");
   const std::int64_t n = B.numel(), rh = A.numel(), PN = rh ? n / rh : 0;
   if (n == 0) return;
   const auto run = [&](auto zero) {
@@ -390,8 +413,10 @@ void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor&
     compose_b_k<S><<<blocks_for(n, 256), 256>>>(dptr<S>(B), dptr<S>(A), dptr<S>(B_prev), n, PN);
     compose_a_k<S><<<blocks_for(rh, 256), 256>>>(dptr<S>(A), dptr<S>(A_prev), rh);
   };
-  if (B.dtype() == DType::F64) run(0.0);
-  else run(0.0f);
+  if (B.dtype() == DType::F64)
+    run(0.0);
+  else
+    run(0.0f);
   check_launch("ssd_state_compose");
 }
 
@@ -403,38 +428,47 @@ void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X) {
     using S = decltype(zero);
     state_dot_k<S><<<blocks_for(rh * 32, 256), 256>>>(dptr<S>(da), dptr<S>(G), dptr<S>(X), rh, PN);
   };
-  if (G.dtype() == DType::F64) run(0.0);
-  else run(0.0f);
+  if (G.dtype() == DType::F64)
+    run(0.0);
+  else
+    run(0.0f);
   check_launch("ssd_state_dot");
 }
 
 void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std::vector<std::int64_t>& order,
                         const std::vector<std::int64_t>& off) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&Sin, &S, &a}) require_float_states(*t, "ssd_state_scan_fwd");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&Sin, &S, &a})
+    require_float_states(*t, "ssd_state_scan_fwd");
   if (order.empty()) return;
   DeviceIndex o(&order), f(&off);
   const std::int64_t nseq = static_cast<std::int64_t>(off.size()) - 1, H = S.size(1), PN = S.size(2) * S.size(3);
   if (S.dtype() == DType::F64)
-    scan_fwd_k<double><<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<double>(Sin), dptr<double>(S), dptr<double>(a), o.p, f.p, nseq, H, PN);
+    scan_fwd_k<double><<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<double>(Sin), dptr<double>(S), dptr<double>(a),
+                                                                o.p, f.p, nseq, H, PN);
   else
-    scan_fwd_k<float><<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<float>(Sin), dptr<float>(S), dptr<float>(a), o.p, f.p, nseq, H, PN);
+    scan_fwd_k<float><<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<float>(Sin), dptr<float>(S), dptr<float>(a), o.p,
+                                                               f.p, nseq, H, PN);
   check_launch("ssd_state_scan_fwd");
 }
 
 void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,
                         const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&dS, &da, &dSin, &Sin, &a}) require_float_states(*t, "ssd_state_scan_bwd");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dS, &da, &dSin, &Sin, &a})
+    require_float_states(*t, "ssd_state_scan_bwd");
   if (order.empty()) return;
   DeviceIndex o(&order), f(&off);
   const std::int64_t nseq = static_cast<std::int64_t>(off.size()) - 1, H = Sin.size(1), PN = Sin.size(2) * Sin.size(3),
                      n = static_cast<std::int64_t>(order.size());
   const auto run = [&](auto zero) {
     using S = decltype(zero);
-    scan_bwd_k<S><<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<S>(dS), dptr<S>(dSin), dptr<S>(a), o.p, f.p, nseq, H, PN);
+    scan_bwd_k<S>
+        <<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<S>(dS), dptr<S>(dSin), dptr<S>(a), o.p, f.p, nseq, H, PN);
     scan_da_k<S><<<blocks_for(n * H, 128), 128>>>(dptr<S>(da), dptr<S>(dS), dptr<S>(Sin), o.p, n, H, PN);
   };
-  if (Sin.dtype() == DType::F64) run(0.0);
-  else run(0.0f);
+  if (Sin.dtype() == DType::F64)
+    run(0.0);
+  else
+    run(0.0f);
   check_launch("ssd_state_scan_bwd");
 }
 

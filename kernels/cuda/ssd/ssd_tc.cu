@@ -20,10 +20,10 @@
 // intra-chunk part of dB/dC one Q×Q×N product per group instead of one per head.
 // Also the dt cumulative sum (a warp per head and chunk), the state passing over chunks (16-byte
 // vectors) and the chunk reduction (a block per head and chunk). seq_idx is nondecreasing along a row
-// (packed sequences), so "same sequence" is an equality test. The operands of each product are rounded to bf16 (w∘x, the decayed masked CB, M, S_in, dS),
-// as the mamba_ssm Triton kernels do; accumulation and the dot products are fp32, each output element
-// with one owner and one summation order: bitwise repeatable. Blocks of one chunk's heads are adjacent
-// in the grid, so a group's B/C tiles and CB are re-read from L2.
+// (packed sequences), so "same sequence" is an equality test. The operands of each product are rounded to bf16 (w∘x,
+// the decayed masked CB, M, S_in, dS), as the mamba_ssm Triton kernels do; accumulation and the dot products are fp32,
+// each output element with one owner and one summation order: bitwise repeatable. Blocks of one chunk's heads are
+// adjacent in the grid, so a group's B/C tiles and CB are re-read from L2.
 #include "kernels/cuda/ssd/tc_bwd.cuh"
 #include "kernels/cuda/ssd/tc_products.cuh"
 #include "kernels/cuda/ssd/tc_tile.cuh"
@@ -77,8 +77,8 @@ constexpr int kPassBlock = 256;
 // Blocks of the state passing per (row, head): partial sums of S_in · dS_end per chunk.
 __host__ __device__ __forceinline__ i64 pass_blocks_per_head(const ssdc::Dims& d) { return d.PN() / (4 * kPassBlock); }
 template <bool kRev>
-__global__ void __launch_bounds__(kPassBlock) pass_k(Ctx k, const float* loc_st, bf16* lo, const bf16* bound, bf16* out,
-                                                     const bf16* S_in, float* dots) {
+__global__ void __launch_bounds__(kPassBlock)
+    pass_k(Ctx k, const float* loc_st, bf16* lo, const bf16* bound, bf16* out, const bf16* S_in, float* dots) {
   const ssdc::Dims& d = k.d;
   const i64 nv = d.PN() / 4, i = static_cast<i64>(blockIdx.x) * kPassBlock + threadIdx.x;
   const i64 v = i % nv, bh = i / nv, h = bh % d.H, b = bh / d.H, nblk = pass_blocks_per_head(d);
@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(kPassBlock) pass_k(Ctx k, const float* loc_st,
 // ---- chunk reduction: per (8 heads, chunk, row), a warp per head, tokens lane + 32 e: what lands on
 // cs_E (Σ t3 and e^{cs_E} S_in·dS), the reverse cumulative sum of d cs (warp suffix sums carried over
 // the token groups) -> d dt, and the chunk's partials of dA_log, D and dt_bias (warp sums).
-__global__ void __launch_bounds__(256) reduce_k(Bwd q, const float* dots, bf16* ddt, float* part_dA, float* part_dD,
-                                                float* part_ddtb) {
+__global__ void __launch_bounds__(256)
+    reduce_k(Bwd q, const float* dots, bf16* ddt, float* part_dA, float* part_dD, float* part_ddtb) {
   constexpr int kPer = kQ / 32;
   const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
@@ -160,11 +160,13 @@ __global__ void __launch_bounds__(256) reduce_k(Bwd q, const float* dots, bf16* 
   }
 }
 
-template <int K> void gram(const Gram& gm, const ssdc::Dims& d) {
+template <int K>
+void gram(const Gram& gm, const ssdc::Dims& d) {
   const std::size_t sm = sizeof(bf16) * 2 * kQ * K;
   allow_smem(gram_k<K>, sm);
-  gram_k<K><<<dim3(static_cast<unsigned>(gm.units), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B)), 256, sm>>>(
-      gm, d.L, d.nch);
+  gram_k<K>
+      <<<dim3(static_cast<unsigned>(gm.units), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B)), 256, sm>>>(
+          gm, d.L, d.nch);
 }
 dim3 per_head(const ssdc::Dims& d) {
   return dim3(static_cast<unsigned>(d.H), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B));
@@ -172,16 +174,19 @@ dim3 per_head(const ssdc::Dims& d) {
 dim3 per_group(const ssdc::Dims& d) {
   return dim3(static_cast<unsigned>(d.G), static_cast<unsigned>(d.nch), static_cast<unsigned>(d.B));
 }
-template <int N, bool kGrad> void states(const Ctx& k, const bf16* X, float* out) {
+template <int N, bool kGrad>
+void states(const Ctx& k, const bf16* X, float* out) {
   const std::size_t sm = sizeof(bf16) * (kQ * kP + kQ * N) + sizeof(float) * kQ;
   allow_smem(states_k<N, kGrad>, sm);
   states_k<N, kGrad><<<per_head(k.d), 256, sm>>>(k, X, out);
 }
-template <int N, Mode M> void apply(const Bwd& q, const bf16* S, bf16* out) {
+template <int N, Mode M>
+void apply(const Bwd& q, const bf16* S, bf16* out) {
   allow_smem(apply_k<N, M>, apply_smem<N, M>());
   apply_k<N, M><<<per_head(q.k.d), 128, apply_smem<N, M>()>>>(q, S, out);
 }
-template <int N, bool kDB> void dbc(const Bwd& q, const bf16* M, const bf16* S, bf16* out) {
+template <int N, bool kDB>
+void dbc(const Bwd& q, const bf16* M, const bf16* S, bf16* out) {
   allow_smem(dbc_k<N, kDB>, dbc_smem<N>());
   dbc_k<N, kDB><<<per_group(q.k.d), 256, dbc_smem<N>()>>>(q, M, S, out);
 }
@@ -189,9 +194,13 @@ void pairs(const Bwd& q, bf16* M) {
   allow_smem(pairs_k, sizeof(PairsSmem));
   pairs_k<<<per_group(q.k.d), 256, sizeof(PairsSmem)>>>(q, M);
 }
-template <class T> T* take(Scratch& s, i64 n) { return static_cast<T*>(s.alloc(sizeof(T) * static_cast<std::size_t>(n))); }
+template <class T>
+T* take(Scratch& s, i64 n) {
+  return static_cast<T*>(s.alloc(sizeof(T) * static_cast<std::size_t>(n)));
+}
 
-template <int N> void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io, Scratch& s) {
+template <int N>
+void run_phase(ssdc::Phase ph, const Bwd& q, const ssdc::Io<bf16, float>& io, Scratch& s) {
   const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
   const i64 nstates = d.B * d.nch * d.H * d.PN();

@@ -25,5 +25,6 @@ struct Scratch {
 // Runs phase `ph` (forward phases see null backward buffers). Only where covers() holds and every
 // tensor of the call is 16-byte aligned, and then for every phase of the call: the phases hand over
 // through `s` in their own layout, so a call runs all of its phases here or none.
-void run(ssdc::Phase ph, const ssdc::BwdCtx<__nv_bfloat16, float>& q, const ssdc::Io<__nv_bfloat16, float>& io, Scratch& s);
+void run(ssdc::Phase ph, const ssdc::BwdCtx<__nv_bfloat16, float>& q, const ssdc::Io<__nv_bfloat16, float>& io,
+         Scratch& s);
 }  // namespace hcp::kernels::cuda_impl::ssd_tc

@@ -22,11 +22,14 @@ struct PairsSmem {
 };
 // The column blocks of parity `par` that row tile mt meets: par + 2 jb <= mt; the low tile (m = 0,
 // mt <= 3) meets at most two.
-__device__ __forceinline__ bool meets(int m, int jb, int par, int mt) { return !(m == 0 && jb >= 2) && par + 2 * jb <= mt; }
+__device__ __forceinline__ bool meets(int m, int jb, int par, int mt) {
+  return !(m == 0 && jb >= 2) && par + 2 * jb <= mt;
+}
 // f(m, jb, s2, x, i, j) for each element this thread holds of the fragments [m][jb][s2][x] of the
 // blocks that row tile mt[m] meets: x = 2 hf + e, row i = 16 mt[m] + grp + 8 hf, column
 // j = 16 (par + 2 jb) + 8 s2 + 2 tig + e.
-template <class F> __device__ __forceinline__ void each_pair(const int (&mt)[2], int par, F&& f) {
+template <class F>
+__device__ __forceinline__ void each_pair(const int (&mt)[2], int par, F&& f) {
   const int lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
 #pragma unroll
   for (int m = 0; m < 2; ++m)
@@ -149,7 +152,10 @@ __global__ void __launch_bounds__(256, 1) pairs_k(Bwd q, bf16* M) {
 // head of the group, in order:
 //   dC_t = Σ_{s<=t} M_ts B_s + Σ_h [seq_t = prev] e^{cs_t} dy_t·S_in
 //   dB_s = Σ_{t>=s} M_ts C_t + Σ_h [seq_s = seq_E] dt_s e^{cs_E − cs_s} x_s·dS
-template <int N> constexpr std::size_t dbc_smem() { return sizeof(bf16) * (kQ * N + kQ * kQ + kQ * kP + kP * N); }
+template <int N>
+constexpr std::size_t dbc_smem() {
+  return sizeof(bf16) * (kQ * N + kQ * kQ + kQ * kP + kP * N);
+}
 template <int N, bool kDB>
 __global__ void __launch_bounds__(256, 2) dbc_k(Bwd q, const bf16* M, const bf16* S, bf16* out) {
   extern __shared__ __align__(16) unsigned char smem[];

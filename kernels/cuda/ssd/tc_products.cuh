@@ -8,11 +8,12 @@ namespace hcp::kernels::cuda_impl::ssd_tc {
 // ---- gram: out[unit] = A_c · B_c^T (lower triangle, zero above); 8 warps, warp w owns rows [16w, +16).
 struct Gram {
   const bf16 *a, *b;
-  i64 ld;     // elements between tokens
-  int units;  // groups (C·B^T) or heads (dy·x^T), K elements each
-  float* out; // [B, nch, units, Q, Q]
+  i64 ld;      // elements between tokens
+  int units;   // groups (C·B^T) or heads (dy·x^T), K elements each
+  float* out;  // [B, nch, units, Q, Q]
 };
-template <int K> __global__ void __launch_bounds__(256) gram_k(Gram gm, i64 L, i64 nch) {
+template <int K>
+__global__ void __launch_bounds__(256) gram_k(Gram gm, i64 L, i64 nch) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* At = reinterpret_cast<bf16*>(smem);
   bf16* Bt = At + kQ * K;
@@ -52,7 +53,8 @@ template <int K> __global__ void __launch_bounds__(256) gram_k(Gram gm, i64 L, i
 
 // ---- states: out[h] = (w ∘ X)^T Y over the chunk; 8 warps, warp w owns p rows [16 (w % 4), +16) and
 // the n half w / 4. kGrad false: X = x, Y = B (chunk end states); true: X = dy, Y = C (local dS).
-template <int N, bool kGrad> __global__ void __launch_bounds__(256) states_k(Ctx k, const bf16* X, float* out) {
+template <int N, bool kGrad>
+__global__ void __launch_bounds__(256) states_k(Ctx k, const bf16* X, float* out) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Xt = reinterpret_cast<bf16*>(smem);
   bf16* Yt = Xt + kQ * kP;
@@ -109,16 +111,18 @@ template <int N, bool kGrad> __global__ void __launch_bounds__(256) states_k(Ctx
 // part of dx̂_t), q.t3 = dt_t ev_t, q.dyx_d = dy_t · x_t.
 enum class Mode { Scan, StateDot, Dx };
 // The scan has no dot partner tile: less shared memory, three blocks per SM.
-template <int N, Mode M> constexpr std::size_t apply_smem() {
+template <int N, Mode M>
+constexpr std::size_t apply_smem() {
   return sizeof(bf16) * ((M == Mode::Scan ? 1 : 2) * kQ * kP + kQ * N + kP * N) + sizeof(Tok);
 }
-template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, const bf16* S, bf16* out) {
+template <int N, Mode M>
+__global__ void __launch_bounds__(128) apply_k(Bwd q, const bf16* S, bf16* out) {
   constexpr bool kDx = M == Mode::Dx;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* Vt = reinterpret_cast<bf16*>(smem);  // the streamed operand: x (scan, dot) or dy (dx)
-  bf16* Wt = Vt + kQ * kP;                   // the dot partner: dy (dot) or x (dx); none in the scan
+  bf16* Vt = reinterpret_cast<bf16*>(smem);         // the streamed operand: x (scan, dot) or dy (dx)
+  bf16* Wt = Vt + kQ * kP;                          // the dot partner: dy (dot) or x (dx); none in the scan
   bf16* Rt = Wt + (M == Mode::Scan ? 0 : kQ * kP);  // the state term's rows: C (scan, dot) or B (dx)
-  bf16* St = Rt + kQ * N;                    // S (S_in: scan, dot; dS_end: dx), [P][N]
+  bf16* St = Rt + kQ * N;                           // S (S_in: scan, dot; dS_end: dx), [P][N]
   Tok& tk = *reinterpret_cast<Tok*>(St + kP * N);
   const Ctx& k = q.k;
   const ssdc::Dims& d = k.d;
@@ -192,8 +196,10 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, c
         float dyx = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kP / 8; ++nt) {
-          const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at<kP>(Vt, i, nt * 8 + 2 * tig)));
-          const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at<kP>(Wt, i, nt * 8 + 2 * tig)));
+          const float2 u =
+              __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at<kP>(Vt, i, nt * 8 + 2 * tig)));
+          const float2 v =
+              __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at<kP>(Wt, i, nt * 8 + 2 * tig)));
           dyx += u.x * v.x + u.y * v.y;
         }
         dyx = quad_sum(dyx);
@@ -210,7 +216,8 @@ template <int N, Mode M> __global__ void __launch_bounds__(128) apply_k(Bwd q, c
       for (int nt = 0; nt < kP / 8; ++nt) {
         const int p = nt * 8 + 2 * tig;
         const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at<kP>(Vt, i, p)));
-        *reinterpret_cast<unsigned*>(o + p) = pack_bf16(f * acc[m][nt][2 * hf] + Dh * v.x, f * acc[m][nt][2 * hf + 1] + Dh * v.y);
+        *reinterpret_cast<unsigned*>(o + p) =
+            pack_bf16(f * acc[m][nt][2 * hf] + Dh * v.x, f * acc[m][nt][2 * hf + 1] + Dh * v.y);
       }
     }
 }

@@ -26,7 +26,8 @@ struct Tok {
   float cs[kQ], dt[kQ];
   i64 sq[kQ];
 };
-template <int NT> __device__ __forceinline__ void load_tok(Tok& tk, const Ctx& k, i64 b, i64 h, i64 t0, int valid) {
+template <int NT>
+__device__ __forceinline__ void load_tok(Tok& tk, const Ctx& k, i64 b, i64 h, i64 t0, int valid) {
   const i64 tok = k.tok(b, h, t0);
   for (int s = threadIdx.x; s < kQ; s += NT) {
     tk.cs[s] = s < valid ? k.w.cs[tok + s] : 0.f;
@@ -39,7 +40,8 @@ template <int NT> __device__ __forceinline__ void load_tok(Tok& tk, const Ctx& k
 // (kUpper true: q >= r); value src[later][earlier] · e^{cs_later − cs_earlier} (· dt_earlier if kDt),
 // zero unless later >= earlier in the same sequence. load_raw fetches the eight src values (every index
 // lies inside the tile), decayed_a masks, decays and packs them.
-template <bool kUpper> __device__ __forceinline__ void load_raw(float (&raw)[8], const float* src, int r0, int q0) {
+template <bool kUpper>
+__device__ __forceinline__ void load_raw(float (&raw)[8], const float* src, int r0, int q0) {
   const int lane = threadIdx.x & 31, grp = lane >> 2, tig = lane & 3;
 #pragma unroll
   for (int x = 0; x < 8; ++x) {
@@ -66,8 +68,8 @@ __device__ __forceinline__ void decayed_a(unsigned (&a)[4], const float (&raw)[8
 // acc += Σ_{kb0 <= kb <= kb1} (decayed A fragment at rows r0, columns 16 kb) · Y[16 kb .., n0 ..), Y a
 // [k][n] tile of width W; the next block's src values are loaded while this block's products run.
 template <bool kUpper, bool kDt, int W, int NT8>
-__device__ __forceinline__ void decayed_mm(float (&acc)[NT8][4], const float* src, const Tok& tk, int r0, int kb0, int kb1,
-                                           const bf16* Y, int n0) {
+__device__ __forceinline__ void decayed_mm(float (&acc)[NT8][4], const float* src, const Tok& tk, int r0, int kb0,
+                                           int kb1, const bf16* Y, int n0) {
   float raw[8];
   if (kb0 <= kb1) load_raw<kUpper>(raw, src, r0, 16 * kb0);
   for (int kb = kb0; kb <= kb1; ++kb) {
