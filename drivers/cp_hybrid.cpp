@@ -64,27 +64,8 @@ constexpr double kBf16LossTol = 2e-3;
 // 0 elsewhere and without a check). Collective.
 double routing_flips(drivers::Study& st, const model::HybridModel& m, const std::vector<Tensor>& ref,
                      const SeqLayout& global) {
-  const std::vector<Tensor> mine = m.routing();
-  std::int64_t flipped = 0, total = 0;
-  for (std::size_t b = 0; b < mine.size(); ++b) {
-    if (!st.check) break;
-    const Tensor all = drivers::host(cp::dcs_gather(st.comm, mine[b].to(st.space), global));
-    if (!st.root()) continue;
-    const Tensor got = global.padded() ? cp::take_rows(all, cp::real_rows(global)) : all;
-    const std::int64_t T = got.size(0), K = got.size(1);
-    for (std::int64_t t = 0; t < T; ++t) {
-      std::vector<double> a(static_cast<std::size_t>(K)), r(static_cast<std::size_t>(K));
-      for (std::int64_t j = 0; j < K; ++j) {
-        a[static_cast<std::size_t>(j)] = got.get(t * K + j);
-        r[static_cast<std::size_t>(j)] = ref[b].get(t * K + j);
-      }
-      std::sort(a.begin(), a.end());
-      std::sort(r.begin(), r.end());
-      flipped += a != r ? 1 : 0;
-    }
-    total += T;
-  }
-  return total > 0 ? static_cast<double>(flipped) / static_cast<double>(total) : 0.0;
+  if (!st.check) return 0.0;
+  return drivers::routing_flips(st.comm, st.space, m.routing(), ref, global, st.root());
 }
 
 void run(DriverContext& ctx) {

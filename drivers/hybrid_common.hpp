@@ -1,6 +1,7 @@
 // Deck keys, model configuration and synthetic data shared by cp_hybrid and train_hybrid (step_batch:
 // train_hybrid's [data] keys seqs_per_step, min_len, max_len).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -220,6 +221,33 @@ inline void write_params(ResultsWriter& w, Communicator& world, const std::strin
     }
     if (sums && world.rank() == 0) *sums += path + " " + sum + "\n";
   }
+}
+
+// Fraction of (real token, MoE block) pairs whose chosen expert set (`mine`: this rank's [Tl, K] per
+// MoE block, DCS order) differs from `ref` (the cp=1 model's [T, K] per block, real tokens in global
+// order); computed on `root`, 0 elsewhere. Collective over `comm`.
+inline double routing_flips(Communicator& comm, Space space, const std::vector<Tensor>& mine,
+                            const std::vector<Tensor>& ref, const SeqLayout& global, bool root) {
+  std::int64_t flipped = 0, total = 0;
+  for (std::size_t b = 0; b < mine.size(); ++b) {
+    const Tensor gathered = cp::dcs_gather(comm, mine[b].to(space), global);
+    const Tensor all = gathered.space() == Space::Host ? gathered : gathered.to(Space::Host);
+    if (!root) continue;
+    const Tensor got = global.padded() ? cp::take_rows(all, cp::real_rows(global)) : all;
+    const std::int64_t T = got.size(0), K = got.size(1);
+    for (std::int64_t t = 0; t < T; ++t) {
+      std::vector<double> a(static_cast<std::size_t>(K)), r(static_cast<std::size_t>(K));
+      for (std::int64_t j = 0; j < K; ++j) {
+        a[static_cast<std::size_t>(j)] = got.get(t * K + j);
+        r[static_cast<std::size_t>(j)] = ref[b].get(t * K + j);
+      }
+      std::sort(a.begin(), a.end());
+      std::sort(r.begin(), r.end());
+      flipped += a != r ? 1 : 0;
+    }
+    total += T;
+  }
+  return total > 0 ? static_cast<double>(flipped) / static_cast<double>(total) : 0.0;
 }
 
 inline std::vector<std::int64_t> local_ids(const std::vector<std::int64_t>& v, const SeqLayout& g, int cp, int r) {

@@ -22,6 +22,10 @@
 using namespace hcp;
 
 namespace {
+// From the first flipped expert choice the CP run and the replica train slightly different models:
+// fp32 runs of inputs/hybrid_nano_like.toml at np 2 stay within 2e-6 until a flip at step 21, then
+// drift to 9.7e-4 by step 27.
+constexpr double kLossRtolFlipped = 1e-2;
 const std::string kDeck = "# Built-in deck of train_hybrid: a small hybrid stack on packed synthetic sequences.\n" +
                           drivers::builtin_model_deck(32) + R"([data]
 format = "thd"
@@ -37,7 +41,8 @@ lr = 1e-2
 min_lr = 1e-3
 warmup = 5
 reference = true     # cp=1 replica on rank 0, loss curves compared step by step
-loss_rtol = 0.0      # 0: 1e-9 in fp64, 1e-5 in fp32
+loss_rtol = 0.0      # 0: 1e-9 in fp64, 1e-5 in fp32 (bf16: 5e-2), while the expert choices agree
+loss_rtol_flipped = 0.0  # 0: 1e-2 (bf16: 5e-2), from the first step whose expert choices differ
 )";
 
 DeckSchema schema() {
@@ -55,7 +60,13 @@ DeckSchema schema() {
       .add_int("parallel.cp_size", 0, "CP group size (0: world size)", 0)
       .add_bool("train.reference", true, "train a cp=1 replica on rank 0 and compare the loss curves")
       .add_float("train.loss_rtol", 0.0,
-                 "largest allowed |loss_cp - loss_cp1| / loss_cp1 per step (0: 1e-9 fp64, 1e-5 fp32)", 0.0)
+                 "largest allowed |loss_cp - loss_cp1| / loss_cp1 per step while every token's expert choice agrees "
+                 "with the replica's (0: 1e-9 fp64, 1e-5 fp32, 5e-2 bf16)",
+                 0.0)
+      .add_float("train.loss_rtol_flipped", 0.0,
+                 "the same from the first step where a top-k choice differs from the replica's (a near-tie the "
+                 "dtype's rounding decides; the runs then train slightly different models) (0: 1e-2, bf16 5e-2)",
+                 0.0)
       .add_int("train.checkpoint_every", 0, "write a checkpoint every N steps (0: never)", 0)
       .add_string("train.checkpoint", "checkpoint.h5", "checkpoint file")
       .add_string("train.resume", "", "checkpoint to resume from (\"\": start fresh)")
@@ -127,6 +138,8 @@ void run(DriverContext& ctx) {
   const bool with_ref = d.get_bool("train.reference");
   const double rtol =
       d.get_float("train.loss_rtol") > 0 ? d.get_float("train.loss_rtol") : drivers::train_loss_tolerance(s.dt);
+  const double rtol_flipped = d.get_float("train.loss_rtol_flipped") > 0 ? d.get_float("train.loss_rtol_flipped")
+                                                                         : std::max(rtol, kLossRtolFlipped);
   const std::int64_t steps = d.get_int("train.steps"), every = d.get_int("train.checkpoint_every"),
                      stop_after = d.get_int("train.stop_after");
   const std::string ck = d.get_string("train.checkpoint"), resume = d.get_string("train.resume");
@@ -161,7 +174,8 @@ void run(DriverContext& ctx) {
                         std::to_string(start + 1) + ".." + std::to_string(steps), "backend",
                         drivers::device_desc(d, cpc), "resumed_from", resume.empty() ? "-" : resume)
             .c_str());
-  double worst = 0;
+  double worst = 0;             // relative loss difference: the largest, in units of its step's tolerance
+  std::int64_t first_flip = 0;  // the first step whose expert choices differ from the replica's (0: none)
   std::int64_t done_here = 0;
   for (std::int64_t t = start + 1; t <= steps; ++t) {
     const drivers::TokenBatch b = drivers::step_batch(d, s.cp, s.cfg.vocab, t);
@@ -181,15 +195,27 @@ void run(DriverContext& ctx) {
     ts.grad_norm.push_back(gn);
     ts.label_tokens.push_back(static_cast<double>(res.label_tokens));
     ts.step_ms.push_back(ms);
-    double rl = 0;
+    double rl = 0, flips = 0;
     if (replica) {
       rl = replica->step(b);
       ref_loss.push_back(rl);
-      worst = nan_max(worst, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300));
+    }
+    if (with_ref) {  // collective over the CP group; rank 0 compares with the replica
+      const std::vector<Tensor> none;
+      flips = drivers::routing_flips(cpc, drivers::space_of(d), m.routing(), replica ? replica->routing() : none,
+                                     b.layout, ctx.root());
+      ts.routing_flips.push_back(flips);
+      if (flips > 0 && first_flip == 0) first_flip = t;
+    }
+    if (replica) {
+      const double rel = std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300);
+      worst = nan_max(worst, rel / (first_flip > 0 ? rtol_flipped : rtol));
     }
     if (ctx.root()) {
       std::printf("step %4lld/%lld  loss %.6f", static_cast<long long>(t), static_cast<long long>(steps), res.loss);
-      if (replica) std::printf("  cp1 %.6f (rel %.1e)", rl, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300));
+      if (replica)
+        std::printf("  cp1 %.6f (rel %.1e, flips %.1e)", rl, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300),
+                    flips);
       std::printf("  lr %.2e  gnorm %.3f  tokens/s %.0f  step %.1f ms\n", opt.last_lr(), gn,
                   static_cast<double>(b.layout.total()) / (ms * 1e-3), ms);
       std::fflush(stdout);
@@ -204,7 +230,7 @@ void run(DriverContext& ctx) {
                   ck.c_str(), static_cast<long long>(t));
     if (stop) break;
   }
-  double pass = !with_ref || worst <= rtol ? 1 : 0;
+  double pass = !with_ref || worst <= 1 ? 1 : 0;
   ctx.world->broadcast(&pass, 1, DType::F64, 0);
   if (!ctx.out.empty()) {
     ResultsWriter w(ctx.out, *ctx.world);
@@ -220,11 +246,20 @@ void run(DriverContext& ctx) {
   if (ctx.root()) {
     const std::size_t n = loss.size();
     std::printf("# loss %.4f -> %.4f over %zu steps", loss.front(), loss.back(), n);
-    if (with_ref) std::printf("; max |loss - cp1| / cp1 = %.1e (tolerance %.1e)", worst, rtol);
+    if (with_ref && first_flip == 0)
+      std::printf("; max |loss - cp1| / cp1 = %.1e (tolerance %.1e; expert choices agree)", worst * rtol, rtol);
+    if (with_ref && first_flip > 0)
+      std::printf(
+          "; expert choices first differ at step %lld; |loss - cp1| / cp1 at most %.2f x its tolerance "
+          "(%.1e before, %.1e from then)",
+          static_cast<long long>(first_flip), worst, rtol, rtol_flipped);
     std::printf("\nRESULT train_hybrid %s%s%s\n", pass == 1 ? "PASS" : "FAIL",
                 ctx.out.empty() ? "" : " file=", ctx.out.c_str());
   }
-  if (pass != 1) throw CheckFailed("the CP loss curve departs from the cp=1 replica beyond train.loss_rtol");
+  if (pass != 1)
+    throw CheckFailed(
+        "the CP loss curve departs from the cp=1 replica beyond train.loss_rtol (train.loss_rtol_flipped once an "
+        "expert choice differs)");
 }
 }  // namespace
 

@@ -185,6 +185,8 @@ inline void read_checkpoint(const std::string& path, model::ParamMap& p, model::
 struct TrainSeries {
   std::vector<double> loss, loss_reference;                  // every step since step 1 (a resumed run continues them)
   std::vector<double> lr, grad_norm, label_tokens, step_ms;  // this run's steps
+  // This run's steps, with the replica: the fraction of (real token, MoE block) expert sets unlike the replica's.
+  std::vector<double> routing_flips;
 };
 inline void write_train_results(ResultsWriter& w, Communicator& world, const TrainSeries& s, const model::ParamMap& p,
                                 const model::ShardMap& shards, bool owner, bool with_ref, double worst, double rtol,
@@ -196,6 +198,8 @@ inline void write_train_results(ResultsWriter& w, Communicator& world, const Tra
   if (with_ref) {
     w.tensor("/train/loss_reference", vec(s.loss_reference), "[step] cp=1 replica", "nats");
     w.summary("train/loss", worst, worst, rtol, pass);
+    w.tensor("/train/routing_flips", vec(s.routing_flips),
+             "[step] (this run) fraction of (token, MoE block) expert sets unlike the replica's", "1");
   }
   w.tensor("/train/lr", vec(s.lr), "[step] (this run)", "1");
   w.tensor("/train/grad_norm", vec(s.grad_norm), "[step] (this run), before clipping", "1");

@@ -45,15 +45,19 @@ class Replica {
     std::vector<double> unused;  // the checkpoint's loss history is the CP run's
     if (!resume.empty()) read_checkpoint(resume, p_, *opt_, unused, nullptr);
   }
-  // One step on the whole batch; its loss.
+  // One step on the whole batch; its loss. routing() then holds its expert choices.
   double step(const TokenBatch& b) {
     model::HybridModel m(self_, cfg_, b.layout);
     model::ParamMap g;
     const double loss = m.step(mw_.compute(p_), b.tokens, b.labels, g).loss;
+    routing_.clear();
+    for (const Tensor& r : m.routing())  // [T, K] per MoE block: the real tokens, global order
+      routing_.push_back(b.layout.padded() ? cp::take_rows(host(r), cp::real_rows(b.layout)) : host(r));
     mw_.widen(g);
     opt_->step(p_, g, model::is_buffer);
     return loss;
   }
+  const std::vector<Tensor>& routing() const { return routing_; }
 
  private:
   Communicator& self_;
@@ -61,6 +65,7 @@ class Replica {
   MasterWeights mw_;
   model::ParamMap p_;
   std::unique_ptr<model::AdamW> opt_;
+  std::vector<Tensor> routing_;
 };
 
 }  // namespace hcp::drivers
