@@ -2,6 +2,8 @@
 // all-gather, Ulysses a2a) it runs forward+backward on the CP group, compares outputs and input
 // gradients (gathered to global order) with a cp=1 run, times compute and communication per rank,
 // checks the bytes against each strategy's model and writes everything to HDF5.
+#include <cmath>
+
 #include "common.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/layout.hpp"
@@ -177,7 +179,10 @@ void run(DriverContext& ctx) {
     all_pass = all_pass && pass;
     table.row({name, drivers::fmt("%.3f", st.slowest(s.at("forward"))),
                drivers::fmt("%.3f", st.slowest(s.at("backward"))), drivers::fmt("%.3f", st.slowest(s.at("compute"))),
-               drivers::fmt("%.3f", st.slowest(s.at("comm_wait"))), ov < 0 ? "-" : drivers::fmt("%.2f", ov),
+               drivers::fmt("%.3f", st.slowest(s.at("comm_wait"))),
+               ov < 0           ? "-"
+               : std::isnan(ov) ? "n/a"
+                                : drivers::fmt("%.2f", ov),
                drivers::fmt_int(bytes), drivers::fmt_int(model), errs[0], errs[1], errs[2], errs[3],
                st.check || st.cross ? (pass ? "yes" : "NO") : "-"});
   }

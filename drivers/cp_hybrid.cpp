@@ -203,7 +203,10 @@ void run(DriverContext& ctx) {
     for (auto& [ph, v] : s)
       if (ph != "step" && ph != "ring_wait") phases += " " + ph + "=" + drivers::fmt("%.1f", st.slowest(v));
     table.row({name, drivers::fmt("%16.12f", res.loss), drivers::fmt("%.2f", st.slowest(s.at("step"))),
-               drivers::fmt("%.3f", comm_mb), ov < 0 ? "-" : drivers::fmt("%.2f", ov),
+               drivers::fmt("%.3f", comm_mb),
+               ov < 0           ? "-"
+               : std::isnan(ov) ? "n/a"
+                                : drivers::fmt("%.2f", ov),
                st.check || st.cross ? drivers::fmt("%.1e", e.worst) : std::string("unchecked"),
                st.check ? drivers::fmt("%.4f", flips) : "-", phases});
   }

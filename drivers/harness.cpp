@@ -159,10 +159,11 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
         if (!ctx.out.empty() && !ctx.dry_run) check_output_path(ctx.out, "--out " + ctx.out);
         if (spec.result_tensors && spec.schema.find("run.save")) {
           const std::string bad = drivers::save_set(ctx.deck).unmatched(spec.result_tensors(ctx.deck));
-          HCP_INPUT_CHECK(bad.empty(), ctx.deck.where("run.save"), "key 'run.save': item '", bad,
-                          "' names no tensor this run writes (a class: all, auto, activations, gradients, timings, ",
-                          "comm, memory, summary; or a tensor such as gradients/<strategy>/<name>: --print-deck and "
-                          "h5ls of a results file show them)");
+          HCP_INPUT_CHECK(
+              bad.empty(), ctx.deck.where("run.save"), "key 'run.save': item '", bad,
+              "' names no tensor this run writes (a class: all, auto, activations, gradients, timings, ",
+              "comm, memory, summary, inputs; or a tensor such as gradients/<strategy>/<name>: --print-deck and "
+              "h5ls of a results file show them)");
         }
         if (spec.validate) spec.validate(ctx);
         if (ctx.dry_run) exit_now = true;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -55,8 +56,11 @@ inline std::vector<double> isolated_ring_ms(Communicator& c, std::int64_t calls,
   return ms;
 }
 
+// 1 - exposed / isolated in [0, 1]; NaN when the exposed ring time exceeds the isolated one (the
+// wait then measures something besides the transfers, e.g. ranks sharing cores: no fraction of the
+// ring is known to be hidden, and a clamped 0 would claim it).
 inline double overlap_fraction(double exposed_ms, double isolated_ms) {
-  if (isolated_ms <= 0) return 0;
+  if (isolated_ms <= 0 || exposed_ms > isolated_ms) return std::numeric_limits<double>::quiet_NaN();
   return std::clamp(1.0 - exposed_ms / isolated_ms, 0.0, 1.0);
 }
 

@@ -207,11 +207,12 @@ def _step_ms(phases):
 
 def _overlap(phases):
     """Fraction of the ring communication hidden behind compute: 1 - exposed / isolated (see
-    drivers/overlap.hpp), from the slowest rank's medians; None when the strategy has no ring."""
+    drivers/overlap.hpp), from the slowest rank's medians; None when the strategy has no ring, NaN when
+    the exposed time exceeds the isolated one (no fraction is known to be hidden)."""
     e, i = phases.get("ring_exposed"), phases.get("ring_isolated")
     if e is None or not i:
         return None
-    return min(1.0, max(0.0, 1.0 - e / i))
+    return float("nan") if e > i else min(1.0, 1.0 - e / i)
 
 
 def _table_rows(files):
@@ -231,7 +232,9 @@ def cmd_table(a):
     rows = _table_rows(a.files)
     if a.json:
         import json
-        json.dump(rows, sys.stdout, indent=1)
+        # JSON has no NaN: an overlap that is not known is null, as a strategy without a ring
+        json.dump([dict(r, overlap=None if r["overlap"] is not None and np.isnan(r["overlap"]) else r["overlap"])
+                   for r in rows], sys.stdout, indent=1)
         print()
         return 0
     if a.csv:
@@ -247,7 +250,7 @@ def cmd_table(a):
     print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'step_ms':>10} {'overlap':>8}  phases (ms)")
     for r in rows:
         detail = " ".join(f"{k}={v:.2f}" for k, v in r["phases"].items())
-        ovs = "-" if r["overlap"] is None else f"{r['overlap']:.2f}"
+        ovs = "-" if r["overlap"] is None else "n/a" if np.isnan(r["overlap"]) else f"{r['overlap']:.2f}"
         print(f"  {r['file']:<40} {r['cp']:>3} {r['strategy']:<16} {r['step_ms']:10.2f} {ovs:>8}  {detail}")
     return 0
 
@@ -671,60 +674,62 @@ def cmd_anchors(a):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("compare")
-    c.add_argument("a")
-    c.add_argument("b")
-    c.add_argument("--rtol", type=float, default=1e-10)
-    c.add_argument("--atol", type=float, default=0.0)
-    c.add_argument("--prefix", nargs="+", default=["/activations", "/gradients", "/params", "/train/loss"])
-    c.add_argument("--pair", nargs=2, metavar=("PA", "PB"))
+    D = argparse.ArgumentDefaultsHelpFormatter
+    c = sub.add_parser("compare", formatter_class=D, help="tensor by tensor: A against B")
+    c.add_argument("a", help="results file compared")
+    c.add_argument("b", help="results file compared with (its largest magnitude scales rtol)")
+    c.add_argument("--rtol", type=float, default=1e-10, help="relative tolerance (of max |B|)")
+    c.add_argument("--atol", type=float, default=0.0, help="absolute tolerance")
+    c.add_argument("--prefix", nargs="+", default=["/activations", "/gradients", "/params", "/train/loss"],
+                   help="the groups compared")
+    c.add_argument("--pair", nargs=2, metavar=("PA", "PB"), help="compare A's datasets under PA with B's under PB")
     c.set_defaults(fn=cmd_compare)
-    s = sub.add_parser("summary")
+    s = sub.add_parser("summary", formatter_class=D, help="errors against cp=1 with pass/fail")
     s.add_argument("--brief", action="store_true", help="one line per strategy: the worst error")
-    s.add_argument("files", nargs="+")
+    s.add_argument("files", nargs="+", help="results files")
     s.set_defaults(fn=cmd_summary)
-    t = sub.add_parser("table")
+    t = sub.add_parser("table", formatter_class=D, help="timings per file, strategy and phase")
     fmt = t.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="CSV on stdout: one row per file and strategy, a column per phase")
     fmt.add_argument("--json", action="store_true", help="JSON on stdout: a list of rows with their phases")
-    t.add_argument("files", nargs="+")
+    t.add_argument("files", nargs="+", help="results files")
     t.set_defaults(fn=cmd_table)
-    sc = sub.add_parser("scale")
+    sc = sub.add_parser("scale", formatter_class=D, help="what CP trades: time, memory and bytes per rank")
     sc.add_argument("--csv", action="store_true", help="CSV on stdout instead of the table")
-    sc.add_argument("files", nargs="+")
+    sc.add_argument("files", nargs="+", help="results files")
     sc.set_defaults(fn=cmd_scale)
     for name, fn, title, what in (("plot-scaling", cmd_plot_scaling, "CP scaling: time per step", "time per step"),
                                   ("plot-memory", cmd_plot_memory, "CP scaling: memory per rank", "tensor memory per rank"),
                                   ("plot-bytes", cmd_plot_bytes, "CP scaling: bytes sent per rank", "bytes sent per rank")):
-        ps = sub.add_parser(name, help=f"{what} against the CP size, one line per strategy")
+        ps = sub.add_parser(name, formatter_class=D, help=f"{what} against the CP size, one line per strategy")
         ps.add_argument("--out", required=True, help="the PNG to write")
-        ps.add_argument("--title", default=title, help=f"figure title (default: {title})")
+        ps.add_argument("--title", default=title, help="figure title")
         ps.add_argument("files", nargs="+", help="results files (any CP sizes and strategies)")
         ps.set_defaults(fn=fn)
-    pb = sub.add_parser("plot-breakdown")
-    pb.add_argument("--out", required=True)
-    pb.add_argument("--title", default="")
-    pb.add_argument("files", nargs="+")
+    pb = sub.add_parser("plot-breakdown", formatter_class=D, help="stacked time per phase, per strategy and cp")
+    pb.add_argument("--out", required=True, help="the PNG to write")
+    pb.add_argument("--title", default="", help="figure title")
+    pb.add_argument("files", nargs="+", help="results files")
     pb.set_defaults(fn=cmd_plot_breakdown)
-    pe = sub.add_parser("plot-errors")
-    pe.add_argument("--out", required=True)
-    pe.add_argument("--title", default="errors against cp=1")
-    pe.add_argument("files", nargs="+")
+    pe = sub.add_parser("plot-errors", formatter_class=D, help="worst error against cp=1 per strategy and cp")
+    pe.add_argument("--out", required=True, help="the PNG to write")
+    pe.add_argument("--title", default="errors against cp=1", help="figure title")
+    pe.add_argument("files", nargs="+", help="results files")
     pe.set_defaults(fn=cmd_plot_errors)
-    st = sub.add_parser("study")
-    st.add_argument("--title", default="")
-    st.add_argument("dir")
+    st = sub.add_parser("study", formatter_class=D, help="a study folder in one command: tables, CSV, figures, errors")
+    st.add_argument("--title", default="", help="figure titles' prefix (empty: the folder's name)")
+    st.add_argument("dir", help="folder of results files (e.g. a Slurm job's HCP_OUTDIR)")
     st.set_defaults(fn=cmd_study)
-    pl = sub.add_parser("loss")
-    pl.add_argument("--out", required=True)
-    pl.add_argument("--min-drop", type=float, default=0.0)
+    pl = sub.add_parser("loss", formatter_class=D, help="training loss curve(s) of a train_hybrid file")
+    pl.add_argument("--out", required=True, help="the PNG to write")
+    pl.add_argument("--min-drop", type=float, default=0.0, help="exit 1 unless the loss fell by this fraction")
     pl.add_argument("--against", help="another train_hybrid file of the same steps (e.g. the fp32 run of a bf16 run)")
     pl.add_argument("--band", type=float, default=0.05, help="largest relative loss difference per step with --against")
-    pl.add_argument("file")
+    pl.add_argument("file", help="train_hybrid results file")
     pl.set_defaults(fn=cmd_loss)
-    pa = sub.add_parser("anchors")
-    pa.add_argument("--anchors", required=True)
-    pa.add_argument("file")
+    pa = sub.add_parser("anchors", formatter_class=D, help="bench_kernels against the anchors of the same run")
+    pa.add_argument("--anchors", required=True, help="JSON written by jobs/bench/anchors.py")
+    pa.add_argument("file", help="bench_kernels results file")
     pa.set_defaults(fn=cmd_anchors)
     a = p.parse_args(argv)
     for path in [getattr(a, k) for k in ("a", "b", "file") if hasattr(a, k)] + list(getattr(a, "files", [])):
