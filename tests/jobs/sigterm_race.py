@@ -4,8 +4,8 @@ run.hdf5_io=IO, the signal to the first and the last rank process in turn; nothi
 may be left (neither the temporary results file nor what MPI-IO makes beside it while opening).
 
 The ranks are found before the file is opened and their open files (/proc/<pid>/fd) are polled
-without a pause, so the signal lands within microseconds of the create (the moment when, before the
-writer armed its handler first and created the file on rank 0 alone, 1 to 2 tries in 40 left one).
+without a pause, so the signal lands within microseconds of the create: the moment when a rank
+still opening the file, or MPI-IO's lock test beside it, could outlive another rank's handler.
 
 Usage: sigterm_race.py WORKDIR DRIVER TRIES IO MPIRUN...
 Exits 1 when a try left a file, 2 when a run never opened its file."""
