@@ -87,6 +87,13 @@ void run(DriverContext& ctx) {
   const bool owner = groups.replicas().rank() == 0 && st.grid.dp_rank == 0;  // writes its experts' rows
   const auto tok = drivers::local_ids(batch.tokens, batch.layout, st.cp, r);
   const auto lab = drivers::local_ids(batch.labels, batch.layout, st.cp, r);
+  // The unpadded batch: token ids and labels of the real tokens in global order (the cp=1 reference's
+  // input, and /inputs).
+  std::vector<std::int64_t> rtok, rlab;
+  for (const std::int64_t i : cp::real_rows(batch.layout)) {
+    rtok.push_back(batch.tokens[static_cast<std::size_t>(i)]);
+    rlab.push_back(batch.labels[static_cast<std::size_t>(i)]);
+  }
 
   // cp=1 reference on rank 0 (the attention strategy is irrelevant there), on the unpadded batch:
   // every sequence at its real length.
@@ -95,11 +102,6 @@ void run(DriverContext& ctx) {
   std::vector<Tensor> ref_blocks, ref_routing;
   Tensor ref_dlogits;
   if (st.check && st.root()) {
-    std::vector<std::int64_t> rtok, rlab;
-    for (const std::int64_t i : cp::real_rows(batch.layout)) {
-      rtok.push_back(batch.tokens[static_cast<std::size_t>(i)]);
-      rlab.push_back(batch.labels[static_cast<std::size_t>(i)]);
-    }
     model::HybridModel m(st.self, c1, batch.layout.unpadded());
     ref = m.step(drivers::in_space(model::hybrid_init(c1, st.dt, seed), st.space), rtok, rlab, rg);
     for (auto& b : m.block_outputs()) ref_blocks.push_back(drivers::host(b));
@@ -125,14 +127,11 @@ void run(DriverContext& ctx) {
   }
   if (st.keeps_inputs()) {  // run.save = inputs: token ids and labels (real tokens, global order), parameters
     st.input_layout(batch.layout);
-    const std::vector<std::int64_t> real = cp::real_rows(batch.layout);
-    Tensor ids = Tensor::empty({static_cast<std::int64_t>(real.size())}, DType::F64), labels = ids.clone();
-    for (std::size_t j = 0; j < real.size(); ++j) {
-      ids.set(static_cast<std::int64_t>(j), static_cast<double>(batch.tokens[static_cast<std::size_t>(real[j])]));
-      labels.set(static_cast<std::int64_t>(j), static_cast<double>(batch.labels[static_cast<std::size_t>(real[j])]));
-    }
-    st.input_whole("tokens", ids, "[T] token ids, real tokens, global order", "id");
-    st.input_whole("labels", labels, "[T] label ids (-100: no label), real tokens, global order", "id");
+    const auto as_tensor = [](const std::vector<std::int64_t>& v) {
+      return Tensor::from(std::vector<double>(v.begin(), v.end()), {static_cast<std::int64_t>(v.size())}, DType::F64);
+    };
+    st.input_whole("tokens", as_tensor(rtok), "[T] token ids, real tokens, global order", "id");
+    st.input_whole("labels", as_tensor(rlab), "[T] label ids (-100: no label), real tokens, global order", "id");
     model::ParamMap ph;
     for (const auto& [n, t] : p) ph[n] = drivers::host(t);
     drivers::write_params(*st.out(), *st.ctx.world, "/inputs/params/", ph, shards, owner, "parameter shape");

@@ -167,7 +167,11 @@ void Study::result(Errors& e, const std::string& name, const std::string& path, 
   const Tensor local = planted(local_in);
   if (check) compare_real(e, name, host(cp::dcs_gather(comm, local, global)), ref, global, pads_zero);
   cross_compare(e, name, local, &global);
-  if (!writer_) return;
+  if (writer_) write_real_rows(path, local, global, layout, units);
+}
+
+void Study::write_real_rows(const std::string& path, const Tensor& local, const SeqLayout& global,
+                            const std::string& layout, const std::string& units) {
   // Row of each local token in the file: its index among the real tokens in global order; -1 for a
   // pad and on the ranks of other CP groups (data-parallel replicas hold the same rows).
   std::vector<std::int64_t> rows = cp::local_real_index(global, cp, grid.cp_rank);
@@ -177,10 +181,7 @@ void Study::result(Errors& e, const std::string& name, const std::string& path, 
 
 void Study::input(const std::string& name, const Tensor& local, const SeqLayout& global, const std::string& layout,
                   const std::string& units) {
-  if (!keeps_inputs()) return;
-  std::vector<std::int64_t> rows = cp::local_real_index(global, cp, grid.cp_rank);
-  if (grid.dp_rank != 0) rows.assign(rows.size(), -1);
-  writer_->rows("/inputs/" + name, host(local), rows, global.unpadded().total(), layout, units);
+  if (keeps_inputs()) write_real_rows("/inputs/" + name, host(local), global, layout, units);
 }
 
 void Study::input_whole(const std::string& name, const Tensor& t, const std::string& layout, const std::string& units) {
@@ -190,9 +191,9 @@ void Study::input_whole(const std::string& name, const Tensor& t, const std::str
 void Study::input_layout(const SeqLayout& global) {
   if (!keeps_inputs()) return;
   const std::vector<std::int64_t> cu = global.unpadded().cu_seqlens;
-  Tensor t = Tensor::empty({static_cast<std::int64_t>(cu.size())}, DType::F64);
-  for (std::size_t i = 0; i < cu.size(); ++i) t.set(static_cast<std::int64_t>(i), static_cast<double>(cu[i]));
-  writer_->tensor("/inputs/cu_seqlens", t, "[sequences+1] start of each sequence, real tokens", "tokens");
+  const std::vector<double> v(cu.begin(), cu.end());
+  writer_->tensor("/inputs/cu_seqlens", Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64),
+                  "[sequences+1] start of each sequence, real tokens", "tokens");
 }
 
 bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {

@@ -213,6 +213,10 @@ class Study {
   void finish(bool pass, const std::string& why);
 
  private:
+  // `local` [Tl, ...] (DCS order, pads included) as the real tokens in global order at `path`, each
+  // rank its own rows (the first CP group's).
+  void write_real_rows(const std::string& path, const Tensor& local, const SeqLayout& global, const std::string& layout,
+                       const std::string& units);
   std::unique_ptr<ResultsWriter> writer_;
   // Memory of this rank over the last time() call: tensor storage allocated beyond what was alive
   // when it began (the case's working set: activations, exchange buffers, workspace) and what was
