@@ -108,9 +108,11 @@ std::vector<std::string> Study::cases(const Cases& c, std::vector<std::pair<std:
       comm, select(deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(deck, comm, cp, n); }, skipped);
 }
 
-std::vector<std::string> case_tensors(const Cases& c,
+std::vector<std::string> case_tensors(const Cases& c, const Deck& d,
                                       const std::vector<std::pair<std::string, std::vector<std::string>>>& groups) {
   std::vector<std::string> cases = c.all, out;
+  for (const std::string& n : select(d, c.key, c.all_word, c.all).names)  // a per-layer list is a case of its own
+    if (std::find(cases.begin(), cases.end(), n) == cases.end()) cases.push_back(n);
   cases.push_back("reference");
   for (const auto& cs : cases)
     for (const auto& [group, names] : groups)

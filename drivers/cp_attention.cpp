@@ -209,8 +209,8 @@ int main(int argc, char** argv) {
       "cp_attention.h5",
       [](DriverContext& c) { drivers::validate_cases(c, cases()); },
       run,
-      [](const Deck&) {
-        return drivers::case_tensors(cases(), {{"activations", {"out"}}, {"gradients", {"dq", "dk", "dv"}}});
+      [](const Deck& d) {
+        return drivers::case_tensors(cases(), d, {{"activations", {"out"}}, {"gradients", {"dq", "dk", "dv"}}});
       }};
   return run_driver(argc, argv, spec);
 }

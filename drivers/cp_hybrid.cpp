@@ -42,13 +42,13 @@ DeckSchema schema() {
 drivers::Cases cases() {
   return {"parallel.attention", "all", drivers::attention_choices(false),
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
-            const model::HybridConfig h = drivers::hybrid_config(d, cp::attn_strategy_from_string(n), cp);
+            const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
             drivers::ep_size_of(d, h, cp);
             model::HybridModel m(c, h, drivers::make_token_batch(d, cp, h.vocab, 1).layout);
           },
           [](const Deck& d, int cp, const std::string& n) {
-            const model::HybridConfig h = drivers::hybrid_config(d, cp::attn_strategy_from_string(n), cp);
-            return drivers::hybrid_memory(d, h, cp, drivers::ep_size_of(d, h, cp), n);
+            const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
+            return drivers::hybrid_memory(d, h, cp, drivers::ep_size_of(d, h, cp));
           }};
 }
 
@@ -76,7 +76,7 @@ void run(DriverContext& ctx) {
   const std::vector<std::string> names = st.cases(cases(), &skipped);
   const int r = st.grid.cp_rank;
   const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
-  const model::HybridConfig c0 = drivers::hybrid_config(d, cp::attn_strategy_from_string(names.front()), st.cp);
+  const model::HybridConfig c0 = drivers::hybrid_config(d, names.front(), st.cp);
   const drivers::TokenBatch batch = drivers::make_token_batch(d, st.cp, c0.vocab, seed);
   // Every rank holds its own experts only; the cp=1 reference (rank 0) holds them all.
   const model::ExpertGroups groups(st.comm, drivers::ep_size_of(d, c0, st.cp));
@@ -109,11 +109,13 @@ void run(DriverContext& ctx) {
     ref_dlogits = drivers::host(m.dlogits());
     for (auto& [n, t] : rg) t = drivers::host(t);
   }
-  st.config({{"format", d.get_string("data.format")},
-             {"strategy", drivers::join(names)},
-             {"mamba_cp", d.get_string("parallel.mamba_cp")},
-             {"pattern", c0.pattern}},
-            skipped);
+  std::map<std::string, std::string> cfg = {{"format", d.get_string("data.format")},
+                                            {"strategy", drivers::join(names)},
+                                            {"mamba_cp", d.get_string("parallel.mamba_cp")},
+                                            {"pattern", c0.pattern}};
+  // One case: the strategy of each attention layer (with "all", each case uses its one strategy everywhere).
+  if (names.size() == 1) cfg["attention_layers"] = drivers::attention_layers(c0);
+  st.config(cfg, skipped);
   if (st.out()) {
     st.out()->config_int("tokens", batch.layout.total());
     if (st.check) {
@@ -158,8 +160,7 @@ void run(DriverContext& ctx) {
   bool all_pass = true;
   for (const std::string& name : names) {
     st.begin_case(name);
-    model::HybridModel m(st.comm, drivers::hybrid_config(d, cp::attn_strategy_from_string(name), st.cp), batch.layout,
-                         &groups);
+    model::HybridModel m(st.comm, drivers::hybrid_config(d, name, st.cp), batch.layout, &groups);
     model::ParamMap grads;
     model::StepResult res;
     const drivers::Samples s = st.time(
@@ -226,11 +227,11 @@ int main(int argc, char** argv) {
       [](DriverContext& c) { drivers::validate_cases(c, cases()); },
       run,
       [](const Deck& d) {
-        const model::HybridConfig h = drivers::hybrid_config(d, cp::AttnStrategy::P2P, 1);
+        const model::HybridConfig h = drivers::hybrid_config(d, "p2p", 1);
         std::vector<std::string> blocks, grads = model::hybrid_param_names(h);
         for (std::size_t i = 0; i < h.pattern.size(); ++i) blocks.push_back("block_" + std::to_string(i));
         grads.push_back("logits");
-        return drivers::case_tensors(cases(), {{"activations", blocks}, {"gradients", grads}});
+        return drivers::case_tensors(cases(), d, {{"activations", blocks}, {"gradients", grads}});
       }};
   return run_driver(argc, argv, spec);
 }

@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
         std::vector<std::string> grads{"input"};
         for (const auto& p : model::mamba2_params(drivers::mamba_from_deck(d, d.get_int("mamba.hidden"))))
           grads.push_back(p.name);
-        return drivers::case_tensors(cases(), {{"activations", {"out"}}, {"gradients", grads}});
+        return drivers::case_tensors(cases(), d, {{"activations", {"out"}}, {"gradients", grads}});
       }};
   return run_driver(argc, argv, spec);
 }

@@ -41,7 +41,11 @@ inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attent
       .add_float("moe.scaling", 2.5, "routed scaling factor", 0.0)
       .add_string("moe.router", "sigmoid", "router score function", {"sigmoid", "softmax"})
       .add_int("mlp.ffn", 64, "dense MLP width", 1)
-      .add_string("parallel.attention", attn_def, "attention CP strategy", std::move(attention_choices))
+      .add_string("parallel.attention", attn_def,
+                  "attention CP strategy: one for every attention layer, or a list with one per attention layer of "
+                  "model.pattern",
+                  std::move(attention_choices))
+      .list("parallel.attention")
       .add_string("parallel.mamba_cp", "hidden_parallel", "Mamba CP strategy", cp::mamba_cp_names())
       .add_int("parallel.ep", 0,
                "expert-parallel group size: groups of ep consecutive CP ranks split the routed experts, each rank "
@@ -50,8 +54,42 @@ inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attent
   add_cp_inner_key(s);
 }
 
-// The model of the deck with attention strategy `strategy` on a CP group of `cp` ranks.
-inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strategy, int cp) {
+// The attention strategies of `attention` (a case of parallel.attention): one name for every
+// attention layer, or a comma-separated list with one name per attention layer of model.pattern.
+inline void set_attention_strategies(model::HybridConfig& c, const Deck& d, const std::string& attention) {
+  std::vector<cp::AttnStrategy> v;
+  for (std::size_t start = 0;;) {
+    const std::size_t end = std::min(attention.find(',', start), attention.size());
+    const std::string item = attention.substr(start, end - start);
+    HCP_INPUT_CHECK(item != "all" || attention == "all", d.where("parallel.attention"),
+                    "key 'parallel.attention': \"all\" runs every strategy in turn and cannot be an item of a list");
+    v.push_back(cp::attn_strategy_from_string(item));
+    if (end == attention.size()) break;
+    start = end + 1;
+  }
+  const auto n_attn = static_cast<std::size_t>(std::count(c.pattern.begin(), c.pattern.end(), '*'));
+  HCP_INPUT_CHECK(v.size() == 1 || v.size() == n_attn, d.where("parallel.attention"), "key 'parallel.attention' lists ",
+                  v.size(), " strategies; model.pattern \"", c.pattern, "\" has ", n_attn,
+                  " attention layers (give one strategy for all, or one per attention layer)");
+  c.attn.strategy = v.front();
+  if (v.size() > 1) c.attn_layers = std::move(v);
+}
+
+// The strategy of every attention layer of `c`, in pattern order, comma-separated (/config's
+// attention_layers).
+inline std::string attention_layers(const model::HybridConfig& c) {
+  const auto n = static_cast<std::size_t>(std::count(c.pattern.begin(), c.pattern.end(), '*'));
+  std::string s;
+  for (std::size_t j = 0; j < n; ++j) {
+    if (j) s += ',';
+    s += cp::to_string(c.attention_layer(j).strategy);
+  }
+  return s;
+}
+
+// The model of the deck with attention strategies `attention` (one case of parallel.attention) on
+// a CP group of `cp` ranks.
+inline model::HybridConfig hybrid_config(const Deck& d, const std::string& attention, int cp) {
   model::HybridConfig c;
   c.pattern = d.get_string("model.pattern");
   c.vocab = d.get_int("model.vocab");
@@ -63,7 +101,7 @@ inline model::HybridConfig hybrid_config(const Deck& d, cp::AttnStrategy strateg
   c.attn.kv_heads = a.kv_heads;
   c.attn.head_dim = a.head_dim;
   c.attn.rope_theta = d.get_float("attention.rope_theta");
-  c.attn.strategy = strategy;
+  set_attention_strategies(c, d, attention);
   c.attn.cp_inner = cp_inner_of(d, cp);
   c.moe.experts = d.get_int("moe.experts");
   c.moe.topk = d.get_int("moe.topk");

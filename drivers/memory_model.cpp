@@ -177,8 +177,8 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
 
 // Per local token (elements): what each block kind keeps for its backward (the block's input and
 // output, its norm's rstd, the mixer's saved tensors), and what its step adds while it runs.
-void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, const std::string& strategy, int cp, int ep,
-                     std::int64_t tl, std::int64_t es, Holder holder) {
+void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int ep, std::int64_t tl, std::int64_t es,
+                     Holder holder) {
   const std::int64_t C = h.hidden, block = 2 * C + 1;
   const auto& mc = h.mamba;
   const auto& a = h.attn;
@@ -193,6 +193,7 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, const std::st
   const std::int64_t e_saved = e.topk * (C + 3 * e.ffn) + 2 * e.shared_ffn + 2 * e.experts + 4 * e.topk;
   const std::int64_t f_saved = 2 * h.mlp.ffn;
   std::int64_t saved = 0, work = 0, work_bytes = 0;
+  std::size_t n_attn = 0;  // each attention layer's buffers by its own strategy; the largest counts
   for (char k : h.pattern) {
     saved += block;
     if (k == 'M') {
@@ -202,6 +203,7 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, const std::st
       saved += a_saved;
       // the projections' gradients beside the CP attention's own buffers
       work = std::max(work, (a.heads + 2 * a.kv_heads) * a.head_dim + 2 * C);
+      const std::string strategy = cp::to_string(h.attention_layer(n_attn++).strategy);
       work_bytes = std::max(work_bytes,
                             attention_work_bytes(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, es, a.cp_inner));
     } else if (k == 'E') {
@@ -222,17 +224,17 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, const std::st
   m.add(buf, {work_bytes}, 1, holder);
 }
 
-MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep, const std::string& strategy) {
+MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
   MemoryModel m("data.seqlen/data.batch/data.seq_lens and the model sizes");
   const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp;
   const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
   m.add("parameters", {P}, es);
   m.add("gradients", {P}, es);
-  add_hybrid_step(m, h, strategy, cp, ep, tl, es, Holder::EveryRank);
+  add_hybrid_step(m, h, cp, ep, tl, es, Holder::EveryRank);
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
     m.add("cp=1 reference step", {2, P1}, es, Holder::Rank0Before);  // every expert, and the gradients
-    add_hybrid_step(m, h, strategy, 1, 1, T, es, Holder::Rank0Before);
+    add_hybrid_step(m, h, 1, 1, T, es, Holder::Rank0Before);
     // block outputs, logits gradient, parameter gradients, routing (fp64)
     m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.hidden + h.vocab}, es,
           Holder::Rank0Kept);
@@ -262,11 +264,11 @@ MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, in
   m.add("parameters", {P}, es);
   m.add("gradients", {P}, es);
   m.add("optimizer", {4, P}, ms);
-  add_hybrid_step(m, h, d.get_string("parallel.attention"), cp, ep, tl, es, Holder::EveryRank);
+  add_hybrid_step(m, h, cp, ep, tl, es, Holder::EveryRank);
   if (d.get_bool("train.reference")) {
     m.add("cp=1 replica", {4, P1}, ms, Holder::Rank0Kept);
     m.add("cp=1 replica", {2, P1}, es, Holder::Rank0Kept);
-    add_hybrid_step(m, h, "p2p", 1, 1, T, es, Holder::Rank0Kept);
+    add_hybrid_step(m, h, 1, 1, T, es, Holder::Rank0Kept);
   }
   return m.with_slack();
 }

@@ -123,13 +123,14 @@ std::int64_t mamba_param_count(const model::Mamba2Config& c);
 // ---- the drivers' models -----------------------------------------------------------------------------
 MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy);
 MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy);
-// cp_hybrid: one forward+backward step of the model at EP size ep, attention strategy `strategy`.
-MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep, const std::string& strategy);
+// cp_hybrid: one forward+backward step of the model at EP size ep, each attention layer by its strategy.
+MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep);
 // train_hybrid: the step's tokens, master weights, AdamW moments, the replica on rank 0.
 MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep);
-// The hybrid stack's activations and step buffers per rank (shared by cp_hybrid and train_hybrid).
-void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, const std::string& strategy, int cp, int ep,
-                     std::int64_t tl, std::int64_t es, Holder holder);
+// The hybrid stack's activations and step buffers per rank (shared by cp_hybrid and train_hybrid);
+// each attention layer's buffers by its own strategy (HybridConfig::attention_layer).
+void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int ep, std::int64_t tl, std::int64_t es,
+                     Holder holder);
 
 // ---- admission -----------------------------------------------------------------------------------------
 // The bytes one rank may use: the smallest of MemAvailable, the cgroup's memory limit less its usage

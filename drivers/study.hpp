@@ -71,9 +71,9 @@ struct Cases {
 // The validate phase of a CP driver: the GPU of run.device, the process grid, and the cases the
 // deck names (a skipped case is no error; runnable's rules).
 void validate_cases(DriverContext& ctx, const Cases& c);
-// Dataset paths "/<group>/<case>/<name>" for every case of `c` and the cp=1 reference, each group
-// with its names (a driver's DriverSpec::result_tensors).
-std::vector<std::string> case_tensors(const Cases& c,
+// Dataset paths "/<group>/<case>/<name>" for every case of `c`, the case the deck names and the cp=1
+// reference, each group with its names (a driver's DriverSpec::result_tensors).
+std::vector<std::string> case_tensors(const Cases& c, const Deck& d,
                                       const std::vector<std::pair<std::string, std::vector<std::string>>>& groups);
 
 // Per-phase milliseconds of one iteration: lap(name) ends the phase begun at the previous lap (or at

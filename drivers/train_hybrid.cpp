@@ -90,7 +90,7 @@ Setup make_setup(const DriverContext& ctx) {
   Setup s;
   s.cp = drivers::cp_size_of(d, ctx.world_size());
   s.dt = dtype_from_string(d.get_string("data.dtype"));
-  s.cfg = drivers::hybrid_config(d, cp::attn_strategy_from_string(d.get_string("parallel.attention")), s.cp);
+  s.cfg = drivers::hybrid_config(d, d.get_string("parallel.attention"), s.cp);
   s.opt = drivers::adamw_from_deck(d);
   if (d.get_string("data.format") == "bshd")  // BSHD rows are max_len long; min_len is a THD key
     HCP_INPUT_CHECK(s.cp == 1 || d.get_int("data.max_len") % (2 * s.cp) == 0, d.where("data.max_len"),
@@ -237,6 +237,7 @@ void run(DriverContext& ctx) {
     drivers::write_config(w, ctx, "train_hybrid", drivers::device_desc(d, cpc), s.dt, s.cp,
                           {{"format", d.get_string("data.format")},
                            {"strategy", d.get_string("parallel.attention")},
+                           {"attention_layers", drivers::attention_layers(s.cfg)},
                            {"mamba_cp", d.get_string("parallel.mamba_cp")},
                            {"pattern", s.cfg.pattern},
                            {"resumed_from", resume}});

@@ -387,6 +387,12 @@ def cmd_predict(a):
         print("# no strategy of some layer kind runs at this cp")
         return 1
     print("# best: " + ", ".join(f"{k} {v[0]}" for k, v in best.items()) + f"; step {step:.2f} ms (forward+backward)")
+    if "*" in best:
+        # one entry per attention layer of model.pattern, each that layer's cheapest (the layers of one
+        # model share a shape and a CP group, so today they agree)
+        per_layer = [best["*"][0] for k in model["pattern"] if k == "*"]
+        print("# deck: parallel.attention = [" + ", ".join(f'"{s}"' for s in per_layer) + "]  (--set "
+              f"parallel.attention=[{','.join(per_layer)}])")
     with open(a.model) as f:
         mem = step_memory(a, f.read(), a.tokens, a.cp)
     print(f"# memory per rank (cp_hybrid --dry-run, forward+backward, GiB): "

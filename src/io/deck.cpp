@@ -1,6 +1,8 @@
 #include "io/deck.hpp"
 
 #include <toml++/toml.h>
+
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -53,15 +55,24 @@ void check_rules(const DeckKey& k, const DeckValue& v, const std::string& where)
       HCP_INPUT_FAIL(where, "key '", k.key, "' = ", fmt_value(v), " is out of range: must be <= ", *k.max);
   }
   if (auto p = std::get_if<std::string>(&v); p && !k.choices.empty()) {
-    bool ok = false;
-    std::string all;
-    for (auto& c : k.choices) {
-      ok = ok || c == *p;
-      all += (all.empty() ? "" : ", ") + c;
+    // A list key with choices: each item is one of them.
+    std::vector<std::string> items;
+    for (std::size_t start = 0; k.list;) {
+      const std::size_t end = std::min(p->find(',', start), p->size());
+      items.push_back(p->substr(start, end - start));
+      if (end == p->size()) break;
+      start = end + 1;
     }
-    if (!ok && k.renamed_choices.count(*p))
-      HCP_INPUT_FAIL(where, "key '", k.key, "' = \"", *p, "\" is now \"", k.renamed_choices.at(*p), "\"");
-    if (!ok) HCP_INPUT_FAIL(where, "key '", k.key, "' = \"", *p, "\" is not one of: ", all);
+    if (!k.list) items.push_back(*p);
+    std::string all;
+    for (auto& c : k.choices) all += (all.empty() ? "" : ", ") + c;
+    for (const std::string& item : items) {
+      const bool ok = std::find(k.choices.begin(), k.choices.end(), item) != k.choices.end();
+      const std::string what = items.size() > 1 ? "' item \"" : "' = \"";
+      if (!ok && k.renamed_choices.count(item))
+        HCP_INPUT_FAIL(where, "key '", k.key, what, item, "\" is now \"", k.renamed_choices.at(item), "\"");
+      if (!ok) HCP_INPUT_FAIL(where, "key '", k.key, what, item, "\" is not one of: ", all);
+    }
   }
 }
 

@@ -13,6 +13,15 @@ void HybridConfig::finalize() {
     HCP_CHECK(ch == 'M' || ch == '*' || ch == 'E' || ch == '-', "model.pattern: '", std::string(1, ch),
               "' is not a block (M Mamba2, * attention, E MoE, - MLP)");
   mamba.hidden = attn.hidden = moe.hidden = mlp.hidden = hidden;
+  const auto n_attn = static_cast<std::size_t>(std::count(pattern.begin(), pattern.end(), '*'));
+  HCP_CHECK(attn_layers.empty() || attn_layers.size() == n_attn, "parallel.attention lists ", attn_layers.size(),
+            " strategies; model.pattern \"", pattern, "\" has ", n_attn, " attention layers");
+}
+
+AttnLayerConfig HybridConfig::attention_layer(std::size_t j) const {
+  AttnLayerConfig a = attn;
+  if (!attn_layers.empty()) a.strategy = attn_layers.at(j);
+  return a;
 }
 
 namespace {
@@ -143,6 +152,7 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global,
   tl_ = global_.total() / cp;
   if (!groups_) groups_ = (own_groups_ = std::make_unique<ExpertGroups>(comm_, c_.ep)).get();
   HCP_CHECK(groups_->replicas().size() * groups_->size() == cp, "hybrid: the expert groups do not split this CP group");
+  std::size_t n_attn = 0;
   for (std::size_t i = 0; i < c_.pattern.size(); ++i) {
     Block b;
     b.kind = c_.pattern[i];
@@ -152,7 +162,7 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global,
         b.mamba = make_mamba2(c_.mamba_cp, comm_, c_.mamba, global_);
         break;
       case '*':
-        b.attn = std::make_unique<AttentionLayer>(comm_, c_.attn, global_);
+        b.attn = std::make_unique<AttentionLayer>(comm_, c_.attention_layer(n_attn++), global_);
         break;
       case 'E':
         b.moe = std::make_unique<MoeLayer>(groups_->ep(), groups_->replicas(), comm_, c_.moe);

@@ -25,14 +25,20 @@ struct HybridConfig {
   Mamba2Config mamba;
   MambaCp mamba_cp = MambaCp::HiddenParallel;
   AttnLayerConfig attn;
+  // The CP strategy of each attention block, in pattern order (parallel.attention as a list); empty:
+  // attn.strategy for every one.
+  std::vector<cp::AttnStrategy> attn_layers;
   MoeConfig moe;
   MlpConfig mlp;
   // Expert-parallel group size: the CP group splits into groups of `ep` consecutive ranks, and EP rank
   // q of each holds experts [q E/ep, (q+1) E/ep). 0: the whole CP group; 1: every rank holds all.
   int ep = 0;
   std::int64_t ignore_label = -100;
-  // Sizes of the sub-configs follow `hidden`; throws on an unknown pattern character.
+  // Sizes of the sub-configs follow `hidden`; throws on an unknown pattern character or an
+  // attn_layers list whose length is not the number of attention blocks.
   void finalize();
+  // The attention config of the j-th attention block (its strategy from attn_layers).
+  AttnLayerConfig attention_layer(std::size_t j) const;
 };
 
 // The expert-parallel layout of a CP group: `ep` groups its ranks (consecutive), `replicas` joins
