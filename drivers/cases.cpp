@@ -1,6 +1,7 @@
 // Which cases of a CP driver run: the strategy choice a deck names, the cases that cannot run the
 // shape (skipped and reported when the deck asked for all of them), and the validate phase.
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <regex>
 
@@ -96,7 +97,10 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
   const auto at_cp = [&](int k) { return by_peak(c, d, k, names, true); };
   const MemoryModel m = at_cp(cp);
   if (ctx.dry_run) {
-    if (ctx.root()) print_memory(m, lim, cp, world, ctx.driver, at_cp);
+    if (ctx.root()) {
+      print_memory(m, lim, cp, world, ctx.driver, at_cp);
+      if (c.bytes) std::printf("BYTES %s\n", bytes_json(ctx.driver, cp, c.bytes(d, cp)).c_str());
+    }
     return;
   }
   admit(d, m, lim, cp, at_cp, ctx.root());

@@ -70,9 +70,23 @@ cp::CpAttnConfig config(const Deck& d, int cp, const std::string& strategy) {
 
 // The strategies; constructing one checks its divisibility rules (e.g. a2a: heads % cp).
 drivers::Cases cases() {
-  return {"parallel.attention", "all", drivers::attention_choices(false),
+  return {"parallel.attention",
+          "all",
+          drivers::attention_choices(false),
           [](const Deck& d, Communicator& c, int cp, const std::string& n) { cp::CpAttention a(c, config(d, cp, n)); },
-          drivers::attention_memory};
+          drivers::attention_memory,
+          [](const Deck& d, int cp) {
+            const cp::CpAttnConfig a = config(d, cp, "p2p");
+            model::AttnLayerConfig l;
+            l.heads = a.heads;
+            l.kv_heads = a.kv_heads;
+            l.head_dim = a.head_dim;
+            l.causal = a.causal;
+            l.cp_inner = a.cp_inner;
+            drivers::LayerBytes b;
+            drivers::add_attention_bytes(b, l, a.global, cp, dtype_from_string(d.get_string("data.dtype")));
+            return b;
+          }};
 }
 
 void run(DriverContext& ctx) {

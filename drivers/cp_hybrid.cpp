@@ -40,7 +40,9 @@ DeckSchema schema() {
 
 // The attention strategies; building the model checks every layer's divisibility rules.
 drivers::Cases cases() {
-  return {"parallel.attention", "all", drivers::attention_choices(false),
+  return {"parallel.attention",
+          "all",
+          drivers::attention_choices(false),
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
             const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
             drivers::ep_size_of(d, h, cp);
@@ -49,6 +51,17 @@ drivers::Cases cases() {
           [](const Deck& d, int cp, const std::string& n) {
             const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
             return drivers::hybrid_memory(d, h, cp, drivers::ep_size_of(d, h, cp));
+          },
+          [](const Deck& d, int cp) {
+            const model::HybridConfig h = drivers::hybrid_config(d, "p2p", cp);
+            const SeqLayout g = drivers::global_layout(d, cp);
+            const DType dt = dtype_from_string(d.get_string("data.dtype"));
+            drivers::LayerBytes b;
+            if (h.pattern.find('*') != std::string::npos) drivers::add_attention_bytes(b, h.attn, g, cp, dt);
+            if (h.pattern.find('M') != std::string::npos) drivers::add_mamba_bytes(b, h.mamba, g, cp, dt);
+            if (h.pattern.find('E') != std::string::npos)
+              drivers::add_moe_bytes(b, h.moe, h.hidden, g.total() / cp, cp, drivers::ep_size_of(d, h, cp), dt);
+            return b;
           }};
 }
 

@@ -69,12 +69,20 @@ Setup make_setup(const Deck& d, int cp) {
 
 // The strategies; constructing a layer checks its divisibility rules.
 drivers::Cases cases() {
-  return {"parallel.mamba_cp", "all", cp::mamba_cp_names(),
+  return {"parallel.mamba_cp",
+          "all",
+          cp::mamba_cp_names(),
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
             const Setup s = make_setup(d, cp);
             model::make_mamba2(cp::mamba_cp_from_string(n), c, s.cfg, s.global);
           },
-          drivers::mamba_memory};
+          drivers::mamba_memory,
+          [](const Deck& d, int cp) {
+            const Setup s = make_setup(d, cp);
+            drivers::LayerBytes b;
+            drivers::add_mamba_bytes(b, s.cfg, s.global, cp, s.dt);
+            return b;
+          }};
 }
 
 void run(DriverContext& ctx) {

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "byte_model.hpp"
 #include "comm/communicator.hpp"
 #include "comm/process_grid.hpp"
 #include "core/layout.hpp"
@@ -67,6 +68,9 @@ struct Cases {
   // run whose largest case cannot fit, --dry-run prints it, and each case's memory line shows it
   // beside the measured high-water.
   std::function<MemoryModel(const Deck&, int cp, const std::string& name)> memory;
+  // The bytes per rank of every strategy of each layer kind the driver runs (byte_model.hpp):
+  // --dry-run prints them as a BYTES line.
+  std::function<LayerBytes(const Deck&, int cp)> bytes;
 };
 // The validate phase of a CP driver: the GPU of run.device, the process grid, and the cases the
 // deck names (a skipped case is no error; runnable's rules).

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""Cost model of hybridcp's CP strategies: bytes per rank (the drivers' byte models, for one BSHD
-batch without padding), an alpha-beta time for each collective and kernel rates for compute.
+"""Cost model of hybridcp's CP strategies: bytes per rank (the drivers' own byte models, read from
+their --dry-run BYTES line), an alpha-beta time for each collective and kernel rates for compute.
 
-  hcp_plan.py bytes F.h5 ...      predicted bytes per rank and step against the /comm counters of
-      cp_attention / cp_mamba files (BSHD); exit 1 unless every rank of every strategy matches exactly
+  hcp_plan.py bytes F.h5 ...      the drivers' byte models at each run's deck and ranks against its
+      /comm counters (cp_attention / cp_mamba files); exit 1 unless every rank of every strategy matches
   hcp_plan.py rates BENCH.h5      the [compute] rates of a bench_kernels anchors file (attention,
       grouped GEMM, SSD), as a machine deck section; predict and sweep take it as --rates BENCH.h5
   hcp_plan.py predict --model DECK --machine DECK --tokens L --cp N
@@ -22,10 +22,10 @@ overlaps its exchanges with the attention compute (exposed = max(0, comm - compu
 attention FLOPs (causal, balanced by DualChunkSwap) at the attention rates, projections and experts
 at the GEMM rate, the SSD at its state-update rate. MoE traffic assumes uniform routing. What the
 model leaves out: kernel launch and glue time, memory traffic of the element-wise kernels, contention
-between the CP group's links. Times are estimates; bytes are exact for the layouts `bytes` checks.
-Memory per rank is not modelled here: predict, sweep and validate run `cp_hybrid --dry-run --ranks N`
-(--bin DIR, default build/drivers) and read its model (drivers/memory_model.cpp), the one the
-drivers' admission check uses.
+between the CP group's links. Times are estimates. Bytes and memory per rank are not modelled here:
+every command runs the driver's `--dry-run --ranks N` (--bin DIR, default build/drivers) and reads
+its BYTES line (each strategy's byte model, the one the runs assert on every rank) and its MEMORY
+line (drivers/memory_model.cpp, the one the admission check uses).
 """
 import argparse
 import math
@@ -36,134 +36,23 @@ import tomllib
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hcp_post  # noqa: E402  (the results files' readers and plots)
 
-ES = {"fp64": 8, "fp32": 4, "bf16": 2}
 
 
-# ---- the drivers' byte models (per rank, forward + backward, BSHD batch B x L, no padding) ---------
-def owner(k, cp):
-    """DualChunkSwap: rank r holds chunks r and 2cp-1-r of each sequence."""
-    return k if k < cp else 2 * cp - 1 - k
-
-
-def kv_head_ranges(H, Hkv, parts, mine):
-    """K/V heads read by each of `parts` query-head blocks, and whether block `mine` is plain GQA."""
-    hl, g = H // parts, H // Hkv
-    lo = [r * hl // g for r in range(parts)]
-    n = [((r + 1) * hl - 1) // g + 1 - lo[r] for r in range(parts)]
-    nm = n[mine]
-    plain = hl % nm == 0 and all((mine * hl + i) // g - lo[mine] == i // (hl // nm) for i in range(hl))
-    return lo, n, plain
-
-
-def a2a_p2p_bytes(cp, inner, rank, B, L, H, Hkv, D, dtype):
-    """a2a+p2p, forward + backward: (bytes of the inner all-to-alls, bytes of the outer ring)."""
-    es, tl = ES[dtype], B * L // cp
-    outer, i, hl = cp // inner, rank % inner, H // inner
-    _, n, plain = kv_head_ranges(H, Hkv, inner, i)
-    ring_kv = 2 * inner * tl * (n[i] if plain else hl) * D
-    acc = ES["fp32"] if dtype == "bf16" else es
-    a2a = (4 * tl * (H - hl) * D + 2 * tl * (sum(n) - n[i]) * D + 2 * (inner - 1) * tl * n[i] * D) * es
-    ring = 2 * (outer - 1) * ring_kv * es + outer * ring_kv * acc if outer > 1 else 0
-    return a2a, ring
-
-
-def attention_bytes(strategy, cp, rank, B, L, H, Hkv, D, dtype, inner=1):
-    if cp == 1:
-        return 0
-    es, tl = ES[dtype], B * L // cp
-    kv = 2 * tl * Hkv * D
-    if strategy == "a2a+p2p":  # Ulysses over `inner` ranks, the p2p ring over cp / inner
-        return sum(a2a_p2p_bytes(cp, inner, rank, B, L, H, Hkv, D, dtype))
-    if strategy == "p2p":
-        acc = ES["fp32"] if dtype == "bf16" else es  # the travelling dK/dV accumulator
-        return (cp - 1) * kv * es + (cp - 1) * kv * es + cp * kv * acc
-    if strategy == "allgather":
-        return 2 * (cp - 1) * kv * es  # all-gather of K/V, reduce-scatter of dK/dV
-    if strategy == "a2a":
-        q, hl, g = tl * H * D, H // cp, H // Hkv
-        kv_n = [((r + 1) * hl - 1) // g + 1 - r * hl // g for r in range(cp)]
-        out = sum(n for r, n in enumerate(kv_n) if r != rank)
-        fwd = (cp - 1) * 2 * q // cp + 2 * tl * out * D
-        bwd = (cp - 1) * 2 * q // cp + 2 * (cp - 1) * tl * kv_n[rank] * D
-        return (fwd + bwd) * es
-    raise ValueError(strategy)
-
-
-def halo_rows(cp, rank, B, L, halo):
-    """Conv halo rows this rank sends forward and returns backward (chunks no shorter than the halo)."""
-    lc, rows = L // (2 * cp), 0
-    for k in range(1, 2 * cp):
-        need = min(halo, k * lc)
-        frm = [owner(o // lc, cp) for o in range(k * lc - need, k * lc)]
-        to = owner(k, cp)
-        rows += sum((f != to) * ((f == rank) + (to == rank)) for f in frm)
-    return B * rows
-
-
-def state_elements(scan, cp, rank, B, H, pn):
-    if cp == 1:
-        return 0
-    K = 2 * cp
-    pieces = [rank, 2 * cp - 1 - rank]
-    if scan == "allgather":
-        return (cp - 1) * B * len(pieces) * H * (2 * pn + 1)
-    n = 0
-    remote = lambda k, d: 0 <= k + d < K and owner(k + d, cp) != rank
-    for k in pieces:
-        d = 1
-        while d < K:
-            n += (remote(k, d) + remote(k, -d)) * H * (pn + 1)
-            d *= 2
-        n += (remote(k, 1) + remote(k, -1)) * H * pn
-    return B * n
-
-
-def resolve_scan(scan, cp, B, H, pn):
-    if scan != "auto":
-        return scan
-    d = max(state_elements("doubling", cp, r, B, H, pn) for r in range(cp))
-    a = max(state_elements("allgather", cp, r, B, H, pn) for r in range(cp))
-    return "doubling" if d < a else "allgather"
-
-
-def mamba_bytes(strategy, cp, rank, B, L, m, dtype, scan="auto"):
-    if cp == 1:
-        return 0
-    es, tl = ES[dtype], B * L // cp
-    G, N, di = m["n_groups"], m["d_state"], m["heads"] * m["head_dim"]
-    if strategy == "hidden_parallel":
-        rep = cp // G if G < cp else 1
-        per_tok = 2 * di + 2 * G * rep * N + m["heads"]
-        return 2 * (cp - 1) * tl * per_tok // cp * es
-    pn = m["head_dim"] * N
-    ss = ES["fp32"] if dtype == "bf16" else es
-    states = state_elements(resolve_scan(scan, cp, B, m["heads"], pn), cp, rank, B, m["heads"], pn)
-    conv_dim = di + 2 * G * N
-    return states * ss + halo_rows(cp, rank, B, L, m["conv"] - 1) * conv_dim * es
-
-
-def moe_bytes(cp, B, L, e, hidden, dtype, ep=0):
-    """Expert parallelism over groups of ep CP ranks (0: the CP group), uniform routing: dispatch and
-    combine, forward and back."""
-    ep = ep or cp
-    if ep == 1:
-        return 0
-    return 4 * (B * L // cp) * e["topk"] * hidden * ES[dtype] * (ep - 1) // ep
-
-
-# ---- memory per rank: the drivers' own model (drivers/memory_model.cpp), read from --dry-run -------
+# ---- bytes and memory per rank: the drivers' own models, read from --dry-run ---------------------
 DEFAULT_BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "drivers")
 
 
-def driver_memory(bindir, deck_text, sets, ranks, driver="cp_hybrid"):
-    """The MEMORY line of `driver --dry-run --ranks N` on a deck (TOML text) with --set overrides: the
-    estimate per rank by part, the limit, whether it fits and the smallest power-of-two cp that does."""
+def driver_dry_run(bindir, deck_text, sets, ranks, driver="cp_hybrid"):
+    """`driver --dry-run --ranks N` on a deck (TOML text) with --set overrides: its MEMORY line (the
+    estimate per rank by part, the limit, whether it fits, the smallest power-of-two cp that does) as
+    "memory", and its BYTES line (bytes per rank and step of every strategy of each layer kind, from
+    the strategies' own models; drivers/byte_model.hpp) as "bytes"."""
     import json
     import subprocess
     import tempfile
     exe = os.path.join(bindir, driver)
     if not os.access(exe, os.X_OK):
-        raise OSError(f"{exe}: no driver to ask for the memory model (build first, or give --bin DIR)")
+        raise OSError(f"{exe}: no driver to ask for its models (build first, or give --bin DIR)")
     with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
         f.write(deck_text)
         f.flush()
@@ -171,15 +60,30 @@ def driver_memory(bindir, deck_text, sets, ranks, driver="cp_hybrid"):
         for kv in sets:
             cmd += ["--set", kv]
         out = subprocess.run(cmd, capture_output=True, text=True)
+    got = {}
     for line in out.stdout.splitlines():
-        if line.startswith("MEMORY "):
-            return json.loads(line[7:])
-    raise ValueError(f"{' '.join(cmd)}: no MEMORY line (exit {out.returncode}): {out.stderr.strip()[-500:]}")
+        for key in ("MEMORY", "BYTES"):
+            if line.startswith(key + " "):
+                got[key.lower()] = json.loads(line[len(key) + 1:])
+    if "memory" not in got or "bytes" not in got:
+        raise ValueError(f"{' '.join(cmd)}: no MEMORY and BYTES lines (exit {out.returncode}): "
+                         f"{out.stderr.strip()[-500:]}")
+    return got
 
 
-def step_memory(a, text, L, cp):
-    """The cp_hybrid step's memory per rank of the --model deck (its TOML text) at L tokens (one BSHD
-    row) and CP size cp, on GPU ranks of --memory-gib GiB (run.device = cuda, run.check = off)."""
+def driver_memory(bindir, deck_text, sets, ranks, driver="cp_hybrid"):
+    return driver_dry_run(bindir, deck_text, sets, ranks, driver)["memory"]
+
+
+def cp_inner(machine, cp):
+    """a2a+p2p's inner (Ulysses) group: the CP ranks of one node."""
+    return math.gcd(int(machine["network"]["gpus_per_node"]), cp)
+
+
+def step_model(a, text, L, cp, inner):
+    """The cp_hybrid step's memory and bytes per rank of the --model deck (its TOML text) at L tokens
+    (one BSHD row) and CP size cp, a2a+p2p over inner groups of `inner`, on GPU ranks of
+    --memory-gib GiB (run.device = cuda, run.check = off)."""
     d = tomllib.loads(text)
     # EP over the CP group, or over the largest group that divides the experts (as plan() assumes)
     ep = d.get("parallel", {}).get("ep", 0) or cp
@@ -187,8 +91,9 @@ def step_memory(a, text, L, cp):
     if experts and experts % ep:
         ep = math.gcd(experts, cp)
     sets = ["data.format=bshd", "data.batch=1", f"data.seqlen={L}", "run.check=off", "run.device=cuda",
-            f"run.memory_gib={a.memory_gib}", f"parallel.cp_size={cp}", f"parallel.ep={ep}"]
-    return driver_memory(a.bin, text, sets, cp)
+            f"run.memory_gib={a.memory_gib}", f"parallel.cp_size={cp}", f"parallel.ep={ep}",
+            f"parallel.cp_inner={inner}"]
+    return driver_dry_run(a.bin, text, sets, cp)
 
 
 # ---- time ----------------------------------------------------------------------------------------
@@ -204,65 +109,59 @@ def comm_ms(machine, cp, nbytes, steps):
     return steps * a + nbytes / b
 
 
-def layer_costs(kind, model, machine, L, cp, B=1):
-    """{strategy: (bytes per rank, comm ms exposed, compute ms)} for one layer of `kind`."""
-    c, dt, hid = machine["compute"], model["dtype"], model["hidden"]
+def layer_costs(kind, model, machine, L, cp, nb, B=1):
+    """{strategy: (bytes per rank, comm ms exposed, compute ms)} for one layer of `kind`; `nb` is the
+    BYTES line of the driver's dry run at this (L, cp) (the largest rank's bytes count)."""
+    c, hid = machine["compute"], model["hidden"]
     tl = B * L / cp
     gemm = lambda flops: flops / (c["gemm_tflops"] * 1e9)  # ms
-    out = {}
+    lay, out = nb["layers"], {}
     if kind == "*":
         a = model["attention"]
         H, Hkv, D = a["heads"], a["kv_heads"], a["head_dim"]
         f = 4 * B * L * L / 2 * H * D / cp
         proj = gemm(3 * 2 * tl * hid * (2 * H + 2 * Hkv) * D)
         comp = f / (c["attn_fwd_tflops"] * 1e9) + 2.5 * f / (c["attn_bwd_tflops"] * 1e9) + proj
-        for s in ("p2p", "allgather", "a2a"):
-            if s == "a2a" and H % cp:
+        steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1)}
+        for s, per_rank in lay.get("*", {}).items():
+            if s not in steps:
                 continue
-            # p2p and allgather send the same on every rank; a2a's K/V heads differ by rank
-            nb = max(attention_bytes(s, cp, r, B, L, H, Hkv, D, dt) for r in (range(cp) if s == "a2a" else (0,)))
-            steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1)}[s]
-            t = comm_ms(machine, cp, nb, steps) if cp > 1 else 0.0
-            out[s] = (nb, max(0.0, t - comp * (cp - 1) / cp) if s == "p2p" else t, comp)
+            t = comm_ms(machine, cp, max(per_rank), steps[s]) if cp > 1 else 0.0
+            out[s] = (max(per_rank), max(0.0, t - comp * (cp - 1) / cp) if s == "p2p" else t, comp)
         # a2a+p2p: Ulysses inside a node (its link), the ring across nodes overlapping compute
-        inner = math.gcd(int(machine["network"]["gpus_per_node"]), cp)
-        if 1 < inner < cp and H % inner == 0:
-            outer = cp // inner
-            parts = [a2a_p2p_bytes(cp, inner, r, B, L, H, Hkv, D, dt) for r in range(inner)]
-            ia, ring = max(p[0] for p in parts), max(p[1] for p in parts)
-            t_ring = comm_ms(machine, cp, ring, 3 * (outer - 1))
+        inner = cp_inner(machine, cp)
+        if 1 < inner < cp and "a2a+p2p" in lay.get("*", {}):
+            outer, total, ring = cp // inner, lay["*"]["a2a+p2p"], nb["ring"]["a2a+p2p"]
+            ia = max(t - r for t, r in zip(total, ring))
+            t_ring = comm_ms(machine, cp, max(ring), 3 * (outer - 1))
             t = comm_ms(machine, inner, ia, 8 * (inner - 1)) + max(0.0, t_ring - comp * (outer - 1) / outer)
-            out["a2a+p2p"] = (ia + ring, t, comp)
+            out["a2a+p2p"] = (max(total), t, comp)
     elif kind == "M":
         m = model["mamba"]
         di, G, N = m["heads"] * m["head_dim"], m["n_groups"], m["d_state"]
         d_in_proj = 2 * di + 2 * G * N + m["heads"]
         comp = gemm(3 * 2 * tl * hid * (d_in_proj + di)) + 3 * tl * m["heads"] * m["head_dim"] * N / (c["ssd_gunits"] * 1e6)
-        for s in ("hidden_parallel", "state_passing"):
-            if s == "hidden_parallel" and m["heads"] % cp:
-                continue
-            ranks = range(cp) if cp <= 64 else (0, cp - 1)
-            nb = max(mamba_bytes(s, cp, r, B, L, m, dt, m.get("state_scan", "auto")) for r in ranks)
+        for s, per_rank in lay.get("M", {}).items():
             if s == "hidden_parallel":
                 steps = 4 * (cp - 1)
             else:
-                scan = resolve_scan(m.get("state_scan", "auto"), cp, B, m["heads"], m["head_dim"] * N)
+                scan = nb["state_scan"]
                 steps = 3 * (cp - 1) if scan == "allgather" else 2 * (2 * math.ceil(math.log2(2 * cp)) + 2) * 2
                 steps += 4  # conv halo, forward and backward
-            out[s] = (nb, comm_ms(machine, cp, nb, steps) if cp > 1 else 0.0, comp)
+            out[s] = (max(per_rank), comm_ms(machine, cp, max(per_rank), steps) if cp > 1 else 0.0, comp)
     elif kind == "E":
         e = model["moe"]
         comp = gemm(3 * 2 * tl * (e["topk"] * 2 * hid * e["ffn"] + 2 * hid * e.get("shared_ffn", 0)))
-        nb = moe_bytes(cp, B, L, e, hid, dt, model.get("ep", 0))
-        out["ep"] = (nb, comm_ms(machine, cp, nb, 4 * (cp - 1)) if cp > 1 else 0.0, comp)
+        b = max(lay.get("E", {}).get("ep", [0]))
+        out["ep"] = (b, comm_ms(machine, cp, b, 4 * (cp - 1)) if cp > 1 else 0.0, comp)
     return out
 
 
-def plan(model, machine, L, cp):
+def plan(model, machine, L, cp, nb):
     """Best strategy per layer kind, and the step time (ms) of the pattern with those choices."""
     best, step = {}, 0.0
     for kind in sorted(set(model["pattern"]) & {"*", "M", "E"}):
-        costs = layer_costs(kind, model, machine, L, cp)
+        costs = layer_costs(kind, model, machine, L, cp, nb)
         if not costs:
             return None, None
         s = min(costs, key=lambda k: costs[k][1] + costs[k][2])
@@ -275,7 +174,6 @@ def plan(model, machine, L, cp):
 def load_model(path):
     with open(path, "rb") as f:
         d = tomllib.load(f)
-    m = d.get("model", {})
     return model_of(d)
 
 
@@ -338,19 +236,23 @@ def cmd_rates(a):
 
 # ---- commands ------------------------------------------------------------------------------------
 def cmd_bytes(a):
+    """Each rank's /comm bytes per step against the driver's own byte model at the run's deck and
+    rank count (its --dry-run BYTES line): the planner reads the models it is checked against."""
     import h5py
     bad = checked = 0
     print(f"# {'file':<36} {'strategy':<16} {'rank':>4} {'measured':>12} {'predicted':>12}")
     for path in a.files:
         with h5py.File(path, "r") as f:
             cfg = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f["config"].attrs.items()}
-            deck = tomllib.loads(cfg["deck_resolved"])
             drv, cp = cfg["driver"], int(cfg["cp_size"])
-            data = deck["data"]
-            if data["format"] != "bshd" or drv not in ("cp_attention", "cp_mamba") or cp != int(cfg["world_size"]):
-                print(f"error: {path}: bytes checks BSHD cp_attention / cp_mamba runs with cp = ranks", file=sys.stderr)
+            if drv not in ("cp_attention", "cp_mamba") or cp != int(cfg["world_size"]):
+                print(f"error: {path}: bytes checks cp_attention / cp_mamba runs with cp = ranks", file=sys.stderr)
                 return 2
-            B, L, dt = data["batch"], data["seqlen"], data["dtype"]
+            sets = ["run.check=off", "run.memory_gib=1e6", "run.device=host"]
+            if drv == "cp_attention":
+                sets.append(f"parallel.cp_inner={int(cfg.get('cp_inner', 1))}")
+            model = driver_dry_run(a.bin, cfg["deck_resolved"], sets, cp, drv)["bytes"]["layers"]
+            model = model["*" if drv == "cp_attention" else "M"]
             for strat in f["comm"]:
                 ops = f["comm"][strat]
                 measured = [0.0] * cp
@@ -360,13 +262,7 @@ def cmd_bytes(a):
                     for r, v in enumerate(ops[op]["bytes_sent"][()]):
                         measured[r] += v  # per timed step
                 for r in range(cp):
-                    if drv == "cp_attention":
-                        at = deck["attention"]
-                        want = attention_bytes(strat, cp, r, B, L, at["heads"], at["kv_heads"], at["head_dim"], dt,
-                                               int(cfg.get("cp_inner", 1)))
-                    else:
-                        mm = dict(deck["mamba"])
-                        want = mamba_bytes(strat, cp, r, B, L, mm, dt, mm.get("state_scan", "auto"))
+                    want = model[strat][r] if strat in model else -1
                     ok = int(measured[r]) == want
                     checked += 1
                     bad += 0 if ok else 1
@@ -378,11 +274,14 @@ def cmd_bytes(a):
 def cmd_predict(a):
     model, machine = load_model(a.model), load_machine(a.machine, a.rates)
     print(f"# {a.model}: pattern {model['pattern']}, L = {a.tokens}, cp = {a.cp}, machine {a.machine}")
+    with open(a.model) as f:
+        dry = step_model(a, f.read(), a.tokens, a.cp, cp_inner(machine, a.cp))
+    mem = dry["memory"]
     print(f"# {'kind':<4} {'strategy':<16} {'bytes/rank':>14} {'comm ms':>10} {'compute ms':>11} {'total':>9}")
     for kind in sorted(set(model["pattern"]) & {"*", "M", "E"}):
-        for s, (nb, t, comp) in layer_costs(kind, model, machine, a.tokens, a.cp).items():
+        for s, (nb, t, comp) in layer_costs(kind, model, machine, a.tokens, a.cp, dry["bytes"]).items():
             print(f"  {kind:<4} {s:<16} {nb:>14,} {t:>10.3f} {comp:>11.3f} {t + comp:>9.3f}")
-    best, step = plan(model, machine, a.tokens, a.cp)
+    best, step = plan(model, machine, a.tokens, a.cp, dry["bytes"])
     if best is None:
         print("# no strategy of some layer kind runs at this cp")
         return 1
@@ -393,9 +292,7 @@ def cmd_predict(a):
         per_layer = [best["*"][0] for k in model["pattern"] if k == "*"]
         print("# deck: parallel.attention = [" + ", ".join(f'"{s}"' for s in per_layer) + "]  (--set "
               f"parallel.attention=[{','.join(per_layer)}])")
-    with open(a.model) as f:
-        mem = step_memory(a, f.read(), a.tokens, a.cp)
-    print(f"# memory per rank (cp_hybrid --dry-run, forward+backward, GiB): "
+    print("# memory per rank (cp_hybrid --dry-run, forward+backward, GiB): "
           + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in mem["parts"].items())
           + f"; total {mem['every_rank'] / 2**30:.2f} of {a.memory_gib:g}: {'fits' if mem['fits'] else 'does not fit'}")
     return 0
@@ -412,9 +309,10 @@ def cmd_sweep(a):
         for cp in cps:
             if L % (2 * cp):
                 continue
-            best, step = plan(model, machine, L, cp)
+            dry = step_model(a, text, L, cp, cp_inner(machine, cp))
+            best, step = plan(model, machine, L, cp, dry["bytes"])
             if best is not None:
-                mem = step_memory(a, text, L, cp)
+                mem = dry["memory"]
                 rows.append((L, cp, step, {k: v[0] for k, v in best.items()}, mem["every_rank"], mem["fits"]))
     print(f"# {'tokens':>9} {'cp':>5} {'step ms':>10} {'GiB/rank':>9} {'fits':>4}  best strategy per layer kind "
           f"(GiB: the cp_hybrid step, cp_hybrid --dry-run; fits: in {a.memory_gib:g} GiB)")
@@ -524,7 +422,6 @@ def cmd_validate(a):
         A = np.stack([T, T * T] if k == "*" else [np.ones_like(T), T], axis=1)
         c = np.linalg.lstsq(A, y, rcond=None)[0]
         fit[k] = (0.0, max(c[0], 0.0), max(c[1], 0.0)) if k == "*" else (max(c[0], 0.0), max(c[1], 0.0), 0.0)
-    b0 = base[0]
     X, y = [], []
     for c in calib:
         if c["cp"] == 1:
@@ -548,9 +445,11 @@ def cmd_validate(a):
     for path in a.files:
         r = _run_info(path)
         d, cp, T = r["deck"], r["cp"], r["tokens"]
-        B, L, dt = d["data"]["batch"], d["data"]["seqlen"], d["data"]["dtype"]
         over = max(1.0, cp / cores)
         pat = d["model"]["pattern"]
+        # the run's bytes per rank by the drivers' models, at its own deck and ranks
+        lay = driver_dry_run(a.bin, r["deck_text"], ["run.check=off", "run.memory_gib=1e6", "run.device=host",
+                                                      f"parallel.cp_inner={r['cp_inner']}"], r["world"])["bytes"]["layers"]
         for strat, ph in r["timings"].items():
             if "step" not in ph:
                 continue
@@ -562,18 +461,16 @@ def cmd_validate(a):
                 comp = work(k)
                 n, nb, steps = pat.count(k), 0, 0
                 if cp > 1 and k == "*":
-                    at = d["attention"]
                     inner = r["cp_inner"]
-                    nb = max(attention_bytes(strat, cp, q, B, L, at["heads"], at["kv_heads"], at["head_dim"], dt, inner)
-                             for q in range(cp))
+                    nb = max(lay["*"][strat])
                     steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1),
                              "a2a+p2p": 8 * (inner - 1) + 3 * (cp // inner - 1)}[strat]
                 elif cp > 1 and k == "M":
                     mcp = d["parallel"]["mamba_cp"]
-                    nb = max(mamba_bytes(mcp, cp, q, B, L, d["mamba"], dt, d["mamba"].get("state_scan", "auto")) for q in range(cp))
+                    nb = max(lay["M"][mcp])
                     steps = 4 * (cp - 1)
                 elif cp > 1 and k == "E":
-                    nb, steps = moe_bytes(cp, B, L, d["moe"], d["model"]["hidden"], dt, d["parallel"].get("ep", 0)), 4 * (cp - 1)
+                    nb, steps = max(lay["E"]["ep"]), 4 * (cp - 1)
                 t = n * (steps * alpha + nb * inv_beta)
                 pred += comp + (max(0.0, t - comp * (cp - 1) / cp) if (k == "*" and strat == "p2p") else t)
             meas = ph["step"]
@@ -591,7 +488,8 @@ def main(argv=None):
     sub = p.add_subparsers(dest="cmd", required=True)
     D = argparse.ArgumentDefaultsHelpFormatter
     b = sub.add_parser("bytes", formatter_class=D, help="bytes per rank by strategy against a run's counters")
-    b.add_argument("files", nargs="+", help="results files of cp_attention, cp_mamba or cp_hybrid")
+    b.add_argument("files", nargs="+", help="results files of cp_attention or cp_mamba")
+    b.add_argument("--bin", default=DEFAULT_BIN, help="folder of the driver binaries")
     b.set_defaults(fn=cmd_bytes)
     r = sub.add_parser("rates", formatter_class=D, help="kernel rates of a bench_kernels file, as a machine deck's [compute]")
     r.add_argument("file", help="bench_kernels results file")

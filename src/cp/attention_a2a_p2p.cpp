@@ -13,6 +13,17 @@ std::int64_t CpAttention::ring_kv_heads() const {
   return kv_map_.empty() ? kv_n_[static_cast<std::size_t>(rank_ % inner_)] : cfg_.heads / inner_;
 }
 
+CpAttnConfig a2a_p2p_ring_config(const CpAttnConfig& cfg, int rank) {
+  const int inner = cfg.cp_inner, me = rank % inner;
+  const KvHeadRanges r = kv_head_ranges(cfg.heads, cfg.kv_heads, inner, me);
+  CpAttnConfig rc = cfg;
+  rc.strategy = AttnStrategy::P2P;
+  rc.heads = cfg.heads / inner;
+  rc.kv_heads = r.map.empty() ? r.n[static_cast<std::size_t>(me)] : rc.heads;
+  rc.cp_inner = 1;
+  return rc;
+}
+
 void CpAttention::make_levels() {
   if (ring_) return;
   inner_comm_ = comm_.split(rank_ / inner_, rank_);
@@ -28,12 +39,7 @@ void CpAttention::make_levels() {
   const auto rows = inner_to_outer_rows(cfg_.global, cp_, inner_, rank_);
   xq_ = std::make_unique<HeadExchange>(*inner_comm_, qlo, qn, rows, inner_ * tl_);
   xkv_ = std::make_unique<HeadExchange>(*inner_comm_, kv_lo_, kv_n_, rows, inner_ * tl_);
-  CpAttnConfig rc = cfg_;
-  rc.strategy = AttnStrategy::P2P;
-  rc.heads = hl;
-  rc.kv_heads = ring_kv_heads();
-  rc.cp_inner = 1;
-  ring_ = std::make_unique<CpAttention>(*outer_comm_, rc);
+  ring_ = std::make_unique<CpAttention>(*outer_comm_, a2a_p2p_ring_config(cfg_, rank_));
 }
 
 void CpAttention::fwd_a2a_p2p(Tensor& o) {

@@ -16,17 +16,27 @@ Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype());
 DType lse_dtype(const Tensor& q) { return q.dtype() == DType::F64 ? DType::F64 : DType::F32; }
 }  // namespace
 
+void check_attention_cp_shape(const CpAttnConfig& cfg, int cp) {
+  HCP_CHECK(cfg.heads > 0 && cfg.kv_heads > 0 && cfg.heads % cfg.kv_heads == 0, "attention.heads (", cfg.heads,
+            ") must be a positive multiple of attention.kv_heads (", cfg.kv_heads, ")");
+  require_dcs_divisible(cfg.global, cp, "attention CP layout");
+  if (cfg.strategy == AttnStrategy::A2A)
+    HCP_CHECK(cfg.heads % cp == 0, "a2a attention needs attention.heads (", cfg.heads, ") divisible by cp (", cp, ")");
+  if (cfg.strategy == AttnStrategy::A2AP2P && cp > 1) {  // at cp = 1 the local kernels run
+    HCP_CHECK(cfg.cp_inner >= 1 && cp % cfg.cp_inner == 0, "a2a+p2p attention needs parallel.cp_inner (", cfg.cp_inner,
+              ") to divide the CP size (", cp, ")");
+    HCP_CHECK(cfg.heads % cfg.cp_inner == 0, "a2a+p2p attention needs attention.heads (", cfg.heads,
+              ") divisible by parallel.cp_inner (", cfg.cp_inner, ")");
+  }
+}
+
 CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg) : comm_(comm), cfg_(std::move(cfg)) {
   cp_ = comm_.size();
   rank_ = comm_.rank();
-  HCP_CHECK(cfg_.heads > 0 && cfg_.kv_heads > 0 && cfg_.heads % cfg_.kv_heads == 0, "attention.heads (", cfg_.heads,
-            ") must be a positive multiple of attention.kv_heads (", cfg_.kv_heads, ")");
-  require_dcs_divisible(cfg_.global, cp_, "attention CP layout");
+  check_attention_cp_shape(cfg_, cp_);
   local_ = local_layout(cfg_.global, cp_);
   tl_ = local_.total();
   if (cfg_.strategy == AttnStrategy::A2A) {
-    HCP_CHECK(cfg_.heads % cp_ == 0, "a2a attention needs attention.heads (", cfg_.heads, ") divisible by cp (", cp_,
-              ")");
     KvHeadRanges r = kv_head_ranges(cfg_.heads, cfg_.kv_heads, cp_, rank_);
     kv_lo_ = std::move(r.lo);
     kv_n_ = std::move(r.n);
@@ -37,12 +47,8 @@ CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg) : comm_(comm), cf
       xkv_ = std::make_unique<HeadExchange>(comm_, kv_lo_, kv_n_, inner_to_outer_rows(cfg_.global, cp_, cp_, rank_),
                                             cfg_.global.total());
   }
-  if (cfg_.strategy == AttnStrategy::A2AP2P && cp_ > 1) {  // at cp = 1 the local kernels run
+  if (cfg_.strategy == AttnStrategy::A2AP2P && cp_ > 1) {
     inner_ = cfg_.cp_inner;
-    HCP_CHECK(inner_ >= 1 && cp_ % inner_ == 0, "a2a+p2p attention needs parallel.cp_inner (", inner_,
-              ") to divide the CP size (", cp_, ")");
-    HCP_CHECK(cfg_.heads % inner_ == 0, "a2a+p2p attention needs attention.heads (", cfg_.heads,
-              ") divisible by parallel.cp_inner (", inner_, ")");
     outer_ = cp_ / inner_;
     KvHeadRanges r = kv_head_ranges(cfg_.heads, cfg_.kv_heads, inner_, rank_ % inner_);
     kv_lo_ = std::move(r.lo);
@@ -381,53 +387,46 @@ void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
 }
 
 std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
-  if (cp_ == 1) return 0;  // one rank runs locally
-  const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt)), kv = 2 * tl_ * cfg_.kv_heads * cfg_.head_dim;
-  switch (cfg_.strategy) {
-    case AttnStrategy::P2P:
-      return (cp_ - 1) * kv * es;  // cp-1 ring steps of local K/V
-    case AttnStrategy::AllGather:
-      return (cp_ - 1) * kv * es;  // every other rank gets local K/V
-    case AttnStrategy::A2A: {      // q in, o out: (cp-1)/cp of each; K and V: each rank its heads
-      const std::int64_t q = tl_ * cfg_.heads * cfg_.head_dim;
-      std::int64_t heads_out = 0;
-      for (int r = 0; r < cp_; ++r) heads_out += r == rank_ ? 0 : kv_n_[static_cast<std::size_t>(r)];
-      return ((cp_ - 1) * 2 * q / cp_ + 2 * tl_ * heads_out * cfg_.head_dim) * es;
-    }
-    case AttnStrategy::A2AP2P: {  // inner: q in, o out, K/V heads; outer: the ring on inner x tl tokens
-      const std::int64_t D = cfg_.head_dim, hl = cfg_.heads / inner_, me = rank_ % inner_;
-      std::int64_t heads_out = 0;
-      for (int r = 0; r < inner_; ++r) heads_out += r == me ? 0 : kv_n_[static_cast<std::size_t>(r)];
-      const std::int64_t ring = (outer_ - 1) * 2 * inner_ * tl_ * ring_kv_heads() * D;
-      return (2 * tl_ * (cfg_.heads - hl) * D + 2 * tl_ * heads_out * D + ring) * es;
-    }
-  }
-  return 0;
+  return attention_cp_model_bytes(cfg_, cp_, rank_, dt, false);
+}
+std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
+  return attention_cp_model_bytes(cfg_, cp_, rank_, dt, true);
 }
 
-std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
-  if (cp_ == 1) return 0;
-  const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt)), kv = 2 * tl_ * cfg_.kv_heads * cfg_.head_dim;
-  switch (cfg_.strategy) {
-    case AttnStrategy::P2P: {  // K/V ring + dK/dV accumulator ring (the accumulator fp32 for bf16)
-      const auto acc_es = static_cast<std::int64_t>(dtype_size(dt == DType::BF16 ? DType::F32 : dt));
-      return (cp_ - 1) * kv * es + cp_ * kv * acc_es;
+std::int64_t a2a_p2p_ring_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
+  const int inner = cfg.cp_inner;
+  return attention_cp_model_bytes(a2a_p2p_ring_config(cfg, rank), cp / inner, rank / inner, dt, backward);
+}
+
+std::int64_t attention_cp_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
+  if (cp == 1) return 0;  // one rank runs locally
+  const std::int64_t tl = local_layout(cfg.global, cp).total(), D = cfg.head_dim, H = cfg.heads;
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt)), kv = 2 * tl * cfg.kv_heads * D;
+  // the dK/dV accumulator of a ring travels in fp32 for bf16
+  const auto acc_es = static_cast<std::int64_t>(dtype_size(dt == DType::BF16 ? DType::F32 : dt));
+  switch (cfg.strategy) {
+    case AttnStrategy::P2P:  // cp-1 ring steps of local K/V; backward adds the accumulator ring
+      return backward ? (cp - 1) * kv * es + cp * kv * acc_es : (cp - 1) * kv * es;
+    case AttnStrategy::AllGather:  // every other rank gets local K/V; backward reduce-scatters dK/dV
+      return (cp - 1) * kv * es;
+    case AttnStrategy::A2A: {  // q in and o out (dout in and dq out): (cp-1)/cp of each; K/V heads
+      const std::int64_t q = tl * H * D;
+      const std::vector<std::int64_t> n = kv_head_ranges(H, cfg.kv_heads, cp, rank).n;
+      std::int64_t heads_out = 0;  // forward: each other rank its K/V heads of this rank's tokens
+      for (int r = 0; r < cp; ++r) heads_out += r == rank ? 0 : n[static_cast<std::size_t>(r)];
+      // backward: the gradients of this rank's K/V heads of every other rank's tokens, to their owners
+      const std::int64_t kv_part = backward ? (cp - 1) * n[static_cast<std::size_t>(rank)] : heads_out;
+      return ((cp - 1) * 2 * q / cp + 2 * tl * kv_part * D) * es;
     }
-    case AttnStrategy::AllGather:
-      return (cp_ - 1) * kv * es;  // reduce-scatter of dK/dV
-    case AttnStrategy::A2A: {      // dout in, dq out; dK/dV of this rank's heads back to every owner
-      const std::int64_t q = tl_ * cfg_.heads * cfg_.head_dim;
-      return ((cp_ - 1) * 2 * q / cp_ + 2 * (cp_ - 1) * tl_ * kv_n_[static_cast<std::size_t>(rank_)] * cfg_.head_dim) *
-             es;
-    }
-    case AttnStrategy::A2AP2P: {  // inner: dout in, dq out, dK/dV back; outer: K/V and accumulator rings
-      const std::int64_t D = cfg_.head_dim, hl = cfg_.heads / inner_, me = rank_ % inner_;
-      const std::int64_t a2a =
-          2 * tl_ * (cfg_.heads - hl) * D + 2 * (inner_ - 1) * tl_ * kv_n_[static_cast<std::size_t>(me)] * D;
-      if (outer_ == 1) return a2a * es;
-      const std::int64_t kv = 2 * inner_ * tl_ * ring_kv_heads() * D;
-      const auto acc_es = static_cast<std::int64_t>(dtype_size(dt == DType::BF16 ? DType::F32 : dt));
-      return (a2a + (outer_ - 1) * kv) * es + outer_ * kv * acc_es;
+    case AttnStrategy::A2AP2P: {  // inner: as a2a on inner ranks; outer: the p2p ring's own model
+      check_attention_cp_shape(cfg, cp);
+      const int inner = cfg.cp_inner, me = rank % inner;
+      const std::vector<std::int64_t> n = kv_head_ranges(H, cfg.kv_heads, inner, me).n;
+      std::int64_t heads_out = 0;
+      for (int j = 0; j < inner; ++j) heads_out += j == me ? 0 : n[static_cast<std::size_t>(j)];
+      const std::int64_t kv_part = backward ? (inner - 1) * n[static_cast<std::size_t>(me)] : heads_out;
+      const std::int64_t a2a = (2 * tl * (H - H / inner) * D + 2 * tl * kv_part * D) * es;
+      return a2a + a2a_p2p_ring_bytes(cfg, cp, rank, dt, backward);
     }
   }
   return 0;

@@ -31,6 +31,22 @@ struct CpAttnTimes {
   double compute = 0, comm_wait = 0;
 };
 
+// The shape rules of cfg.strategy on a CP group of `cp` ranks (CpAttention's constructor applies
+// them): throws hcp::Error naming the deck keys and the rule.
+void check_attention_cp_shape(const CpAttnConfig& cfg, int cp);
+
+// Bytes rank `rank` of a CP group of `cp` ranks hands to the communicator in one forward (or
+// backward) of strategy cfg.strategy, from the sizes alone (no communicator; the planner and
+// --dry-run read it without the ranks). Logical payload, not wire bytes. The layout must split
+// (every sequence a multiple of 2*cp), and the strategy's shape rules hold.
+std::int64_t attention_cp_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
+
+// a2a+p2p: the p2p ring over the outer group that rank `rank` joins (its heads / cp_inner query
+// heads and the K/V heads they read, on the outer group's DCS layout), and the bytes that ring sends
+// (the part of attention_cp_model_bytes that crosses nodes).
+CpAttnConfig a2a_p2p_ring_config(const CpAttnConfig& cfg, int rank);
+std::int64_t a2a_p2p_ring_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
+
 class CpAttention {
  public:
   // Validates shapes against the CP size (clear errors naming the rule); collective-free.
@@ -40,7 +56,8 @@ class CpAttention {
   void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   const CpAttnTimes& fwd_times() const { return fwd_t_; }
   const CpAttnTimes& bwd_times() const { return bwd_t_; }
-  // Values this rank sends per forward / backward, by the strategy's cost model.
+  // Values this rank sends per forward / backward, by the strategy's cost model
+  // (attention_cp_model_bytes).
   std::int64_t model_fwd_bytes(DType dt) const;
   std::int64_t model_bwd_bytes(DType dt) const;
 
@@ -55,9 +72,8 @@ class CpAttention {
   void bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   void fwd_a2a_p2p(Tensor& o);
   void bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
-  void make_levels();
-  std::int64_t ring_kv_heads() const;  // a2a+p2p: K/V heads per rank on the outer ring  // a2a+p2p: the inner and outer
-                                       // groups, exchanges and ring (collective, once)
+  void make_levels();                  // a2a+p2p: the inner and outer groups, exchanges and ring (collective, once)
+  std::int64_t ring_kv_heads() const;  // a2a+p2p: K/V heads per rank on the outer ring
   kernels::AttnParams base_params(std::int64_t heads, std::int64_t kv_heads) const;
   // Ring p2p pieces shared by forward and backward: the [2, Tl, Hkv, D] K-then-V buffer that
   // travels, the attention parameters of step i, and posting the send/receive of the next block.

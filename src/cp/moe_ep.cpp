@@ -10,6 +10,11 @@ namespace {
 std::int64_t width(const Tensor& t) { return t.size(0) ? t.numel() / t.size(0) : (t.dim() > 1 ? t.size(1) : 0); }
 }  // namespace
 
+std::int64_t moe_ep_uniform_bytes(std::int64_t tokens, std::int64_t topk, std::int64_t hidden, int ep, DType dt) {
+  const auto es = static_cast<std::int64_t>(dtype_size(dt));
+  return 4 * tokens * topk * hidden * es * (ep - 1) / ep;
+}
+
 ExpertRange ep_experts(std::int64_t experts, int ep, int rank) {
   HCP_CHECK(experts % ep == 0, "expert parallelism needs moe.experts (", experts, ") divisible by the EP size (", ep,
             ")");

@@ -19,6 +19,11 @@ struct ExpertRange {
 };
 ExpertRange ep_experts(std::int64_t experts, int ep, int rank);
 
+// Bytes a rank sends per step (dispatch and combine, forward and backward) when its `tokens` local
+// tokens route uniformly, each to `topk` experts: the (ep-1)/ep of its token copies that leave it,
+// four times. An expectation for planning: a run's traffic follows where its tokens route.
+std::int64_t moe_ep_uniform_bytes(std::int64_t tokens, std::int64_t topk, std::int64_t hidden, int ep, DType dt);
+
 class EpDispatcher {
  public:
   // `counts` [E]: this rank's token copies per (global) expert, as moe_permute returns them.

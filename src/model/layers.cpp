@@ -78,7 +78,6 @@ ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed) 
   return init_params(attention_params(c), dt, seed);
 }
 
-namespace {
 cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global) {
   cp::CpAttnConfig a;
   a.strategy = c.strategy;
@@ -90,7 +89,6 @@ cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global) {
   a.global = std::move(global);
   return a;
 }
-}  // namespace
 
 AttentionLayer::AttentionLayer(Communicator& comm, AttnLayerConfig cfg, SeqLayout global)
     : comm_(comm), c_(cfg), attn_(comm, cp_attn_config(cfg, global)) {

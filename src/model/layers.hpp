@@ -40,6 +40,8 @@ struct AttnLayerConfig {
   cp::AttnStrategy strategy = cp::AttnStrategy::P2P;
   int cp_inner = 1;  // a2a+p2p: the inner group's ranks
 };
+// The CP attention of a layer of config `c` on the global layout `global`.
+cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global);
 std::vector<ParamSpec> attention_params(const AttnLayerConfig& c);  // Wq, Wk, Wv, Wo
 ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed);
 

@@ -1,0 +1,84 @@
+#include "byte_model.hpp"
+
+#include <sstream>
+
+#include "core/error.hpp"
+#include "cp/attention_cp.hpp"
+#include "cp/hidden_parallel.hpp"
+#include "cp/moe_ep.hpp"
+#include "cp/state_passing.hpp"
+#include "cp/strategy.hpp"
+
+namespace hcp::drivers {
+namespace {
+void per_rank_json(std::ostringstream& os, const std::map<std::string, std::vector<std::int64_t>>& m) {
+  os << '{';
+  bool first = true;
+  for (const auto& [name, per_rank] : m) {
+    os << (first ? "" : ",") << '"' << name << "\":[";
+    first = false;
+    for (std::size_t r = 0; r < per_rank.size(); ++r) os << (r ? "," : "") << per_rank[r];
+    os << ']';
+  }
+  os << '}';
+}
+}  // namespace
+
+void add_attention_bytes(LayerBytes& b, const model::AttnLayerConfig& c, const SeqLayout& global, int cp, DType dt) {
+  for (const cp::AttnStrategyInfo& s : cp::attn_strategies()) {
+    model::AttnLayerConfig one = c;
+    one.strategy = s.id;
+    const cp::CpAttnConfig a = model::cp_attn_config(one, global);
+    try {
+      cp::check_attention_cp_shape(a, cp);
+    } catch (const Error&) {
+      continue;  // this strategy cannot run the shape
+    }
+    std::vector<std::int64_t>& v = b.kinds["*"][s.name];
+    for (int r = 0; r < cp; ++r)
+      v.push_back(cp::attention_cp_model_bytes(a, cp, r, dt, false) + cp::attention_cp_model_bytes(a, cp, r, dt, true));
+    if (s.id == cp::AttnStrategy::A2AP2P && cp > 1)
+      for (int r = 0; r < cp; ++r)
+        b.ring[s.name].push_back(cp::a2a_p2p_ring_bytes(a, cp, r, dt, false) +
+                                 cp::a2a_p2p_ring_bytes(a, cp, r, dt, true));
+  }
+}
+
+void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayout& global, int cp, DType dt) {
+  for (const cp::MambaCpInfo& s : cp::mamba_cps()) {
+    if (s.id == cp::MambaCp::HiddenParallel && cp > 1) {
+      try {
+        cp::HpShare::of(c.heads, c.groups, cp, 0);
+      } catch (const Error&) {
+        continue;
+      }
+    }
+    std::vector<std::int64_t>& v = b.kinds["M"][s.name];
+    for (int r = 0; r < cp; ++r) v.push_back(cp == 1 ? 0 : model::mamba_cp_model_bytes(s.id, c, global, cp, r, dt));
+  }
+  b.state_scan = cp::to_string(
+      cp::resolve_state_exchange(global, cp, cp::Partition::DCS, c.state_exchange, c.head_dim * c.d_state));
+}
+
+void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,
+                   int ep, DType dt) {
+  b.kinds["E"]["ep"] = std::vector<std::int64_t>(static_cast<std::size_t>(cp),
+                                                 cp::moe_ep_uniform_bytes(tokens_per_rank, e.topk, hidden, ep, dt));
+}
+
+std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b) {
+  std::ostringstream os;
+  os << "{\"driver\":\"" << driver << "\",\"cp\":" << cp << ",\"state_scan\":\"" << b.state_scan << "\",\"layers\":{";
+  bool first = true;
+  for (const auto& [kind, strategies] : b.kinds) {
+    os << (first ? "" : ",") << '"' << kind << "\":";
+    first = false;
+    per_rank_json(os, strategies);
+  }
+  os << "},\"ring\":";
+  per_rank_json(os, b.ring);
+  os << '}';
+  return os.str();
+}
+
+}  // namespace hcp::drivers

@@ -1,0 +1,37 @@
+// Bytes per rank and step (forward + backward) of every CP strategy that can run each layer kind,
+// from the strategies' own models (cp::attention_cp_model_bytes, model::mamba_cp_model_bytes,
+// cp::moe_ep_uniform_bytes), for any rank count without the ranks: --dry-run prints them as one
+// BYTES line, which the planner (jobs/post/hcp_plan.py) reads instead of keeping models of its own.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/layout.hpp"
+#include "model/layers.hpp"
+#include "model/mamba2.hpp"
+
+namespace hcp::drivers {
+
+struct LayerBytes {
+  // layer kind ("*" attention, "M" Mamba2, "E" MoE) -> strategy -> bytes of each rank
+  std::map<std::string, std::map<std::string, std::vector<std::int64_t>>> kinds;
+  // a2a+p2p: the bytes of its ring over the outer group (across nodes), part of kinds["*"]
+  std::map<std::string, std::vector<std::int64_t>> ring;
+  std::string state_scan;  // the state-passing exchange the Mamba bytes assume ("auto" resolved)
+};
+
+// Every attention strategy whose shape rules `c` meets on `cp` ranks.
+void add_attention_bytes(LayerBytes& b, const model::AttnLayerConfig& c, const SeqLayout& global, int cp, DType dt);
+// Every Mamba CP strategy whose shape rules `c` meets on `cp` ranks.
+void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayout& global, int cp, DType dt);
+// Expert parallelism over groups of `ep` ranks, tokens routed uniformly (an expectation).
+void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,
+                   int ep, DType dt);
+// {"driver": .., "cp": .., "state_scan": .., "layers": {kind: {strategy: [bytes of rank 0, 1, ..]}},
+//  "ring": {"a2a+p2p": [..]}}
+std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b);
+
+}  // namespace hcp::drivers
