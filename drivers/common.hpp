@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/layout.hpp"
+#include "cp/layout.hpp"
 #include "io/deck.hpp"
 #include "io/results.hpp"
 
@@ -135,7 +136,7 @@ inline SeqLayout global_layout(const Deck& d, int cp) {
   }
   std::vector<std::int64_t> cu{0};
   const std::vector<std::int64_t> lens = parse_lengths(d, "data.seq_lens");
-  for (auto n : lens) cu.push_back(cu.back() + (n + 2 * cp - 1) / (2 * cp) * (2 * cp));
+  for (auto n : lens) cu.push_back(cu.back() + cp::dcs_padded_len(n, cp));
   SeqLayout l = SeqLayout::thd(cu);
   l.real_lens = lens;  // the pads at each sequence's end are neither keys nor outputs
   return l;

@@ -170,7 +170,7 @@ inline TokenBatch make_token_batch(const Deck& d, int cp, std::int64_t vocab, st
   } else {
     lens = parse_lengths(d, "data.seq_lens");
   }
-  cp::PackedBatch pb = cp::pack_sequences(synthetic_sequences(vocab, lens, seed), 2 * cp, 0);
+  cp::PackedBatch pb = cp::pack_sequences(synthetic_sequences(vocab, lens, seed), cp, 0);
   TokenBatch b;
   b.layout = bshd ? SeqLayout::bshd(static_cast<std::int64_t>(lens.size()), lens[0]) : pb.layout;
   b.tokens = std::move(pb.tokens);
@@ -191,7 +191,7 @@ inline TokenBatch step_batch(const Deck& d, int cp, std::int64_t vocab, std::int
     lens.push_back(bshd ? hi : lo + static_cast<std::int64_t>(h % static_cast<std::uint64_t>(hi - lo + 1)));
   }
   cp::PackedBatch pb =
-      cp::pack_sequences(synthetic_sequences(vocab, lens, seed * 1000003 + static_cast<std::uint64_t>(t)), 2 * cp, 0);
+      cp::pack_sequences(synthetic_sequences(vocab, lens, seed * 1000003 + static_cast<std::uint64_t>(t)), cp, 0);
   TokenBatch b;
   b.layout = bshd ? SeqLayout::bshd(n, hi) : pb.layout;
   b.tokens = std::move(pb.tokens);

@@ -6,6 +6,7 @@
 #include "common.hpp"
 #include "core/dtype.hpp"
 #include "cp/head_exchange.hpp"
+#include "cp/layout.hpp"
 #include "layer_keys.hpp"
 
 namespace hcp::drivers {
@@ -13,7 +14,7 @@ namespace hcp::drivers {
 std::int64_t padded_tokens(const Deck& d, int cp, const MemoryModel& m) {
   if (d.get_string("data.format") == "bshd") return m.mul(d.get_int("data.batch"), d.get_int("data.seqlen"));
   std::int64_t T = 0;
-  for (std::int64_t n : parse_lengths(d, "data.seq_lens")) T = m.sum(T, m.mul((n + 2 * cp - 1) / (2 * cp), 2 * cp));
+  for (std::int64_t n : parse_lengths(d, "data.seq_lens")) T = m.sum(T, m.mul(cp::dcs_chunk_len(n, cp), 2 * cp));
   return T;
 }
 

@@ -224,16 +224,16 @@ Tensor hp2cp(Communicator& comm, const Tensor& xh, const SeqLayout& global, Part
   return out.view({tl, cp * cb});
 }
 
-PackedBatch pack_sequences(const std::vector<std::vector<std::int64_t>>& seqs, std::int64_t multiple,
-                           std::int64_t pad_id, std::int64_t ignore) {
-  HCP_CHECK(multiple >= 1, "pack_sequences: multiple must be >= 1");
+PackedBatch pack_sequences(const std::vector<std::vector<std::int64_t>>& seqs, int cp, std::int64_t pad_id,
+                           std::int64_t ignore) {
+  HCP_CHECK(cp >= 1, "pack_sequences: cp must be >= 1");
   HCP_CHECK(!seqs.empty(), "pack_sequences: no sequences");
   PackedBatch b;
   std::vector<std::int64_t> cu{0};
   for (const auto& s : seqs) {
     HCP_CHECK(!s.empty(), "pack_sequences: empty sequence");
     const std::int64_t n = static_cast<std::int64_t>(s.size());
-    const std::int64_t padded = (n + multiple - 1) / multiple * multiple;
+    const std::int64_t padded = dcs_padded_len(n, cp);
     for (std::int64_t i = 0; i < padded; ++i) {
       b.tokens.push_back(i < n ? s[static_cast<std::size_t>(i)] : pad_id);
       const bool lab = i + 1 < n;

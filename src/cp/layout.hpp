@@ -16,6 +16,11 @@ namespace hcp::cp {
 // r-th of cp equal pieces, as a plain all-gather attention layer leaves the tokens).
 enum class Partition { DCS, Contiguous };
 
+// The padding rule of the DCS layout, the one place it is written: a sequence of n tokens is padded
+// at its end to 2*cp chunks of dcs_chunk_len tokens each.
+inline std::int64_t dcs_chunk_len(std::int64_t n, int cp) { return (n + 2 * cp - 1) / (2 * cp); }
+inline std::int64_t dcs_padded_len(std::int64_t n, int cp) { return dcs_chunk_len(n, cp) * 2 * cp; }
+
 // At cp = 1 both partitions are the identity: every function below then takes any lengths (the
 // unpadded problem, each sequence at its real length, runs as the cp=1 reference).
 inline Partition effective_partition(Partition p, int cp) { return cp == 1 ? Partition::Contiguous : p; }
@@ -70,16 +75,17 @@ Tensor dcs_gather(Communicator& comm, const Tensor& local, const SeqLayout& glob
 Tensor cp2hp(Communicator& comm, const Tensor& local, const SeqLayout& global, Partition part = Partition::DCS);
 Tensor hp2cp(Communicator& comm, const Tensor& hp, const SeqLayout& global, Partition part = Partition::DCS);
 
-// Sequence packing: concatenate sequences, each padded to a multiple of `multiple` (2*cp) with
-// `pad_id`; labels are next-token targets inside each sequence, `ignore` on pads and last tokens.
+// Sequence packing for a CP group of `cp` ranks: concatenate sequences, each padded to
+// dcs_padded_len with `pad_id`; labels are next-token targets inside each sequence, `ignore` on pads
+// and last tokens.
 struct PackedBatch {
   std::vector<std::int64_t> tokens, labels;
   SeqLayout layout;                    // THD, padded cu_seqlens
   std::vector<std::int64_t> seq_lens;  // unpadded lengths
   std::int64_t label_tokens = 0;       // labels != ignore
 };
-PackedBatch pack_sequences(const std::vector<std::vector<std::int64_t>>& seqs, std::int64_t multiple,
-                           std::int64_t pad_id, std::int64_t ignore = -100);
+PackedBatch pack_sequences(const std::vector<std::vector<std::int64_t>>& seqs, int cp, std::int64_t pad_id,
+                           std::int64_t ignore = -100);
 
 // seq_idx of every token from the global padded cu_seqlens: the sequence whose range holds it
 // (searchsorted(cu[1:], t, right=True)). For a BSHD batch each row is its own sequence.

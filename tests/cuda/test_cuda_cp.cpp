@@ -234,7 +234,7 @@ TEST(GpuHybrid, DeviceEqualsHost) {
       for (std::int64_t t = 0; t < 23; ++t) seqs[0].push_back((t * 5 + 1) % 19);
       for (std::int64_t t = 0; t < 9; ++t) seqs[1].push_back((t * 3 + 2) % 19);
       for (std::int64_t t = 0; t < 30; ++t) seqs[2].push_back((t * t + 7) % 19);
-      const cp::PackedBatch b = cp::pack_sequences(seqs, 2 * n, 0);
+      const cp::PackedBatch b = cp::pack_sequences(seqs, n, 0);
       auto local = [&](const std::vector<std::int64_t>& v) {
         std::vector<std::int64_t> out;
         for (auto i : cp::dcs_global_index(b.layout, n, r)) out.push_back(v[static_cast<std::size_t>(i)]);

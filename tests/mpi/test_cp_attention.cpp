@@ -39,7 +39,7 @@ TEST(DcsLayout, PartitionRoundTripAndPositions) {
 }
 
 TEST(DcsLayout, PackingAndSeqIdx) {
-  auto b = pack_sequences({{5, 6, 7}, {8}, {1, 2, 3, 4, 5}}, 4, 0);
+  auto b = pack_sequences({{5, 6, 7}, {8}, {1, 2, 3, 4, 5}}, 2, 0);
   EXPECT_EQ(b.layout.cu_seqlens, (std::vector<std::int64_t>{0, 4, 8, 16}));
   EXPECT_EQ(b.tokens, (std::vector<std::int64_t>{5, 6, 7, 0, 8, 0, 0, 0, 1, 2, 3, 4, 5, 0, 0, 0}));
   EXPECT_EQ(b.labels[0], 6);

@@ -53,7 +53,7 @@ Batch make_batch(const std::string& f, int cp) {
     for (std::int64_t t = 0; t < lens[s]; ++t) q.push_back(static_cast<std::int64_t>((s * 7 + t * t * 3 + t) % 23));
     seqs.push_back(q);
   }
-  cp::PackedBatch pb = cp::pack_sequences(seqs, 2 * cp, 0);
+  cp::PackedBatch pb = cp::pack_sequences(seqs, cp, 0);
   Batch b;
   b.layout = f == "bshd" ? SeqLayout::bshd(2, 32) : pb.layout;
   b.tokens = pb.tokens;
