@@ -2,7 +2,8 @@
 // tensors: the time between two CUDA events recorded on the default stream around the call, so a
 // phase is charged its own device work however far the host runs ahead of it (kernels launched in
 // one phase and finished in the next are not charged to the next). Device times are read when the
-// totals are asked for (one wait for the last event).
+// totals are asked for (one wait for the last event). The layers' phases and a CP attention pass's
+// compute / communication-wait split both use it.
 #pragma once
 #include <chrono>
 #include <map>
@@ -18,7 +19,10 @@ class PhaseTimes {
   PhaseTimes() = default;
   PhaseTimes(const PhaseTimes&) = delete;
   PhaseTimes& operator=(const PhaseTimes&) = delete;
-  ~PhaseTimes() { release(); }
+  ~PhaseTimes() {
+    release();
+    drop_lap_mark();
+  }
 
   template <class F>
   void time(const std::string& name, Space space, F&& f) {
@@ -33,6 +37,34 @@ class PhaseTimes {
     f();
     ms_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
+  // Laps, for a body that interleaves its phases: start_laps marks the start; lap(name) charges the
+  // time since the previous mark to `name` ("" to none) and marks again. Host: wall time; GPU: CUDA
+  // events on the default stream, as time() records.
+  void start_laps(Space space) {
+    drop_lap_mark();
+    const DeviceOps* ops = space == Space::Cuda ? device_ops() : nullptr;
+    lap_ops_ = ops && ops->event_mark ? ops : nullptr;
+    if (lap_ops_)
+      lap_a_ = lap_ops_->event_mark();
+    else
+      lap_t0_ = std::chrono::steady_clock::now();
+  }
+  void lap(const std::string& name) {
+    if (lap_ops_) {
+      void* b = lap_ops_->event_mark();
+      if (name.empty()) {
+        lap_ops_->event_release(lap_a_);
+        lap_a_ = b;
+        return;
+      }
+      pending_.push_back({name, lap_a_, b});
+      lap_a_ = lap_ops_->event_mark();
+      return;
+    }
+    const auto t = std::chrono::steady_clock::now();
+    if (!name.empty()) ms_[name] += std::chrono::duration<double, std::milli>(t - lap_t0_).count();
+    lap_t0_ = t;
+  }
   // Every phase's total since the last reset (reads the pending device events).
   const std::map<std::string, double>& totals() const {
     const DeviceOps* ops = device_ops();
@@ -42,6 +74,7 @@ class PhaseTimes {
   }
   void reset() {
     release();
+    drop_lap_mark();
     ms_.clear();
   }
 
@@ -58,8 +91,16 @@ class PhaseTimes {
     }
     pending_.clear();
   }
+  void drop_lap_mark() {
+    if (lap_ops_ && lap_a_) lap_ops_->event_release(lap_a_);
+    lap_a_ = nullptr;
+    lap_ops_ = nullptr;
+  }
   mutable std::vector<Pending> pending_;
   mutable std::map<std::string, double> ms_;
+  const DeviceOps* lap_ops_ = nullptr;  // laps on the GPU: the ops, and the mark the next lap starts at
+  void* lap_a_ = nullptr;
+  std::chrono::steady_clock::time_point lap_t0_;
 };
 
 }  // namespace hcp

@@ -1,7 +1,6 @@
 // Attention CP over two levels, a2a+p2p (CpAttention's members for it): Ulysses over the inner
 // group, the p2p ring over the outer group.
 #include "cp/attention_cp.hpp"
-#include "cp/lap_clock.hpp"
 
 namespace hcp::cp {
 
@@ -44,45 +43,43 @@ void CpAttention::make_levels() {
 
 void CpAttention::fwd_a2a_p2p(Tensor& o) {
   make_levels();
-  LapClock c;
+  PhaseTimes& c = fwd_ph_;
+  c.start_laps(q_.space());
   const std::int64_t hl = cfg_.heads / inner_, D = cfg_.head_dim;
   Tensor qh = xq_->to_heads(q_), kh = xkv_->to_heads(k_), vh = xkv_->to_heads(v_);
   if (!kv_map_.empty()) {
     kh = expand_heads(kh, kv_map_);
     vh = expand_heads(vh, kv_map_);
   }
-  fwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   Tensor oh = Tensor::zeros({inner_ * tl_, hl, D}, q_.dtype());
   ring_->forward(oh, qh, kh, vh);
-  fwd_t_.compute += ring_->fwd_times().compute;
-  fwd_t_.comm_wait += ring_->fwd_times().comm_wait;
-  c.lap();
+  c.lap("");
   o_ = xq_->to_tokens(oh, cfg_.heads);
-  fwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   o.copy_from(o_.view(o.shape()));
 }
 
 void CpAttention::bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  LapClock c;
+  PhaseTimes& c = bwd_ph_;
+  c.start_laps(q_.space());
   const std::int64_t hl = cfg_.heads / inner_, D = cfg_.head_dim, kvr = ring_kv_heads();
   Tensor doh = xq_->to_heads(dout);
-  bwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   Tensor dqh = Tensor::zeros({inner_ * tl_, hl, D}, q_.dtype()),
          dkh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype()),
          dvh = Tensor::zeros({inner_ * tl_, kvr, D}, q_.dtype());
   ring_->backward(dqh, dkh, dvh, doh);
-  bwd_t_.compute += ring_->bwd_times().compute;
-  bwd_t_.comm_wait += ring_->bwd_times().comm_wait;
-  c.lap();
+  c.lap("");
   if (!kv_map_.empty()) {
     const std::int64_t n = kv_n_[static_cast<std::size_t>(rank_ % inner_)];
     dkh = expand_heads_adjoint(dkh, kv_map_, n);
     dvh = expand_heads_adjoint(dvh, kv_map_, n);
   }
-  bwd_t_.compute += c.lap();
+  c.lap("compute");
   Tensor dql = xq_->to_tokens(dqh, cfg_.heads), dkl = xkv_->to_tokens(dkh, cfg_.kv_heads),
          dvl = xkv_->to_tokens(dvh, cfg_.kv_heads);
-  bwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   dq.copy_from(dql.view(dq.shape()));
   dk.copy_from(dkl.view(dk.shape()));
   dv.copy_from(dvl.view(dv.shape()));

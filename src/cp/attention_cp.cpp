@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cp/lap_clock.hpp"
 #include "cp/layout.hpp"
 
 namespace hcp::cp {
@@ -78,7 +77,7 @@ void CpAttention::forward(Tensor& o, const Tensor& q, const Tensor& kk, const Te
   q_ = q.view({tl_, H, D});
   k_ = kk.view({tl_, Hkv, D});
   v_ = v.view({tl_, Hkv, D});
-  fwd_t_ = {};
+  fwd_ph_.reset();
   if (cp_ == 1) return fwd_local(o);
   switch (cfg_.strategy) {
     case AttnStrategy::P2P:
@@ -102,7 +101,7 @@ void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dou
   HCP_CHECK(
       dout.numel() == q_.numel() && dq.numel() == q_.numel() && dk.numel() == k_.numel() && dv.numel() == v_.numel(),
       "cp attention backward: gradient shapes do not match the forward's inputs");
-  bwd_t_ = {};
+  bwd_ph_.reset();
   Tensor dov = dout.view(q_.shape());
   if (cp_ == 1) {
     bwd_local(dq, dk, dv, dov);
@@ -129,18 +128,20 @@ void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dou
 // cp = 1, whatever the strategy: the kernels on the local tensors (the whole problem), with no ring,
 // gather or all-to-all and no staging copy; the gradients are written in place.
 void CpAttention::fwd_local(Tensor& o) {
-  LapClock c;
+  PhaseTimes& c = fwd_ph_;
+  c.start_laps(q_.space());
   auto p = base_params(cfg_.heads, cfg_.kv_heads);
   p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
   o_ = Tensor::zeros(q_.shape(), q_.dtype());
   lse_ = Tensor::zeros({tl_, cfg_.heads}, lse_dtype(q_));
   k::attention_fwd(o_, lse_, q_, k_, v_, p);
   o.copy_from(o_.view(o.shape()));
-  fwd_t_.compute += c.lap();
+  c.lap("compute");
 }
 
 void CpAttention::bwd_local(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  LapClock c;
+  PhaseTimes& c = bwd_ph_;
+  c.start_laps(q_.space());
   auto p = base_params(cfg_.heads, cfg_.kv_heads);
   p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
   if (dq.is_contiguous() && dk.is_contiguous() && dv.is_contiguous()) {
@@ -153,7 +154,7 @@ void CpAttention::bwd_local(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& do
     dk.copy_from(dkl.view(dk.shape()));
     dv.copy_from(dvl.view(dv.shape()));
   }
-  bwd_t_.compute += c.lap();
+  c.lap("compute");
 }
 
 // A segment with at least one (query, key) pair.
@@ -217,18 +218,19 @@ void CpAttention::fwd_p2p(Tensor& o) {
   lse_ = Tensor::zeros({tl_, H}, acc_dt);
   lse_.fill(-INFINITY);
   Tensor op = Tensor::zeros({tl_, H, D}, dt), lp = Tensor::zeros({tl_, H}, acc_dt);
-  LapClock c;
+  PhaseTimes& c = fwd_ph_;
+  c.start_laps(q_.space());
   for (int i = 0; i < cp_; ++i) {
     RingRequest req = ring_post_next(cur, nxt, i);
-    c.lap();
+    c.lap("");
     const auto p = ring_params(i);
     Tensor kb = cur.slice(0, 0, 1).view({tl_, Hkv, D}), vb = cur.slice(0, 1, 1).view({tl_, Hkv, D});
     k::attention_fwd(op, lp, q_, kb, vb, p);
     k::attention_merge(oacc, lse_, op, lp);
-    fwd_t_.compute += c.lap();
+    c.lap("compute");
     if (req.active) {
       comm_.ring_wait(req);
-      fwd_t_.comm_wait += c.lap();
+      c.lap("comm_wait");
       std::swap(cur, nxt);
     }
   }
@@ -248,34 +250,35 @@ void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
   Tensor dq_acc = Tensor::zeros({tl_, H, D}, acc_dt), dq_p = Tensor::zeros({tl_, H, D}, dt);
   Tensor dk_p = Tensor::zeros({tl_, Hkv, D}, dt), dv_p = Tensor::zeros({tl_, Hkv, D}, dt);
   RingRequest ra;  // the accumulator in flight
-  LapClock c;
+  PhaseTimes& c = bwd_ph_;
+  c.start_laps(q_.space());
   for (int i = 0; i < cp_; ++i) {
     RingRequest req = ring_post_next(cur, nxt, i);
-    c.lap();
+    c.lap("");
     const auto p = ring_params(i);
     Tensor kb = cur.slice(0, 0, 1).view({tl_, Hkv, D}), vb = cur.slice(0, 1, 1).view({tl_, Hkv, D});
     k::attention_bwd(dq_p, dk_p, dv_p, q_, kb, vb, o_, lse_, dout, p);
     k::axpy(dq_acc, 1.0, dq_p);
-    bwd_t_.compute += c.lap();
+    c.lap("compute");
     if (ra.active) {  // this block's accumulator, from the previous rank
       comm_.ring_wait(ra);
       std::swap(acc, acc_in);
-      bwd_t_.comm_wait += c.lap();
+      c.lap("comm_wait");
     }
     Tensor ak = acc.slice(0, 0, 1).view({tl_, Hkv, D}), av = acc.slice(0, 1, 1).view({tl_, Hkv, D});
     k::axpy(ak, 1.0, dk_p);
     k::axpy(av, 1.0, dv_p);
-    bwd_t_.compute += c.lap();
+    c.lap("compute");
     ra = ring_post_next(acc, acc_in, -1, 9);  // on to the next rank (after the last step: the owner)
     if (req.active) {
       comm_.ring_wait(req);
       std::swap(cur, nxt);
-      bwd_t_.comm_wait += c.lap();
+      c.lap("comm_wait");
     }
   }
   comm_.ring_wait(ra);
   std::swap(acc, acc_in);
-  bwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   const auto out = [&](const Tensor& t) { return acc_dt == dt ? t : t.to(dt); };
   dq.copy_from(out(dq_acc).view(dq.shape()));
   dk.copy_from(out(acc.slice(0, 0, 1)).view(dk.shape()));
@@ -298,32 +301,34 @@ static std::vector<k::AttnSegment> allgather_segments(const SeqLayout& global, c
 }
 
 void CpAttention::fwd_allgather(Tensor& o) {
-  LapClock c;
+  PhaseTimes& c = fwd_ph_;
+  c.start_laps(q_.space());
   kg_ = dcs_gather(comm_, k_, cfg_.global);
   vg_ = dcs_gather(comm_, v_, cfg_.global);
-  fwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   auto p = base_params(cfg_.heads, cfg_.kv_heads);
   p.segments = allgather_segments(cfg_.global, local_, cp_, rank_);
   o_ = Tensor::zeros(q_.shape(), q_.dtype());
   lse_ = Tensor::zeros({tl_, cfg_.heads}, lse_dtype(q_));
   k::attention_fwd(o_, lse_, q_, kg_, vg_, p);
-  fwd_t_.compute += c.lap();
+  c.lap("compute");
   o.copy_from(o_.view(o.shape()));
 }
 
 void CpAttention::bwd_allgather(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  LapClock c;
+  PhaseTimes& c = bwd_ph_;
+  c.start_laps(q_.space());
   auto p = base_params(cfg_.heads, cfg_.kv_heads);
   p.segments = allgather_segments(cfg_.global, local_, cp_, rank_);
   Tensor dkg = zeros_like(kg_), dvg = zeros_like(vg_), dql = zeros_like(q_);
   k::attention_bwd(dql, dkg, dvg, q_, kg_, vg_, o_, lse_, dout, p);
-  bwd_t_.compute += c.lap();
+  c.lap("compute");
   // Global order -> rank-major, then reduce-scatter: each owner gets the sum of every rank's part.
   Tensor dk_rm = dcs_redo(dkg, cfg_.global, cp_), dv_rm = dcs_redo(dvg, cfg_.global, cp_);
   Tensor dkl = Tensor::zeros(k_.shape(), k_.dtype()), dvl = Tensor::zeros(v_.shape(), v_.dtype());
   comm_.reduce_scatter(dk_rm, dkl);
   comm_.reduce_scatter(dv_rm, dvl);
-  bwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   dq.copy_from(dql.view(dq.shape()));
   dk.copy_from(dkl.view(dk.shape()));
   dv.copy_from(dvl.view(dv.shape()));
@@ -343,12 +348,13 @@ Tensor head_to_seq(Communicator& comm, const Tensor& xh, const SeqLayout& global
 }  // namespace
 
 void CpAttention::fwd_a2a(Tensor& o) {
-  LapClock c;
+  PhaseTimes& c = fwd_ph_;
+  c.start_laps(q_.space());
   const std::int64_t Hl = cfg_.heads / cp_;
   qh_ = seq_to_head(comm_, q_, cfg_.global);
   kh_ = xkv_->to_heads(k_);
   vh_ = xkv_->to_heads(v_);
-  fwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   if (!kv_map_.empty()) {
     kh_ = expand_heads(kh_, kv_map_);
     vh_ = expand_heads(vh_, kv_map_);
@@ -358,17 +364,18 @@ void CpAttention::fwd_a2a(Tensor& o) {
   oh_ = Tensor::zeros(qh_.shape(), q_.dtype());
   lse_ = Tensor::zeros({cfg_.global.total(), Hl}, lse_dtype(q_));
   k::attention_fwd(oh_, lse_, qh_, kh_, vh_, p);
-  fwd_t_.compute += c.lap();
+  c.lap("compute");
   o_ = head_to_seq(comm_, oh_, cfg_.global);
-  fwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   o.copy_from(o_.view(o.shape()));
 }
 
 void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  LapClock c;
+  PhaseTimes& c = bwd_ph_;
+  c.start_laps(q_.space());
   const std::int64_t Hl = cfg_.heads / cp_, n = kv_n_[static_cast<std::size_t>(rank_)];
   Tensor doh = seq_to_head(comm_, dout, cfg_.global);
-  bwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   auto p = base_params(Hl, kh_.size(1));
   p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
   Tensor dqh = zeros_like(qh_), dkh = zeros_like(kh_), dvh = zeros_like(vh_);
@@ -377,13 +384,38 @@ void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
     dkh = expand_heads_adjoint(dkh, kv_map_, n);
     dvh = expand_heads_adjoint(dvh, kv_map_, n);
   }
-  bwd_t_.compute += c.lap();
+  c.lap("compute");
   Tensor dql = head_to_seq(comm_, dqh, cfg_.global);
   Tensor dkl = xkv_->to_tokens(dkh, cfg_.kv_heads), dvl = xkv_->to_tokens(dvh, cfg_.kv_heads);
-  bwd_t_.comm_wait += c.lap();
+  c.lap("comm_wait");
   dq.copy_from(dql.view(dq.shape()));
   dk.copy_from(dkl.view(dk.shape()));
   dv.copy_from(dvl.view(dv.shape()));
+}
+
+namespace {
+CpAttnTimes times_of(const PhaseTimes& ph) {
+  const auto& t = ph.totals();
+  const auto ms = [&](const char* k) { return t.count(k) ? t.at(k) / 1e3 : 0.0; };
+  return {ms("compute"), ms("comm_wait")};
+}
+}  // namespace
+
+CpAttnTimes CpAttention::fwd_times() const {
+  CpAttnTimes t = times_of(fwd_ph_);
+  if (ring_) {  // a2a+p2p: its ring's own split
+    t.compute += ring_->fwd_times().compute;
+    t.comm_wait += ring_->fwd_times().comm_wait;
+  }
+  return t;
+}
+CpAttnTimes CpAttention::bwd_times() const {
+  CpAttnTimes t = times_of(bwd_ph_);
+  if (ring_) {
+    t.compute += ring_->bwd_times().compute;
+    t.comm_wait += ring_->bwd_times().comm_wait;
+  }
+  return t;
 }
 
 std::int64_t CpAttention::model_fwd_bytes(DType dt) const {

@@ -9,6 +9,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/layout.hpp"
+#include "core/phase_times.hpp"
 #include "cp/head_exchange.hpp"
 #include "cp/strategy.hpp"
 #include "kernels/kernels.hpp"
@@ -54,8 +55,9 @@ class CpAttention {
   void forward(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v);
   // Needs the forward's saved tensors (of the same instance); releases them.
   void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
-  const CpAttnTimes& fwd_times() const { return fwd_t_; }
-  const CpAttnTimes& bwd_times() const { return bwd_t_; }
+  // Device time on GPU ranks (CUDA events), wall time on host ranks (PhaseTimes).
+  CpAttnTimes fwd_times() const;
+  CpAttnTimes bwd_times() const;
   // Values this rank sends per forward / backward, by the strategy's cost model
   // (attention_cp_model_bytes).
   std::int64_t model_fwd_bytes(DType dt) const;
@@ -102,7 +104,7 @@ class CpAttention {
   std::unique_ptr<Communicator> inner_comm_, outer_comm_;
   std::unique_ptr<HeadExchange> xq_, xkv_;
   std::unique_ptr<CpAttention> ring_;
-  CpAttnTimes fwd_t_, bwd_t_;
+  PhaseTimes fwd_ph_, bwd_ph_;  // "compute" and "comm_wait" laps of the last pass
 };
 
 }  // namespace hcp::cp
