@@ -1,5 +1,5 @@
-// Process grid: the world split into CP groups (consecutive ranks), DP groups (same CP rank) and
-// EP groups (consecutive ranks of ep_size). Passed explicitly to every layer.
+// Process grid: the world split into CP groups (consecutive ranks) and DP groups (same CP rank).
+// Expert parallelism runs inside a CP group (model::ExpertGroups, parallel.ep).
 #pragma once
 #include <memory>
 
@@ -8,12 +8,12 @@
 namespace hcp {
 
 struct ProcessGrid {
-  std::unique_ptr<Communicator> world, cp, dp, ep;
-  int cp_size = 1, dp_size = 1, ep_size = 1;
-  int cp_rank = 0, dp_rank = 0, ep_rank = 0;
+  std::unique_ptr<Communicator> world, cp, dp;
+  int cp_size = 1, dp_size = 1;
+  int cp_rank = 0, dp_rank = 0;
 
-  // Throws hcp::Error naming cp_size/ep_size when they do not divide the world size.
-  static ProcessGrid make(const Communicator& world, int cp_size, int ep_size = 1);
+  // Throws hcp::Error naming parallel.cp_size unless it divides the world size.
+  static ProcessGrid make(const Communicator& world, int cp_size);
 };
 
 // This process's rank among the ranks of its node (MPI_COMM_TYPE_SHARED over MPI_COMM_WORLD), and
