@@ -60,9 +60,11 @@ void Study::write_memory(const std::string& strategy) {
   std::string line = buf;
   double est = 0;
   if (memory_) {
-    // The model's tensors of every rank against this rank's measured high-water (alive before the
-    // step and allocated in it): the extremes of the ratio over the ranks.
-    est = static_cast<double>(memory_(deck, cp, strategy).every_rank());
+    // The model's tensors of this rank against its measured high-water (alive before the step and
+    // allocated in it): the extremes of the ratio over the ranks. Rank 0 also keeps the cp=1
+    // reference's results beside every case.
+    const MemoryModel mm = memory_(deck, cp, strategy);
+    est = static_cast<double>(root() ? mm.sum(mm.total(Holder::Rank0Kept), mm.every_rank()) : mm.every_rank());
     const double measured = mem_.live + mem_.work, ratio = measured > 0 ? est / measured : 0;
     const double lo = -comm.all_reduce_scalar(-ratio, ReduceOp::Max), hi = comm.all_reduce_scalar(ratio, ReduceOp::Max);
     std::snprintf(buf, sizeof buf, ", model %.2f (model / measured over ranks %.3f..%.3f)", est / 1048576.0, lo, hi);
@@ -81,7 +83,9 @@ void Study::write_memory(const std::string& strategy) {
   writer_->per_rank(m + "live_tensor_bytes", mem_.live, "bytes of tensors alive before the timed loop");
   writer_->per_rank(m + "host_rss_peak_bytes", mem_.rss_peak, "bytes (process high-water since start)");
   if (memory_)
-    writer_->per_rank(m + "model_bytes", est, "bytes every rank holds by the memory model (memory_model.hpp)");
+    writer_->per_rank(m + "model_bytes", est,
+                      "bytes this rank holds in the case by the memory model (memory_model.hpp; rank 0 with the "
+                      "kept cp=1 reference results)");
   if (space == Space::Cuda) {
     writer_->per_rank(m + "device_used_bytes", mem_.device_used, "bytes (cudaMemGetInfo: the whole GPU)");
     writer_->per_rank(m + "device_pool_peak_bytes", mem_.pool_peak,
