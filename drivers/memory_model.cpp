@@ -3,10 +3,13 @@
 // are in memory_admission.cpp.
 #include "memory_model.hpp"
 
+#include <algorithm>
+
 #include "common.hpp"
 #include "core/dtype.hpp"
 #include "cp/head_exchange.hpp"
 #include "cp/layout.hpp"
+#include "cp/state_passing.hpp"
 #include "layer_keys.hpp"
 
 namespace hcp::drivers {
@@ -99,6 +102,38 @@ std::int64_t mamba_work_per_token(const model::Mamba2Config& c, const std::strin
   return 18 * di + 12 * GN * rep + 4 * H + 64;
 }
 
+// State passing's per-sequence state tensors, beside the per-token terms (rows of H (P N + 1)
+// values in the scan dtype; np = 2 pieces per sequence on every rank): per layer the saved incoming
+// states, and for the all-gather exchange every rank's gathered final and incoming states (2 cp np);
+// while a layer runs, its pieces' final states and their gradients, and the exchange's buffers
+// (2 cp np more for the all-gather, a few rows per piece for the doubling scan).
+StateRows state_passing_rows(const model::Mamba2Config& c, int cp, std::int64_t sequences) {
+  // The exchange choice depends on how the pieces lie, not on their lengths: 2 cp tokens a sequence.
+  std::vector<std::int64_t> cu{0};
+  for (std::int64_t s = 0; s < sequences; ++s) cu.push_back(cu.back() + 2 * cp);
+  const bool gather = cp::resolve_state_exchange(SeqLayout::thd(cu), cp, cp::Partition::DCS, c.state_exchange,
+                                                 c.head_dim * c.d_state) == cp::StateExchange::AllGather;
+  const std::int64_t np = 2 * sequences;
+  return {gather ? (2 * cp + 1) * np : 2 * np, gather ? (2 * cp + 3) * np : 9 * np,
+          c.heads * (c.head_dim * c.d_state + 1)};
+}
+
+namespace {
+std::int64_t sequences(const Deck& d) {
+  if (d.get_string("data.format") == "bshd") return d.get_int("data.batch");
+  return static_cast<std::int64_t>(parse_lengths(d, "data.seq_lens").size());
+}
+std::int64_t state_bytes(const Deck& d) { return d.get_string("data.dtype") == "bf16" ? 4 : dtype_bytes(d); }
+// The hybrid stack's state-passing states: each Mamba2 layer's saved rows, one layer's work rows.
+void add_state_passing(MemoryModel& m, const Deck& d, const model::HybridConfig& h, int cp, std::int64_t seqs) {
+  if (h.mamba_cp != model::MambaCp::StatePassing) return;
+  const auto layers = static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), 'M'));
+  if (layers == 0) return;
+  const StateRows r = state_passing_rows(h.mamba, cp, seqs);
+  m.add("state passing states", {m.sum(m.mul(layers, r.saved), r.work), r.row}, state_bytes(d));
+}
+}  // namespace
+
 std::int64_t mamba_param_count(const model::Mamba2Config& c) {
   // in_proj, conv weight and bias, A_log / D / dt_bias, norm weight, out_proj
   return c.d_in_proj() * c.hidden + c.conv_dim() * (c.conv + 1) + 3 * c.heads + c.d_inner() + c.hidden * c.d_inner();
@@ -160,6 +195,10 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
   m.add("parameters", {P}, es);
   m.add("gradients", {P}, es);
   m.add("step buffers", {tl, mamba_work_per_token(c, strategy, cp)}, es);
+  if (strategy == "state_passing") {
+    const StateRows r = state_passing_rows(c, cp, sequences(d));
+    m.add("state passing states", {r.saved + r.work, r.row}, state_bytes(d));
+  }
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
     m.add("cp=1 reference step", {T, 4 * c.hidden + mamba_work_per_token(c, "hidden_parallel", 1)}, es,
@@ -232,6 +271,7 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
   m.add("parameters", {P}, es);
   m.add("gradients", {P}, es);
   add_hybrid_step(m, h, cp, ep, tl, es, Holder::EveryRank);
+  add_state_passing(m, d, h, cp, sequences(d));
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
     m.add("cp=1 reference step", {2, P1}, es, Holder::Rank0Before);  // every expert, and the gradients

@@ -119,6 +119,12 @@ std::int64_t attention_work_bytes(const MemoryModel& m, const std::string& strat
 // One Mamba2 mixer's step-time elements per local token (hidden_parallel or state_passing).
 std::int64_t mamba_work_per_token(const model::Mamba2Config& c, const std::string& strategy, int cp);
 std::int64_t mamba_param_count(const model::Mamba2Config& c);
+// State passing's per-sequence state rows (H (P N + 1) values each, in the scan dtype) per rank for
+// `sequences` sequences at cp: saved per Mamba2 layer, and held while one layer runs.
+struct StateRows {
+  std::int64_t saved = 0, work = 0, row = 0;
+};
+StateRows state_passing_rows(const model::Mamba2Config& c, int cp, std::int64_t sequences);
 
 // ---- the drivers' models -----------------------------------------------------------------------------
 MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy);

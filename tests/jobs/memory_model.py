@@ -32,6 +32,9 @@ runs = [
                                      "--set", "run.check=cross"]),
     ("cp_mamba", "bshd fp64", ["--set", "data.format=bshd", "--set", "data.batch=1", "--set", "data.seqlen=2400",
                                "--set", "mamba.heads=12"]),
+    # the built-in deck: pieces shorter than an SSD chunk, where the per-sequence states outweigh
+    # the per-token terms (state passing's model was 0.85 of the measured at np 3 without them)
+    ("cp_mamba", "builtin short pieces", ["--set", "parallel.mamba_cp=state_passing"]),
     ("cp_mamba", "thd fp32 groups 4", ["--set", "data.seq_lens=900, 1000", "--set", "mamba.heads=12",
                                        "--set", "mamba.n_groups=4", "--set", "mamba.d_state=32", "--set", "data.dtype=fp32"]),
     ("cp_hybrid", "nano_like thd fp32", ["--deck", "INPUTS/hybrid_nano_like.toml", "--set", "data.seq_lens=1500, 900",
