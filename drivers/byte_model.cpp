@@ -24,11 +24,10 @@ void per_rank_json(std::ostringstream& os, const std::map<std::string, std::vect
 }
 }  // namespace
 
-void add_attention_bytes(LayerBytes& b, const model::AttnLayerConfig& c, const SeqLayout& global, int cp, DType dt) {
+void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, int cp, DType dt) {
   for (const cp::AttnStrategyInfo& s : cp::attn_strategies()) {
-    model::AttnLayerConfig one = c;
-    one.strategy = s.id;
-    const cp::CpAttnConfig a = model::cp_attn_config(one, global);
+    cp::CpAttnConfig a = c;
+    a.strategy = s.id;
     try {
       cp::check_attention_cp_shape(a, cp);
     } catch (const Error&) {

@@ -10,6 +10,7 @@
 
 #include "core/dtype.hpp"
 #include "core/layout.hpp"
+#include "cp/attention_cp.hpp"
 #include "model/layers.hpp"
 #include "model/mamba2.hpp"
 
@@ -23,8 +24,8 @@ struct LayerBytes {
   std::string state_scan;  // the state-passing exchange the Mamba bytes assume ("auto" resolved)
 };
 
-// Every attention strategy whose shape rules `c` meets on `cp` ranks.
-void add_attention_bytes(LayerBytes& b, const model::AttnLayerConfig& c, const SeqLayout& global, int cp, DType dt);
+// Every attention strategy whose shape rules `c` (its strategy aside) meets on `cp` ranks.
+void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, int cp, DType dt);
 // Every Mamba CP strategy whose shape rules `c` meets on `cp` ranks.
 void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayout& global, int cp, DType dt);
 // Expert parallelism over groups of `ep` ranks, tokens routed uniformly (an expectation).

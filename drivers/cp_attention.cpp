@@ -76,15 +76,8 @@ drivers::Cases cases() {
           [](const Deck& d, Communicator& c, int cp, const std::string& n) { cp::CpAttention a(c, config(d, cp, n)); },
           drivers::attention_memory,
           [](const Deck& d, int cp) {
-            const cp::CpAttnConfig a = config(d, cp, "p2p");
-            model::AttnLayerConfig l;
-            l.heads = a.heads;
-            l.kv_heads = a.kv_heads;
-            l.head_dim = a.head_dim;
-            l.causal = a.causal;
-            l.cp_inner = a.cp_inner;
             drivers::LayerBytes b;
-            drivers::add_attention_bytes(b, l, a.global, cp, dtype_from_string(d.get_string("data.dtype")));
+            drivers::add_attention_bytes(b, config(d, cp, "p2p"), cp, dtype_from_string(d.get_string("data.dtype")));
             return b;
           }};
 }

@@ -57,7 +57,8 @@ drivers::Cases cases() {
             const SeqLayout g = drivers::global_layout(d, cp);
             const DType dt = dtype_from_string(d.get_string("data.dtype"));
             drivers::LayerBytes b;
-            if (h.pattern.find('*') != std::string::npos) drivers::add_attention_bytes(b, h.attn, g, cp, dt);
+            if (h.pattern.find('*') != std::string::npos)
+              drivers::add_attention_bytes(b, model::cp_attn_config(h.attn, g), cp, dt);
             if (h.pattern.find('M') != std::string::npos) drivers::add_mamba_bytes(b, h.mamba, g, cp, dt);
             if (h.pattern.find('E') != std::string::npos)
               drivers::add_moe_bytes(b, h.moe, h.hidden, g.total() / cp, cp, drivers::ep_size_of(d, h, cp), dt);

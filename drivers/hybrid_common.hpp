@@ -58,14 +58,10 @@ inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attent
 // attention layer, or a comma-separated list with one name per attention layer of model.pattern.
 inline void set_attention_strategies(model::HybridConfig& c, const Deck& d, const std::string& attention) {
   std::vector<cp::AttnStrategy> v;
-  for (std::size_t start = 0;;) {
-    const std::size_t end = std::min(attention.find(',', start), attention.size());
-    const std::string item = attention.substr(start, end - start);
+  for (const std::string& item : list_items(attention)) {
     HCP_INPUT_CHECK(item != "all" || attention == "all", d.where("parallel.attention"),
                     "key 'parallel.attention': \"all\" runs every strategy in turn and cannot be an item of a list");
     v.push_back(cp::attn_strategy_from_string(item));
-    if (end == attention.size()) break;
-    start = end + 1;
   }
   const auto n_attn = static_cast<std::size_t>(std::count(c.pattern.begin(), c.pattern.end(), '*'));
   HCP_INPUT_CHECK(v.size() == 1 || v.size() == n_attn, d.where("parallel.attention"), "key 'parallel.attention' lists ",

@@ -394,29 +394,16 @@ void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
 }
 
 namespace {
-CpAttnTimes times_of(const PhaseTimes& ph) {
+// A pass's laps, plus `ring` (a2a+p2p: its ring's own split; zeros otherwise).
+CpAttnTimes times_of(const PhaseTimes& ph, const CpAttnTimes& ring) {
   const auto& t = ph.totals();
-  const auto ms = [&](const char* k) { return t.count(k) ? t.at(k) / 1e3 : 0.0; };
-  return {ms("compute"), ms("comm_wait")};
+  const auto s = [&](const char* k) { return t.count(k) ? t.at(k) / 1e3 : 0.0; };
+  return {s("compute") + ring.compute, s("comm_wait") + ring.comm_wait};
 }
 }  // namespace
 
-CpAttnTimes CpAttention::fwd_times() const {
-  CpAttnTimes t = times_of(fwd_ph_);
-  if (ring_) {  // a2a+p2p: its ring's own split
-    t.compute += ring_->fwd_times().compute;
-    t.comm_wait += ring_->fwd_times().comm_wait;
-  }
-  return t;
-}
-CpAttnTimes CpAttention::bwd_times() const {
-  CpAttnTimes t = times_of(bwd_ph_);
-  if (ring_) {
-    t.compute += ring_->bwd_times().compute;
-    t.comm_wait += ring_->bwd_times().comm_wait;
-  }
-  return t;
-}
+CpAttnTimes CpAttention::fwd_times() const { return times_of(fwd_ph_, ring_ ? ring_->fwd_times() : CpAttnTimes{}); }
+CpAttnTimes CpAttention::bwd_times() const { return times_of(bwd_ph_, ring_ ? ring_->bwd_times() : CpAttnTimes{}); }
 
 std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
   return attention_cp_model_bytes(cfg_, cp_, rank_, dt, false);

@@ -56,14 +56,7 @@ void check_rules(const DeckKey& k, const DeckValue& v, const std::string& where)
   }
   if (auto p = std::get_if<std::string>(&v); p && !k.choices.empty()) {
     // A list key with choices: each item is one of them.
-    std::vector<std::string> items;
-    for (std::size_t start = 0; k.list;) {
-      const std::size_t end = std::min(p->find(',', start), p->size());
-      items.push_back(p->substr(start, end - start));
-      if (end == p->size()) break;
-      start = end + 1;
-    }
-    if (!k.list) items.push_back(*p);
+    const std::vector<std::string> items = k.list ? list_items(*p) : std::vector<std::string>{*p};
     std::string all;
     for (auto& c : k.choices) all += (all.empty() ? "" : ", ") + c;
     for (const std::string& item : items) {
@@ -102,19 +95,14 @@ std::string joined(const DeckKey& k, const toml::array& a, const std::string& wh
 }
 // --set key=[a, "b", 3]: the items between the brackets, quotes optional (a shell eats them).
 std::string joined(const DeckKey& k, const std::string& bracketed, const std::string& where) {
-  std::vector<std::string> items;
   const std::string inner = bracketed.substr(1, bracketed.size() - 2);
-  if (inner.find_first_not_of(" \t") == std::string::npos) return joined(k, items, where);
-  for (std::size_t start = 0;;) {
-    const std::size_t end = std::min(inner.find(',', start), inner.size());
-    std::string item = inner.substr(start, end - start);
+  if (inner.find_first_not_of(" \t") == std::string::npos) return joined(k, std::vector<std::string>{}, where);
+  std::vector<std::string> items = list_items(inner);
+  for (std::string& item : items) {
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
     if (item.size() >= 2 && (item.front() == '"' || item.front() == '\'') && item.back() == item.front())
       item = item.substr(1, item.size() - 2);
-    items.push_back(item);
-    if (end == inner.size()) break;
-    start = end + 1;
   }
   return joined(k, items, where);
 }
@@ -193,6 +181,16 @@ void walk(const toml::table& tbl, const std::string& prefix, const DeckSchema& s
 }
 
 }  // namespace
+
+std::vector<std::string> list_items(const std::string& joined) {
+  std::vector<std::string> items;
+  for (std::size_t start = 0;;) {
+    const std::size_t end = std::min(joined.find(',', start), joined.size());
+    items.push_back(joined.substr(start, end - start));
+    if (end == joined.size()) return items;
+    start = end + 1;
+  }
+}
 
 DeckSchema& DeckSchema::add_int(const std::string& key, std::int64_t def, std::string help, std::optional<double> min,
                                 std::optional<double> max) {

@@ -50,6 +50,9 @@ class DeckSchema {
   std::map<std::string, std::string> renamed_keys_;
 };
 
+// The comma-separated items of a list key's value, as written (no trimming; empty items kept).
+std::vector<std::string> list_items(const std::string& joined);
+
 class Deck {
  public:
   // `text` is TOML; `source` names it in messages (a path, or "<builtin>").
