@@ -211,6 +211,7 @@ void run(DriverContext& ctx) {
       drivers::write_params(*st.out(), *st.ctx.world, "/gradients/" + name + "/", grads, shards, owner,
                             "parameter shape");
     }
+    st.phase_memory(m.phase_peaks());
     st.write_timings(name, s);
     const double ov = st.overlap(name, s);
     std::string phases;

@@ -180,6 +180,7 @@ void run(DriverContext& ctx) {
       halo_note = drivers::fields("# state_passing conv halo bytes, all ranks:", halo_all, "model", halo_model);
     }
     moved.push_back(bytes);
+    st.phase_memory(layer->phase_peaks());
     st.write_timings(name, smp);
     for (auto& [n, t] : grads) t = drivers::host(t);
     drivers::Study::Errors e;  // real rows against the unpadded oracle, pad rows against zero

@@ -37,6 +37,11 @@ void Study::memory_stop(double live0) {
 #endif
 }
 
+void Study::phase_memory(const std::map<std::string, PhaseTimes::Peak>& peaks) {
+  mem_.phases = peaks;
+  for (auto& [name, pk] : mem_.phases) pk.bytes -= static_cast<std::int64_t>(mem_.live);
+}
+
 void Study::write_parameter_memory(double elements, double expert_elements, int ep) {
   const double es = static_cast<double>(dtype_size(dt));
   if (root())
@@ -70,6 +75,16 @@ void Study::write_memory(const std::string& strategy) {
     std::snprintf(buf, sizeof buf, ", model %.2f (model / measured over ranks %.3f..%.3f)", est / 1048576.0, lo, hi);
     line += buf;
   }
+  if (!mem_.phases.empty()) {
+    // The innermost phase holding this rank's high-water; the line names rank 0's.
+    const std::pair<const std::string, PhaseTimes::Peak>* top = nullptr;
+    for (const auto& e : mem_.phases)
+      if (!top || e.second.bytes > top->second.bytes ||
+          (e.second.bytes == top->second.bytes && e.second.depth > top->second.depth))
+        top = &e;
+    std::snprintf(buf, sizeof buf, ", high-water in %s (rank 0)", top->first.c_str());
+    line += buf;
+  }
   if (space == Space::Cuda) {
     const double used = mib(mem_.device_used), pool = mib(mem_.pool_peak);
     std::snprintf(buf, sizeof buf, ", device used %.1f, device pool high-water %.2f", used, pool);
@@ -81,6 +96,10 @@ void Study::write_memory(const std::string& strategy) {
   writer_->per_rank(m + "step_tensor_bytes", mem_.work,
                     "bytes of tensors allocated beyond those alive before the timed loop (high-water)");
   writer_->per_rank(m + "live_tensor_bytes", mem_.live, "bytes of tensors alive before the timed loop");
+  for (const auto& [name, pk] : mem_.phases)
+    writer_->per_rank(m + "phase_peak_bytes/" + name, static_cast<double>(pk.bytes),
+                      "bytes of tensors alive at once during the phase, at most, beyond those alive before the "
+                      "timed loop");
   writer_->per_rank(m + "host_rss_peak_bytes", mem_.rss_peak, "bytes (process high-water since start)");
   if (memory_)
     writer_->per_rank(m + "model_bytes", est,

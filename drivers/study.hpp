@@ -19,6 +19,7 @@
 #include "comm/communicator.hpp"
 #include "comm/process_grid.hpp"
 #include "core/layout.hpp"
+#include "core/phase_times.hpp"
 #include "core/tensor.hpp"
 #include "harness.hpp"
 #include "io/results.hpp"
@@ -159,6 +160,11 @@ class Study {
   // (call before overlap(): its replay adds to the counters) and /memory/<strategy>/ of the last
   // time() call (its line, max over ranks, is printed before RESULT).
   void write_timings(const std::string& strategy, const Samples& s);
+  // The phases' tensor high-water of the last time() call (a model's PhaseTimes::peaks()), shown in
+  // the case's memory line (the phase where the step's high-water falls) and written beside it,
+  // /memory/<strategy>/phase_peak_bytes/<phase>, above the bytes alive before the step. Call before
+  // write_timings.
+  void phase_memory(const std::map<std::string, PhaseTimes::Peak>& peaks);
   // Parameter elements this rank holds, and of those the routed experts' (EP size ep): a line and
   // /memory/parameters/{bytes,expert_bytes} in the run's dtype.
   void write_parameter_memory(double elements, double expert_elements, int ep);
@@ -228,6 +234,7 @@ class Study {
   // high-water; on GPU ranks the device's used memory and the high-water of the stream-ordered pool.
   struct Memory {
     double work = 0, live = 0, rss_peak = 0, device_used = 0, pool_peak = 0;
+    std::map<std::string, PhaseTimes::Peak> phases;  // bytes above `live`
   } mem_;
   std::vector<std::string> mem_lines_;   // "# memory per rank" lines printed by finish()
   std::map<std::string, Tensor> first_;  // run.check = "cross": the first case's shards

@@ -29,7 +29,7 @@ step() {  # name np extra...: one run; prints "name np strategy step_ms" rows in
   local name="$1" np="$2"
   shift 2
   if mpirun -n "$np" "${hyb[@]}" "$@" --out "$out/${name}_np$np.h5" > "$out/${name}_np$np.txt" 2>&1; then
-    awk -v n="$name" -v p="$np" '$1 ~ /^(p2p|allgather|a2a)$/ {print n, p, $1, $3}' "$out/${name}_np$np.txt" >> "$out/steps.txt"
+    awk -v n="$name" -v p="$np" '$1 ~ /^(p2p|allgather|a2a|a2a\+p2p)$/ {print n, p, $1, $3}' "$out/${name}_np$np.txt" >> "$out/steps.txt"
   else
     tail -20 "$out/${name}_np$np.txt"
     echo "FAIL: $name np $np"

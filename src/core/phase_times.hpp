@@ -4,13 +4,18 @@
 // one phase and finished in the next are not charged to the next). Device times are read when the
 // totals are asked for (one wait for the last event). The layers' phases and a CP attention pass's
 // compute / communication-wait split both use it.
+// Each phase also keeps its tensor high-water: the most tensor bytes of its memory space alive at
+// once during any of its calls (nested phases count toward the phases around them).
 #pragma once
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "core/device.hpp"
+#include "core/tensor.hpp"
 
 namespace hcp {
 
@@ -24,19 +29,33 @@ class PhaseTimes {
     drop_lap_mark();
   }
 
+  struct Peak {
+    std::int64_t bytes = 0;  // tensor bytes alive at once, at most, during the phase
+    int depth = 0;           // how many phases enclose it
+  };
   template <class F>
   void time(const std::string& name, Space space, F&& f) {
+    const std::int64_t outer = take_tensor_scope_peak(space);  // the enclosing phase's so far
+    ++depth_;
     const DeviceOps* ops = space == Space::Cuda ? device_ops() : nullptr;
     if (ops && ops->event_mark) {
       void* a = ops->event_mark();
       f();
       pending_.push_back({name, a, ops->event_mark()});
-      return;
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      ms_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    ms_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    --depth_;
+    const std::int64_t inner = take_tensor_scope_peak(space);
+    Peak& pk = peaks_[name];
+    pk.bytes = std::max(pk.bytes, inner);
+    pk.depth = depth_;
+    raise_tensor_scope_peak(space, std::max(outer, inner));
   }
+  // Every phase's tensor high-water since the last reset.
+  const std::map<std::string, Peak>& peaks() const { return peaks_; }
   // Laps, for a body that interleaves its phases: start_laps marks the start; lap(name) charges the
   // time since the previous mark to `name` ("" to none) and marks again. Host: wall time; GPU: CUDA
   // events on the default stream, as time() records.
@@ -76,6 +95,7 @@ class PhaseTimes {
     release();
     drop_lap_mark();
     ms_.clear();
+    peaks_.clear();
   }
 
  private:
@@ -98,6 +118,8 @@ class PhaseTimes {
   }
   mutable std::vector<Pending> pending_;
   mutable std::map<std::string, double> ms_;
+  std::map<std::string, Peak> peaks_;
+  int depth_ = 0;
   const DeviceOps* lap_ops_ = nullptr;  // laps on the GPU: the ops, and the mark the next lap starts at
   void* lap_a_ = nullptr;
   std::chrono::steady_clock::time_point lap_t0_;

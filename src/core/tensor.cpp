@@ -115,13 +115,17 @@ double widen(float v) { return v; }
 double widen(double v) { return v; }
 double widen(bf16 v) { return static_cast<float>(v); }
 
+void raise_to(std::atomic<std::int64_t>& mark, std::int64_t v) {
+  std::int64_t p = mark.load();
+  while (v > p && !mark.compare_exchange_weak(p, v)) {
+  }
+}
 struct StorageBytes {
-  std::atomic<std::int64_t> live{0}, peak{0};
+  std::atomic<std::int64_t> live{0}, peak{0}, scope_peak{0};
   void add(std::int64_t n) {
     const std::int64_t now = live.fetch_add(n) + n;
-    std::int64_t p = peak.load();
-    while (now > p && !peak.compare_exchange_weak(p, now)) {
-    }
+    raise_to(peak, now);
+    raise_to(scope_peak, now);
   }
 };
 StorageBytes g_bytes[2];  // host, cuda
@@ -131,6 +135,11 @@ StorageBytes& bytes_of(Space sp) { return g_bytes[sp == Space::Cuda ? 1 : 0]; }
 std::int64_t tensor_bytes_live(Space sp) { return bytes_of(sp).live.load(); }
 std::int64_t tensor_bytes_peak(Space sp) { return bytes_of(sp).peak.load(); }
 void reset_tensor_peak(Space sp) { bytes_of(sp).peak.store(bytes_of(sp).live.load()); }
+std::int64_t take_tensor_scope_peak(Space sp) {
+  StorageBytes& b = bytes_of(sp);
+  return b.scope_peak.exchange(b.live.load());
+}
+void raise_tensor_scope_peak(Space sp, std::int64_t bytes) { raise_to(bytes_of(sp).scope_peak, bytes); }
 
 Tensor Tensor::empty(const Shape& shape, DType dt, Space sp) {
   for (auto v : shape) HCP_CHECK(v >= 0, "negative extent in shape ", shape_str(shape));

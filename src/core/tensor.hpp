@@ -122,6 +122,11 @@ ErrorStats compare(const Tensor& a, const Tensor& ref, double rel_floor = 1e-6);
 std::int64_t tensor_bytes_live(Space sp);
 std::int64_t tensor_bytes_peak(Space sp);
 void reset_tensor_peak(Space sp);
+// A second high-water mark, for nested scopes (PhaseTimes' per-phase peaks), independent of the
+// first: take_tensor_scope_peak returns it and restarts it at the bytes alive now;
+// raise_tensor_scope_peak lifts it to at least `bytes`.
+std::int64_t take_tensor_scope_peak(Space sp);
+void raise_tensor_scope_peak(Space sp, std::int64_t bytes);
 
 // Drops the storage of tensors a layer saved for its backward: each becomes undefined. Layers call
 // it at the end of backward, as autograd frees saved tensors, so they hold nothing between steps.

@@ -108,6 +108,7 @@ class HybridModel {
   // Milliseconds per phase, summed since reset: fwd/<kind>, bwd/<kind> (kind: embed, M, *, E, -, head);
   // on GPU ranks each phase's own device time (CUDA events, core/phase_times.hpp).
   const std::map<std::string, double>& phase_ms() const { return phases_.totals(); }
+  const std::map<std::string, PhaseTimes::Peak>& phase_peaks() const { return phases_.peaks(); }
   void reset_phases() { phases_.reset(); }
   const HybridConfig& config() const { return c_; }
 

@@ -76,6 +76,7 @@ class Mamba2Layer {
   virtual MambaCp strategy() const = 0;
   // Milliseconds per phase (fwd/<phase>, bwd/<phase>), summed since the last reset (GPU: CUDA events).
   const std::map<std::string, double>& phase_ms() const { return phases_.totals(); }
+  const std::map<std::string, PhaseTimes::Peak>& phase_peaks() const { return phases_.peaks(); }
   void reset_phases() { phases_.reset(); }
 
  protected:

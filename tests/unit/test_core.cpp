@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/layout.hpp"
+#include "core/phase_times.hpp"
 #include "core/tensor.hpp"
 
 using namespace hcp;
@@ -131,6 +132,38 @@ TEST(Tensor, CompareCountsNanAsInfiniteDifference) {
   EXPECT_TRUE(std::isnan(nan_max(0.5, nan)));
   EXPECT_TRUE(std::isnan(nan_max(nan, 0.5)));
   EXPECT_EQ(nan_max(0.5, 2.0), 2.0);
+}
+
+// Each phase keeps the most tensor bytes alive at once during it: a temporary freed inside a nested
+// phase counts toward both, one allocated after the nested phase toward the outer only, and the
+// step's own high-water is untouched by the phases' marks.
+TEST(PhaseTimes, TensorHighWaterPerPhase) {
+  const std::int64_t base = tensor_bytes_live(Space::Host);
+  reset_tensor_peak(Space::Host);
+  PhaseTimes ph;
+  Tensor kept;
+  ph.time("outer", Space::Host, [&] {
+    ph.time("inner", Space::Host, [&] {
+      Tensor tmp = Tensor::zeros({1000}, DType::F64);  // 8000 bytes, freed at once
+      kept = Tensor::zeros({100}, DType::F64);         // 800 bytes, kept
+    });
+    Tensor late = Tensor::zeros({1500}, DType::F64);  // 12000 bytes beside `kept`
+  });
+  ph.time("after", Space::Host, [&] { Tensor t = Tensor::zeros({10}, DType::F64); });
+  ph.time("outer2", Space::Host, [&] {
+    ph.time("inner2", Space::Host, [&] { Tensor big = Tensor::zeros({2500}, DType::F64); });  // 20000 bytes
+  });
+  const auto& pk = ph.peaks();
+  EXPECT_EQ(pk.at("inner").bytes - base, 8800);
+  EXPECT_EQ(pk.at("outer").bytes - base, 12800);
+  EXPECT_EQ(pk.at("after").bytes - base, 880);
+  EXPECT_EQ(pk.at("inner2").bytes - base, 20800);
+  EXPECT_EQ(pk.at("outer2").bytes - base, 20800);  // the nested phase's temporary counts outside too
+  EXPECT_EQ(pk.at("inner").depth, 1);
+  EXPECT_EQ(pk.at("outer").depth, 0);
+  EXPECT_EQ(tensor_bytes_peak(Space::Host) - base, 20800);
+  ph.reset();
+  EXPECT_TRUE(ph.peaks().empty());
 }
 
 TEST(Layout, BshdAndThd) {
