@@ -90,16 +90,17 @@ std::int64_t attention_work_bytes(const MemoryModel& m, const std::string& strat
   return m.sum(m.sum(m.mul(8, Q), m.mul(4, KH)), lse);
 }
 
-// Elements per local token of one Mamba2 mixer's step beyond its input and output: zxbcdt and its
-// gradient (d_in_proj), the pre- and post-conv x/B/C and their gradients (conv_dim), the SSD output,
-// gate and norm terms (d_inner) and dt/dA (heads); hidden parallel at cp > 1 adds the all-to-all
-// buffers (x, B, C, dt there and back, B/C repeated when n_groups < cp).
+// Elements per local token of one Mamba2 mixer's step beyond its input and output: zxbcdt's
+// gradient and, in state passing, zxbcdt itself (hidden parallel keeps z alone past its all-to-all),
+// the pre- and post-conv x/B/C and their gradients (conv_dim), the SSD output, gate and norm terms
+// (d_inner, the norm's output computed again in the backward) and dt/dA (heads); hidden parallel at
+// cp > 1 adds the all-to-all buffers (x, B, C, dt there and back, B/C repeated when n_groups < cp).
 std::int64_t mamba_work_per_token(const model::Mamba2Config& c, const std::string& strategy, int cp) {
   const std::int64_t di = c.d_inner(), GN = c.groups * c.d_state, H = c.heads;
   if (strategy == "state_passing") return 16 * di + 20 * GN + 4 * H + 64;
-  if (cp == 1) return 12 * di + 12 * GN + 4 * H + 64;
+  if (cp == 1) return 10 * di + 10 * GN + 3 * H + 64;
   const std::int64_t rep = c.groups < cp ? cp / c.groups : 1;
-  return 18 * di + 12 * GN * rep + 4 * H + 64;
+  return 16 * di + (12 * rep - 2) * GN + 3 * H + 64;
 }
 
 // State passing's per-sequence state tensors, beside the per-token terms (rows of H (P N + 1)
@@ -224,37 +225,53 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int e
   const auto& a = h.attn;
   const auto& e = h.moe;
   const std::string mstrat = h.mamba_cp == model::MambaCp::StatePassing ? "state_passing" : "hidden_parallel";
-  // Mamba2: zxbcdt, the conv input and output, y, the gate and norm (4 d_inner), dt terms.
-  const std::int64_t m_saved = mc.d_in_proj() + mc.conv_dim() + 4 * mc.d_inner() + 8;
+  // Mamba2, hidden parallel: z, the conv input and output (x, B, C), y and dt; state passing:
+  // zxbcdt (its halo and dt are read from it), the conv input and output, y, and the gate and norm
+  // terms (the norm's output, computed again in the backward, counted as kept).
+  const std::int64_t m_saved = h.mamba_cp == model::MambaCp::StatePassing
+                                   ? mc.d_in_proj() + mc.conv_dim() + 4 * mc.d_inner() + 8
+                                   : 2 * mc.d_inner() + 2 * mc.conv_dim() + mc.heads + 8;
   // Attention: q, k, v (after the projections), the output before and after Wo, the LSE.
   const std::int64_t a_saved = 3 * a.heads * a.head_dim + 2 * a.kv_heads * a.head_dim + a.heads;
   // MoE: per chosen expert the token copy and the expert's hidden activations, the shared expert,
   // router scores and probabilities, the chosen indices and weights.
   const std::int64_t e_saved = e.topk * (C + 3 * e.ffn) + 2 * e.shared_ffn + 2 * e.experts + 4 * e.topk;
   const std::int64_t f_saved = 2 * h.mlp.ffn;
-  std::int64_t saved = 0, work = 0, work_bytes = 0;
-  std::size_t n_attn = 0;  // each attention layer's buffers by its own strategy; the largest counts
+  // The backward of a layer holds the mixers' saved tensors of the layers up to it (the later ones
+  // are spent) beside its own work; the blocks' inputs and outputs stay (the step keeps every block's
+  // output). The peak is the largest of these over the layers.
+  std::int64_t blocks = 0, upto = 0, peak = -1, saved = 0, work = 0, work_bytes = 0;
+  std::size_t n_attn = 0;  // each attention layer's buffers by its own strategy
   for (char k : h.pattern) {
-    saved += block;
+    blocks += block;
+    std::int64_t s = 0, w = 0, wb = 0;
     if (k == 'M') {
-      saved += m_saved;
-      work = std::max(work, mamba_work_per_token(mc, mstrat, cp) - m_saved + 2 * C);
+      s = m_saved;
+      w = mamba_work_per_token(mc, mstrat, cp) - m_saved + 2 * C;
     } else if (k == '*') {
-      saved += a_saved;
+      s = a_saved;
       // the projections' gradients beside the CP attention's own buffers
-      work = std::max(work, (a.heads + 2 * a.kv_heads) * a.head_dim + 2 * C);
+      w = (a.heads + 2 * a.kv_heads) * a.head_dim + 2 * C;
       const std::string strategy = cp::to_string(h.attention_layer(n_attn++).strategy);
-      work_bytes = std::max(work_bytes,
-                            attention_work_bytes(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, es, a.cp_inner));
+      wb = attention_work_bytes(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, es, a.cp_inner);
     } else if (k == 'E') {
-      saved += e_saved;
+      s = e_saved;
       // the expert inputs' gradients; with ep > 1 the dispatched copies and their receive buffers
-      work = std::max(work, e.topk * (C + e.ffn) + (ep > 1 ? e.topk * C : 0) + 2 * C);
+      w = e.topk * (C + e.ffn) + (ep > 1 ? e.topk * C : 0) + 2 * C;
     } else if (k == '-') {
-      saved += f_saved;
-      work = std::max(work, h.mlp.ffn + 2 * C);
+      s = f_saved;
+      w = h.mlp.ffn + 2 * C;
+    }
+    upto += s;
+    const std::int64_t at = m.sum(m.mul(m.mul(upto + w, tl), es), wb);
+    if (at > peak) {
+      peak = at;
+      saved = upto;
+      work = w;
+      work_bytes = wb;
     }
   }
+  saved += blocks;
   const std::string act = holder == Holder::EveryRank ? "activations" : "cp=1 reference step";
   const std::string buf = holder == Holder::EveryRank ? "step buffers" : "cp=1 reference step";
   // embedding output, final norm, logits and their gradient (fp32 for bf16)

@@ -204,7 +204,8 @@ def nano_blocks(path, L):
 
 def blocks(res, path, L, warmup, repeats):
     """Forward and forward+backward of each block of nano_blocks() and of the stacks; peak memory of
-    the forward+backward (torch.cuda.max_memory_allocated above what was allocated before)."""
+    the forward+backward (torch.cuda.max_memory_allocated above what was allocated before) and what
+    one forward leaves allocated for its backward (saved_mib)."""
     import torch
     kinds, _, _ = nano_blocks(path, L)
     x0 = torch.randn(1, L, 2688, device="cuda", dtype=torch.bfloat16)
@@ -220,6 +221,15 @@ def blocks(res, path, L, warmup, repeats):
             torch.cuda.reset_peak_memory_stats()
             res[f"{tag}/fwdbwd"] = timed(lambda: f(xg).backward(dy), warmup, repeats)
             res[f"{tag}/fwdbwd"]["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+            # What the forward leaves for the backward (saved tensors and the output), once more
+            # after the timed repeats: the gradients already exist, so this is the activations alone.
+            torch.cuda.synchronize()
+            m0 = torch.cuda.memory_allocated()
+            out = f(xg)
+            torch.cuda.synchronize()
+            res[f"{tag}/fwdbwd"]["saved_mib"] = (torch.cuda.memory_allocated() - m0) / 2 ** 20
+            out.backward(dy)
+            del out
         except Exception as e:
             res[f"{tag}/fwd"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         torch.cuda.empty_cache()

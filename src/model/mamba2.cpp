@@ -61,19 +61,25 @@ void Mamba2Layer::in_proj_fwd(const Tensor& h, const ParamMap& p) {
   });
 }
 
+void Mamba2Layer::keep_only_z() {
+  z_ = z().clone();
+  zxbcdt_ = Tensor();
+}
+
+Tensor Mamba2Layer::z() const { return z_.defined() ? z_ : cp::cols(zxbcdt_, 0, c_.d_inner()); }
+
 void Mamba2Layer::out_fwd(Tensor& y, const Tensor& yl, const ParamMap& p) {
   timed("fwd/norm_out_proj", [&] {
     const std::int64_t Di = c_.d_inner();
     const DType dt = yl.dtype();
     yl_ = yl;
-    Tensor z = cp::cols(zxbcdt_, 0, Di), g = Tensor::zeros({tl_, Di}, dt);
+    Tensor g = Tensor::zeros({tl_, Di}, dt);
     rstd_ = Tensor::zeros({tl_, c_.groups}, dt);
-    k::gated_rmsnorm_fwd(g, rstd_, yl_, z, p.at("norm_w"), c_.groups, c_.eps);
+    k::gated_rmsnorm_fwd(g, rstd_, yl_, z(), p.at("norm_w"), c_.groups, c_.eps);
     Tensor out = Tensor::zeros({tl_, c_.hidden}, dt);
     k::linear_fwd(out, g, p.at("out_proj"), nullptr);
     cp::zero_pad_rows(out, global_, cp_, rank_, part_);  // pads: zero outputs
     y.copy_from(out.view(y.shape()));
-    gated_ = g;
   });
 }
 
@@ -89,12 +95,15 @@ Tensor Mamba2Layer::out_bwd(Tensor& dz, ParamMap& grads, const Tensor& dy, const
       dyv = dyv.clone();
       cp::zero_pad_rows(dyv, global_, cp_, rank_, part_);
     }
+    // The norm's output again (the same kernel on the same inputs: the forward's values exactly).
+    Tensor g = Tensor::zeros({tl_, Di}, dt), rstd = Tensor::zeros({tl_, c_.groups}, dt);
+    k::gated_rmsnorm_fwd(g, rstd, yl_, z(), p.at("norm_w"), c_.groups, c_.eps);
     Tensor dg = Tensor::zeros({tl_, Di}, dt);
-    k::linear_bwd(&dg, &grads["out_proj"], nullptr, gated_, p.at("out_proj"), dyv);
-    Tensor z = cp::cols(zxbcdt_, 0, Di);
+    k::linear_bwd(&dg, &grads["out_proj"], nullptr, g, p.at("out_proj"), dyv);
+    release_saved(g, rstd);
     dyl = Tensor::zeros({tl_, Di}, dt);
     dz = Tensor::zeros({tl_, Di}, dt);
-    k::gated_rmsnorm_bwd(dyl, dz, grads["norm_w"], yl_, z, p.at("norm_w"), rstd_, c_.groups, dg);
+    k::gated_rmsnorm_bwd(dyl, dz, grads["norm_w"], yl_, z(), p.at("norm_w"), rstd_, c_.groups, dg);
   });
   return dyl;
 }
@@ -103,7 +112,7 @@ void Mamba2Layer::in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt
   timed("bwd/in_proj", [&] {
     Tensor dhl = Tensor::zeros({tl_, c_.hidden}, h_.dtype());
     k::linear_bwd(&dhl, &grads["in_proj"], nullptr, h_, p.at("in_proj"), dzxbcdt);
-    release_saved(h_, zxbcdt_, yl_, rstd_, gated_);      // the forward's tensors are spent
+    release_saved(h_, zxbcdt_, z_, yl_, rstd_);          // the forward's tensors are spent
     cp::zero_pad_rows(dhl, global_, cp_, rank_, part_);  // pads: zero input gradients
     dh.copy_from(dhl.view(dh.shape()));
   });
@@ -160,6 +169,7 @@ void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
         cp::cp2hp(comm_, cp::repeat_groups(cp::cols(zxbcdt_, 2 * Di + G * N, G * N), G, N, share_.rep), global_, part_);
     dt_ = cp::cp2hp(comm_, cp::cols(zxbcdt_, 2 * Di + 2 * G * N, H), global_, part_);  // [T, Hl]
   });
+  keep_only_z();  // x, B, C and dt travel on as copies
   const std::vector<std::int64_t>* seq = seq_idx_.empty() ? nullptr : &seq_idx_;
   timed("fwd/conv1d", [&] {
     sl_ = cp::take_slices(slices_, p);  // this rank's heads, and its group (or group copy)

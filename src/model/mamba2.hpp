@@ -83,7 +83,13 @@ class Mamba2Layer {
   Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part);
   // in_proj of the local tokens into zxbcdt_ (saves h_).
   void in_proj_fwd(const Tensor& h, const ParamMap& p);
-  // Gated group RMSNorm of yl [Tl, d_inner] with the local z, then out_proj into y.
+  // Keeps only z of the in_proj output (for the gated norm), once the rest has been copied on:
+  // the x, B, C and dt columns are not held through the step twice.
+  void keep_only_z();
+  // z [Tl, d_inner]: its own tensor after keep_only_z, else columns of zxbcdt_.
+  Tensor z() const;
+  // Gated group RMSNorm of yl [Tl, d_inner] with the local z, then out_proj into y. The norm's
+  // output is not kept: the backward computes it again from yl, z and norm_w.
   void out_fwd(Tensor& y, const Tensor& yl, const ParamMap& p);
   // Backward of out_fwd: grads of out_proj and norm_w; returns dyl, writes dz.
   Tensor out_bwd(Tensor& dz, ParamMap& grads, const Tensor& dy, const ParamMap& p);
@@ -99,7 +105,7 @@ class Mamba2Layer {
   cp::Partition part_ = cp::Partition::DCS;
   int cp_ = 1, rank_ = 0;
   std::int64_t tl_ = 0;
-  Tensor h_, zxbcdt_, yl_, rstd_, gated_;  // saved by forward
+  Tensor h_, zxbcdt_, z_, yl_, rstd_;  // saved by forward
   PhaseTimes phases_;
 };
 
