@@ -179,6 +179,7 @@ void run(DriverContext& ctx) {
     model::StepResult res;
     const drivers::Samples s = st.time(
         [&](drivers::Clock& c) {
+          grads.clear();  // the last step's gradients are spent (an optimizer step would take them)
           res = m.step(p, tok, lab, grads);
           c.lap("step");
           for (auto& [ph, ms] : m.phase_ms()) c.add(ph, ms);

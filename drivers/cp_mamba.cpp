@@ -147,6 +147,7 @@ void run(DriverContext& ctx) {
     model::ParamMap grads;
     const drivers::Samples smp = st.time(
         [&](drivers::Clock& c) {
+          grads.clear();  // the last step's gradients are spent (an optimizer step would take them)
           layer->forward(y, hl, pd);
           c.lap("forward");
           layer->backward(dh, grads, dyl, pd);

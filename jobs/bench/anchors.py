@@ -205,10 +205,17 @@ def nano_blocks(path, L):
 def blocks(res, path, L, warmup, repeats):
     """Forward and forward+backward of each block of nano_blocks() and of the stacks; peak memory of
     the forward+backward (torch.cuda.max_memory_allocated above what was allocated before) and what
-    one forward leaves allocated for its backward (saved_mib)."""
+    one forward leaves allocated for its backward (saved_mib). Every forward+backward starts with the
+    gradients set to None, as an optimizer step's zero_grad leaves them: the peak counts the
+    gradients the step makes, as cp_hybrid's step memory does, whichever block ran before."""
     import torch
-    kinds, _, _ = nano_blocks(path, L)
+    kinds, params, _ = nano_blocks(path, L)
     x0 = torch.randn(1, L, 2688, device="cuda", dtype=torch.bfloat16)
+
+    def drop_grads(*ts):
+        for t in (*params, *ts):
+            t.grad = None
+
     for name, f in kinds.items():
         tag = f"block_{name}_l{L}"
         try:
@@ -216,13 +223,19 @@ def blocks(res, path, L, warmup, repeats):
                 res[f"{tag}/fwd"] = timed(lambda: f(x0), warmup, repeats)
             xg = x0.clone().requires_grad_()
             dy = torch.randn_like(x0)
+
+            def step():
+                drop_grads(xg)
+                f(xg).backward(dy)
+
+            drop_grads(xg)
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            res[f"{tag}/fwdbwd"] = timed(lambda: f(xg).backward(dy), warmup, repeats)
+            res[f"{tag}/fwdbwd"] = timed(step, warmup, repeats)
             res[f"{tag}/fwdbwd"]["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-            # What the forward leaves for the backward (saved tensors and the output), once more
-            # after the timed repeats: the gradients already exist, so this is the activations alone.
+            # What the forward leaves for the backward (saved tensors and the output).
+            drop_grads(xg)
             torch.cuda.synchronize()
             m0 = torch.cuda.memory_allocated()
             out = f(xg)
