@@ -10,7 +10,9 @@ Per file and strategy: each block kind of the pattern (ours: the median of its f
 bwd/<kind> phases over repeats, divided by the blocks of that kind), and the whole step against the
 PyTorch stack of the same pattern when anchors.py timed it (block_stack_<pattern>_l<L>); ratio = ours
 / PyTorch, forward + backward (below 1: faster). Memory: our tensors allocated in the step (max over
-ranks) beside PyTorch's max_memory_allocated above what was allocated before its step. A training
+ranks; the phase holding its high-water) beside PyTorch's max_memory_allocated above what was
+allocated before its step (both count the gradients the step makes) and what one PyTorch forward
+leaves allocated for its backward. A training
 run gives one row: the median of its step times (every step) against anchors.py's training loop
 (train_<pattern>_l<L>, L = rows per step x max_len).
 Exit 2 on a file that is not a cp = 1 BSHD cp_hybrid or train_hybrid run.
@@ -31,6 +33,16 @@ ANCHOR = {"M": ["mamba"], "*": ["attention_cudnn", "attention_flash"], "E": ["mo
 KIND = {"M": "Mamba2", "*": "attention", "E": "MoE", "-": "MLP"}
 
 
+def high_water_phase(mem):
+    """The phase holding the step's tensor high-water on rank 0 (phase_peak_bytes; None in files
+    written before it was recorded)."""
+    if "phase_peak_bytes" not in mem:
+        return None
+    peaks = {}
+    mem["phase_peak_bytes"].visititems(lambda n, d: peaks.__setitem__(n, float(d[0])) if isinstance(d, h5py.Dataset) else None)
+    return max(peaks, key=peaks.get) if peaks else None
+
+
 def rows_of(path, anc):
     with h5py.File(path, "r") as f:
         cfg = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f["config"].attrs.items()}
@@ -42,10 +54,12 @@ def rows_of(path, anc):
             L = deck["data"]["seqs_per_step"] * deck["data"]["max_len"]
             step = hcp_post._timings(f)["train"]["step"]
             a = anc.get(f"train_{pat}_l{L}", {})
-            return [(L, "train", f"training step {pat}", None, step, None, a.get("median_ms"), None, a.get("peak_mib"))]
+            return [(L, "train", f"training step {pat}", None, step, None, a.get("median_ms"), None, a.get("peak_mib"),
+                     None, None)]
         L = deck["data"]["batch"] * deck["data"]["seqlen"]
         mem = {s: float(np.max(f["memory"][s]["step_tensor_bytes"][()])) / 2**20
                for s in f.get("memory", {}) if "step_tensor_bytes" in f["memory"][s]}
+        where = {s: high_water_phase(f["memory"][s]) for s in mem}
         timings = hcp_post._timings(f)
     out = []
     for strat, ph in timings.items():
@@ -60,10 +74,13 @@ def rows_of(path, anc):
             for a in names:
                 af = anc.get(f"block_{a}_l{L}/fwd", {}).get("median_ms") if a else None
                 ab = anc.get(f"block_{a}_l{L}/fwdbwd", {}).get("median_ms") if a else None
-                out.append((L, strat, f"{KIND[k]} block" + (f" vs {a}" if a else ""), fwd, fb, af, ab, None, None))
+                sv = anc.get(f"block_{a}_l{L}/fwdbwd", {}).get("saved_mib") if a else None
+                out.append((L, strat, f"{KIND[k]} block" + (f" vs {a}" if a else ""), fwd, fb, af, ab, None, None, None,
+                            sv))
         st = anc.get(f"block_stack_{pat}_l{L}/fwdbwd", {})
         sf = anc.get(f"block_stack_{pat}_l{L}/fwd", {}).get("median_ms")
-        out.append((L, strat, f"step {pat}", None, ph["step"], sf, st.get("median_ms"), mem.get(strat), st.get("peak_mib")))
+        out.append((L, strat, f"step {pat}", None, ph["step"], sf, st.get("median_ms"), mem.get(strat), st.get("peak_mib"),
+                    where.get(strat), st.get("saved_mib")))
     return out
 
 
@@ -82,10 +99,11 @@ def main(argv=None):
     fmt = lambda v, w=9, d=2: f"{v:{w}.{d}f}" if v is not None else f"{'-':>{w}}"
     print(f"# {anc.get('_device', '?')}, torch {anc.get('_torch', '?')}; ms; ratio = ours / PyTorch, forward+backward")
     print(f"# {'L':>6} {'strategy':<9} {'block':<34} {'ours fwd':>9} {'ours f+b':>9} {'torch fwd':>9} {'torch f+b':>9} "
-          f"{'ratio':>6} {'ours MiB':>9} {'torch MiB':>9}")
-    for L, strat, name, f, fb, af, ab, mm, am in rows:
+          f"{'ratio':>6} {'ours MiB':>9} {'torch MiB':>9}  {'ours high-water in':<18} {'torch fwd saves MiB':>19}")
+    for L, strat, name, f, fb, af, ab, mm, am, where, saved in rows:
         ratio = f"{fb / ab:6.2f}" if (fb and ab) else f"{'-':>6}"
-        print(f"  {L:>6} {strat:<9} {name:<34} {fmt(f)} {fmt(fb)} {fmt(af)} {fmt(ab)} {ratio} {fmt(mm, 9, 0)} {fmt(am, 9, 0)}")
+        print(f"  {L:>6} {strat:<9} {name:<34} {fmt(f)} {fmt(fb)} {fmt(af)} {fmt(ab)} {ratio} {fmt(mm, 9, 0)} {fmt(am, 9, 0)}"
+              f"  {where or '-':<18} {fmt(saved, 19, 0)}")
     return 0
 
 

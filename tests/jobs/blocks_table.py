@@ -45,7 +45,14 @@ with tempfile.TemporaryDirectory() as tmp:
             for a in names:
                 anc[f"block_{a}_l{L}/fwd"] = {"median_ms": 2 * ph[f"fwd/{k}"]}
                 anc[f"block_{a}_l{L}/fwdbwd"] = {"median_ms": 2 * (ph[f"fwd/{k}"] + ph[f"bwd/{k}"])}
-        anc[f"block_stack_M*E-_l{L}/fwdbwd"] = {"median_ms": 2 * ph["step"], "peak_mib": 1.0}
+        anc[f"block_stack_M*E-_l{L}/fwdbwd"] = {"median_ms": 2 * ph["step"], "peak_mib": 1.0, "saved_mib": 7.0}
+        with h5py.File(f"{tmp}/np1.h5", "r") as f:  # the phase of the step's high-water, read here
+            pk = {}
+            f["memory/p2p/phase_peak_bytes"].visititems(
+                lambda n, d: pk.__setitem__(n, float(d[0])) if isinstance(d, h5py.Dataset) else None)
+            top = max(pk, key=pk.get)
+            if abs(pk[top] - float(f["memory/p2p/step_tensor_bytes"][0])) > 0.5:
+                bad.append(f"the largest phase high-water {pk[top]} is not the step's {f['memory/p2p/step_tensor_bytes'][0]}")
         with h5py.File(f"{tmp}/train.h5", "r") as f:
             anc[f"train_M*E-_l{L}"] = {"median_ms": 2 * hcp_post._timings(f)["train"]["step"], "peak_mib": 1.0}
         with open(f"{tmp}/a.json", "w") as fh:
@@ -62,6 +69,8 @@ with tempfile.TemporaryDirectory() as tmp:
                 bad.append(f"no row '{w}'")
             elif w != "MLP block" and not re.search(r" 0\.50 ", match[0]):
                 bad.append(f"row '{w}' does not read ratio 0.50: {match[0]}")
+            elif w == "step M*E-" and not re.search(rf" {re.escape(top)} +7$", match[0]):
+                bad.append(f"row '{w}' does not name the high-water phase {top} and PyTorch's saved 7 MiB: {match[0]}")
         r2 = subprocess.run(tool + [f"{tmp}/np2.h5"], capture_output=True, text=True)
         if r2.returncode != 2 or "cp = 1 BSHD cp_hybrid" not in r2.stderr:
             bad.append(f"a cp = 2 file gave exit {r2.returncode}: {r2.stderr.strip()}")
