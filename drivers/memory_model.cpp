@@ -216,6 +216,39 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
   return m.with_slack();
 }
 
+namespace {
+// The largest kernel call of a hybrid step, in elements of its operands (inputs and outputs), which
+// host kernels widen into fp32 copies on bf16 ranks: the grouped expert MLP's backward (the routed
+// experts' weights and their gradients, the rows), a Mamba2 layer's in_proj backward and its SSD
+// backward, the LM head's backward, the attention kernels of each layer's strategy.
+std::int64_t hybrid_kernel_elements(const MemoryModel& m, const model::HybridConfig& h, int cp, int ep,
+                                    std::int64_t tl) {
+  const std::int64_t C = h.hidden;
+  const auto& mc = h.mamba;
+  const auto& e = h.moe;
+  std::int64_t big = m.sum(m.mul(2 * h.vocab, C), m.mul(tl, h.vocab + 2 * C));  // lm_head
+  std::size_t n_attn = 0;
+  for (char k : h.pattern) {
+    if (k == 'M') {
+      big = std::max(big, m.sum(m.mul(2 * mc.d_in_proj(), C), m.mul(tl, mc.d_in_proj() + 2 * C)));
+      big = std::max(
+          big, m.mul(tl, 4 * mc.d_inner() + 4 * mc.groups * mc.d_state * std::max<std::int64_t>(1, cp / mc.groups) +
+                             4 * mc.heads));
+    } else if (k == '*') {
+      const auto& a = h.attn;
+      const std::string strategy = cp::to_string(h.attention_layer(n_attn++).strategy);
+      big = std::max(big, attention_kernel_elements(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, a.cp_inner));
+    } else if (k == 'E') {
+      const std::int64_t F1 = e.act == kernels::Activation::SwiGLU ? 2 * e.ffn : e.ffn;
+      const auto layers = static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), 'E'));
+      big = std::max(big,
+                     m.sum(m.mul(2, model::param_count(h, ep).experts / layers), m.mul(m.mul(tl, e.topk), 3 * C + F1)));
+    }
+  }
+  return big;
+}
+}  // namespace
+
 // Per local token (elements): what each block kind keeps for its backward (the block's input and
 // output, its norm's rstd, the mixer's saved tensors), and what its step adds while it runs.
 void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int ep, std::int64_t tl, std::int64_t es,
@@ -289,10 +322,12 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
   m.add("gradients", {P}, es);
   add_hybrid_step(m, h, cp, ep, tl, es, Holder::EveryRank);
   add_state_passing(m, d, h, cp, sequences(d));
+  if (host_bf16(d)) m.add("fp32 kernel operands (host bf16)", {hybrid_kernel_elements(m, h, cp, ep, tl)}, 4);
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
     m.add("cp=1 reference step", {2, P1}, es, Holder::Rank0Before);  // every expert, and the gradients
     add_hybrid_step(m, h, 1, 1, T, es, Holder::Rank0Before);
+    if (host_bf16(d)) m.add("cp=1 reference step", {hybrid_kernel_elements(m, h, 1, 1, T)}, 4, Holder::Rank0Before);
     // block outputs, logits gradient, parameter gradients, routing (fp64)
     m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.hidden + h.vocab}, es,
           Holder::Rank0Kept);
@@ -323,6 +358,7 @@ MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, in
   m.add("gradients", {P}, es);
   m.add("optimizer", {4, P}, ms);
   add_hybrid_step(m, h, cp, ep, tl, es, Holder::EveryRank);
+  if (host_bf16(d)) m.add("fp32 kernel operands (host bf16)", {hybrid_kernel_elements(m, h, cp, ep, tl)}, 4);
   if (d.get_bool("train.reference")) {
     m.add("cp=1 replica", {4, P1}, ms, Holder::Rank0Kept);
     m.add("cp=1 replica", {2, P1}, es, Holder::Rank0Kept);
