@@ -23,12 +23,21 @@ CpAttnConfig a2a_p2p_ring_config(const CpAttnConfig& cfg, int rank) {
   return rc;
 }
 
+std::shared_ptr<CpLevels> CpLevels::make(Communicator& cp_comm, int inner) {
+  auto l = std::make_shared<CpLevels>();
+  const int r = cp_comm.rank();
+  l->inner = inner;
+  l->inner_comm = cp_comm.split(r / inner, r);
+  l->outer_comm = cp_comm.split(r % inner, r);
+  l->inner_comm->count_into(&cp_comm);
+  l->outer_comm->count_into(&cp_comm);
+  return l;
+}
+
 void CpAttention::make_levels() {
   if (ring_) return;
-  inner_comm_ = comm_.split(rank_ / inner_, rank_);
-  outer_comm_ = comm_.split(rank_ % inner_, rank_);
-  inner_comm_->count_into(&comm_);
-  outer_comm_->count_into(&comm_);
+  if (!levels_) levels_ = CpLevels::make(comm_, inner_);
+  Communicator& inner_comm = *levels_->inner_comm;
   const std::int64_t hl = cfg_.heads / inner_;
   std::vector<std::int64_t> qlo, qn;
   for (int j = 0; j < inner_; ++j) {
@@ -36,9 +45,9 @@ void CpAttention::make_levels() {
     qn.push_back(hl);
   }
   const auto rows = inner_to_outer_rows(cfg_.global, cp_, inner_, rank_);
-  xq_ = std::make_unique<HeadExchange>(*inner_comm_, qlo, qn, rows, inner_ * tl_);
-  xkv_ = std::make_unique<HeadExchange>(*inner_comm_, kv_lo_, kv_n_, rows, inner_ * tl_);
-  ring_ = std::make_unique<CpAttention>(*outer_comm_, a2a_p2p_ring_config(cfg_, rank_));
+  xq_ = std::make_unique<HeadExchange>(inner_comm, qlo, qn, rows, inner_ * tl_);
+  xkv_ = std::make_unique<HeadExchange>(inner_comm, kv_lo_, kv_n_, rows, inner_ * tl_);
+  ring_ = std::make_unique<CpAttention>(*levels_->outer_comm, a2a_p2p_ring_config(cfg_, rank_));
 }
 
 void CpAttention::fwd_a2a_p2p(Tensor& o) {

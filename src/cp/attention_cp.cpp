@@ -29,7 +29,8 @@ void check_attention_cp_shape(const CpAttnConfig& cfg, int cp) {
   }
 }
 
-CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg) : comm_(comm), cfg_(std::move(cfg)) {
+CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg, std::shared_ptr<CpLevels> levels)
+    : comm_(comm), cfg_(std::move(cfg)), levels_(std::move(levels)) {
   cp_ = comm_.size();
   rank_ = comm_.rank();
   check_attention_cp_shape(cfg_, cp_);
@@ -53,6 +54,8 @@ CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg) : comm_(comm), cf
     kv_lo_ = std::move(r.lo);
     kv_n_ = std::move(r.n);
     kv_map_ = std::move(r.map);
+    HCP_CHECK(!levels_ || levels_->inner == inner_, "a2a+p2p: levels of inner size ", levels_ ? levels_->inner : 0,
+              " given to a layer of parallel.cp_inner ", inner_);
   }
 }
 

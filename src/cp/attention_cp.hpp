@@ -48,10 +48,22 @@ std::int64_t attention_cp_model_bytes(const CpAttnConfig& cfg, int cp, int rank,
 CpAttnConfig a2a_p2p_ring_config(const CpAttnConfig& cfg, int rank);
 std::int64_t a2a_p2p_ring_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
 
+// The two levels of a2a+p2p over one CP group: inner groups of `inner` consecutive ranks and outer
+// groups of the ranks with the same inner rank, their bytes counted into the CP group's. Building
+// them is collective. One pair serves every a2a+p2p layer of a model with that inner size, so a
+// model makes its communicators once, not once per layer.
+struct CpLevels {
+  int inner = 1;
+  std::unique_ptr<Communicator> inner_comm, outer_comm;
+  static std::shared_ptr<CpLevels> make(Communicator& cp_comm, int inner);
+};
+
 class CpAttention {
  public:
-  // Validates shapes against the CP size (clear errors naming the rule); collective-free.
-  CpAttention(Communicator& cp_comm, CpAttnConfig cfg);
+  // Validates shapes against the CP size (clear errors naming the rule); collective-free. a2a+p2p
+  // runs over `levels` when given (built with cfg.cp_inner over cp_comm), else over levels it
+  // builds at its first forward.
+  CpAttention(Communicator& cp_comm, CpAttnConfig cfg, std::shared_ptr<CpLevels> levels = nullptr);
   void forward(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v);
   // Needs the forward's saved tensors (of the same instance); releases them.
   void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
@@ -61,6 +73,7 @@ class CpAttention {
   // Values this rank sends per forward / backward, by the strategy's cost model
   // (attention_cp_model_bytes).
   std::int64_t model_fwd_bytes(DType dt) const;
+  const CpLevels* levels() const { return levels_.get(); }  // a2a+p2p's groups (null before they are made)
   std::int64_t model_bwd_bytes(DType dt) const;
 
  private:
@@ -101,7 +114,7 @@ class CpAttention {
   // a2a+p2p: kv_lo_/kv_n_/kv_map_ and xkv_ are over the inner group, xq_ moves the query heads over
   // it, and the p2p ring runs over the outer group on the head-sharded tensors.
   int inner_ = 1, outer_ = 1;
-  std::unique_ptr<Communicator> inner_comm_, outer_comm_;
+  std::shared_ptr<CpLevels> levels_;
   std::unique_ptr<HeadExchange> xq_, xkv_;
   std::unique_ptr<CpAttention> ring_;
   PhaseTimes fwd_ph_, bwd_ph_;  // "compute" and "comm_wait" laps of the last pass

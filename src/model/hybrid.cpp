@@ -161,9 +161,18 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global,
       case 'M':
         b.mamba = make_mamba2(c_.mamba_cp, comm_, c_.mamba, global_);
         break;
-      case '*':
-        b.attn = std::make_unique<AttentionLayer>(comm_, c_.attention_layer(n_attn++), global_);
+      case '*': {
+        const AttnLayerConfig ac = c_.attention_layer(n_attn++);
+        std::shared_ptr<cp::CpLevels> levels;
+        if (ac.strategy == cp::AttnStrategy::A2AP2P && cp > 1) {
+          cp::check_attention_cp_shape(cp_attn_config(ac, global_), cp);  // before any group is split
+          std::shared_ptr<cp::CpLevels>& l = levels_[ac.cp_inner];
+          if (!l) l = cp::CpLevels::make(comm_, ac.cp_inner);
+          levels = l;
+        }
+        b.attn = std::make_unique<AttentionLayer>(comm_, ac, global_, std::move(levels));
         break;
+      }
       case 'E':
         b.moe = std::make_unique<MoeLayer>(groups_->ep(), groups_->replicas(), comm_, c_.moe);
         break;
@@ -234,6 +243,12 @@ void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens
     r.label_tokens = count_;
     r.loss = count_ > 0 ? v[0] / static_cast<double>(count_) : 0.0;
   });
+}
+
+const AttentionLayer& HybridModel::attention(std::size_t j) const {
+  for (const Block& b : blocks_)
+    if (b.attn && j-- == 0) return *b.attn;
+  throw Error("hybrid: the pattern has no attention layer " + std::to_string(j));
 }
 
 StepResult HybridModel::forward(const ParamMap& p, const std::vector<std::int64_t>& tokens,

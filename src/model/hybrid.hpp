@@ -111,6 +111,8 @@ class HybridModel {
   const std::map<std::string, PhaseTimes::Peak>& phase_peaks() const { return phases_.peaks(); }
   void reset_phases() { phases_.reset(); }
   const HybridConfig& config() const { return c_; }
+  // The j-th attention layer of the pattern.
+  const AttentionLayer& attention(std::size_t j) const;
 
  private:
   struct Block {
@@ -133,6 +135,8 @@ class HybridModel {
   SeqLayout global_;
   std::int64_t tl_ = 0;
   std::vector<Block> blocks_;
+  // a2a+p2p's inner and outer groups by inner size, shared by the attention layers that use them
+  std::map<int, std::shared_ptr<cp::CpLevels>> levels_;
   std::vector<Tensor> outs_;
   Tensor hfinal_, rstd_final_, hn_, logits_, dlogits_;
   std::vector<std::int64_t> tokens_, labels_;

@@ -90,8 +90,9 @@ cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global) {
   return a;
 }
 
-AttentionLayer::AttentionLayer(Communicator& comm, AttnLayerConfig cfg, SeqLayout global)
-    : comm_(comm), c_(cfg), attn_(comm, cp_attn_config(cfg, global)) {
+AttentionLayer::AttentionLayer(Communicator& comm, AttnLayerConfig cfg, SeqLayout global,
+                               std::shared_ptr<cp::CpLevels> levels)
+    : comm_(comm), c_(cfg), attn_(comm, cp_attn_config(cfg, global), std::move(levels)) {
   tl_ = global.total() / comm.size();
   if (c_.rope_theta > 0) pos_ = cp::dcs_positions(global, comm.size(), comm.rank());
 }

@@ -47,7 +47,9 @@ ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed);
 
 class AttentionLayer {
  public:
-  AttentionLayer(Communicator& cp_comm, AttnLayerConfig cfg, SeqLayout global);
+  // `levels`: a2a+p2p's groups, when the model shares them between its layers (cp::CpLevels).
+  AttentionLayer(Communicator& cp_comm, AttnLayerConfig cfg, SeqLayout global,
+                 std::shared_ptr<cp::CpLevels> levels = nullptr);
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
   const cp::CpAttention& attention() const { return attn_; }

@@ -200,6 +200,34 @@ TEST(HybridCp1, GradientsFiniteDifference) {
   }
 }
 
+// a2a+p2p's inner and outer groups are made once per model and inner size, not once per layer:
+// the two a2a+p2p layers of "*E*" run over the same levels, a p2p layer beside them over none.
+TEST(HybridLevels, A2aP2pLayersShareTheirGroups) {
+  MpiCommunicator world(MPI_COMM_WORLD);
+  const int cp = world.size();
+  if (cp < 4 || cp % 2) GTEST_SKIP() << "needs an even np >= 4 (inner 2, outer >= 2)";
+  HybridConfig c = small(cp::AttnStrategy::A2AP2P, MambaCp::HiddenParallel);
+  c.pattern = "*E*-*";
+  c.ep = 1;
+  c.attn.cp_inner = 2;
+  c.attn_layers = {cp::AttnStrategy::A2AP2P, cp::AttnStrategy::P2P, cp::AttnStrategy::A2AP2P};
+  const SeqLayout g = SeqLayout::bshd(1, 4 * cp);
+  HybridModel m(world, c, g);
+  const ParamMap p = hybrid_init(c, DType::F64, 5);
+  std::vector<std::int64_t> tok(static_cast<std::size_t>(g.total() / cp)), lab(tok.size());
+  for (std::size_t i = 0; i < tok.size(); ++i) {
+    tok[i] = static_cast<std::int64_t>((i * 7 + 3) % 23);
+    lab[i] = static_cast<std::int64_t>((i * 5 + 1) % 23);
+  }
+  ParamMap grads;
+  m.step(p, tok, lab, grads);
+  const cp::CpLevels* a = m.attention(0).attention().levels();
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->inner, 2);
+  EXPECT_EQ(m.attention(2).attention().levels(), a);
+  EXPECT_EQ(m.attention(1).attention().levels(), nullptr);
+}
+
 TEST(HybridErrors, EpMustDivideCp) {
   MpiCommunicator world(MPI_COMM_WORLD);
   if (world.size() < 2) GTEST_SKIP() << "needs an EP size that does not divide cp";
