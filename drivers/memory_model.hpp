@@ -126,6 +126,20 @@ struct StateRows {
 };
 StateRows state_passing_rows(const model::Mamba2Config& c, int cp, std::int64_t sequences);
 
+// Terms the drivers' models share: bytes of a bf16 sum (fp32), ceil(a / b), sequences of the deck's
+// layout, bytes of a state-passing state value (fp32 for bf16), a2a+p2p's K/V heads per rank on the
+// outer ring, and whether the host kernels widen bf16 operands into fp32 copies (bf16 on CPU ranks)
+// with the elements of the attention kernels' largest call (q, o, dout, dq and the K/V read, with
+// their gradients).
+constexpr std::int64_t acc_bytes(std::int64_t es) { return es == 2 ? 4 : es; }
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+std::int64_t sequences(const Deck& d);
+std::int64_t state_bytes(const Deck& d);
+std::int64_t ring_kv_heads(std::int64_t H, std::int64_t Hkv, int inner);
+bool host_bf16(const Deck& d);
+std::int64_t attention_kernel_elements(const MemoryModel& m, const std::string& strategy, int cp, std::int64_t tl,
+                                       std::int64_t H, std::int64_t Hkv, std::int64_t D, int inner = 1);
+
 // ---- the drivers' models -----------------------------------------------------------------------------
 MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy);
 MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy);

@@ -1,0 +1,173 @@
+// The hybrid step's memory model (cp_hybrid, train_hybrid): each block kind's saved tensors and
+// step work per token, the peak placed at the backward of the layer where it falls, the state
+// passing states, the host bf16 kernels' fp32 operand copies, the cp=1 reference on rank 0.
+#include <algorithm>
+
+#include "common.hpp"
+#include "cp/strategy.hpp"
+#include "memory_model.hpp"
+
+namespace hcp::drivers {
+
+namespace {
+// The hybrid stack's state-passing states: each Mamba2 layer's saved rows, one layer's work rows.
+void add_state_passing(MemoryModel& m, const Deck& d, const model::HybridConfig& h, int cp, std::int64_t seqs) {
+  if (h.mamba_cp != model::MambaCp::StatePassing) return;
+  const auto layers = static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), 'M'));
+  if (layers == 0) return;
+  const StateRows r = state_passing_rows(h.mamba, cp, seqs);
+  m.add("state passing states", {m.sum(m.mul(layers, r.saved), r.work), r.row}, state_bytes(d));
+}
+
+// The largest kernel call of a hybrid step, in elements of its operands (inputs and outputs), which
+// host kernels widen into fp32 copies on bf16 ranks: the grouped expert MLP's backward (the routed
+// experts' weights and their gradients, the rows), a Mamba2 layer's in_proj backward and its SSD
+// backward, the LM head's backward, the attention kernels of each layer's strategy.
+std::int64_t hybrid_kernel_elements(const MemoryModel& m, const model::HybridConfig& h, int cp, int ep,
+                                    std::int64_t tl) {
+  const std::int64_t C = h.hidden;
+  const auto& mc = h.mamba;
+  const auto& e = h.moe;
+  std::int64_t big = m.sum(m.mul(2 * h.vocab, C), m.mul(tl, h.vocab + 2 * C));  // lm_head
+  std::size_t n_attn = 0;
+  for (char k : h.pattern) {
+    if (k == 'M') {
+      big = std::max(big, m.sum(m.mul(2 * mc.d_in_proj(), C), m.mul(tl, mc.d_in_proj() + 2 * C)));
+      big = std::max(
+          big, m.mul(tl, 4 * mc.d_inner() + 4 * mc.groups * mc.d_state * std::max<std::int64_t>(1, cp / mc.groups) +
+                             4 * mc.heads));
+    } else if (k == '*') {
+      const auto& a = h.attn;
+      const std::string strategy = cp::to_string(h.attention_layer(n_attn++).strategy);
+      big = std::max(big, attention_kernel_elements(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, a.cp_inner));
+    } else if (k == 'E') {
+      const std::int64_t F1 = e.act == kernels::Activation::SwiGLU ? 2 * e.ffn : e.ffn;
+      const auto layers = static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), 'E'));
+      big = std::max(big,
+                     m.sum(m.mul(2, model::param_count(h, ep).experts / layers), m.mul(m.mul(tl, e.topk), 3 * C + F1)));
+    }
+  }
+  return big;
+}
+
+}  // namespace
+
+// Per local token (elements): what each block kind keeps for its backward (the block's input and
+// output, its norm's rstd, the mixer's saved tensors), and what its step adds while it runs.
+void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int ep, std::int64_t tl, std::int64_t es,
+                     Holder holder) {
+  const std::int64_t C = h.hidden, block = 2 * C + 1;
+  const auto& mc = h.mamba;
+  const auto& a = h.attn;
+  const auto& e = h.moe;
+  const std::string mstrat = h.mamba_cp == model::MambaCp::StatePassing ? "state_passing" : "hidden_parallel";
+  // Mamba2, hidden parallel: z, the conv input and output (x, B, C), y and dt; state passing:
+  // zxbcdt (its halo and dt are read from it), the conv input and output, y, and the gate and norm
+  // terms (the norm's output, computed again in the backward, counted as kept).
+  const std::int64_t m_saved = h.mamba_cp == model::MambaCp::StatePassing
+                                   ? mc.d_in_proj() + mc.conv_dim() + 4 * mc.d_inner() + 8
+                                   : 2 * mc.d_inner() + 2 * mc.conv_dim() + mc.heads + 8;
+  // Attention: q, k, v (after the projections), the output before and after Wo, the LSE.
+  const std::int64_t a_saved = 3 * a.heads * a.head_dim + 2 * a.kv_heads * a.head_dim + a.heads;
+  // MoE: per chosen expert the token copy and the expert's hidden activations, the shared expert,
+  // router scores and probabilities, the chosen indices and weights.
+  const std::int64_t e_saved = e.topk * (C + 3 * e.ffn) + 2 * e.shared_ffn + 2 * e.experts + 4 * e.topk;
+  const std::int64_t f_saved = 2 * h.mlp.ffn;
+  // The backward of a layer holds the mixers' saved tensors of the layers up to it (the later ones
+  // are spent) beside its own work; the blocks' inputs and outputs stay (the step keeps every block's
+  // output). The peak is the largest of these over the layers.
+  std::int64_t blocks = 0, upto = 0, peak = -1, saved = 0, work = 0, work_bytes = 0;
+  std::size_t n_attn = 0;  // each attention layer's buffers by its own strategy
+  for (char k : h.pattern) {
+    blocks += block;
+    std::int64_t s = 0, w = 0, wb = 0;
+    if (k == 'M') {
+      s = m_saved;
+      w = mamba_work_per_token(mc, mstrat, cp) - m_saved + 2 * C;
+    } else if (k == '*') {
+      s = a_saved;
+      // the projections' gradients beside the CP attention's own buffers
+      w = (a.heads + 2 * a.kv_heads) * a.head_dim + 2 * C;
+      const std::string strategy = cp::to_string(h.attention_layer(n_attn++).strategy);
+      wb = attention_work_bytes(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, es, a.cp_inner);
+    } else if (k == 'E') {
+      s = e_saved;
+      // the expert inputs' gradients; with ep > 1 the dispatched copies and their receive buffers
+      w = e.topk * (C + e.ffn) + (ep > 1 ? e.topk * C : 0) + 2 * C;
+    } else if (k == '-') {
+      s = f_saved;
+      w = h.mlp.ffn + 2 * C;
+    }
+    upto += s;
+    const std::int64_t at = m.sum(m.mul(m.mul(upto + w, tl), es), wb);
+    if (at > peak) {
+      peak = at;
+      saved = upto;
+      work = w;
+      work_bytes = wb;
+    }
+  }
+  saved += blocks;
+  const std::string act = holder == Holder::EveryRank ? "activations" : "cp=1 reference step";
+  const std::string buf = holder == Holder::EveryRank ? "step buffers" : "cp=1 reference step";
+  // embedding output, final norm, logits and their gradient (fp32 for bf16)
+  m.add(act, {tl, 2 * C + saved}, es, holder);
+  m.add(act, {tl, 2 * h.vocab}, acc_bytes(es), holder);
+  m.add(buf, {tl, work}, es, holder);
+  m.add(buf, {work_bytes}, 1, holder);
+}
+
+MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
+  MemoryModel m("data.seqlen/data.batch/data.seq_lens and the model sizes");
+  const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp;
+  const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
+  m.add("parameters", {P}, es);
+  m.add("gradients", {P}, es);
+  add_hybrid_step(m, h, cp, ep, tl, es, Holder::EveryRank);
+  add_state_passing(m, d, h, cp, sequences(d));
+  if (host_bf16(d)) m.add("fp32 kernel operands (host bf16)", {hybrid_kernel_elements(m, h, cp, ep, tl)}, 4);
+  if (check_mode(d) == CheckMode::Reference) {
+    const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
+    m.add("cp=1 reference step", {2, P1}, es, Holder::Rank0Before);  // every expert, and the gradients
+    add_hybrid_step(m, h, 1, 1, T, es, Holder::Rank0Before);
+    if (host_bf16(d)) m.add("cp=1 reference step", {hybrid_kernel_elements(m, h, 1, 1, T)}, 4, Holder::Rank0Before);
+    // block outputs, logits gradient, parameter gradients, routing (fp64)
+    m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.hidden + h.vocab}, es,
+          Holder::Rank0Kept);
+    m.add("cp=1 reference results", {P1}, es, Holder::Rank0Kept);
+    m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.moe.topk}, 8,
+          Holder::Rank0Kept);
+    // the logits gradient gathered and its real rows; the whole experts' gradients gathered
+    m.add("gathered results (check)", {Tp + T, h.vocab}, es);
+    m.add("gathered results (check)", {P1}, es);
+  }
+  if (check_mode(d) == CheckMode::Cross) {  // the first strategy's block outputs, logits gradient, gradients
+    m.add("first strategy's results (cross check)",
+          {tl, static_cast<std::int64_t>(h.pattern.size()) * h.hidden + h.vocab}, es);
+    m.add("first strategy's results (cross check)", {P}, es);
+  }
+  return m.with_slack();
+}
+
+MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
+  MemoryModel m("data.seqs_per_step, data.max_len and the model sizes");
+  const std::int64_t es = dtype_bytes(d), ms = std::max<std::int64_t>(es, 4);
+  const std::int64_t T = m.mul(d.get_int("data.seqs_per_step"), d.get_int("data.max_len") + 2 * cp),
+                     tl = ceil_div(T, cp);
+  const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
+  // master weights, AdamW moments and the widened gradients (master dtype); the step's compute copy
+  // and its gradients (run dtype)
+  m.add("parameters", {P}, es);
+  m.add("gradients", {P}, es);
+  m.add("optimizer", {4, P}, ms);
+  add_hybrid_step(m, h, cp, ep, tl, es, Holder::EveryRank);
+  if (host_bf16(d)) m.add("fp32 kernel operands (host bf16)", {hybrid_kernel_elements(m, h, cp, ep, tl)}, 4);
+  if (d.get_bool("train.reference")) {
+    m.add("cp=1 replica", {4, P1}, ms, Holder::Rank0Kept);
+    m.add("cp=1 replica", {2, P1}, es, Holder::Rank0Kept);
+    add_hybrid_step(m, h, 1, 1, T, es, Holder::Rank0Kept);
+  }
+  return m.with_slack();
+}
+
+}  // namespace hcp::drivers
