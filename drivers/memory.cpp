@@ -37,6 +37,18 @@ void Study::memory_stop(double live0) {
 #endif
 }
 
+namespace {
+// The innermost phase holding the high-water of `phases` ("" when none was timed).
+std::string high_water_phase(const std::map<std::string, PhaseTimes::Peak>& phases) {
+  const std::pair<const std::string, PhaseTimes::Peak>* top = nullptr;
+  for (const auto& e : phases)
+    if (!top || e.second.bytes > top->second.bytes ||
+        (e.second.bytes == top->second.bytes && e.second.depth > top->second.depth))
+      top = &e;
+  return top ? top->first : std::string();
+}
+}  // namespace
+
 void Study::phase_memory(const std::map<std::string, PhaseTimes::Peak>& peaks) {
   mem_.phases = peaks;
   for (auto& [name, pk] : mem_.phases) pk.bytes -= static_cast<std::int64_t>(mem_.live);
@@ -75,16 +87,8 @@ void Study::write_memory(const std::string& strategy) {
     std::snprintf(buf, sizeof buf, ", model %.2f (model / measured over ranks %.3f..%.3f)", est / 1048576.0, lo, hi);
     line += buf;
   }
-  if (!mem_.phases.empty()) {
-    // The innermost phase holding this rank's high-water; the line names rank 0's.
-    const std::pair<const std::string, PhaseTimes::Peak>* top = nullptr;
-    for (const auto& e : mem_.phases)
-      if (!top || e.second.bytes > top->second.bytes ||
-          (e.second.bytes == top->second.bytes && e.second.depth > top->second.depth))
-        top = &e;
-    std::snprintf(buf, sizeof buf, ", high-water in %s (rank 0)", top->first.c_str());
-    line += buf;
-  }
+  const std::string where = high_water_phase(mem_.phases);
+  if (!where.empty()) line += ", high-water in " + where + " (rank 0)";
   if (space == Space::Cuda) {
     const double used = mib(mem_.device_used), pool = mib(mem_.pool_peak);
     std::snprintf(buf, sizeof buf, ", device used %.1f, device pool high-water %.2f", used, pool);
@@ -100,6 +104,7 @@ void Study::write_memory(const std::string& strategy) {
     writer_->per_rank(m + "phase_peak_bytes/" + name, static_cast<double>(pk.bytes),
                       "bytes of tensors alive at once during the phase, at most, beyond those alive before the "
                       "timed loop");
+  if (!where.empty()) writer_->attribute("/memory/" + strategy, "high_water_phase", where);
   writer_->per_rank(m + "host_rss_peak_bytes", mem_.rss_peak, "bytes (process high-water since start)");
   if (memory_)
     writer_->per_rank(m + "model_bytes", est,

@@ -91,12 +91,13 @@ std::int64_t attention_work_bytes(const MemoryModel& m, const std::string& strat
 // the pre- and post-conv x/B/C and their gradients (conv_dim), the SSD output, gate and norm terms
 // (d_inner, the norm's output computed again in the backward) and dt/dA (heads); hidden parallel at
 // cp > 1 adds the all-to-all buffers (x, B, C, dt there and back, B/C repeated when n_groups < cp).
+std::int64_t hp_group_repeat(const model::Mamba2Config& c, int cp) { return c.groups < cp ? cp / c.groups : 1; }
+
 std::int64_t mamba_work_per_token(const model::Mamba2Config& c, const std::string& strategy, int cp) {
   const std::int64_t di = c.d_inner(), GN = c.groups * c.d_state, H = c.heads;
   if (strategy == "state_passing") return 16 * di + 20 * GN + 4 * H + 64;
   if (cp == 1) return 10 * di + 10 * GN + 3 * H + 64;
-  const std::int64_t rep = c.groups < cp ? cp / c.groups : 1;
-  return 16 * di + (12 * rep - 2) * GN + 3 * H + 64;
+  return 16 * di + (12 * hp_group_repeat(c, cp) - 2) * GN + 3 * H + 64;
 }
 
 // State passing's per-sequence state tensors, beside the per-token terms (rows of H (P N + 1)

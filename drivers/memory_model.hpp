@@ -118,6 +118,8 @@ std::int64_t attention_work_bytes(const MemoryModel& m, const std::string& strat
                                   int inner = 1);
 // One Mamba2 mixer's step-time elements per local token (hidden_parallel or state_passing).
 std::int64_t mamba_work_per_token(const model::Mamba2Config& c, const std::string& strategy, int cp);
+// Hidden parallel: how many copies of each B/C group the ranks hold (cp / n_groups when n_groups < cp).
+std::int64_t hp_group_repeat(const model::Mamba2Config& c, int cp);
 std::int64_t mamba_param_count(const model::Mamba2Config& c);
 // State passing's per-sequence state rows (H (P N + 1) values each, in the scan dtype) per rank for
 // `sequences` sequences at cp: saved per Mamba2 layer, and held while one layer runs.

@@ -33,9 +33,8 @@ std::int64_t hybrid_kernel_elements(const MemoryModel& m, const model::HybridCon
   for (char k : h.pattern) {
     if (k == 'M') {
       big = std::max(big, m.sum(m.mul(2 * mc.d_in_proj(), C), m.mul(tl, mc.d_in_proj() + 2 * C)));
-      big = std::max(
-          big, m.mul(tl, 4 * mc.d_inner() + 4 * mc.groups * mc.d_state * std::max<std::int64_t>(1, cp / mc.groups) +
-                             4 * mc.heads));
+      big = std::max(big,
+                     m.mul(tl, 4 * mc.d_inner() + 4 * mc.groups * mc.d_state * hp_group_repeat(mc, cp) + 4 * mc.heads));
     } else if (k == '*') {
       const auto& a = h.attn;
       const std::string strategy = cp::to_string(h.attention_layer(n_attn++).strategy);

@@ -34,13 +34,10 @@ KIND = {"M": "Mamba2", "*": "attention", "E": "MoE", "-": "MLP"}
 
 
 def high_water_phase(mem):
-    """The phase holding the step's tensor high-water on rank 0 (phase_peak_bytes; None in files
-    written before it was recorded)."""
-    if "phase_peak_bytes" not in mem:
-        return None
-    peaks = {}
-    mem["phase_peak_bytes"].visititems(lambda n, d: peaks.__setitem__(n, float(d[0])) if isinstance(d, h5py.Dataset) else None)
-    return max(peaks, key=peaks.get) if peaks else None
+    """The phase holding the step's tensor high-water on rank 0, as the driver recorded it (None in
+    files written before it was)."""
+    v = mem.attrs.get("high_water_phase")
+    return v.decode() if isinstance(v, bytes) else v
 
 
 def rows_of(path, anc):
