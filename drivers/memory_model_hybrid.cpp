@@ -28,6 +28,9 @@ std::int64_t hybrid_kernel_elements(const MemoryModel& m, const model::HybridCon
   const std::int64_t C = h.hidden;
   const auto& mc = h.mamba;
   const auto& e = h.moe;
+  // the routed experts' weights of one MoE layer on this rank
+  const auto moe_layers = static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), 'E'));
+  const std::int64_t experts = moe_layers > 0 ? model::param_count(h, ep).experts / moe_layers : 0;
   std::int64_t big = m.sum(m.mul(2 * h.vocab, C), m.mul(tl, h.vocab + 2 * C));  // lm_head
   std::size_t n_attn = 0;
   for (char k : h.pattern) {
@@ -41,9 +44,7 @@ std::int64_t hybrid_kernel_elements(const MemoryModel& m, const model::HybridCon
       big = std::max(big, attention_kernel_elements(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, a.cp_inner));
     } else if (k == 'E') {
       const std::int64_t F1 = e.act == kernels::Activation::SwiGLU ? 2 * e.ffn : e.ffn;
-      const auto layers = static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), 'E'));
-      big = std::max(big,
-                     m.sum(m.mul(2, model::param_count(h, ep).experts / layers), m.mul(m.mul(tl, e.topk), 3 * C + F1)));
+      big = std::max(big, m.sum(m.mul(2, experts), m.mul(m.mul(tl, e.topk), 3 * C + F1)));
     }
   }
   return big;

@@ -246,8 +246,9 @@ void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens
 }
 
 const AttentionLayer& HybridModel::attention(std::size_t j) const {
+  std::size_t n = 0;
   for (const Block& b : blocks_)
-    if (b.attn && j-- == 0) return *b.attn;
+    if (b.attn && n++ == j) return *b.attn;
   throw Error("hybrid: the pattern has no attention layer " + std::to_string(j));
 }
 
