@@ -2,12 +2,14 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/layout.hpp"
+#include "cp/documents.hpp"
 #include "cp/layout.hpp"
 #include "io/deck.hpp"
 #include "io/results.hpp"
@@ -123,10 +125,46 @@ inline H5Io hdf5_io(const Deck& d) {
   return v == "gather" || (v == "auto" && !hdf5_parallel()) ? H5Io::Gather : H5Io::Collective;
 }
 
+// data.partition = documents (cp/documents.hpp), for the drivers that run it: whole documents on
+// one rank, long ones split by DualChunkSwap; data.doc_split_len sets the split rule.
+inline void add_partition_keys(DeckSchema& s) {
+  s.add_string("data.partition", "dcs",
+               "how packed (THD) sequences lie on the CP ranks: dcs (every sequence padded to 2*cp and cut into "
+               "DualChunkSwap chunks on every rank) or documents (a document whole on one rank, chosen to balance the "
+               "work, or split by DualChunkSwap when it is too long to keep whole)",
+               {"dcs", "documents"})
+      .add_int("data.doc_split_len", 0,
+               "data.partition = documents: documents of at least this many tokens are split over the CP group (0: "
+               "chosen: the heaviest documents are split while the heaviest rank's work is over 1.1 x the mean)",
+               0);
+}
+
+inline bool by_documents(const Deck& d) {
+  return d.has("data.partition") && d.get_string("data.partition") == "documents";
+}
+
+// The work of one attention layer alone: its (query, key) pairs.
+inline cp::DocCost attention_doc_cost(bool causal) { return {1.0, 0.0, causal}; }
+
+// The per-document placement of data.seq_lens on `cp` ranks (data.partition = documents), work by
+// `cost`; null for data.partition = dcs.
+inline std::shared_ptr<const cp::DocPartition> doc_partition(const Deck& d, int cp, const cp::DocCost& cost) {
+  if (!by_documents(d)) return nullptr;
+  HCP_INPUT_CHECK(d.get_string("data.format") == "thd", d.where("data.partition"),
+                  "data.partition = \"documents\" places packed documents: it needs data.format = \"thd\"");
+  return std::make_shared<const cp::DocPartition>(
+      cp::partition_documents(parse_lengths(d, "data.seq_lens"), cp, d.get_int("data.doc_split_len"), cost));
+}
+
 // The global, padded token layout from the [data] section: BSHD (data.batch x data.seqlen, the
 // length a multiple of 2*cp) or THD (data.seq_lens, each padded up to a multiple of 2*cp; the real
 // lengths kept in real_lens).
 inline SeqLayout global_layout(const Deck& d, int cp) {
+  if (by_documents(d)) {  // the documents unpadded; where they lie is the placement's
+    std::vector<std::int64_t> cu{0};
+    for (auto n : parse_lengths(d, "data.seq_lens")) cu.push_back(cu.back() + n);
+    return SeqLayout::thd(cu);
+  }
   if (d.get_string("data.format") == "bshd") {
     const std::int64_t L = d.get_int("data.seqlen");
     // cp = 1 runs the unsharded problem: any length

@@ -1,7 +1,8 @@
 // cp_attention: one attention layer under context parallelism. For each strategy (p2p ring,
 // all-gather, Ulysses a2a) it runs forward+backward on the CP group, compares outputs and input
 // gradients (gathered to global order) with a cp=1 run, times compute and communication per rank,
-// checks the bytes against each strategy's model and writes everything to HDF5.
+// checks the bytes against each strategy's model and writes everything to HDF5. Packed documents lie
+// DualChunkSwap-padded on every rank, or (data.partition = documents) whole on one rank or split.
 #include <cmath>
 
 #include "common.hpp"
@@ -51,6 +52,7 @@ DeckSchema schema() {
       .rename_key("parallel.strategy", "parallel.attention");
   drivers::add_cp_inner_key(s);
   drivers::add_cp_driver_keys(s, "200, 56, 500", 512, /*with_bf16=*/true);
+  drivers::add_partition_keys(s);
   drivers::add_device_key(s);
   return s;
 }
@@ -63,6 +65,7 @@ cp::CpAttnConfig config(const Deck& d, int cp, const std::string& strategy) {
   c.head_dim = a.head_dim;
   c.causal = d.get_bool("attention.causal");
   c.global = drivers::global_layout(d, cp);
+  c.docs = drivers::doc_partition(d, cp, drivers::attention_doc_cost(c.causal));
   c.strategy = cp::attn_strategy_from_string(strategy);
   c.cp_inner = drivers::cp_inner_of(d, cp);
   return c;
@@ -88,6 +91,7 @@ void run(DriverContext& ctx) {
   const std::vector<std::string> names = st.cases(cases(), &skipped);
   const cp::CpAttnConfig base = config(st.deck, st.cp, names.front());
   const SeqLayout& g = base.global;
+  st.docs = base.docs;
   const std::int64_t T = g.total(), H = base.heads, Hkv = base.kv_heads, D = base.head_dim;
   const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
   const Shape qs{H, D}, ks{Hkv, D};
@@ -116,8 +120,10 @@ void run(DriverContext& ctx) {
   }
   st.config({{"format", st.deck.get_string("data.format")},
              {"strategy", drivers::join(names)},
-             {"cu_seqlens_padded", drivers::join(g.cu_seqlens)}},
+             {"cu_seqlens_padded", drivers::join(g.cu_seqlens)},
+             {"partition", base.docs ? "documents" : "dcs"}},
             skipped);
+  if (st.out() && base.docs) drivers::write_doc_partition(*st.out(), *base.docs);
   if (st.out() && st.check)
     for (int i = 0; i < 4; ++i)
       st.out()->tensor(std::string(i ? "/gradients/reference/" : "/activations/reference/") + names4[i], ref[i],
@@ -125,13 +131,13 @@ void run(DriverContext& ctx) {
   st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", g.nseq(), "heads", H,
                             "kv_heads", Hkv, "head_dim", D, "causal", base.causal ? 1 : 0),
             skipped);
+  if (st.root() && base.docs) std::printf("# partition: %s\n", base.docs->summary().c_str());
   if (st.keeps_inputs()) {  // run.save = inputs: what every case starts from
-    const int r = st.grid.cp_rank;
     const char* in_names[4] = {"q", "k", "v", "dout"};
     const std::uint64_t in_seeds[4] = {sq, sk, sv, sd};
     st.input_layout(g);
     for (int i = 0; i < 4; ++i)
-      st.input(in_names[i], drivers::local_uniform(g, st.cp, r, i == 1 || i == 2 ? ks : qs, st.dt, in_seeds[i]), g,
+      st.input(in_names[i], drivers::rows_uniform(st.local_rows(g), i == 1 || i == 2 ? ks : qs, st.dt, in_seeds[i]), g,
                i == 1 || i == 2 ? "[T,Hkv,D] real tokens, global order" : "[T,H,D] real tokens, global order", "1");
   }
   drivers::Table table({{"strategy", 9},
@@ -151,9 +157,9 @@ void run(DriverContext& ctx) {
   for (const std::string& name : names) {
     st.begin_case(name);
     cp::CpAttention attn(st.comm, config(st.deck, st.cp, name));
-    const int r = st.grid.cp_rank;
+    const std::vector<std::int64_t> rows = st.local_rows(g);
     const auto local = [&](const Shape& rest, std::uint64_t sd_) {
-      return drivers::local_uniform(g, st.cp, r, rest, st.dt, sd_).to(st.space);
+      return drivers::rows_uniform(rows, rest, st.dt, sd_).to(st.space);
     };
     Tensor ql = local(qs, sq), kl = local(ks, sk), vl = local(ks, sv), dol = local(qs, sd);
     Tensor got[4] = {Tensor::zeros(ql.shape(), st.dt, st.space), Tensor::zeros(ql.shape(), st.dt, st.space),

@@ -23,7 +23,7 @@ void Study::cross_compare(Errors& e, const std::string& name, const Tensor& loca
   Tensor local = host(planted(local_in));
   if (global) {  // this rank's real rows (pads are not results)
     std::vector<std::int64_t> keep;
-    const std::vector<std::int64_t> idx = cp::local_real_index(*global, cp, grid.cp_rank);
+    const std::vector<std::int64_t> idx = local_rows(*global);
     for (std::size_t i = 0; i < idx.size(); ++i)
       if (idx[i] >= 0) keep.push_back(static_cast<std::int64_t>(i));
     if (static_cast<std::int64_t>(keep.size()) != local.size(0)) local = cp::take_rows(local, keep);

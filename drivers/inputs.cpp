@@ -15,7 +15,10 @@ Tensor unpadded_uniform(const SeqLayout& global, const Shape& rest, DType dt, st
 }
 
 Tensor local_uniform(const SeqLayout& global, int cp, int rank, const Shape& rest, DType dt, std::uint64_t seed) {
-  const std::vector<std::int64_t> rows = cp::local_real_index(global, cp, rank);
+  return rows_uniform(cp::local_real_index(global, cp, rank), rest, dt, seed);
+}
+
+Tensor rows_uniform(const std::vector<std::int64_t>& rows, const Shape& rest, DType dt, std::uint64_t seed) {
   Shape ls{static_cast<std::int64_t>(rows.size())};
   ls.insert(ls.end(), rest.begin(), rest.end());
   Tensor t = Tensor::empty(ls, dt, Space::Host);

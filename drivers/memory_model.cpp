@@ -146,15 +146,33 @@ MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy)
   MemoryModel m("data.seqlen/data.batch/data.seq_lens, attention.heads, attention.kv_heads, attention.head_dim");
   const std::int64_t H = d.get_int("attention.heads"), Hkv = d.get_int("attention.kv_heads"),
                      D = d.get_int("attention.head_dim");
-  const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp;
+  const std::int64_t es = dtype_bytes(d);
+  std::int64_t tl = padded_tokens(d, cp, m) / cp, gathered = m.mul(tl, cp);
+  std::int64_t work = attention_work_bytes(m, strategy, cp, tl, H, Hkv, D, es, cp_inner_of(d, cp));
+  if (const auto docs = doc_partition(d, cp, attention_doc_cost(d.get_bool("attention.causal")))) {
+    // the rank with the most: its saved output and LSE and the backward's dQ/dK/dV over all its
+    // rows, and the split documents' own strategy on its chunks of them
+    tl = work = 0;
+    const std::int64_t S = docs->split_local();
+    for (int r = 0; r < cp; ++r) {
+      const std::int64_t n = docs->local_rows(r);
+      tl = std::max(tl, n);
+      const std::int64_t own =
+          m.sum(attention_work_bytes(m, strategy, 1, n, H, Hkv, D, es), m.mul(m.mul(n, (H + 2 * Hkv) * D), es));
+      work = std::max(
+          work, m.sum(own, S > 0 && cp > 1 ? attention_work_bytes(m, strategy, cp, S, H, Hkv, D, es, cp_inner_of(d, cp))
+                                           : 0));
+    }
+    gathered = m.mul(tl, cp);
+  }
   // q, dout, o, dq and k, v, dk, dv of this rank's tokens
   m.add("inputs and outputs", {tl, 4 * (H + Hkv) * D}, es);
-  m.add("step buffers", {attention_work_bytes(m, strategy, cp, tl, H, Hkv, D, es, cp_inner_of(d, cp))});
+  m.add("step buffers", {work});
   if (host_bf16(d))
     m.add("fp32 kernel operands (host bf16)",
           {attention_kernel_elements(m, strategy, cp, tl, H, Hkv, D, cp_inner_of(d, cp))}, 4);
   if (check_mode(d) == CheckMode::Reference) {
-    const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
+    const std::int64_t T = real_tokens(d, m);
     if (host_bf16(d))
       m.add("cp=1 reference step", {attention_kernel_elements(m, strategy, 1, T, H, Hkv, D)}, 4, Holder::Rank0Before);
     // the unpadded inputs (q, k, v, dout), the results, its saved output and LSE
@@ -162,7 +180,7 @@ MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy)
     m.add("cp=1 reference step", {attention_work_bytes(m, strategy, 1, T, H, Hkv, D, es)}, 1, Holder::Rank0Before);
     m.add("cp=1 reference results", {T, 2 * (H + Hkv) * D}, es, Holder::Rank0Kept);
     // one result gathered in global order and its real rows, on every rank
-    m.add("gathered results (check)", {Tp + T, H * D}, es);
+    m.add("gathered results (check)", {gathered + T, H * D}, es);
   }
   // run.check = cross: the first strategy's o, dq, dk, dv shards, kept while the others run
   if (check_mode(d) == CheckMode::Cross) m.add("first strategy's results (cross check)", {tl, 2 * (H + Hkv) * D}, es);

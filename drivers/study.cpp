@@ -165,7 +165,24 @@ void Study::result(Errors& e, const std::string& name, const std::string& path, 
                    const Tensor& ref, const SeqLayout& global, bool pads_zero, const std::string& layout,
                    const std::string& units) {
   const Tensor local = planted(local_in);
-  if (check) compare_real(e, name, host(cp::dcs_gather(comm, local, global)), ref, global, pads_zero);
+  if (check && docs) {
+    compare(e, name, host(cp::gather_documents(comm, local, *docs)), ref);
+    if (pads_zero) {  // this rank's pad rows (of split documents) must be zero
+      std::vector<std::int64_t> pads;
+      const std::vector<std::int64_t> rows = local_rows(global);
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        if (rows[i] < 0) pads.push_back(static_cast<std::int64_t>(i));
+      const Tensor p = host(cp::take_rows(local, pads));
+      double mx = 0;
+      for (std::int64_t i = 0; i < p.numel(); ++i) mx = nan_max(mx, std::abs(p.get(i)));
+      mx = comm.all_reduce_scalar(mx, ReduceOp::Max);
+      if (root())
+        e.add(name + "_pads",
+              mx / std::max(hcp::compare(ref, Tensor::zeros(ref.shape(), ref.dtype())).max_abs, 1e-300));
+    }
+  } else if (check) {
+    compare_real(e, name, host(cp::dcs_gather(comm, local, global)), ref, global, pads_zero);
+  }
   cross_compare(e, name, local, &global);
   if (writer_) write_real_rows(path, local, global, layout, units);
 }
@@ -174,9 +191,13 @@ void Study::write_real_rows(const std::string& path, const Tensor& local, const 
                             const std::string& layout, const std::string& units) {
   // Row of each local token in the file: its index among the real tokens in global order; -1 for a
   // pad and on the ranks of other CP groups (data-parallel replicas hold the same rows).
-  std::vector<std::int64_t> rows = cp::local_real_index(global, cp, grid.cp_rank);
+  std::vector<std::int64_t> rows = local_rows(global);
   if (grid.dp_rank != 0) rows.assign(rows.size(), -1);
   writer_->rows(path, local, rows, global.unpadded().total(), layout, units);
+}
+
+std::vector<std::int64_t> Study::local_rows(const SeqLayout& global) const {
+  return docs ? docs->real_index(grid.cp_rank) : cp::local_real_index(global, cp, grid.cp_rank);
 }
 
 void Study::input(const std::string& name, const Tensor& local, const SeqLayout& global, const std::string& layout,
@@ -252,6 +273,23 @@ void Study::finish(bool pass, const std::string& why) {
   }
   // Every rank ends alike (exit 1), whichever ranks saw the failure.
   if (ctx.world->all_reduce_scalar(pass ? 0.0 : 1.0, ReduceOp::Max) != 0) throw CheckFailed(why);
+}
+
+void write_doc_partition(ResultsWriter& w, const cp::DocPartition& p) {
+  const auto put = [&](const std::string& name, const std::vector<double>& v, const char* layout, const char* units) {
+    w.tensor("/partition/" + name, Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64), layout, units);
+  };
+  std::vector<double> lens, owner, rows, work(p.work.begin(), p.work.end());
+  for (std::size_t d = 0; d < p.lens.size(); ++d) {
+    lens.push_back(static_cast<double>(p.lens[d]));
+    owner.push_back(p.owner[d]);
+  }
+  for (int r = 0; r < p.cp; ++r) rows.push_back(static_cast<double>(p.local_rows(r)));
+  put("lengths", lens, "[documents] real length", "tokens");
+  put("owner", owner, "[documents] rank holding the document whole, -1 split over the CP group", "rank");
+  put("rows", rows, "[cp] local rows of each rank, pads included", "tokens");
+  put("work", work, "[cp] work of each rank by the placement's cost model", "pairs");
+  put("pad_tokens", {static_cast<double>(p.pad_tokens())}, "[1] pad tokens of the split documents", "tokens");
 }
 
 }  // namespace hcp::drivers

@@ -21,6 +21,7 @@
 #include "core/layout.hpp"
 #include "core/phase_times.hpp"
 #include "core/tensor.hpp"
+#include "cp/documents.hpp"
 #include "harness.hpp"
 #include "io/results.hpp"
 #include "memory_model.hpp"
@@ -133,6 +134,11 @@ class Study {
   // norm_wise, ||got - ref||_2 / ||ref||_2 (bf16 models, where a flipped top-k choice moves a few
   // elements by O(1) while the tensor as a whole agrees). Written to /config as error_metric.
   bool norm_wise = false;
+  // data.partition = documents: where each rank's rows lie (null: the DualChunkSwap layout of the
+  // `global` each call names). result(), input() and local_rows() follow it.
+  std::shared_ptr<const cp::DocPartition> docs;
+  // Row of the unpadded problem of each of this rank's rows (-1: a pad).
+  std::vector<std::int64_t> local_rows(const SeqLayout& global) const;
   ResultsWriter* out() { return writer_.get(); }
   bool root() const { return ctx.root(); }
   std::string backend() const;
@@ -254,6 +260,11 @@ class Study {
 void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend,
                   DType dt, int cp, std::map<std::string, std::string> attrs);
 
+// A per-document placement in the results: /partition/lengths (real lengths of the documents),
+// /partition/owner (the rank holding each whole, -1 split), and per rank /partition/rows (its
+// local rows, pads included), /partition/work (the cost model's work), /partition/pad_tokens.
+void write_doc_partition(ResultsWriter& w, const cp::DocPartition& p);
+
 // A host copy (the tensor itself when it lives on the host).
 // Uniform random inputs of the unpadded problem [real tokens, rest...] (`seed`), and this rank's rows
 // of them in the padded DualChunkSwap layout (pads zero), made without the global tensor: the real
@@ -261,6 +272,8 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
 // problem (their files compare tensor by tensor), and a rank holds only its share.
 Tensor unpadded_uniform(const SeqLayout& global, const Shape& rest, DType dt, std::uint64_t seed);
 Tensor local_uniform(const SeqLayout& global, int cp, int rank, const Shape& rest, DType dt, std::uint64_t seed);
+// The same for rows given as local_real_index gives them (a per-document placement's real_index).
+Tensor rows_uniform(const std::vector<std::int64_t>& rows, const Shape& rest, DType dt, std::uint64_t seed);
 
 inline Tensor host(const Tensor& t) { return t.space() == Space::Host ? t : t.to(Space::Host); }
 // "0,10,20" for /config.

@@ -18,7 +18,15 @@ DType lse_dtype(const Tensor& q) { return q.dtype() == DType::F64 ? DType::F64 :
 void check_attention_cp_shape(const CpAttnConfig& cfg, int cp) {
   HCP_CHECK(cfg.heads > 0 && cfg.kv_heads > 0 && cfg.heads % cfg.kv_heads == 0, "attention.heads (", cfg.heads,
             ") must be a positive multiple of attention.kv_heads (", cfg.kv_heads, ")");
-  require_dcs_divisible(cfg.global, cp, "attention CP layout");
+  if (cfg.docs) {
+    HCP_CHECK(cfg.docs->cp == cp, "attention CP layout: documents placed over ", cfg.docs->cp, " ranks, run on ", cp);
+    const SeqLayout u = cfg.global.unpadded();
+    bool same = u.nseq() == static_cast<std::int64_t>(cfg.docs->lens.size());
+    for (std::int64_t s = 0; same && s < u.nseq(); ++s) same = u.len(s) == cfg.docs->lens[static_cast<std::size_t>(s)];
+    HCP_CHECK(same, "attention CP layout: the documents placed are not the sequences of the layout");
+  } else {
+    require_dcs_divisible(cfg.global, cp, "attention CP layout");
+  }
   if (cfg.strategy == AttnStrategy::A2A)
     HCP_CHECK(cfg.heads % cp == 0, "a2a attention needs attention.heads (", cfg.heads, ") divisible by cp (", cp, ")");
   if (cfg.strategy == AttnStrategy::A2AP2P && cp > 1) {  // at cp = 1 the local kernels run
@@ -34,6 +42,13 @@ CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg, std::shared_ptr<C
   cp_ = comm_.size();
   rank_ = comm_.rank();
   check_attention_cp_shape(cfg_, cp_);
+  if (cfg_.docs) {  // whole documents here; the split ones in an attention of their own
+    local_ = cfg_.docs->whole[static_cast<std::size_t>(rank_)];
+    tl_ = cfg_.docs->local_rows(rank_);
+    if (cfg_.docs->split.nseq() > 0)
+      split_ = std::make_unique<CpAttention>(comm_, split_documents_config(cfg_), std::move(levels_));
+    return;
+  }
   local_ = local_layout(cfg_.global, cp_);
   tl_ = local_.total();
   if (cfg_.strategy == AttnStrategy::A2A) {
@@ -81,6 +96,7 @@ void CpAttention::forward(Tensor& o, const Tensor& q, const Tensor& kk, const Te
   k_ = kk.view({tl_, Hkv, D});
   v_ = v.view({tl_, Hkv, D});
   fwd_ph_.reset();
+  if (cfg_.docs) return fwd_docs(o);
   if (cp_ == 1) return fwd_local(o);
   switch (cfg_.strategy) {
     case AttnStrategy::P2P:
@@ -106,7 +122,9 @@ void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dou
       "cp attention backward: gradient shapes do not match the forward's inputs");
   bwd_ph_.reset();
   Tensor dov = dout.view(q_.shape());
-  if (cp_ == 1) {
+  if (cfg_.docs) {
+    bwd_docs(dq, dk, dv, dov);
+  } else if (cp_ == 1) {
     bwd_local(dq, dk, dv, dov);
   } else {
     switch (cfg_.strategy) {
@@ -158,6 +176,59 @@ void CpAttention::bwd_local(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& do
     dv.copy_from(dvl.view(dv.shape()));
   }
   c.lap("compute");
+}
+
+// ---- per-document placement -------------------------------------------------------------------
+// Rows [0, W) hold whole documents: the kernels on them alone, nothing sent. Rows [W, Tl) are this
+// rank's chunks of the split documents: their own CP attention (any strategy) on those rows.
+CpAttnConfig split_documents_config(const CpAttnConfig& cfg) {
+  HCP_CHECK(cfg.docs, "split_documents_config: no per-document placement");
+  CpAttnConfig s = cfg;
+  s.global = cfg.docs->split;
+  s.docs = nullptr;
+  return s;
+}
+
+void CpAttention::fwd_docs(Tensor& o) {
+  PhaseTimes& c = fwd_ph_;
+  c.start_laps(q_.space());
+  const std::int64_t W = local_.total(), S = tl_ - W;
+  o_ = Tensor::zeros(q_.shape(), q_.dtype());
+  lse_ = Tensor::zeros({tl_, cfg_.heads}, lse_dtype(q_));
+  if (W > 0) {
+    auto p = base_params(cfg_.heads, cfg_.kv_heads);
+    p.segments = k::segments_from_layout(local_, local_);
+    Tensor ow = o_.slice(0, 0, W), lw = lse_.slice(0, 0, W);
+    k::attention_fwd(ow, lw, q_.slice(0, 0, W), k_.slice(0, 0, W), v_.slice(0, 0, W), p);
+  }
+  c.lap("compute");
+  if (split_) {
+    Tensor os = o_.slice(0, W, S);
+    split_->forward(os, q_.slice(0, W, S), k_.slice(0, W, S), v_.slice(0, W, S));
+  }
+  o.copy_from(o_.view(o.shape()));
+}
+
+void CpAttention::bwd_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
+  PhaseTimes& c = bwd_ph_;
+  c.start_laps(q_.space());
+  const std::int64_t W = local_.total(), S = tl_ - W;
+  Tensor dql = zeros_like(q_), dkl = zeros_like(k_), dvl = zeros_like(v_);
+  if (W > 0) {
+    auto p = base_params(cfg_.heads, cfg_.kv_heads);
+    p.segments = k::segments_from_layout(local_, local_);
+    Tensor a = dql.slice(0, 0, W), b = dkl.slice(0, 0, W), d = dvl.slice(0, 0, W);
+    k::attention_bwd(a, b, d, q_.slice(0, 0, W), k_.slice(0, 0, W), v_.slice(0, 0, W), o_.slice(0, 0, W),
+                     lse_.slice(0, 0, W), dout.slice(0, 0, W), p);
+  }
+  c.lap("compute");
+  if (split_) {
+    Tensor a = dql.slice(0, W, S), b = dkl.slice(0, W, S), d = dvl.slice(0, W, S);
+    split_->backward(a, b, d, dout.slice(0, W, S));
+  }
+  dq.copy_from(dql.view(dq.shape()));
+  dk.copy_from(dkl.view(dk.shape()));
+  dv.copy_from(dvl.view(dv.shape()));
 }
 
 // A segment with at least one (query, key) pair.
@@ -405,8 +476,14 @@ CpAttnTimes times_of(const PhaseTimes& ph, const CpAttnTimes& ring) {
 }
 }  // namespace
 
-CpAttnTimes CpAttention::fwd_times() const { return times_of(fwd_ph_, ring_ ? ring_->fwd_times() : CpAttnTimes{}); }
-CpAttnTimes CpAttention::bwd_times() const { return times_of(bwd_ph_, ring_ ? ring_->bwd_times() : CpAttnTimes{}); }
+CpAttnTimes CpAttention::fwd_times() const {
+  const CpAttention* sub = ring_ ? ring_.get() : split_.get();
+  return times_of(fwd_ph_, sub ? sub->fwd_times() : CpAttnTimes{});
+}
+CpAttnTimes CpAttention::bwd_times() const {
+  const CpAttention* sub = ring_ ? ring_.get() : split_.get();
+  return times_of(bwd_ph_, sub ? sub->bwd_times() : CpAttnTimes{});
+}
 
 std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
   return attention_cp_model_bytes(cfg_, cp_, rank_, dt, false);
@@ -416,12 +493,18 @@ std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
 }
 
 std::int64_t a2a_p2p_ring_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
+  if (cfg.docs)
+    return cfg.docs->split.nseq() == 0 ? 0 : a2a_p2p_ring_bytes(split_documents_config(cfg), cp, rank, dt, backward);
   const int inner = cfg.cp_inner;
   return attention_cp_model_bytes(a2a_p2p_ring_config(cfg, rank), cp / inner, rank / inner, dt, backward);
 }
 
 std::int64_t attention_cp_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
   if (cp == 1) return 0;  // one rank runs locally
+  // per-document placement: whole documents send nothing; the split ones are a CP problem of their own
+  if (cfg.docs)
+    return cfg.docs->split.nseq() == 0 ? 0
+                                       : attention_cp_model_bytes(split_documents_config(cfg), cp, rank, dt, backward);
   const std::int64_t tl = local_layout(cfg.global, cp).total(), D = cfg.head_dim, H = cfg.heads;
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt)), kv = 2 * tl * cfg.kv_heads * D;
   // the dK/dV accumulator of a ring travels in fp32 for bf16

@@ -2,7 +2,8 @@
 // Ulysses head all-to-all, and Ulysses over an inner group around a ring over the outer group
 // (a2a+p2p); forward and backward; BSHD and THD (packed) alike.
 // Contract: q, dout local [Tl, H, D]; k, v local [Tl, Hkv, D]; Tl = global tokens / cp, tokens in
-// DCS order (cp/layout.hpp) of the global, padded layout (every sequence a multiple of 2*cp).
+// DCS order (cp/layout.hpp) of the global, padded layout (every sequence a multiple of 2*cp); or,
+// with a per-document placement (CpAttnConfig::docs), Tl = docs->local_rows(rank) in its order.
 #pragma once
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include "comm/communicator.hpp"
 #include "core/layout.hpp"
 #include "core/phase_times.hpp"
+#include "cp/documents.hpp"
 #include "cp/head_exchange.hpp"
 #include "cp/strategy.hpp"
 #include "kernels/kernels.hpp"
@@ -25,7 +27,15 @@ struct CpAttnConfig {
   // a2a+p2p: ranks of the inner (Ulysses) group, consecutive ranks; divides the CP size. The outer
   // ring runs over the cp / cp_inner ranks with the same inner index.
   int cp_inner = 1;
+  // data.partition = documents (cp/documents.hpp): `global` is then the unpadded packed documents,
+  // a rank's rows are its whole documents (attended locally, nothing sent) followed by its chunks of
+  // the split documents, which `strategy` runs over the CP group as the layout docs->split.
+  std::shared_ptr<const DocPartition> docs;
 };
+
+// The split documents of a per-document layout as a CP problem of their own: cfg with global =
+// docs->split and no per-document placement.
+CpAttnConfig split_documents_config(const CpAttnConfig& cfg);
 
 // Time split of the last forward/backward (seconds, this rank).
 struct CpAttnTimes {
@@ -73,7 +83,8 @@ class CpAttention {
   // Values this rank sends per forward / backward, by the strategy's cost model
   // (attention_cp_model_bytes).
   std::int64_t model_fwd_bytes(DType dt) const;
-  const CpLevels* levels() const { return levels_.get(); }  // a2a+p2p's groups (null before they are made)
+  // a2a+p2p's groups (null before they are made)
+  const CpLevels* levels() const { return split_ ? split_->levels() : levels_.get(); }
   std::int64_t model_bwd_bytes(DType dt) const;
 
  private:
@@ -87,6 +98,8 @@ class CpAttention {
   void bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   void fwd_a2a_p2p(Tensor& o);
   void bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  void fwd_docs(Tensor& o);
+  void bwd_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   void make_levels();                  // a2a+p2p: the inner and outer groups, exchanges and ring (collective, once)
   std::int64_t ring_kv_heads() const;  // a2a+p2p: K/V heads per rank on the outer ring
   kernels::AttnParams base_params(std::int64_t heads, std::int64_t kv_heads) const;
@@ -117,6 +130,9 @@ class CpAttention {
   std::shared_ptr<CpLevels> levels_;
   std::unique_ptr<HeadExchange> xq_, xkv_;
   std::unique_ptr<CpAttention> ring_;
+  // per-document placement: the split documents' own CP attention over rows [Tl - S, Tl) (null when
+  // none is split); local_ is then the layout of this rank's whole documents, rows [0, Tl - S).
+  std::unique_ptr<CpAttention> split_;
   PhaseTimes fwd_ph_, bwd_ph_;  // "compute" and "comm_wait" laps of the last pass
 };
 

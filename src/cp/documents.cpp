@@ -1,0 +1,190 @@
+#include "cp/documents.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+#include "core/error.hpp"
+#include "cp/layout.hpp"
+
+namespace hcp::cp {
+
+double DocCost::of(std::int64_t n) const {
+  const double x = static_cast<double>(n);
+  return pair * (causal ? x * (x + 1) / 2 : x * x) + token * x;
+}
+
+namespace {
+
+// Work of rank r's two DualChunkSwap chunks of a split document of n real tokens: the (query, key)
+// pairs of its real queries (causal: a query at position p sees p + 1 keys) and its real tokens.
+double split_work(std::int64_t n, int cp, int r, const DocCost& c) {
+  const std::int64_t ch = dcs_chunk_len(n, cp);
+  double w = 0;
+  for (std::int64_t lo : {r * ch, (2 * cp - 1 - r) * ch}) {
+    const double a = static_cast<double>(std::min(lo, n)), b = static_cast<double>(std::min(lo + ch, n));
+    const double pairs = c.causal ? (b * (b + 1) - a * (a + 1)) / 2 : (b - a) * static_cast<double>(n);
+    w += c.pair * pairs + c.token * (b - a);
+  }
+  return w;
+}
+
+struct Placed {
+  std::vector<int> owner;
+  std::vector<double> work;
+  double heaviest() const { return *std::max_element(work.begin(), work.end()); }
+};
+
+// Split documents over every rank; whole ones heaviest first (ties: the earlier document) on the
+// least-loaded rank (ties: the lower rank).
+Placed place(const std::vector<std::int64_t>& lens, int cp, const std::vector<bool>& split,
+             const std::vector<std::size_t>& by_weight, const DocCost& c) {
+  Placed p{std::vector<int>(lens.size(), -1), std::vector<double>(static_cast<std::size_t>(cp), 0.0)};
+  for (std::size_t d = 0; d < lens.size(); ++d)
+    if (split[d])
+      for (int r = 0; r < cp; ++r) p.work[static_cast<std::size_t>(r)] += split_work(lens[d], cp, r, c);
+  for (std::size_t d : by_weight) {
+    if (split[d]) continue;
+    const auto r = static_cast<std::size_t>(std::min_element(p.work.begin(), p.work.end()) - p.work.begin());
+    p.owner[d] = static_cast<int>(r);
+    p.work[r] += c.of(lens[d]);
+  }
+  return p;
+}
+
+double max_over_mean(const std::vector<double>& v) {
+  const double sum = std::accumulate(v.begin(), v.end(), 0.0);
+  return sum > 0 ? *std::max_element(v.begin(), v.end()) * static_cast<double>(v.size()) / sum : 1.0;
+}
+
+}  // namespace
+
+DocPartition partition_documents(const std::vector<std::int64_t>& lens, int cp, std::int64_t split_len,
+                                 const DocCost& cost) {
+  HCP_CHECK(cp >= 1, "document partition: cp size must be >= 1");
+  HCP_CHECK(split_len >= 0, "document partition: the split length must be >= 0");
+  for (std::size_t d = 0; d < lens.size(); ++d)
+    HCP_CHECK(lens[d] >= 1, "document partition: document ", d, " has length ", lens[d], " (must be >= 1)");
+  std::vector<std::size_t> by_weight(lens.size());
+  std::iota(by_weight.begin(), by_weight.end(), 0);
+  std::stable_sort(by_weight.begin(), by_weight.end(), [&](std::size_t a, std::size_t b) { return lens[a] > lens[b]; });
+
+  std::vector<bool> split(lens.size(), false);
+  if (cp > 1 && split_len > 0)
+    for (std::size_t d = 0; d < lens.size(); ++d) split[d] = lens[d] >= split_len;
+  Placed p = place(lens, cp, split, by_weight, cost);
+  if (cp > 1 && split_len == 0) {
+    for (std::size_t d : by_weight) {  // the heaviest whole document next
+      if (max_over_mean(p.work) <= 1.1) break;
+      std::vector<bool> s = split;
+      s[d] = true;
+      Placed q = place(lens, cp, s, by_weight, cost);
+      if (q.heaviest() >= p.heaviest()) break;
+      split = std::move(s);
+      p = std::move(q);
+    }
+  }
+
+  DocPartition out;
+  out.cp = cp;
+  out.lens = lens;
+  out.owner = p.owner;
+  out.work = p.work;
+  std::vector<std::int64_t> cu{0};
+  std::vector<std::int64_t> real;
+  SeqLayout none;  // no sequence (a rank without whole documents; no split document)
+  none.format = Format::THD;
+  none.cu_seqlens = {0};
+  out.whole.assign(static_cast<std::size_t>(cp), none);
+  for (std::size_t d = 0; d < lens.size(); ++d) {
+    if (split[d]) {
+      cu.push_back(cu.back() + dcs_padded_len(lens[d], cp));
+      real.push_back(lens[d]);
+      out.split_len = out.split_len == 0 ? lens[d] : std::min(out.split_len, lens[d]);
+    } else {
+      auto& w = out.whole[static_cast<std::size_t>(p.owner[d])].cu_seqlens;
+      w.push_back(w.back() + lens[d]);
+    }
+  }
+  out.split = cu.size() > 1 ? SeqLayout::thd(cu) : none;
+  out.split.real_lens = real;
+  return out;
+}
+
+std::int64_t DocPartition::real_split_tokens() const {
+  std::int64_t n = 0;
+  for (std::size_t d = 0; d < lens.size(); ++d) n += owner[d] < 0 ? lens[d] : 0;
+  return n;
+}
+
+std::int64_t DocPartition::documents_split() const {
+  return static_cast<std::int64_t>(std::count(owner.begin(), owner.end(), -1));
+}
+
+std::vector<std::int64_t> DocPartition::real_index(int rank) const {
+  HCP_CHECK(rank >= 0 && rank < cp, "document partition: rank ", rank, " outside [0, ", cp, ")");
+  std::vector<std::int64_t> rows, split_to_global;
+  std::int64_t off = 0;
+  for (std::size_t d = 0; d < lens.size(); off += lens[d], ++d) {
+    if (owner[d] == rank)
+      for (std::int64_t i = 0; i < lens[d]; ++i) rows.push_back(off + i);
+    if (owner[d] < 0)
+      for (std::int64_t i = 0; i < lens[d]; ++i) split_to_global.push_back(off + i);
+  }
+  if (split.nseq() > 0)
+    for (std::int64_t k : local_real_index(split, cp, rank))
+      rows.push_back(k < 0 ? -1 : split_to_global[static_cast<std::size_t>(k)]);
+  return rows;
+}
+
+double DocPartition::work_imbalance() const { return max_over_mean(work); }
+
+double DocPartition::token_imbalance() const {
+  std::vector<double> t(static_cast<std::size_t>(cp), 0.0);
+  for (int r = 0; r < cp; ++r)
+    for (std::int64_t k : real_index(r)) t[static_cast<std::size_t>(r)] += k >= 0 ? 1.0 : 0.0;
+  return max_over_mean(t);
+}
+
+std::string DocPartition::summary() const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "%zu documents: %lld whole, %lld split (shortest %lld tokens); %lld pad tokens; work max/mean %.3f, "
+                "tokens max/mean %.3f",
+                lens.size(), static_cast<long long>(static_cast<std::int64_t>(lens.size()) - documents_split()),
+                static_cast<long long>(documents_split()), static_cast<long long>(split_len),
+                static_cast<long long>(pad_tokens()), work_imbalance(), token_imbalance());
+  return buf;
+}
+
+Tensor gather_documents(Communicator& comm, const Tensor& local, const DocPartition& p) {
+  const int cp = comm.size();
+  HCP_CHECK(cp == p.cp, "gather_documents: documents placed over ", p.cp, " ranks, gathered over ", cp);
+  HCP_CHECK(local.size(0) == p.local_rows(comm.rank()), "gather_documents: ", local.size(0),
+            " local rows, placement has ", p.local_rows(comm.rank()));
+  std::int64_t most = 0, total = 0;
+  for (int r = 0; r < cp; ++r) most = std::max(most, p.local_rows(r));
+  for (std::int64_t n : p.lens) total += n;
+  Shape shp = local.shape();
+  shp[0] = most;
+  Tensor send = Tensor::zeros(shp, local.dtype(), local.space());
+  if (local.size(0) > 0) send.slice(0, 0, local.size(0)).copy_from(local);
+  shp[0] = most * cp;
+  Tensor all = Tensor::empty(shp, local.dtype(), local.space());
+  comm.all_gather(send, all);
+  shp[0] = total;
+  Tensor out = Tensor::zeros(shp, local.dtype(), local.space());
+  std::vector<std::int64_t> dst, src;
+  for (int r = 0; r < cp; ++r) {
+    const std::vector<std::int64_t> idx = p.real_index(r);
+    for (std::size_t i = 0; i < idx.size(); ++i)
+      if (idx[i] >= 0) {
+        dst.push_back(idx[i]);
+        src.push_back(r * most + static_cast<std::int64_t>(i));
+      }
+  }
+  if (!dst.empty()) copy_rows(out, all, dst, src);
+  return out;
+}
+
+}  // namespace hcp::cp

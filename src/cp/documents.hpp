@@ -1,0 +1,71 @@
+// Per-document placement of packed (THD) sequences over a CP group (data.partition = documents).
+//
+// The DualChunkSwap layout (cp/layout.hpp) pads every sequence to a multiple of 2*cp and gives every
+// rank two chunks of each, so a short document is spread over all ranks and its K/V travels around
+// the whole ring. Here a document either goes whole to one rank — no padding, no communication —
+// or, when keeping it whole would leave the ranks' work out of balance, is split by DualChunkSwap
+// over the CP group (padded to 2*cp as its own split needs). Whole documents are placed
+// heaviest-first on the least-loaded rank. The placement is a pure function of the lengths, the CP
+// size, the split rule and the cost model, so every rank computes the same one without talking.
+//
+// A rank's rows: its whole documents in global order, then its DualChunkSwap chunks of the split
+// documents (the local rows of `split` on that rank, cp/layout.hpp), so the split part is one
+// contiguous block that any attention CP strategy runs over unchanged.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "core/layout.hpp"
+#include "core/tensor.hpp"
+
+namespace hcp::cp {
+
+// Work of a document of n tokens, in arbitrary units: `pair` per (query, key) pair attention visits
+// (causal: n(n+1)/2 pairs, else n^2) and `token` per token (the per-token work of the other layers:
+// projections, Mamba, MoE, MLP).
+struct DocCost {
+  double pair = 1, token = 0;
+  bool causal = true;
+  double of(std::int64_t n) const;
+};
+
+struct DocPartition {
+  int cp = 1;
+  std::vector<std::int64_t> lens;  // real lengths of the documents, global order
+  std::vector<int> owner;          // the rank that holds a whole document; -1: split over the group
+  SeqLayout split;                 // the split documents alone, in order, each padded to 2*cp (THD)
+  std::vector<SeqLayout> whole;    // per rank: its whole documents packed, unpadded (THD)
+  std::vector<double> work;        // per rank, by the cost model (split documents: the rank's chunks)
+  std::int64_t split_len = 0;      // the rule used: documents of at least this many tokens split
+
+  std::int64_t split_local() const { return split.total() / cp; }  // rows of the split part, every rank
+  std::int64_t whole_rows(int rank) const { return whole[static_cast<std::size_t>(rank)].total(); }
+  std::int64_t local_rows(int rank) const { return whole_rows(rank) + split_local(); }
+  std::int64_t pad_tokens() const { return split.total() - real_split_tokens(); }
+  std::int64_t real_split_tokens() const;
+  std::int64_t documents_split() const;
+  // For each local row of `rank`, its row in the unpadded problem (the documents packed in order at
+  // their real lengths), or -1 for a pad.
+  std::vector<std::int64_t> real_index(int rank) const;
+  // max / mean over ranks of the work, and of the real tokens.
+  double work_imbalance() const;
+  double token_imbalance() const;
+  // One line for logs and /config: documents whole and split, padding, imbalance.
+  std::string summary() const;
+};
+
+// The placement of documents of real lengths `lens` (each >= 1) over `cp` ranks. split_len > 0:
+// documents of at least split_len tokens are split, the rest stay whole. split_len = 0: chosen —
+// starting from every document whole, the heaviest whole document is split while the heaviest
+// rank's work exceeds the mean by more than 10 % and splitting it lowers the heaviest rank's work.
+// At cp = 1 every document is whole on rank 0 (the unpadded problem).
+DocPartition partition_documents(const std::vector<std::int64_t>& lens, int cp, std::int64_t split_len,
+                                 const DocCost& cost);
+
+// Every rank's local [rows, ...] tensor of the placement `p`, gathered into the unpadded problem's
+// order ([real tokens, ...], pads dropped) on every rank of `comm` (the CP group of `p`).
+Tensor gather_documents(Communicator& comm, const Tensor& local, const DocPartition& p);
+
+}  // namespace hcp::cp
