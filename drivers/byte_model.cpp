@@ -1,5 +1,6 @@
 #include "byte_model.hpp"
 
+#include <iomanip>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -65,6 +66,15 @@ void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden
                                                  cp::moe_ep_uniform_bytes(tokens_per_rank, e.topk, hidden, ep, dt));
 }
 
+LayerBytes::Placement placement_of(const std::string& name, const cp::DocPartition& p) {
+  LayerBytes::Placement out{name, p.pad_tokens(), {}, {}, p.work};
+  for (int r = 0; r < p.cp; ++r) {
+    out.rows.push_back(p.local_rows(r));
+    out.tokens.push_back(p.real_tokens(r));
+  }
+  return out;
+}
+
 std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b) {
   std::ostringstream os;
   os << "{\"driver\":\"" << driver << "\",\"cp\":" << cp << ",\"state_scan\":\"" << b.state_scan << "\",\"layers\":{";
@@ -76,6 +86,19 @@ std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b) {
   }
   os << "},\"ring\":";
   per_rank_json(os, b.ring);
+  for (const LayerBytes::Placement& p : b.placement) {
+    const auto list = [&](const char* key, const auto& v) {
+      os << ",\"" << key << "\":[";
+      for (std::size_t r = 0; r < v.size(); ++r) os << (r ? "," : "") << v[r];
+      os << ']';
+    };
+    os << ",\"placement\":{\"partition\":\"" << p.partition << "\",\"pad_tokens\":" << p.pad_tokens;
+    list("rows", p.rows);
+    list("tokens", p.tokens);
+    os << std::setprecision(17);  // the planner compares the work with the run's
+    list("work", p.work);
+    os << '}';
+  }
   os << '}';
   return os.str();
 }

@@ -11,6 +11,7 @@
 #include "core/dtype.hpp"
 #include "core/layout.hpp"
 #include "cp/attention_cp.hpp"
+#include "cp/documents.hpp"
 #include "model/layers.hpp"
 #include "model/mamba2.hpp"
 
@@ -22,7 +23,19 @@ struct LayerBytes {
   // a2a+p2p: the bytes of its ring over the outer group (across nodes), part of kinds["*"]
   std::map<std::string, std::vector<std::int64_t>> ring;
   std::string state_scan;  // the state-passing exchange the Mamba bytes assume ("auto" resolved)
+  // Packed THD batches: how the tokens lie (data.partition; dcs is every document split), the pad
+  // tokens, and per rank the local rows, real tokens and work of the placement's cost model.
+  struct Placement {
+    std::string partition;
+    std::int64_t pad_tokens = 0;
+    std::vector<std::int64_t> rows, tokens;
+    std::vector<double> work;
+  };
+  std::vector<Placement> placement;  // empty or one
 };
+
+// The placement record of `p` (partition name `name`).
+LayerBytes::Placement placement_of(const std::string& name, const cp::DocPartition& p);
 
 // Every attention strategy whose shape rules `c` (its strategy aside) meets on `cp` ranks.
 void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, int cp, DType dt);
@@ -32,7 +45,8 @@ void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayou
 void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,
                    int ep, DType dt);
 // {"driver": .., "cp": .., "state_scan": .., "layers": {kind: {strategy: [bytes of rank 0, 1, ..]}},
-//  "ring": {"a2a+p2p": [..]}}
+//  "ring": {"a2a+p2p": [..]}, "placement": {"partition": .., "pad_tokens": .., "rows": [..],
+//  "tokens": [..], "work": [..]} (THD)}
 std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b);
 
 }  // namespace hcp::drivers

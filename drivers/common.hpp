@@ -180,6 +180,15 @@ inline SeqLayout global_layout(const Deck& d, int cp) {
   return l;
 }
 
+// Where the documents of a packed (THD) batch lie, as a placement, whatever data.partition says:
+// the per-document one, or for dcs every document split (the DualChunkSwap layout); null for BSHD.
+inline std::shared_ptr<const cp::DocPartition> thd_placement(const Deck& d, int cp, const cp::DocCost& cost) {
+  if (auto p = doc_partition(d, cp, cost)) return p;
+  if (d.get_string("data.format") != "thd") return nullptr;
+  return std::make_shared<const cp::DocPartition>(
+      cp::partition_documents(parse_lengths(d, "data.seq_lens"), cp, 1, cost));
+}
+
 // CP size from parallel.cp_size (0: every rank), checked against the world size.
 inline int cp_size_of(const Deck& d, int world) {
   const int cp = d.get_int("parallel.cp_size") == 0 ? world : static_cast<int>(d.get_int("parallel.cp_size"));

@@ -262,7 +262,8 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
 
 // A per-document placement in the results: /partition/lengths (real lengths of the documents),
 // /partition/owner (the rank holding each whole, -1 split), and per rank /partition/rows (its
-// local rows, pads included), /partition/work (the cost model's work), /partition/pad_tokens.
+// local rows, pads included), /partition/tokens (its real tokens), /partition/work (the cost model's work),
+// /partition/pad_tokens.
 void write_doc_partition(ResultsWriter& w, const cp::DocPartition& p);
 
 // A host copy (the tensor itself when it lives on the host).

@@ -137,12 +137,17 @@ std::vector<std::int64_t> DocPartition::real_index(int rank) const {
   return rows;
 }
 
+std::int64_t DocPartition::real_tokens(int rank) const {
+  std::int64_t n = whole_rows(rank);
+  for (std::int64_t s = 0; s < split.nseq(); ++s) n += local_real(split, s, cp, rank);
+  return n;
+}
+
 double DocPartition::work_imbalance() const { return max_over_mean(work); }
 
 double DocPartition::token_imbalance() const {
   std::vector<double> t(static_cast<std::size_t>(cp), 0.0);
-  for (int r = 0; r < cp; ++r)
-    for (std::int64_t k : real_index(r)) t[static_cast<std::size_t>(r)] += k >= 0 ? 1.0 : 0.0;
+  for (int r = 0; r < cp; ++r) t[static_cast<std::size_t>(r)] = static_cast<double>(real_tokens(r));
   return max_over_mean(t);
 }
 

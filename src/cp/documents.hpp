@@ -45,6 +45,7 @@ struct DocPartition {
   std::int64_t local_rows(int rank) const { return whole_rows(rank) + split_local(); }
   std::int64_t pad_tokens() const { return split.total() - real_split_tokens(); }
   std::int64_t real_split_tokens() const;
+  std::int64_t real_tokens(int rank) const;  // rows of `rank` that are not pads
   std::int64_t documents_split() const;
   // For each local row of `rank`, its row in the unpadded problem (the documents packed in order at
   // their real lengths), or -1 for a pad.

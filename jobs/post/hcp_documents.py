@@ -1,0 +1,90 @@
+#!/usr/bin/python3
+"""Packed documents by layout: cp_attention results files run with data.partition = dcs and
+documents (scripts/hcp documents makes them), one row per file, beside the planner's prediction.
+
+  hcp_documents.py [--bin DIR] F.h5 [F.h5 ...]
+
+Per file: the CP size and layout, pad tokens, bytes per rank and step (max and mean over ranks,
+measured by the communicator's counters) and the byte model's maximum from the driver's --dry-run
+(the planner's source, jobs/post/hcp_plan.py), the imbalance (max / mean over ranks) of the work by
+the placement's cost model and of the real tokens, as the run recorded them (/partition) and as the
+dry run predicts them, the tensor memory of the heaviest rank (allocated in the step plus alive
+before it) beside the memory model, and the step time (median over repeats of the slowest rank's
+forward + backward).
+Exit 1 when a rank's measured bytes differ from the model or the run's placement from the dry
+run's; 2 on a file that is not a cp_attention THD run.
+"""
+import argparse
+import os
+import sys
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hcp_plan  # noqa: E402  (driver_dry_run: the drivers' own models)
+
+
+def imbalance(v):
+    v = np.asarray(v, dtype=float)
+    return float(v.max() * len(v) / v.sum()) if v.sum() > 0 else 1.0
+
+
+def row(path, bindir):
+    with h5py.File(path, "r") as f:
+        cfg = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f["config"].attrs.items()}
+        if cfg.get("driver") != "cp_attention" or cfg.get("format") != "thd" or "partition" not in f:
+            raise ValueError(f"{path}: not a cp_attention THD run with /partition")
+        cp = int(cfg["cp_size"])
+        strat = str(cfg["strategy"]).split(",")[0]
+        part = {k: f["partition"][k][()] for k in f["partition"]}
+        sent = np.zeros(cp)
+        if "comm" in f and strat in f["comm"]:
+            for op, g in f["comm"][strat].items():
+                if op not in ("barrier", "all_reduce"):
+                    sent += g["bytes_sent"][()]
+        mem = f["memory"][strat]
+        held = mem["step_tensor_bytes"][()] + mem["live_tensor_bytes"][()]
+        heavy = int(np.argmax(held))
+        t = f["timings"][strat]
+        step = float(np.median(np.max(t["forward"][()] + t["backward"][()], axis=0)))
+        out = {"file": os.path.basename(path), "cp": cp, "partition": cfg["partition"], "strategy": strat,
+               "pads": int(part["pad_tokens"][0]), "sent": sent, "work": imbalance(part["work"]),
+               "tokens": imbalance(part["tokens"]), "mem": float(held[heavy]),
+               "mem_model": float(mem["model_bytes"][()][heavy]), "step_ms": step}
+    sets = ["run.check=off", "run.memory_gib=1e6", "run.device=host", f"parallel.cp_inner={int(cfg.get('cp_inner', 1))}"]
+    dry = hcp_plan.driver_dry_run(bindir, cfg["deck_resolved"], sets, cp, "cp_attention")["bytes"]
+    out["model"] = np.asarray(dry["layers"]["*"][strat], dtype=float)
+    pl = dry["placement"]
+    out["plan_pads"], out["plan_work"], out["plan_tokens"] = pl["pad_tokens"], imbalance(pl["work"]), imbalance(pl["tokens"])
+    out["ok"] = (np.array_equal(out["sent"], out["model"]) and out["plan_pads"] == out["pads"]
+                 and abs(out["plan_work"] - out["work"]) < 1e-6 * out["work"])
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=hcp_plan.DEFAULT_BIN, help="directory of the driver binaries (for --dry-run)")
+    ap.add_argument("files", nargs="+")
+    a = ap.parse_args(argv)
+    try:
+        rows = [row(p, a.bin) for p in a.files]
+    except (ValueError, KeyError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    mib = 1 / 2**20
+    print("| cp | layout | pad tokens | MiB sent / rank, max (mean) | model max | work max/mean (planner) "
+          "| tokens max/mean (planner) | memory MiB, heaviest rank (model) | step ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["cp"], r["partition"])):
+        print(f"| {r['cp']} | {r['partition']} | {r['pads']} | {r['sent'].max() * mib:.2f} ({r['sent'].mean() * mib:.2f}) "
+              f"| {r['model'].max() * mib:.2f} | {r['work']:.3f} ({r['plan_work']:.3f}) | {r['tokens']:.3f} ({r['plan_tokens']:.3f}) "
+              f"| {r['mem'] * mib:.1f} ({r['mem_model'] * mib:.1f}) | {r['step_ms']:.0f} |")
+    bad = [r["file"] for r in rows if not r["ok"]]
+    print(f"RESULT documents {'EXACT' if not bad else 'DIFFERS ' + ','.join(bad)} "
+          f"(bytes of every rank = model; placement = planner's) {len(rows) - len(bad)}/{len(rows)}")
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
