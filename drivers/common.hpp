@@ -146,6 +146,9 @@ inline bool by_documents(const Deck& d) {
 // The work of one attention layer alone: its (query, key) pairs.
 inline cp::DocCost attention_doc_cost(bool causal) { return {1.0, 0.0, causal}; }
 
+// The work of a layer linear in the tokens (Mamba2, MoE, MLP): its tokens.
+inline cp::DocCost token_doc_cost() { return {0.0, 1.0, true}; }
+
 // The per-document placement of data.seq_lens on `cp` ranks (data.partition = documents), work by
 // `cost`; null for data.partition = dcs.
 inline std::shared_ptr<const cp::DocPartition> doc_partition(const Deck& d, int cp, const cp::DocCost& cost) {

@@ -48,6 +48,7 @@ DeckSchema schema() {
   s.add_int("mamba.hidden", 64, "model width", 1);
   drivers::add_mamba_keys(s, {.heads = 8, .head_dim = 16, .groups = 2, .d_state = 16, .conv = 4, .chunk = 32});
   drivers::add_cp_driver_keys(s, "100, 37, 250", 256, /*with_bf16=*/true);
+  drivers::add_partition_keys(s);
   drivers::add_device_key(s);
   std::vector<std::string> choices = cp::mamba_cp_names();
   choices.emplace_back("all");
@@ -61,10 +62,18 @@ struct Setup {
   SeqLayout global;
   model::Mamba2Config cfg;
   DType dt = DType::F64;
+  std::shared_ptr<const cp::DocPartition> docs;  // data.partition = documents
+  // The layout the CP strategy runs on: the global one, or the split documents'; none (every
+  // document whole) sends nothing.
+  const SeqLayout* cp_layout() const { return !docs ? &global : docs->split.nseq() > 0 ? &docs->split : nullptr; }
+  std::unique_ptr<model::Mamba2Layer> make(cp::MambaCp strat, Communicator& c) const {
+    if (docs) return std::make_unique<model::Mamba2Docs>(strat, c, cfg, docs);
+    return model::make_mamba2(strat, c, cfg, global);
+  }
 };
 Setup make_setup(const Deck& d, int cp) {
   return {cp, drivers::global_layout(d, cp), drivers::mamba_from_deck(d, d.get_int("mamba.hidden")),
-          dtype_from_string(d.get_string("data.dtype"))};
+          dtype_from_string(d.get_string("data.dtype")), drivers::doc_partition(d, cp, drivers::token_doc_cost())};
 }
 
 // The strategies; constructing a layer checks its divisibility rules.
@@ -73,14 +82,20 @@ drivers::Cases cases() {
           "all",
           cp::mamba_cp_names(),
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
-            const Setup s = make_setup(d, cp);
-            model::make_mamba2(cp::mamba_cp_from_string(n), c, s.cfg, s.global);
+            make_setup(d, cp).make(cp::mamba_cp_from_string(n), c);
           },
           drivers::mamba_memory,
           [](const Deck& d, int cp) {
             const Setup s = make_setup(d, cp);
             drivers::LayerBytes b;
-            drivers::add_mamba_bytes(b, s.cfg, s.global, cp, s.dt);
+            if (const SeqLayout* g = s.cp_layout()) {
+              drivers::add_mamba_bytes(b, s.cfg, *g, cp, s.dt);
+            } else {  // every document whole: nothing sent
+              for (const cp::MambaCpInfo& m : cp::mamba_cps())
+                b.kinds["M"][m.name] = std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0);
+            }
+            if (auto p = drivers::thd_placement(d, cp, drivers::token_doc_cost()))
+              b.placement.push_back(drivers::placement_of(d.get_string("data.partition"), *p));
             return b;
           }};
 }
@@ -90,6 +105,7 @@ void run(DriverContext& ctx) {
   std::vector<std::pair<std::string, std::string>> skipped;
   const std::vector<std::string> names = st.cases(cases(), &skipped);
   const Setup s = make_setup(st.deck, st.cp);
+  st.docs = s.docs;
   const int r = st.grid.cp_rank;
   const std::int64_t T = s.global.total(), C = s.cfg.hidden;
   const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
@@ -109,10 +125,18 @@ void run(DriverContext& ctx) {
     ref.backward(rdh, rg, drivers::unpadded_uniform(s.global, {C}, s.dt, sdy), p);
   }
   // The state scan state passing runs (mamba.state_scan = auto resolved on this layout).
-  const std::string scan = cp::to_string(cp::resolve_state_exchange(
-      s.global, st.cp, cp::Partition::DCS, s.cfg.state_exchange, s.cfg.head_dim * s.cfg.d_state));
-  st.config({{"format", st.deck.get_string("data.format")}, {"strategy", drivers::join(names)}, {"state_scan", scan}},
+  const SeqLayout* cpl = s.cp_layout();
+  const std::string scan =
+      cpl ? cp::to_string(cp::resolve_state_exchange(*cpl, st.cp, cp::Partition::DCS, s.cfg.state_exchange,
+                                                     s.cfg.head_dim * s.cfg.d_state))
+          : std::string("none");
+  st.config({{"format", st.deck.get_string("data.format")},
+             {"strategy", drivers::join(names)},
+             {"state_scan", scan},
+             {"partition", st.deck.has("data.partition") ? st.deck.get_string("data.partition") : "dcs"}},
             skipped);
+  const auto placed = drivers::thd_placement(st.deck, st.cp, drivers::token_doc_cost());
+  if (st.out() && placed) drivers::write_doc_partition(*st.out(), *placed);
   if (st.out() && st.check) {
     st.out()->tensor("/activations/reference/out", ry, "[T,hidden] real tokens, global order", "1");
     st.out()->tensor("/gradients/reference/input", rdh, "[T,hidden] real tokens, global order", "1");
@@ -121,8 +145,11 @@ void run(DriverContext& ctx) {
                             "hidden", C, "heads", s.cfg.heads, "head_dim", s.cfg.head_dim, "n_groups", s.cfg.groups,
                             "d_state", s.cfg.d_state, "conv", s.cfg.conv, "chunk", s.cfg.chunk, "state_scan", scan),
             skipped);
-  Tensor hl = drivers::local_uniform(s.global, s.cp, r, {C}, s.dt, sh).to(st.space),
-         dyl = drivers::local_uniform(s.global, s.cp, r, {C}, s.dt, sdy).to(st.space);
+  if (st.root() && placed)
+    std::printf("# partition %s: %s\n", st.deck.get_string("data.partition").c_str(), placed->summary().c_str());
+  const std::vector<std::int64_t> rows = st.local_rows(s.global);
+  Tensor hl = drivers::rows_uniform(rows, {C}, s.dt, sh).to(st.space),
+         dyl = drivers::rows_uniform(rows, {C}, s.dt, sdy).to(st.space);
   st.input_layout(s.global);  // run.save = inputs: what every case starts from
   st.input("x", hl, s.global, "[T,hidden] real tokens, global order", "1");
   st.input("dout", dyl, s.global, "[T,hidden] real tokens, global order", "1");
@@ -142,7 +169,7 @@ void run(DriverContext& ctx) {
   for (const std::string& name : names) {
     st.begin_case(name);
     const cp::MambaCp strat = cp::mamba_cp_from_string(name);
-    auto layer = model::make_mamba2(strat, st.comm, s.cfg, s.global);
+    auto layer = s.make(strat, st.comm);
     Tensor y = Tensor::zeros(hl.shape(), s.dt, st.space), dh = Tensor::zeros(hl.shape(), s.dt, st.space);
     model::ParamMap grads;
     const drivers::Samples smp = st.time(
@@ -163,11 +190,12 @@ void run(DriverContext& ctx) {
     const std::int64_t sent = hp ? st.bytes_per_step({"all_to_all"})
                                  : st.bytes_per_step({"all_to_all_v"}) + st.bytes_per_step({"all_gather"});
     const std::int64_t halo =
-        hp ? 0
-           : sent - cp::model_state_elements_sent(s.global, s.cp, r, cp::Partition::DCS, s.cfg.state_exchange,
-                                                  s.cfg.heads, s.cfg.head_dim * s.cfg.d_state) *
-                        static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(s.dt)));
-    const std::int64_t mine = model::mamba_cp_model_bytes(strat, s.cfg, s.global, s.cp, r, s.dt);
+        hp || !cpl ? 0
+                   : sent - cp::model_state_elements_sent(*cpl, s.cp, r, cp::Partition::DCS, s.cfg.state_exchange,
+                                                          s.cfg.heads, s.cfg.head_dim * s.cfg.d_state) *
+                                static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(s.dt)));
+    const std::int64_t mine = s.docs ? model::mamba_cp_model_bytes(strat, s.cfg, *s.docs, r, s.dt)
+                                     : model::mamba_cp_model_bytes(strat, s.cfg, s.global, s.cp, r, s.dt);
     const drivers::Study::BytesCheck bc = st.check_bytes(sent, mine);
     const std::int64_t bytes = bc.max_sent, model = bc.max_model;
     const std::int64_t allreduce = st.bytes_per_step({"all_reduce"});
@@ -175,8 +203,9 @@ void run(DriverContext& ctx) {
     std::string halo_note;
     if (!hp) {
       const auto halo_all = static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(halo)));
-      const std::int64_t halo_model = 2 * cp::model_halo_rows(s.global, s.cp, cp::Partition::DCS, s.cfg.conv - 1) *
-                                      s.cfg.conv_dim() * static_cast<std::int64_t>(dtype_size(s.dt));
+      const std::int64_t halo_model = cpl ? 2 * cp::model_halo_rows(*cpl, s.cp, cp::Partition::DCS, s.cfg.conv - 1) *
+                                                s.cfg.conv_dim() * static_cast<std::int64_t>(dtype_size(s.dt))
+                                          : 0;
       bytes_ok = bytes_ok && halo_all == halo_model;
       halo_note = drivers::fields("# state_passing conv halo bytes, all ranks:", halo_all, "model", halo_model);
     }

@@ -52,6 +52,11 @@ std::string high_water_phase(const std::map<std::string, PhaseTimes::Peak>& phas
 void Study::phase_memory(const std::map<std::string, PhaseTimes::Peak>& peaks) {
   mem_.phases = peaks;
   for (auto& [name, pk] : mem_.phases) pk.bytes -= static_cast<std::int64_t>(mem_.live);
+  // Every rank writes the same phases: the union over the group, zero where a rank ran none of a
+  // phase (a rank without whole documents runs no whole-document layer).
+  std::vector<std::string> mine;
+  for (const auto& [name, pk] : mem_.phases) mine.push_back(name);
+  for (const std::string& name : union_over(comm, mine)) mem_.phases.try_emplace(name);
 }
 
 void Study::write_parameter_memory(double elements, double expert_elements, int ep) {

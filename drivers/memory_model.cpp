@@ -191,13 +191,28 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
   MemoryModel m(
       "data.seqlen/data.batch/data.seq_lens, mamba.hidden, mamba.heads, mamba.head_dim, mamba.n_groups, mamba.d_state");
   const model::Mamba2Config c = mamba_from_deck(d, d.get_int("mamba.hidden"));
-  const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp, P = mamba_param_count(c);
+  const std::int64_t es = dtype_bytes(d), P = mamba_param_count(c);
+  std::int64_t tl = padded_tokens(d, cp, m) / cp;
+  const auto docs = doc_partition(d, cp, token_doc_cost());
+  if (docs) {  // the rank with the most rows; the two parts' parameter gradients
+    tl = 0;
+    for (int r = 0; r < cp; ++r) tl = std::max(tl, docs->local_rows(r));
+    m.add("gradients", {P}, es);
+  }
   m.add("inputs and outputs", {tl, 4 * c.hidden}, es);  // x, dy, y, dx
   m.add("parameters", {P}, es);
   m.add("gradients", {P}, es);
-  m.add("step buffers", {tl, mamba_work_per_token(c, strategy, cp)}, es);
-  if (strategy == "state_passing") {
-    const StateRows r = state_passing_rows(c, cp, sequences(d));
+  if (docs) {  // the whole documents as a cp = 1 layer beside the split ones' strategy
+    std::int64_t most = 0;
+    for (int r = 0; r < cp; ++r)
+      most = std::max(most, m.sum(m.mul(docs->whole_rows(r), mamba_work_per_token(c, strategy, 1)),
+                                  m.mul(docs->split_local(), mamba_work_per_token(c, strategy, cp))));
+    m.add("step buffers", {most}, es);
+  } else {
+    m.add("step buffers", {tl, mamba_work_per_token(c, strategy, cp)}, es);
+  }
+  if (strategy == "state_passing" && (!docs || docs->split.nseq() > 0)) {
+    const StateRows r = state_passing_rows(c, cp, docs ? docs->split.nseq() : sequences(d));
     m.add("state passing states", {r.saved + r.work, r.row}, state_bytes(d));
   }
   if (check_mode(d) == CheckMode::Reference) {
@@ -207,7 +222,7 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
     m.add("cp=1 reference step", {3, P}, es, Holder::Rank0Before);
     m.add("cp=1 reference results", {T, 2 * c.hidden}, es, Holder::Rank0Kept);
     m.add("cp=1 reference results", {P}, es, Holder::Rank0Kept);
-    m.add("gathered results (check)", {Tp + T, c.hidden}, es);
+    m.add("gathered results (check)", {docs ? m.mul(tl, cp) + T : Tp + T, c.hidden}, es);
   }
   if (check_mode(d) == CheckMode::Cross) {  // the first strategy's y, dh shards and gradients
     m.add("first strategy's results (cross check)", {tl, 2 * c.hidden}, es);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <thread>
 
 #include "common.hpp"
@@ -95,7 +96,32 @@ Samples Study::time(const std::function<void(Clock&)>& body, const std::function
     s["ring_wait"].push_back((ring_wait_seconds(comm) - rw0) * 1e3);
   }
   memory_stop(live0);
+  // Every rank reports the same phases (one that ran none of a phase: zeros), so that the tables
+  // and the files' per-rank datasets line up.
+  std::vector<std::string> mine;
+  for (const auto& [phase, v] : s) mine.push_back(phase);
+  for (const std::string& phase : union_over(comm, mine)) s.try_emplace(phase, std::vector<double>(repeats, 0.0));
   return s;
+}
+
+std::vector<std::string> union_over(Communicator& comm, const std::vector<std::string>& names) {
+  std::string mine;
+  for (const std::string& n : names) mine += n + '\n';
+  const auto n = static_cast<std::int64_t>(comm.all_reduce_scalar(static_cast<double>(mine.size()), ReduceOp::Max));
+  std::vector<double> send(static_cast<std::size_t>(n), 0.0), all(static_cast<std::size_t>(n * comm.size()));
+  for (std::size_t i = 0; i < mine.size(); ++i) send[i] = static_cast<unsigned char>(mine[i]);
+  if (n > 0) comm.all_gather(send.data(), all.data(), n, DType::F64);
+  std::set<std::string> out;
+  std::string name;
+  for (double c : all) {
+    if (c == '\n') {
+      out.insert(name);
+      name.clear();
+    } else if (c != 0) {
+      name += static_cast<char>(c);
+    }
+  }
+  return {out.begin(), out.end()};
 }
 
 double Study::slowest(const std::vector<double>& ms) { return comm.all_reduce_scalar(median(ms), ReduceOp::Max); }

@@ -266,6 +266,9 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
 // /partition/pad_tokens.
 void write_doc_partition(ResultsWriter& w, const cp::DocPartition& p);
 
+// The union over the ranks of `comm` of every rank's names, sorted (collective).
+std::vector<std::string> union_over(Communicator& comm, const std::vector<std::string>& names);
+
 // A host copy (the tensor itself when it lives on the host).
 // Uniform random inputs of the unpadded problem [real tokens, rest...] (`seed`), and this rank's rows
 // of them in the padded DualChunkSwap layout (pads zero), made without the global tensor: the real

@@ -52,6 +52,11 @@ Mamba2Layer::Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global,
   tl_ = global_.total() / cp_;
 }
 
+Mamba2Layer::Mamba2Layer(Communicator& comm, Mamba2Config cfg) : comm_(comm), c_(cfg) {
+  cp_ = comm_.size();
+  rank_ = comm_.rank();
+}
+
 void Mamba2Layer::in_proj_fwd(const Tensor& h, const ParamMap& p) {
   HCP_CHECK(h.numel() == tl_ * c_.hidden, "mamba: input must be [", tl_, ", ", c_.hidden, "] local tokens");
   timed("fwd/in_proj", [&] {

@@ -18,6 +18,7 @@
 #include "core/layout.hpp"
 #include "core/phase_times.hpp"
 #include "core/tensor.hpp"
+#include "cp/documents.hpp"
 #include "cp/hidden_parallel.hpp"
 #include "cp/layout.hpp"
 #include "cp/state_passing.hpp"
@@ -75,12 +76,13 @@ class Mamba2Layer {
   virtual void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) = 0;
   virtual MambaCp strategy() const = 0;
   // Milliseconds per phase (fwd/<phase>, bwd/<phase>), summed since the last reset (GPU: CUDA events).
-  const std::map<std::string, double>& phase_ms() const { return phases_.totals(); }
-  const std::map<std::string, PhaseTimes::Peak>& phase_peaks() const { return phases_.peaks(); }
-  void reset_phases() { phases_.reset(); }
+  virtual const std::map<std::string, double>& phase_ms() const { return phases_.totals(); }
+  virtual const std::map<std::string, PhaseTimes::Peak>& phase_peaks() const { return phases_.peaks(); }
+  virtual void reset_phases() { phases_.reset(); }
 
  protected:
   Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part);
+  Mamba2Layer(Communicator& comm, Mamba2Config cfg);  // a layer made of others: no layout of its own
   // in_proj of the local tokens into zxbcdt_ (saves h_).
   void in_proj_fwd(const Tensor& h, const ParamMap& p);
   // Keeps only z of the in_proj output (for the gated norm), once the rest has been copied on:
@@ -155,6 +157,31 @@ class Mamba2SP : public Mamba2Layer {
   Tensor ext_, xl_, Bl_, Cl_, dtl_, S_in_;
 };
 
+// Packed documents placed by document (cp/documents.hpp): this rank's whole documents run as a
+// cp = 1 problem of their own (no exchange; seq_idx and conv resets at their boundaries), the split
+// documents by `strategy` over the CP group on the placement's split layout. The parameter
+// gradients of the whole documents are summed over the group and added to the split part's.
+class Mamba2Docs : public Mamba2Layer {
+ public:
+  Mamba2Docs(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg, std::shared_ptr<const cp::DocPartition> docs);
+  void forward(Tensor& y, const Tensor& h, const ParamMap& p) override;
+  void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) override;
+  MambaCp strategy() const override { return strategy_; }
+  // The parts' phases together (times summed, high-waters the larger).
+  const std::map<std::string, double>& phase_ms() const override;
+  const std::map<std::string, PhaseTimes::Peak>& phase_peaks() const override;
+  void reset_phases() override;
+
+ private:
+  MambaCp strategy_;
+  std::shared_ptr<const cp::DocPartition> docs_;
+  std::unique_ptr<Communicator> self_;  // this rank alone: its whole documents
+  std::unique_ptr<Mamba2Layer> whole_, split_;
+  std::int64_t whole_rows_ = 0, split_rows_ = 0;
+  mutable std::map<std::string, double> ms_;
+  mutable std::map<std::string, PhaseTimes::Peak> peaks_;
+};
+
 // Bytes a strategy sends per rank and step (forward + backward), from the sizes alone:
 //   hidden_parallel: the all-to-alls of x, B, C (G*N each, times the repeat factor), dt in, y out:
 //                    (cp-1)/cp of the local tensors, forward and backward alike;
@@ -167,5 +194,8 @@ std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const
 
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg, SeqLayout global,
                                          cp::Partition part = cp::Partition::DCS);
+// The same on a per-document placement: the split documents' bytes (none when every one is whole).
+std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const cp::DocPartition& docs, int rank,
+                                  DType dt);
 
 }  // namespace hcp::model
