@@ -34,6 +34,7 @@ DeckSchema schema() {
   DeckSchema s;
   drivers::add_hybrid_model_keys(s, drivers::attention_choices(true), "all");
   drivers::add_cp_driver_keys(s, "120, 37, 90", 128, /*with_bf16=*/true);
+  drivers::add_partition_keys(s);
   drivers::add_device_key(s);
   return s;
 }
@@ -46,7 +47,8 @@ drivers::Cases cases() {
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
             const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
             drivers::ep_size_of(d, h, cp);
-            model::HybridModel m(c, h, drivers::make_token_batch(d, cp, h.vocab, 1).layout);
+            const drivers::PlacedBatch pb = drivers::placed_batch(d, cp, c.rank(), h, 1);
+            model::HybridModel m(c, h, pb.batch.layout, nullptr, pb.docs);
           },
           [](const Deck& d, int cp, const std::string& n) {
             const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
@@ -56,10 +58,21 @@ drivers::Cases cases() {
             const model::HybridConfig h = drivers::hybrid_config(d, "p2p", cp);
             const SeqLayout g = drivers::global_layout(d, cp);
             const DType dt = dtype_from_string(d.get_string("data.dtype"));
+            const auto docs = drivers::doc_partition(d, cp, drivers::hybrid_doc_cost(h));
             drivers::LayerBytes b;
             if (h.pattern.find('*') != std::string::npos)
-              drivers::add_attention_bytes(b, model::cp_attn_config(h.attn, g), cp, dt);
-            if (h.pattern.find('M') != std::string::npos) drivers::add_mamba_bytes(b, h.mamba, g, cp, dt);
+              drivers::add_attention_bytes(b, model::cp_attn_config(h.attn, g, docs), cp, dt);
+            if (h.pattern.find('M') != std::string::npos) {
+              if (!docs)
+                drivers::add_mamba_bytes(b, h.mamba, g, cp, dt);
+              else if (docs->split.nseq() > 0)
+                drivers::add_mamba_bytes(b, h.mamba, docs->split, cp, dt);
+              else  // every document whole: nothing sent
+                for (const cp::MambaCpInfo& mc : cp::mamba_cps())
+                  b.kinds["M"][mc.name] = std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0);
+            }
+            if (auto pl = drivers::thd_placement(d, cp, drivers::hybrid_doc_cost(h)))
+              b.placement.push_back(drivers::placement_of(d.get_string("data.partition"), *pl));
             if (h.pattern.find('E') != std::string::npos)
               drivers::add_moe_bytes(b, h.moe, h.hidden, g.total() / cp, cp, drivers::ep_size_of(d, h, cp), dt);
             return b;
@@ -79,7 +92,7 @@ constexpr double kBf16LossTol = 2e-3;
 double routing_flips(drivers::Study& st, const model::HybridModel& m, const std::vector<Tensor>& ref,
                      const SeqLayout& global) {
   if (!st.check) return 0.0;
-  return drivers::routing_flips(st.comm, st.space, m.routing(), ref, global, st.root());
+  return drivers::routing_flips(st.comm, st.space, m.routing(), ref, global, st.root(), st.docs.get());
 }
 
 void run(DriverContext& ctx) {
@@ -91,7 +104,9 @@ void run(DriverContext& ctx) {
   const int r = st.grid.cp_rank;
   const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));
   const model::HybridConfig c0 = drivers::hybrid_config(d, names.front(), st.cp);
-  const drivers::TokenBatch batch = drivers::make_token_batch(d, st.cp, c0.vocab, seed);
+  const drivers::PlacedBatch placed = drivers::placed_batch(d, st.cp, r, c0, seed);
+  const drivers::TokenBatch& batch = placed.batch;
+  st.docs = placed.docs;
   // Every rank holds its own experts only; the cp=1 reference (rank 0) holds them all.
   const model::ExpertGroups groups(st.comm, drivers::ep_size_of(d, c0, st.cp));
   const model::ShardMap shards = model::expert_shards(c0, groups);
@@ -99,8 +114,8 @@ void run(DriverContext& ctx) {
   model::HybridConfig c1 = c0;
   c1.ep = 1;
   const bool owner = groups.replicas().rank() == 0 && st.grid.dp_rank == 0;  // writes its experts' rows
-  const auto tok = drivers::local_ids(batch.tokens, batch.layout, st.cp, r);
-  const auto lab = drivers::local_ids(batch.labels, batch.layout, st.cp, r);
+  const std::vector<std::int64_t>& tok = placed.tokens;
+  const std::vector<std::int64_t>& lab = placed.labels;
   // The unpadded batch: token ids and labels of the real tokens in global order (the cp=1 reference's
   // input, and /inputs).
   std::vector<std::int64_t> rtok, rlab;
@@ -129,7 +144,10 @@ void run(DriverContext& ctx) {
                                             {"pattern", c0.pattern}};
   // One case: the strategy of each attention layer (with "all", each case uses its one strategy everywhere).
   if (names.size() == 1) cfg["attention_layers"] = drivers::attention_layers(c0);
+  cfg["partition"] = d.get_string("data.partition");
   st.config(cfg, skipped);
+  const auto placed_all = drivers::thd_placement(d, st.cp, drivers::hybrid_doc_cost(c0));
+  if (st.out() && placed_all) drivers::write_doc_partition(*st.out(), *placed_all);
   if (st.out()) {
     st.out()->config_int("tokens", batch.layout.total());
     if (st.check) {
@@ -156,6 +174,8 @@ void run(DriverContext& ctx) {
                             batch.layout.total(), "sequences", batch.layout.nseq(), "label_tokens", batch.label_tokens,
                             "hidden", c0.hidden, "vocab", c0.vocab, "mamba_cp", d.get_string("parallel.mamba_cp")),
             skipped);
+  if (st.root() && placed_all)
+    std::printf("# partition %s: %s\n", d.get_string("data.partition").c_str(), placed_all->summary().c_str());
   if (st.check && st.root()) std::printf("# cp=1 reference on rank 0: loss %.12f\n", ref.loss);
   // Parameters this rank holds (the routed experts' 1/ep), as counted from the sizes.
   const model::ParamCount pc = model::param_count(c0, groups.size());
@@ -174,7 +194,7 @@ void run(DriverContext& ctx) {
   bool all_pass = true;
   for (const std::string& name : names) {
     st.begin_case(name);
-    model::HybridModel m(st.comm, drivers::hybrid_config(d, name, st.cp), batch.layout, &groups);
+    model::HybridModel m(st.comm, drivers::hybrid_config(d, name, st.cp), batch.layout, &groups, placed.docs);
     model::ParamMap grads;
     model::StepResult res;
     const drivers::Samples s = st.time(

@@ -196,6 +196,63 @@ inline TokenBatch step_batch(const Deck& d, int cp, std::int64_t vocab, std::int
   return b;
 }
 
+// The work of the hybrid step per document, in multiply-adds: per (query, key) pair of each
+// attention block (Q K^T and P V) and per token of every block's projections and MLPs.
+inline cp::DocCost hybrid_doc_cost(const model::HybridConfig& h) {
+  cp::DocCost c{0.0, 0.0, true};
+  const auto C = static_cast<double>(h.hidden);
+  for (char k : h.pattern) {
+    if (k == '*') {
+      const double hd = static_cast<double>(h.attn.heads * h.attn.head_dim);
+      c.pair += 2 * hd;
+      c.token += C * static_cast<double>((h.attn.heads + 2 * h.attn.kv_heads) * h.attn.head_dim) + hd * C;
+    } else if (k == 'M') {
+      c.token += C * static_cast<double>(h.mamba.d_in_proj() + h.mamba.d_inner());
+    } else if (k == 'E') {
+      c.token += 3 * C * static_cast<double>(h.moe.topk * h.moe.ffn + h.moe.shared_ffn);
+    } else {
+      c.token += 3 * C * static_cast<double>(h.mlp.ffn);
+    }
+  }
+  return c;
+}
+
+// A batch as data.partition lays it out: DualChunkSwap-padded (make_token_batch), or for
+// documents the unpadded batch, with the placement and this rank's token ids and labels in its
+// order (pads: id 0, no label).
+struct PlacedBatch {
+  TokenBatch batch;
+  std::shared_ptr<const cp::DocPartition> docs;
+  std::vector<std::int64_t> tokens, labels;  // this rank's
+};
+inline PlacedBatch placed_batch(const Deck& d, int cp, int rank, const model::HybridConfig& h, std::uint64_t seed) {
+  PlacedBatch pb;
+  pb.docs = doc_partition(d, cp, hybrid_doc_cost(h));
+  pb.batch = make_token_batch(d, pb.docs ? 1 : cp, h.vocab, seed);
+  if (!pb.docs) {
+    for (auto i : cp::dcs_global_index(pb.batch.layout, cp, rank)) {
+      pb.tokens.push_back(pb.batch.tokens[static_cast<std::size_t>(i)]);
+      pb.labels.push_back(pb.batch.labels[static_cast<std::size_t>(i)]);
+    }
+    return pb;
+  }
+  // the batch unpadded (pack_sequences pads even at cp = 1): the placement's rows index it
+  TokenBatch& b = pb.batch;
+  std::vector<std::int64_t> tokens, labels;
+  for (auto i : cp::real_rows(b.layout)) {
+    tokens.push_back(b.tokens[static_cast<std::size_t>(i)]);
+    labels.push_back(b.labels[static_cast<std::size_t>(i)]);
+  }
+  b.layout = b.layout.unpadded();
+  b.tokens = std::move(tokens);
+  b.labels = std::move(labels);
+  for (auto i : pb.docs->real_index(rank)) {
+    pb.tokens.push_back(i < 0 ? 0 : pb.batch.tokens[static_cast<std::size_t>(i)]);
+    pb.labels.push_back(i < 0 ? h.ignore_label : pb.batch.labels[static_cast<std::size_t>(i)]);
+  }
+  return pb;
+}
+
 // `p` where the model is to run (parameters already there are kept, not copied).
 inline model::ParamMap in_space(model::ParamMap p, Space space) {
   for (auto& [n, t] : p)
@@ -261,13 +318,15 @@ inline void write_params(ResultsWriter& w, Communicator& world, const std::strin
 // MoE block, DCS order) differs from `ref` (the cp=1 model's [T, K] per block, real tokens in global
 // order); computed on `root`, 0 elsewhere. Collective over `comm`.
 inline double routing_flips(Communicator& comm, Space space, const std::vector<Tensor>& mine,
-                            const std::vector<Tensor>& ref, const SeqLayout& global, bool root) {
+                            const std::vector<Tensor>& ref, const SeqLayout& global, bool root,
+                            const cp::DocPartition* docs = nullptr) {
   std::int64_t flipped = 0, total = 0;
   for (std::size_t b = 0; b < mine.size(); ++b) {
-    const Tensor gathered = cp::dcs_gather(comm, mine[b].to(space), global);
+    const Tensor gathered =
+        docs ? cp::gather_documents(comm, mine[b].to(space), *docs) : cp::dcs_gather(comm, mine[b].to(space), global);
     const Tensor all = gathered.space() == Space::Host ? gathered : gathered.to(Space::Host);
     if (!root) continue;
-    const Tensor got = global.padded() ? cp::take_rows(all, cp::real_rows(global)) : all;
+    const Tensor got = !docs && global.padded() ? cp::take_rows(all, cp::real_rows(global)) : all;
     const std::int64_t T = got.size(0), K = got.size(1);
     for (std::int64_t t = 0; t < T; ++t) {
       std::vector<double> a(static_cast<std::size_t>(K)), r(static_cast<std::size_t>(K));

@@ -5,6 +5,7 @@
 
 #include "common.hpp"
 #include "cp/strategy.hpp"
+#include "hybrid_common.hpp"
 #include "memory_model.hpp"
 
 namespace hcp::drivers {
@@ -119,15 +120,22 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int e
 
 MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
   MemoryModel m("data.seqlen/data.batch/data.seq_lens and the model sizes");
-  const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp;
+  const std::int64_t es = dtype_bytes(d);
+  std::int64_t tl = padded_tokens(d, cp, m) / cp, gathered = m.mul(tl, cp);
   const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
+  if (const auto docs = doc_partition(d, cp, hybrid_doc_cost(h))) {  // the rank with the most rows
+    tl = 0;
+    for (int r = 0; r < cp; ++r) tl = std::max(tl, docs->local_rows(r));
+    gathered = m.mul(tl, cp);
+    if (h.pattern.find('M') != std::string::npos) m.add("gradients", {P}, es);  // Mamba's two parts
+  }
   m.add("parameters", {P}, es);
   m.add("gradients", {P}, es);
   add_hybrid_step(m, h, cp, ep, tl, es, Holder::EveryRank);
   add_state_passing(m, d, h, cp, sequences(d));
   if (host_bf16(d)) m.add("fp32 kernel operands (host bf16)", {hybrid_kernel_elements(m, h, cp, ep, tl)}, 4);
   if (check_mode(d) == CheckMode::Reference) {
-    const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
+    const std::int64_t T = real_tokens(d, m);
     m.add("cp=1 reference step", {2, P1}, es, Holder::Rank0Before);  // every expert, and the gradients
     add_hybrid_step(m, h, 1, 1, T, es, Holder::Rank0Before);
     if (host_bf16(d)) m.add("cp=1 reference step", {hybrid_kernel_elements(m, h, 1, 1, T)}, 4, Holder::Rank0Before);
@@ -138,7 +146,7 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
     m.add("cp=1 reference results", {T, static_cast<std::int64_t>(h.pattern.size()) * h.moe.topk}, 8,
           Holder::Rank0Kept);
     // the logits gradient gathered and its real rows; the whole experts' gradients gathered
-    m.add("gathered results (check)", {Tp + T, h.vocab}, es);
+    m.add("gathered results (check)", {gathered + T, h.vocab}, es);
     m.add("gathered results (check)", {P1}, es);
   }
   if (check_mode(d) == CheckMode::Cross) {  // the first strategy's block outputs, logits gradient, gradients

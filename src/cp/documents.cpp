@@ -143,6 +143,16 @@ std::int64_t DocPartition::real_tokens(int rank) const {
   return n;
 }
 
+std::vector<std::int64_t> DocPartition::positions(int rank) const {
+  std::vector<std::int64_t> pos;
+  const SeqLayout& w = whole[static_cast<std::size_t>(rank)];
+  for (std::int64_t s = 0; s < w.nseq(); ++s)
+    for (std::int64_t i = 0; i < w.len(s); ++i) pos.push_back(i);
+  if (split.nseq() > 0)
+    for (std::int64_t p : dcs_positions(split, cp, rank)) pos.push_back(p);
+  return pos;
+}
+
 double DocPartition::work_imbalance() const { return max_over_mean(work); }
 
 double DocPartition::token_imbalance() const {

@@ -50,6 +50,9 @@ struct DocPartition {
   // For each local row of `rank`, its row in the unpadded problem (the documents packed in order at
   // their real lengths), or -1 for a pad.
   std::vector<std::int64_t> real_index(int rank) const;
+  // Position of each local row of `rank` inside its own document (RoPE reads them; pads continue
+  // their document's positions, as in the DualChunkSwap layout).
+  std::vector<std::int64_t> positions(int rank) const;
   // max / mean over ranks of the work, and of the real tokens.
   double work_imbalance() const;
   double token_imbalance() const;

@@ -144,12 +144,18 @@ void HybridModel::timed(const std::string& name, F&& f) {
   phases_.time(name, default_space(), f);
 }
 
-HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups)
-    : comm_(comm), groups_(groups), c_(std::move(cfg)), global_(std::move(global)) {
+HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups,
+                         std::shared_ptr<const cp::DocPartition> docs)
+    : comm_(comm), groups_(groups), c_(std::move(cfg)), global_(std::move(global)), docs_(std::move(docs)) {
   c_.finalize();
   const int cp = comm_.size();
-  cp::require_dcs_divisible(global_, cp, "hybrid model layout");
-  tl_ = global_.total() / cp;
+  if (docs_) {
+    HCP_CHECK(docs_->cp == cp, "hybrid: documents placed over ", docs_->cp, " ranks, run on ", cp);
+    tl_ = docs_->local_rows(comm_.rank());
+  } else {
+    cp::require_dcs_divisible(global_, cp, "hybrid model layout");
+    tl_ = global_.total() / cp;
+  }
   if (!groups_) groups_ = (own_groups_ = std::make_unique<ExpertGroups>(comm_, c_.ep)).get();
   HCP_CHECK(groups_->replicas().size() * groups_->size() == cp, "hybrid: the expert groups do not split this CP group");
   std::size_t n_attn = 0;
@@ -159,18 +165,21 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global,
     b.prefix = block_prefix(i);
     switch (b.kind) {
       case 'M':
-        b.mamba = make_mamba2(c_.mamba_cp, comm_, c_.mamba, global_);
+        if (docs_)
+          b.mamba = std::make_unique<Mamba2Docs>(c_.mamba_cp, comm_, c_.mamba, docs_);
+        else
+          b.mamba = make_mamba2(c_.mamba_cp, comm_, c_.mamba, global_);
         break;
       case '*': {
         const AttnLayerConfig ac = c_.attention_layer(n_attn++);
         std::shared_ptr<cp::CpLevels> levels;
         if (ac.strategy == cp::AttnStrategy::A2AP2P && cp > 1) {
-          cp::check_attention_cp_shape(cp_attn_config(ac, global_), cp);  // before any group is split
+          cp::check_attention_cp_shape(cp_attn_config(ac, global_, docs_), cp);  // before any group is split
           std::shared_ptr<cp::CpLevels>& l = levels_[ac.cp_inner];
           if (!l) l = cp::CpLevels::make(comm_, ac.cp_inner);
           levels = l;
         }
-        b.attn = std::make_unique<AttentionLayer>(comm_, ac, global_, std::move(levels));
+        b.attn = std::make_unique<AttentionLayer>(comm_, ac, global_, std::move(levels), docs_);
         break;
       }
       case 'E':

@@ -91,7 +91,10 @@ class HybridModel {
  public:
   // `groups`: the expert-parallel layout of cp_comm (parameters then follow expert_shards); without,
   // the model builds its own from cfg.ep (collective).
-  HybridModel(Communicator& cp_comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups = nullptr);
+  // `docs`: packed documents placed by document (cp/documents.hpp; `global` then the unpadded
+  // documents, the tokens a rank's rows in the placement's order), null: DualChunkSwap.
+  HybridModel(Communicator& cp_comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups = nullptr,
+              std::shared_ptr<const cp::DocPartition> docs = nullptr);
   // tokens/labels: this rank's local tokens (DCS order). Forward and backward; grads overwritten.
   StepResult step(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
                   ParamMap& grads);
@@ -133,6 +136,7 @@ class HybridModel {
   const ExpertGroups* groups_ = nullptr;
   HybridConfig c_;
   SeqLayout global_;
+  std::shared_ptr<const cp::DocPartition> docs_;
   std::int64_t tl_ = 0;
   std::vector<Block> blocks_;
   // a2a+p2p's inner and outer groups by inner size, shared by the attention layers that use them

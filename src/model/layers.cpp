@@ -78,7 +78,8 @@ ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed) 
   return init_params(attention_params(c), dt, seed);
 }
 
-cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global) {
+cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global,
+                                std::shared_ptr<const cp::DocPartition> docs) {
   cp::CpAttnConfig a;
   a.strategy = c.strategy;
   a.cp_inner = c.cp_inner;
@@ -87,14 +88,16 @@ cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global) {
   a.head_dim = c.head_dim;
   a.causal = c.causal;
   a.global = std::move(global);
+  a.docs = std::move(docs);
   return a;
 }
 
 AttentionLayer::AttentionLayer(Communicator& comm, AttnLayerConfig cfg, SeqLayout global,
-                               std::shared_ptr<cp::CpLevels> levels)
-    : comm_(comm), c_(cfg), attn_(comm, cp_attn_config(cfg, global), std::move(levels)) {
-  tl_ = global.total() / comm.size();
-  if (c_.rope_theta > 0) pos_ = cp::dcs_positions(global, comm.size(), comm.rank());
+                               std::shared_ptr<cp::CpLevels> levels, std::shared_ptr<const cp::DocPartition> docs)
+    : comm_(comm), c_(cfg), attn_(comm, cp_attn_config(cfg, global, docs), std::move(levels)) {
+  tl_ = docs ? docs->local_rows(comm.rank()) : global.total() / comm.size();
+  if (c_.rope_theta > 0)
+    pos_ = docs ? docs->positions(comm.rank()) : cp::dcs_positions(global, comm.size(), comm.rank());
 }
 
 void AttentionLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {

@@ -41,7 +41,9 @@ struct AttnLayerConfig {
   int cp_inner = 1;  // a2a+p2p: the inner group's ranks
 };
 // The CP attention of a layer of config `c` on the global layout `global`.
-cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global);
+// `docs`: the per-document placement of `global`'s documents (null: DualChunkSwap).
+cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global,
+                                std::shared_ptr<const cp::DocPartition> docs = nullptr);
 std::vector<ParamSpec> attention_params(const AttnLayerConfig& c);  // Wq, Wk, Wv, Wo
 ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed);
 
@@ -49,7 +51,8 @@ class AttentionLayer {
  public:
   // `levels`: a2a+p2p's groups, when the model shares them between its layers (cp::CpLevels).
   AttentionLayer(Communicator& cp_comm, AttnLayerConfig cfg, SeqLayout global,
-                 std::shared_ptr<cp::CpLevels> levels = nullptr);
+                 std::shared_ptr<cp::CpLevels> levels = nullptr,
+                 std::shared_ptr<const cp::DocPartition> docs = nullptr);
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
   const cp::CpAttention& attention() const { return attn_; }
