@@ -135,7 +135,8 @@ inline void add_partition_keys(DeckSchema& s) {
                {"dcs", "documents"})
       .add_int("data.doc_split_len", 0,
                "data.partition = documents: documents of at least this many tokens are split over the CP group (0: "
-               "chosen: the heaviest documents are split while the heaviest rank's work is over 1.1 x the mean)",
+               "chosen: the fewest heaviest documents whose split brings the heaviest rank's work within 1.1 x the "
+               "mean)",
                0);
 }
 
@@ -151,12 +152,17 @@ inline cp::DocCost token_doc_cost() { return {0.0, 1.0, true}; }
 
 // The per-document placement of data.seq_lens on `cp` ranks (data.partition = documents), work by
 // `cost`; null for data.partition = dcs.
-inline std::shared_ptr<const cp::DocPartition> doc_partition(const Deck& d, int cp, const cp::DocCost& cost) {
+inline std::shared_ptr<const cp::DocPartition> doc_partition(const Deck& d, const std::vector<std::int64_t>& lens,
+                                                             int cp, const cp::DocCost& cost) {
   if (!by_documents(d)) return nullptr;
   HCP_INPUT_CHECK(d.get_string("data.format") == "thd", d.where("data.partition"),
                   "data.partition = \"documents\" places packed documents: it needs data.format = \"thd\"");
   return std::make_shared<const cp::DocPartition>(
-      cp::partition_documents(parse_lengths(d, "data.seq_lens"), cp, d.get_int("data.doc_split_len"), cost));
+      cp::partition_documents(lens, cp, d.get_int("data.doc_split_len"), cost));
+}
+inline std::shared_ptr<const cp::DocPartition> doc_partition(const Deck& d, int cp, const cp::DocCost& cost) {
+  if (!by_documents(d)) return nullptr;
+  return doc_partition(d, parse_lengths(d, "data.seq_lens"), cp, cost);
 }
 
 // The global, padded token layout from the [data] section: BSHD (data.batch x data.seqlen, the

@@ -225,10 +225,15 @@ struct PlacedBatch {
   std::shared_ptr<const cp::DocPartition> docs;
   std::vector<std::int64_t> tokens, labels;  // this rank's
 };
-inline PlacedBatch placed_batch(const Deck& d, int cp, int rank, const model::HybridConfig& h, std::uint64_t seed) {
+// `b`: made for cp ranks (DualChunkSwap), or for one rank when the deck places documents.
+inline PlacedBatch place_batch(const Deck& d, TokenBatch made, int cp, int rank, const model::HybridConfig& h) {
   PlacedBatch pb;
-  pb.docs = doc_partition(d, cp, hybrid_doc_cost(h));
-  pb.batch = make_token_batch(d, pb.docs ? 1 : cp, h.vocab, seed);
+  pb.batch = std::move(made);
+  if (by_documents(d)) {
+    std::vector<std::int64_t> lens;
+    for (std::int64_t s = 0; s < pb.batch.layout.nseq(); ++s) lens.push_back(pb.batch.layout.real(s));
+    pb.docs = doc_partition(d, lens, cp, hybrid_doc_cost(h));
+  }
   if (!pb.docs) {
     for (auto i : cp::dcs_global_index(pb.batch.layout, cp, rank)) {
       pb.tokens.push_back(pb.batch.tokens[static_cast<std::size_t>(i)]);
@@ -251,6 +256,9 @@ inline PlacedBatch placed_batch(const Deck& d, int cp, int rank, const model::Hy
     pb.labels.push_back(i < 0 ? h.ignore_label : pb.batch.labels[static_cast<std::size_t>(i)]);
   }
   return pb;
+}
+inline PlacedBatch placed_batch(const Deck& d, int cp, int rank, const model::HybridConfig& h, std::uint64_t seed) {
+  return place_batch(d, make_token_batch(d, by_documents(d) ? 1 : cp, h.vocab, seed), cp, rank, h);
 }
 
 // `p` where the model is to run (parameters already there are kept, not copied).
@@ -341,12 +349,6 @@ inline double routing_flips(Communicator& comm, Space space, const std::vector<T
     total += T;
   }
   return total > 0 ? static_cast<double>(flipped) / static_cast<double>(total) : 0.0;
-}
-
-inline std::vector<std::int64_t> local_ids(const std::vector<std::int64_t>& v, const SeqLayout& g, int cp, int r) {
-  std::vector<std::int64_t> out;
-  for (auto i : cp::dcs_global_index(g, cp, r)) out.push_back(v[static_cast<std::size_t>(i)]);
-  return out;
 }
 
 }  // namespace hcp::drivers

@@ -160,8 +160,12 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
 MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
   MemoryModel m("data.seqs_per_step, data.max_len and the model sizes");
   const std::int64_t es = dtype_bytes(d), ms = std::max<std::int64_t>(es, 4);
-  const std::int64_t T = m.mul(d.get_int("data.seqs_per_step"), d.get_int("data.max_len") + 2 * cp),
-                     tl = ceil_div(T, cp);
+  // Per document (data.partition = documents): nothing padded but the split documents' chunks (two
+  // pad rows at most per rank and document), and the heaviest rank may hold up to one document more
+  // than its share (documents placed heaviest first on the least-loaded rank).
+  const bool docs = by_documents(d);
+  const std::int64_t n = d.get_int("data.seqs_per_step"), L = d.get_int("data.max_len");
+  const std::int64_t T = m.mul(n, L + (docs ? 0 : 2 * cp)), tl = ceil_div(T, cp) + (docs ? L + 2 * n : 0);
   const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
   // master weights, AdamW moments and the widened gradients (master dtype); the step's compute copy
   // and its gradients (run dtype)

@@ -75,6 +75,7 @@ DeckSchema schema() {
   drivers::add_adamw_keys(s);
   drivers::add_device_key(s);
   drivers::add_memory_keys(s);
+  drivers::add_partition_keys(s);
   return s;
 }
 
@@ -84,6 +85,12 @@ struct Setup {
   model::HybridConfig cfg;
   model::AdamWConfig opt;
 };
+
+// The batch of step t as data.partition lays it out, and this rank's tokens.
+drivers::PlacedBatch placed_step(const Deck& d, const Setup& s, int rank, std::int64_t t) {
+  return drivers::place_batch(d, drivers::step_batch(d, drivers::by_documents(d) ? 1 : s.cp, s.cfg.vocab, t), s.cp,
+                              rank, s.cfg);
+}
 
 Setup make_setup(const DriverContext& ctx) {
   const Deck& d = ctx.deck;
@@ -113,7 +120,10 @@ void validate(DriverContext& ctx) {
   }
   drivers::admit(d, at_cp(s.cp), lim, s.cp, at_cp, ctx.root());
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
-  model::HybridModel m(*g.cp, s.cfg, drivers::step_batch(ctx.deck, s.cp, s.cfg.vocab, 1).layout);
+  {
+    const drivers::PlacedBatch pb = placed_step(d, s, g.cp->rank(), 1);
+    model::HybridModel m(*g.cp, s.cfg, pb.batch.layout, nullptr, pb.docs);
+  }
   if (d.get_int("train.checkpoint_every") > 0 || d.get_int("train.stop_after") > 0)
     check_output_path(d.get_string("train.checkpoint"), d.where("train.checkpoint") + ": train.checkpoint = \"" +
                                                             d.get_string("train.checkpoint") + "\"");
@@ -178,13 +188,13 @@ void run(DriverContext& ctx) {
   std::int64_t first_flip = 0;  // the first step whose expert choices differ from the replica's (0: none)
   std::int64_t done_here = 0;
   for (std::int64_t t = start + 1; t <= steps; ++t) {
-    const drivers::TokenBatch b = drivers::step_batch(d, s.cp, s.cfg.vocab, t);
-    model::HybridModel m(cpc, s.cfg, b.layout, &groups);
+    const drivers::PlacedBatch pb = placed_step(d, s, r, t);
+    const drivers::TokenBatch& b = pb.batch;
+    model::HybridModel m(cpc, s.cfg, b.layout, &groups, pb.docs);
     model::ParamMap g;
     cpc.barrier();
     const double t0 = MPI_Wtime();
-    const model::StepResult res = m.step(mw.compute(p), drivers::local_ids(b.tokens, b.layout, s.cp, r),
-                                         drivers::local_ids(b.labels, b.layout, s.cp, r), g);
+    const model::StepResult res = m.step(mw.compute(p), pb.tokens, pb.labels, g);
     drivers::require_finite("the loss", res.loss, t);  // before the update (the same on every rank)
     mw.widen(g);
     const double gn = opt.step(p, g, model::is_buffer);
@@ -203,7 +213,7 @@ void run(DriverContext& ctx) {
     if (with_ref) {  // collective over the CP group; rank 0 compares with the replica
       const std::vector<Tensor> none;
       flips = drivers::routing_flips(cpc, drivers::space_of(d), m.routing(), replica ? replica->routing() : none,
-                                     b.layout, ctx.root());
+                                     b.layout, ctx.root(), pb.docs.get());
       ts.routing_flips.push_back(flips);
       if (flips > 0 && first_flip == 0) first_flip = t;
     }
@@ -216,6 +226,10 @@ void run(DriverContext& ctx) {
       if (replica)
         std::printf("  cp1 %.6f (rel %.1e, flips %.1e)", rl, std::abs(res.loss - rl) / std::max(std::abs(rl), 1e-300),
                     flips);
+      if (pb.docs)
+        std::printf("  documents %lld whole %lld split",
+                    static_cast<long long>(pb.docs->lens.size()) - static_cast<long long>(pb.docs->documents_split()),
+                    static_cast<long long>(pb.docs->documents_split()));
       std::printf("  lr %.2e  gnorm %.3f  tokens/s %.0f  step %.1f ms\n", opt.last_lr(), gn,
                   static_cast<double>(b.layout.total()) / (ms * 1e-3), ms);
       std::fflush(stdout);

@@ -73,15 +73,15 @@ DocPartition partition_documents(const std::vector<std::int64_t>& lens, int cp, 
   if (cp > 1 && split_len > 0)
     for (std::size_t d = 0; d < lens.size(); ++d) split[d] = lens[d] >= split_len;
   Placed p = place(lens, cp, split, by_weight, cost);
-  if (cp > 1 && split_len == 0) {
-    for (std::size_t d : by_weight) {  // the heaviest whole document next
-      if (max_over_mean(p.work) <= 1.1) break;
-      std::vector<bool> s = split;
-      s[d] = true;
+  if (cp > 1 && split_len == 0) {  // split the k heaviest, for the k that balances best
+    std::vector<bool> s = split;
+    for (std::size_t k = 0; k < by_weight.size() && max_over_mean(p.work) > 1.1; ++k) {
+      s[by_weight[k]] = true;
       Placed q = place(lens, cp, s, by_weight, cost);
-      if (q.heaviest() >= p.heaviest()) break;
-      split = std::move(s);
-      p = std::move(q);
+      if (q.heaviest() < p.heaviest()) {
+        split = s;
+        p = std::move(q);
+      }
     }
   }
 

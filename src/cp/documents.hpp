@@ -62,8 +62,9 @@ struct DocPartition {
 
 // The placement of documents of real lengths `lens` (each >= 1) over `cp` ranks. split_len > 0:
 // documents of at least split_len tokens are split, the rest stay whole. split_len = 0: chosen —
-// starting from every document whole, the heaviest whole document is split while the heaviest
-// rank's work exceeds the mean by more than 10 % and splitting it lowers the heaviest rank's work.
+// the k heaviest documents are split for the smallest k that brings the heaviest rank's work within
+// 1.1 x the mean (k = 0: every document whole), or else for the k that leaves the heaviest rank the
+// least work (splitting one of several documents of about the same length helps none alone).
 // At cp = 1 every document is whole on rank 0 (the unpadded problem).
 DocPartition partition_documents(const std::vector<std::int64_t>& lens, int cp, std::int64_t split_len,
                                  const DocCost& cost);
