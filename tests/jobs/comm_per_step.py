@@ -14,15 +14,10 @@ import tempfile
 import h5py
 import numpy as np
 
+from checklist import check, finish
+
 bindir, mpirun = sys.argv[1], sys.argv[2:]
 tmp = tempfile.mkdtemp()
-bad = []
-
-
-def check(ok, what):
-    print(f"  {'ok  ' if ok else 'FAIL'} {what}")
-    if not ok:
-        bad.append(what)
 
 
 def comm_of(driver, args, repeats):
@@ -67,5 +62,4 @@ for driver, args in [("cp_attention", ["--set", "data.format=bshd", "--set", "da
                 check(len(cols) > 7 and int(cols[6]) == int(per_rank.max()) == int(cols[7]),
                       f"cp_attention {strat}: /comm per step {int(per_rank.max())} = the printed bytes/rank and model")
 
-print(f"RESULT comm_per_step {'PASS' if not bad else 'FAIL'}")
-sys.exit(1 if bad else 0)
+finish("comm_per_step")

@@ -10,17 +10,12 @@ import subprocess
 import sys
 import tempfile
 
+from checklist import check, finish
+
 bindir, mpirun = sys.argv[1], sys.argv[2:]
 root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 post = os.path.join(root, "jobs", "post", "hcp_documents.py")
 tmp = tempfile.mkdtemp()
-bad = []
-
-
-def check(ok, what):
-    print(f"  {'ok  ' if ok else 'FAIL'} {what}")
-    if not ok:
-        bad.append(what)
 
 
 def run(name, sets):
@@ -63,5 +58,4 @@ subprocess.run(mpirun + ["-n", "1", f"{bindir}/cp_mamba", "--quiet", "--out", ot
                capture_output=True)
 r = subprocess.run(["/usr/bin/python3", post, "--bin", bindir, other], capture_output=True, text=True)
 check(r.returncode == 2 and "not a cp_attention THD run" in r.stderr, f"a cp_mamba file refused: exit {r.returncode}")
-print(f"RESULT documents_table {'PASS' if not bad else 'FAIL'}")
-sys.exit(1 if bad else 0)
+finish("documents_table")

@@ -17,9 +17,10 @@ import subprocess
 import sys
 import tempfile
 
+from checklist import bad, check, finish
+
 bindir, plan, mpirun = sys.argv[1], sys.argv[2], sys.argv[3:]
 inputs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "inputs")
-bad = []
 tmp = tempfile.mkdtemp()
 
 
@@ -34,12 +35,6 @@ def memory(driver, args, ranks):
         bad.append(f"{driver} --dry-run --ranks {ranks}: exit {out.returncode} {out.stderr[-300:]}")
         return None
     return json.loads(m.group(1))
-
-
-def check(ok, what):
-    print(f"  {'ok  ' if ok else 'FAIL'} {what}")
-    if not ok:
-        bad.append(what)
 
 
 att = ["--deck", f"{inputs}/attention_scaling.toml", "--set", "data.seqlen=32768", "--set", "run.check=off"]
@@ -80,5 +75,4 @@ for gib in (80, 141):
 
 for b in bad:
     print("  FAIL " + b)
-print(f"RESULT dry_run {'PASS' if not bad else 'FAIL'}")
-sys.exit(0 if not bad else 1)
+finish("dry_run")

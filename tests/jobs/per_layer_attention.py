@@ -14,17 +14,12 @@ import tempfile
 import h5py
 import numpy as np
 
+from checklist import check, finish
+
 bindir, mpirun = sys.argv[1], sys.argv[2:]
 tmp = tempfile.mkdtemp()
-bad = []
 LIST = ["p2p", "a2a+p2p", "allgather"]
 MODEL = ["--set", "model.pattern=M*E*-*", "--set", "parallel.cp_inner=2", "--set", "run.repeats=1"]
-
-
-def check(ok, what):
-    print(f"  {'ok  ' if ok else 'FAIL'} {what}")
-    if not ok:
-        bad.append(what)
 
 
 def run(driver, np_, args, name):
@@ -65,5 +60,4 @@ if train:
         check(f["config"].attrs.get("attention_layers") == "a2a,p2p",
               f"train_hybrid /config/attention_layers = {f['config'].attrs.get('attention_layers')!r}")
 
-print(f"RESULT per_layer_attention {'PASS' if not bad else 'FAIL'}")
-sys.exit(1 if bad else 0)
+finish("per_layer_attention")
