@@ -43,18 +43,18 @@ void Mamba2Layer::timed(const std::string& name, F&& f) {
   phases_.time(name, default_space(), f);
 }
 
-Mamba2Layer::Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)
-    : comm_(comm), c_(cfg), global_(std::move(global)), part_(part) {
-  cp_ = comm_.size();
-  rank_ = comm_.rank();
-  HCP_CHECK(c_.heads % c_.groups == 0, "mamba.n_groups (", c_.groups, ") must divide mamba.heads (", c_.heads, ")");
-  cp::require_dcs_divisible(global_, cp_, "Mamba CP layout", part_);
-  tl_ = global_.total() / cp_;
-}
-
 Mamba2Layer::Mamba2Layer(Communicator& comm, Mamba2Config cfg) : comm_(comm), c_(cfg) {
   cp_ = comm_.size();
   rank_ = comm_.rank();
+  HCP_CHECK(c_.heads % c_.groups == 0, "mamba.n_groups (", c_.groups, ") must divide mamba.heads (", c_.heads, ")");
+}
+
+Mamba2Layer::Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)
+    : Mamba2Layer(comm, cfg) {
+  global_ = std::move(global);
+  part_ = part;
+  cp::require_dcs_divisible(global_, cp_, "Mamba CP layout", part_);
+  tl_ = global_.total() / cp_;
 }
 
 void Mamba2Layer::in_proj_fwd(const Tensor& h, const ParamMap& p) {

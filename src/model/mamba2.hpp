@@ -82,7 +82,8 @@ class Mamba2Layer {
 
  protected:
   Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part);
-  Mamba2Layer(Communicator& comm, Mamba2Config cfg);  // a layer made of others: no layout of its own
+  // A layer made of others: no layout of its own (checks n_groups | heads, as every layer does).
+  Mamba2Layer(Communicator& comm, Mamba2Config cfg);
   // in_proj of the local tokens into zxbcdt_ (saves h_).
   void in_proj_fwd(const Tensor& h, const ParamMap& p);
   // Keeps only z of the in_proj output (for the gated norm), once the rest has been copied on:

@@ -9,7 +9,6 @@ Mamba2Docs::Mamba2Docs(MambaCp strategy, Communicator& comm, Mamba2Config cfg,
                        std::shared_ptr<const cp::DocPartition> docs)
     : Mamba2Layer(comm, cfg), strategy_(strategy), docs_(std::move(docs)) {
   HCP_CHECK(docs_ && docs_->cp == cp_, "mamba: documents placed over ", docs_ ? docs_->cp : 0, " ranks, run on ", cp_);
-  HCP_CHECK(c_.heads % c_.groups == 0, "mamba.n_groups (", c_.groups, ") must divide mamba.heads (", c_.heads, ")");
   whole_rows_ = docs_->whole_rows(rank_);
   split_rows_ = docs_->split_local();
   tl_ = whole_rows_ + split_rows_;
