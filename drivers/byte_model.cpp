@@ -3,6 +3,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "common.hpp"
 #include "core/error.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/hidden_parallel.hpp"
@@ -60,19 +61,29 @@ void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayou
       cp::resolve_state_exchange(global, cp, cp::Partition::DCS, c.state_exchange, c.head_dim * c.d_state));
 }
 
+void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayout& global, const cp::DocPartition* docs,
+                     int cp, DType dt) {
+  if (!docs) return add_mamba_bytes(b, c, global, cp, dt);
+  if (docs->split.nseq() > 0) return add_mamba_bytes(b, c, docs->split, cp, dt);
+  for (const cp::MambaCpInfo& s : cp::mamba_cps())  // every document whole: nothing sent
+    b.kinds["M"][s.name] = std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0);
+}
+
 void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,
                    int ep, DType dt) {
   b.kinds["E"]["ep"] = std::vector<std::int64_t>(static_cast<std::size_t>(cp),
                                                  cp::moe_ep_uniform_bytes(tokens_per_rank, e.topk, hidden, ep, dt));
 }
 
-LayerBytes::Placement placement_of(const std::string& name, const cp::DocPartition& p) {
-  LayerBytes::Placement out{name, p.pad_tokens(), {}, {}, p.work};
-  for (int r = 0; r < p.cp; ++r) {
-    out.rows.push_back(p.local_rows(r));
-    out.tokens.push_back(p.real_tokens(r));
+void add_placement(LayerBytes& b, const Deck& d, int cp, const cp::DocCost& cost) {
+  const auto p = thd_placement(d, cp, cost);
+  if (!p) return;
+  LayerBytes::Placement out{d.get_string("data.partition"), p->pad_tokens(), {}, {}, p->work};
+  for (int r = 0; r < cp; ++r) {
+    out.rows.push_back(p->local_rows(r));
+    out.tokens.push_back(p->real_tokens(r));
   }
-  return out;
+  b.placement.push_back(std::move(out));
 }
 
 std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b) {

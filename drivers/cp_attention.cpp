@@ -82,8 +82,7 @@ drivers::Cases cases() {
             drivers::LayerBytes b;
             const cp::CpAttnConfig c = config(d, cp, "p2p");
             drivers::add_attention_bytes(b, c, cp, dtype_from_string(d.get_string("data.dtype")));
-            if (auto p = drivers::thd_placement(d, cp, drivers::attention_doc_cost(c.causal)))
-              b.placement.push_back(drivers::placement_of(d.get_string("data.partition"), *p));
+            drivers::add_placement(b, d, cp, drivers::attention_doc_cost(c.causal));
             return b;
           }};
 }
@@ -126,8 +125,6 @@ void run(DriverContext& ctx) {
              {"cu_seqlens_padded", drivers::join(g.cu_seqlens)},
              {"partition", base.docs ? "documents" : "dcs"}},
             skipped);
-  const auto placed = drivers::thd_placement(st.deck, st.cp, drivers::attention_doc_cost(base.causal));
-  if (st.out() && placed) drivers::write_doc_partition(*st.out(), *placed);
   if (st.out() && st.check)
     for (int i = 0; i < 4; ++i)
       st.out()->tensor(std::string(i ? "/gradients/reference/" : "/activations/reference/") + names4[i], ref[i],
@@ -135,8 +132,7 @@ void run(DriverContext& ctx) {
   st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", g.nseq(), "heads", H,
                             "kv_heads", Hkv, "head_dim", D, "causal", base.causal ? 1 : 0),
             skipped);
-  if (st.root() && placed)
-    std::printf("# partition %s: %s\n", st.deck.get_string("data.partition").c_str(), placed->summary().c_str());
+  st.record_placement(drivers::attention_doc_cost(base.causal));
   if (st.keeps_inputs()) {  // run.save = inputs: what every case starts from
     const char* in_names[4] = {"q", "k", "v", "dout"};
     const std::uint64_t in_seeds[4] = {sq, sk, sv, sd};

@@ -62,17 +62,8 @@ drivers::Cases cases() {
             drivers::LayerBytes b;
             if (h.pattern.find('*') != std::string::npos)
               drivers::add_attention_bytes(b, model::cp_attn_config(h.attn, g, docs), cp, dt);
-            if (h.pattern.find('M') != std::string::npos) {
-              if (!docs)
-                drivers::add_mamba_bytes(b, h.mamba, g, cp, dt);
-              else if (docs->split.nseq() > 0)
-                drivers::add_mamba_bytes(b, h.mamba, docs->split, cp, dt);
-              else  // every document whole: nothing sent
-                for (const cp::MambaCpInfo& mc : cp::mamba_cps())
-                  b.kinds["M"][mc.name] = std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0);
-            }
-            if (auto pl = drivers::thd_placement(d, cp, drivers::hybrid_doc_cost(h)))
-              b.placement.push_back(drivers::placement_of(d.get_string("data.partition"), *pl));
+            if (h.pattern.find('M') != std::string::npos) drivers::add_mamba_bytes(b, h.mamba, g, docs.get(), cp, dt);
+            drivers::add_placement(b, d, cp, drivers::hybrid_doc_cost(h));
             if (h.pattern.find('E') != std::string::npos)
               drivers::add_moe_bytes(b, h.moe, h.hidden, g.total() / cp, cp, drivers::ep_size_of(d, h, cp), dt);
             return b;
@@ -146,8 +137,6 @@ void run(DriverContext& ctx) {
   if (names.size() == 1) cfg["attention_layers"] = drivers::attention_layers(c0);
   cfg["partition"] = d.get_string("data.partition");
   st.config(cfg, skipped);
-  const auto placed_all = drivers::thd_placement(d, st.cp, drivers::hybrid_doc_cost(c0));
-  if (st.out() && placed_all) drivers::write_doc_partition(*st.out(), *placed_all);
   if (st.out()) {
     st.out()->config_int("tokens", batch.layout.total());
     if (st.check) {
@@ -174,8 +163,7 @@ void run(DriverContext& ctx) {
                             batch.layout.total(), "sequences", batch.layout.nseq(), "label_tokens", batch.label_tokens,
                             "hidden", c0.hidden, "vocab", c0.vocab, "mamba_cp", d.get_string("parallel.mamba_cp")),
             skipped);
-  if (st.root() && placed_all)
-    std::printf("# partition %s: %s\n", d.get_string("data.partition").c_str(), placed_all->summary().c_str());
+  st.record_placement(drivers::hybrid_doc_cost(c0));
   if (st.check && st.root()) std::printf("# cp=1 reference on rank 0: loss %.12f\n", ref.loss);
   // Parameters this rank holds (the routed experts' 1/ep), as counted from the sizes.
   const model::ParamCount pc = model::param_count(c0, groups.size());

@@ -88,14 +88,8 @@ drivers::Cases cases() {
           [](const Deck& d, int cp) {
             const Setup s = make_setup(d, cp);
             drivers::LayerBytes b;
-            if (const SeqLayout* g = s.cp_layout()) {
-              drivers::add_mamba_bytes(b, s.cfg, *g, cp, s.dt);
-            } else {  // every document whole: nothing sent
-              for (const cp::MambaCpInfo& m : cp::mamba_cps())
-                b.kinds["M"][m.name] = std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0);
-            }
-            if (auto p = drivers::thd_placement(d, cp, drivers::token_doc_cost()))
-              b.placement.push_back(drivers::placement_of(d.get_string("data.partition"), *p));
+            drivers::add_mamba_bytes(b, s.cfg, s.global, s.docs.get(), cp, s.dt);
+            drivers::add_placement(b, d, cp, drivers::token_doc_cost());
             return b;
           }};
 }
@@ -135,8 +129,6 @@ void run(DriverContext& ctx) {
              {"state_scan", scan},
              {"partition", st.deck.has("data.partition") ? st.deck.get_string("data.partition") : "dcs"}},
             skipped);
-  const auto placed = drivers::thd_placement(st.deck, st.cp, drivers::token_doc_cost());
-  if (st.out() && placed) drivers::write_doc_partition(*st.out(), *placed);
   if (st.out() && st.check) {
     st.out()->tensor("/activations/reference/out", ry, "[T,hidden] real tokens, global order", "1");
     st.out()->tensor("/gradients/reference/input", rdh, "[T,hidden] real tokens, global order", "1");
@@ -145,8 +137,7 @@ void run(DriverContext& ctx) {
                             "hidden", C, "heads", s.cfg.heads, "head_dim", s.cfg.head_dim, "n_groups", s.cfg.groups,
                             "d_state", s.cfg.d_state, "conv", s.cfg.conv, "chunk", s.cfg.chunk, "state_scan", scan),
             skipped);
-  if (st.root() && placed)
-    std::printf("# partition %s: %s\n", st.deck.get_string("data.partition").c_str(), placed->summary().c_str());
+  st.record_placement(drivers::token_doc_cost());
   const std::vector<std::int64_t> rows = st.local_rows(s.global);
   Tensor hl = drivers::rows_uniform(rows, {C}, s.dt, sh).to(st.space),
          dyl = drivers::rows_uniform(rows, {C}, s.dt, sdy).to(st.space);

@@ -152,11 +152,11 @@ MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy)
   if (const auto docs = doc_partition(d, cp, attention_doc_cost(d.get_bool("attention.causal")))) {
     // the rank with the most: its saved output and LSE and the backward's dQ/dK/dV over all its
     // rows, and the split documents' own strategy on its chunks of them
-    tl = work = 0;
+    tl = docs->most_rows();
+    work = 0;
     const std::int64_t S = docs->split_local();
     for (int r = 0; r < cp; ++r) {
       const std::int64_t n = docs->local_rows(r);
-      tl = std::max(tl, n);
       const std::int64_t own =
           m.sum(attention_work_bytes(m, strategy, 1, n, H, Hkv, D, es), m.mul(m.mul(n, (H + 2 * Hkv) * D), es));
       work = std::max(
@@ -195,8 +195,7 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
   std::int64_t tl = padded_tokens(d, cp, m) / cp;
   const auto docs = doc_partition(d, cp, token_doc_cost());
   if (docs) {  // the rank with the most rows; the two parts' parameter gradients
-    tl = 0;
-    for (int r = 0; r < cp; ++r) tl = std::max(tl, docs->local_rows(r));
+    tl = docs->most_rows();
     m.add("gradients", {P}, es);
   }
   m.add("inputs and outputs", {tl, 4 * c.hidden}, es);  // x, dy, y, dx

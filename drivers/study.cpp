@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <set>
 #include <thread>
 
 #include "common.hpp"
@@ -104,26 +103,6 @@ Samples Study::time(const std::function<void(Clock&)>& body, const std::function
   return s;
 }
 
-std::vector<std::string> union_over(Communicator& comm, const std::vector<std::string>& names) {
-  std::string mine;
-  for (const std::string& n : names) mine += n + '\n';
-  const auto n = static_cast<std::int64_t>(comm.all_reduce_scalar(static_cast<double>(mine.size()), ReduceOp::Max));
-  std::vector<double> send(static_cast<std::size_t>(n), 0.0), all(static_cast<std::size_t>(n * comm.size()));
-  for (std::size_t i = 0; i < mine.size(); ++i) send[i] = static_cast<unsigned char>(mine[i]);
-  if (n > 0) comm.all_gather(send.data(), all.data(), n, DType::F64);
-  std::set<std::string> out;
-  std::string name;
-  for (double c : all) {
-    if (c == '\n') {
-      out.insert(name);
-      name.clear();
-    } else if (c != 0) {
-      name += static_cast<char>(c);
-    }
-  }
-  return {out.begin(), out.end()};
-}
-
 double Study::slowest(const std::vector<double>& ms) { return comm.all_reduce_scalar(median(ms), ReduceOp::Max); }
 
 std::int64_t Study::bytes_per_step(const std::vector<std::string>& ops) const {
@@ -177,14 +156,20 @@ Tensor Study::compare_real(Errors& e, const std::string& name, const Tensor& got
   }
   const Tensor real = cp::take_rows(got, cp::real_rows(global));
   compare(e, name, real, ref);
-  if (pads_zero && check && root()) {
-    const Tensor pads = cp::take_rows(got, cp::pad_rows(global));
-    const ErrorStats r = hcp::compare(ref, Tensor::zeros(ref.shape(), ref.dtype()));
-    double mx = 0;
-    for (std::int64_t i = 0; i < pads.numel(); ++i) mx = nan_max(mx, std::abs(pads.get(i)));
-    e.add(name + "_pads", mx / std::max(r.max_abs, 1e-300));
-  }
+  if (pads_zero && check && root()) pad_error(e, name, max_abs(cp::take_rows(got, cp::pad_rows(global))), ref);
   return real;
+}
+
+double Study::max_abs(const Tensor& t) {
+  const Tensor h = host(t);
+  double mx = 0;
+  for (std::int64_t i = 0; i < h.numel(); ++i) mx = nan_max(mx, std::abs(h.get(i)));
+  return mx;
+}
+
+void Study::pad_error(Errors& e, const std::string& name, double max_pad, const Tensor& ref) const {
+  const ErrorStats r = hcp::compare(ref, Tensor::zeros(ref.shape(), ref.dtype()));
+  e.add(name + "_pads", max_pad / std::max(r.max_abs, 1e-300));
 }
 
 void Study::result(Errors& e, const std::string& name, const std::string& path, const Tensor& local_in,
@@ -192,20 +177,7 @@ void Study::result(Errors& e, const std::string& name, const std::string& path, 
                    const std::string& units) {
   const Tensor local = planted(local_in);
   if (check && docs) {
-    compare(e, name, host(cp::gather_documents(comm, local, *docs)), ref);
-    if (pads_zero) {  // this rank's pad rows (of split documents) must be zero
-      std::vector<std::int64_t> pads;
-      const std::vector<std::int64_t> rows = local_rows(global);
-      for (std::size_t i = 0; i < rows.size(); ++i)
-        if (rows[i] < 0) pads.push_back(static_cast<std::int64_t>(i));
-      const Tensor p = host(cp::take_rows(local, pads));
-      double mx = 0;
-      for (std::int64_t i = 0; i < p.numel(); ++i) mx = nan_max(mx, std::abs(p.get(i)));
-      mx = comm.all_reduce_scalar(mx, ReduceOp::Max);
-      if (root())
-        e.add(name + "_pads",
-              mx / std::max(hcp::compare(ref, Tensor::zeros(ref.shape(), ref.dtype())).max_abs, 1e-300));
-    }
+    check_by_documents(e, name, local, ref, global, pads_zero);
   } else if (check) {
     compare_real(e, name, host(cp::dcs_gather(comm, local, global)), ref, global, pads_zero);
   }
@@ -220,10 +192,6 @@ void Study::write_real_rows(const std::string& path, const Tensor& local, const 
   std::vector<std::int64_t> rows = local_rows(global);
   if (grid.dp_rank != 0) rows.assign(rows.size(), -1);
   writer_->rows(path, local, rows, global.unpadded().total(), layout, units);
-}
-
-std::vector<std::int64_t> Study::local_rows(const SeqLayout& global) const {
-  return docs ? docs->real_index(grid.cp_rank) : cp::local_real_index(global, cp, grid.cp_rank);
 }
 
 void Study::input(const std::string& name, const Tensor& local, const SeqLayout& global, const std::string& layout,
@@ -299,27 +267,6 @@ void Study::finish(bool pass, const std::string& why) {
   }
   // Every rank ends alike (exit 1), whichever ranks saw the failure.
   if (ctx.world->all_reduce_scalar(pass ? 0.0 : 1.0, ReduceOp::Max) != 0) throw CheckFailed(why);
-}
-
-void write_doc_partition(ResultsWriter& w, const cp::DocPartition& p) {
-  const auto put = [&](const std::string& name, const std::vector<double>& v, const char* layout, const char* units) {
-    w.tensor("/partition/" + name, Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64), layout, units);
-  };
-  std::vector<double> lens, owner, rows, tokens, work(p.work.begin(), p.work.end());
-  for (std::size_t d = 0; d < p.lens.size(); ++d) {
-    lens.push_back(static_cast<double>(p.lens[d]));
-    owner.push_back(p.owner[d]);
-  }
-  for (int r = 0; r < p.cp; ++r) {
-    rows.push_back(static_cast<double>(p.local_rows(r)));
-    tokens.push_back(static_cast<double>(p.real_tokens(r)));
-  }
-  put("lengths", lens, "[documents] real length", "tokens");
-  put("owner", owner, "[documents] rank holding the document whole, -1 split over the CP group", "rank");
-  put("rows", rows, "[cp] local rows of each rank, pads included", "tokens");
-  put("tokens", tokens, "[cp] real tokens of each rank", "tokens");
-  put("work", work, "[cp] work of each rank by the placement's cost model", "pairs");
-  put("pad_tokens", {static_cast<double>(p.pad_tokens())}, "[1] pad tokens of the split documents", "tokens");
 }
 
 }  // namespace hcp::drivers

@@ -139,6 +139,11 @@ class Study {
   std::shared_ptr<const cp::DocPartition> docs;
   // Row of the unpadded problem of each of this rank's rows (-1: a pad).
   std::vector<std::int64_t> local_rows(const SeqLayout& global) const;
+  // Where a packed (THD) batch's documents lie (`docs`, or for dcs every document split; work by
+  // `cost`): in the results /partition/lengths and /partition/owner (the rank holding each whole,
+  // -1 split), per rank /partition/rows (pads included), tokens (real), work (the cost model's), and
+  // /partition/pad_tokens; and a "# partition" line. Nothing for BSHD. Collective.
+  void record_placement(const cp::DocCost& cost);
   ResultsWriter* out() { return writer_.get(); }
   bool root() const { return ctx.root(); }
   std::string backend() const;
@@ -229,6 +234,13 @@ class Study {
   void finish(bool pass, const std::string& why);
 
  private:
+  // result()'s check on a per-document placement: gathered through its row map; the pad rows of
+  // the split documents against zero.
+  void check_by_documents(Errors& e, const std::string& name, const Tensor& local, const Tensor& ref,
+                          const SeqLayout& global, bool pads_zero);
+  // The largest magnitude of `t`, and the entry "<name>_pads": max |pad| / max |ref|.
+  static double max_abs(const Tensor& t);
+  void pad_error(Errors& e, const std::string& name, double max_pad, const Tensor& ref) const;
   // `local` [Tl, ...] (DCS order, pads included) as the real tokens in global order at `path`, each
   // rank its own rows (the first CP group's).
   void write_real_rows(const std::string& path, const Tensor& local, const SeqLayout& global, const std::string& layout,
@@ -259,12 +271,6 @@ class Study {
 // cp_size, world_size and `attrs`.
 void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend,
                   DType dt, int cp, std::map<std::string, std::string> attrs);
-
-// A per-document placement in the results: /partition/lengths (real lengths of the documents),
-// /partition/owner (the rank holding each whole, -1 split), and per rank /partition/rows (its
-// local rows, pads included), /partition/tokens (its real tokens), /partition/work (the cost model's work),
-// /partition/pad_tokens.
-void write_doc_partition(ResultsWriter& w, const cp::DocPartition& p);
 
 // The union over the ranks of `comm` of every rank's names, sorted (collective).
 std::vector<std::string> union_over(Communicator& comm, const std::vector<std::string>& names);

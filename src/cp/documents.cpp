@@ -117,6 +117,12 @@ std::int64_t DocPartition::real_split_tokens() const {
   return n;
 }
 
+std::int64_t DocPartition::most_rows() const {
+  std::int64_t most = 0;
+  for (int r = 0; r < cp; ++r) most = std::max(most, local_rows(r));
+  return most;
+}
+
 std::int64_t DocPartition::documents_split() const {
   return static_cast<std::int64_t>(std::count(owner.begin(), owner.end(), -1));
 }
@@ -177,8 +183,8 @@ Tensor gather_documents(Communicator& comm, const Tensor& local, const DocPartit
   HCP_CHECK(cp == p.cp, "gather_documents: documents placed over ", p.cp, " ranks, gathered over ", cp);
   HCP_CHECK(local.size(0) == p.local_rows(comm.rank()), "gather_documents: ", local.size(0),
             " local rows, placement has ", p.local_rows(comm.rank()));
-  std::int64_t most = 0, total = 0;
-  for (int r = 0; r < cp; ++r) most = std::max(most, p.local_rows(r));
+  const std::int64_t most = p.most_rows();
+  std::int64_t total = 0;
   for (std::int64_t n : p.lens) total += n;
   Shape shp = local.shape();
   shp[0] = most;

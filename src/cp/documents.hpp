@@ -43,6 +43,7 @@ struct DocPartition {
   std::int64_t split_local() const { return split.total() / cp; }  // rows of the split part, every rank
   std::int64_t whole_rows(int rank) const { return whole[static_cast<std::size_t>(rank)].total(); }
   std::int64_t local_rows(int rank) const { return whole_rows(rank) + split_local(); }
+  std::int64_t most_rows() const;  // the largest local_rows over the ranks
   std::int64_t pad_tokens() const { return split.total() - real_split_tokens(); }
   std::int64_t real_split_tokens() const;
   std::int64_t real_tokens(int rank) const;  // rows of `rank` that are not pads

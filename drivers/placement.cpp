@@ -1,0 +1,81 @@
+// Study's part for packed documents placed by document (data.partition = documents): each rank's
+// rows, the check through the placement's row map, and the placement in the results; and the
+// union of names over ranks that keeps the per-rank writes collective when ranks ran different
+// phases.
+#include <cstdio>
+#include <set>
+
+#include "common.hpp"
+#include "study.hpp"
+
+namespace hcp::drivers {
+
+namespace {
+// /partition/*: see Study::record_placement.
+void write_doc_partition(ResultsWriter& w, const cp::DocPartition& p) {
+  const auto put = [&](const std::string& name, const std::vector<double>& v, const char* layout, const char* units) {
+    w.tensor("/partition/" + name, Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64), layout, units);
+  };
+  std::vector<double> lens, owner, rows, tokens, work(p.work.begin(), p.work.end());
+  for (std::size_t d = 0; d < p.lens.size(); ++d) {
+    lens.push_back(static_cast<double>(p.lens[d]));
+    owner.push_back(p.owner[d]);
+  }
+  for (int r = 0; r < p.cp; ++r) {
+    rows.push_back(static_cast<double>(p.local_rows(r)));
+    tokens.push_back(static_cast<double>(p.real_tokens(r)));
+  }
+  put("lengths", lens, "[documents] real length", "tokens");
+  put("owner", owner, "[documents] rank holding the document whole, -1 split over the CP group", "rank");
+  put("rows", rows, "[cp] local rows of each rank, pads included", "tokens");
+  put("tokens", tokens, "[cp] real tokens of each rank", "tokens");
+  put("work", work, "[cp] work of each rank by the placement's cost model", "pairs");
+  put("pad_tokens", {static_cast<double>(p.pad_tokens())}, "[1] pad tokens of the split documents", "tokens");
+}
+}  // namespace
+
+std::vector<std::int64_t> Study::local_rows(const SeqLayout& global) const {
+  return docs ? docs->real_index(grid.cp_rank) : cp::local_real_index(global, cp, grid.cp_rank);
+}
+
+void Study::check_by_documents(Errors& e, const std::string& name, const Tensor& local, const Tensor& ref,
+                               const SeqLayout& global, bool pads_zero) {
+  compare(e, name, host(cp::gather_documents(comm, local, *docs)), ref);
+  if (!pads_zero) return;
+  // this rank's pad rows (of the split documents) must be zero
+  std::vector<std::int64_t> pads;
+  const std::vector<std::int64_t> rows = local_rows(global);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] < 0) pads.push_back(static_cast<std::int64_t>(i));
+  const double mx = comm.all_reduce_scalar(max_abs(cp::take_rows(local, pads)), ReduceOp::Max);
+  if (root()) pad_error(e, name, mx, ref);
+}
+
+void Study::record_placement(const cp::DocCost& cost) {
+  const auto p = docs ? docs : thd_placement(deck, cp, cost);
+  if (!p) return;
+  if (writer_) write_doc_partition(*writer_, *p);
+  if (root()) std::printf("# partition %s: %s\n", deck.get_string("data.partition").c_str(), p->summary().c_str());
+}
+
+std::vector<std::string> union_over(Communicator& comm, const std::vector<std::string>& names) {
+  std::string mine;
+  for (const std::string& n : names) mine += n + '\n';
+  const auto n = static_cast<std::int64_t>(comm.all_reduce_scalar(static_cast<double>(mine.size()), ReduceOp::Max));
+  std::vector<double> send(static_cast<std::size_t>(n), 0.0), all(static_cast<std::size_t>(n * comm.size()));
+  for (std::size_t i = 0; i < mine.size(); ++i) send[i] = static_cast<unsigned char>(mine[i]);
+  if (n > 0) comm.all_gather(send.data(), all.data(), n, DType::F64);
+  std::set<std::string> out;
+  std::string name;
+  for (double c : all) {
+    if (c == '\n') {
+      out.insert(name);
+      name.clear();
+    } else if (c != 0) {
+      name += static_cast<char>(c);
+    }
+  }
+  return {out.begin(), out.end()};
+}
+
+}  // namespace hcp::drivers
