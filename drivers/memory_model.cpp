@@ -1,7 +1,7 @@
 // The memory model of memory_model.hpp: per-token counts of the tensors each layer and strategy
-// allocates (the tensors are named beside each term), and the attention and Mamba drivers' models.
-// The hybrid step's model is in memory_model_hybrid.cpp; the limit, admission and --dry-run report
-// are in memory_admission.cpp.
+// allocates (the tensors are named beside each term). The attention and Mamba drivers' models are
+// in memory_model_layers.cpp, the hybrid step's in memory_model_hybrid.cpp; the limit, admission
+// and --dry-run report in memory_admission.cpp.
 #include "memory_model.hpp"
 
 #include <algorithm>
@@ -11,7 +11,6 @@
 #include "cp/head_exchange.hpp"
 #include "cp/layout.hpp"
 #include "cp/state_passing.hpp"
-#include "layer_keys.hpp"
 
 namespace hcp::drivers {
 
@@ -140,94 +139,6 @@ std::int64_t attention_kernel_elements(const MemoryModel& m, const std::string& 
   if (cp > 1 && strategy == "a2a+p2p")
     return m.sum(q, m.mul(m.mul(4, m.mul(tl, inner)), ring_kv_heads(H, Hkv, inner) * D));
   return m.sum(q, m.mul(m.mul(4, kv_tokens), Hkv * D));
-}
-
-MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy) {
-  MemoryModel m("data.seqlen/data.batch/data.seq_lens, attention.heads, attention.kv_heads, attention.head_dim");
-  const std::int64_t H = d.get_int("attention.heads"), Hkv = d.get_int("attention.kv_heads"),
-                     D = d.get_int("attention.head_dim");
-  const std::int64_t es = dtype_bytes(d);
-  std::int64_t tl = padded_tokens(d, cp, m) / cp, gathered = m.mul(tl, cp);
-  std::int64_t work = attention_work_bytes(m, strategy, cp, tl, H, Hkv, D, es, cp_inner_of(d, cp));
-  if (const auto docs = doc_partition(d, cp, attention_doc_cost(d.get_bool("attention.causal")))) {
-    // the rank with the most: its saved output and LSE and the backward's dQ/dK/dV over all its
-    // rows, and the split documents' own strategy on its chunks of them
-    tl = docs->most_rows();
-    work = 0;
-    const std::int64_t S = docs->split_local();
-    for (int r = 0; r < cp; ++r) {
-      const std::int64_t n = docs->local_rows(r);
-      const std::int64_t own =
-          m.sum(attention_work_bytes(m, strategy, 1, n, H, Hkv, D, es), m.mul(m.mul(n, (H + 2 * Hkv) * D), es));
-      work = std::max(
-          work, m.sum(own, S > 0 && cp > 1 ? attention_work_bytes(m, strategy, cp, S, H, Hkv, D, es, cp_inner_of(d, cp))
-                                           : 0));
-    }
-    gathered = m.mul(tl, cp);
-  }
-  // q, dout, o, dq and k, v, dk, dv of this rank's tokens
-  m.add("inputs and outputs", {tl, 4 * (H + Hkv) * D}, es);
-  m.add("step buffers", {work});
-  if (host_bf16(d))
-    m.add("fp32 kernel operands (host bf16)",
-          {attention_kernel_elements(m, strategy, cp, tl, H, Hkv, D, cp_inner_of(d, cp))}, 4);
-  if (check_mode(d) == CheckMode::Reference) {
-    const std::int64_t T = real_tokens(d, m);
-    if (host_bf16(d))
-      m.add("cp=1 reference step", {attention_kernel_elements(m, strategy, 1, T, H, Hkv, D)}, 4, Holder::Rank0Before);
-    // the unpadded inputs (q, k, v, dout), the results, its saved output and LSE
-    m.add("cp=1 reference step", {T, 4 * (H + Hkv) * D}, es, Holder::Rank0Before);
-    m.add("cp=1 reference step", {attention_work_bytes(m, strategy, 1, T, H, Hkv, D, es)}, 1, Holder::Rank0Before);
-    m.add("cp=1 reference results", {T, 2 * (H + Hkv) * D}, es, Holder::Rank0Kept);
-    // one result gathered in global order and its real rows, on every rank
-    m.add("gathered results (check)", {gathered + T, H * D}, es);
-  }
-  // run.check = cross: the first strategy's o, dq, dk, dv shards, kept while the others run
-  if (check_mode(d) == CheckMode::Cross) m.add("first strategy's results (cross check)", {tl, 2 * (H + Hkv) * D}, es);
-  return m.with_slack();
-}
-
-MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
-  MemoryModel m(
-      "data.seqlen/data.batch/data.seq_lens, mamba.hidden, mamba.heads, mamba.head_dim, mamba.n_groups, mamba.d_state");
-  const model::Mamba2Config c = mamba_from_deck(d, d.get_int("mamba.hidden"));
-  const std::int64_t es = dtype_bytes(d), P = mamba_param_count(c);
-  std::int64_t tl = padded_tokens(d, cp, m) / cp;
-  const auto docs = doc_partition(d, cp, token_doc_cost());
-  if (docs) {  // the rank with the most rows; the two parts' parameter gradients
-    tl = docs->most_rows();
-    m.add("gradients", {P}, es);
-  }
-  m.add("inputs and outputs", {tl, 4 * c.hidden}, es);  // x, dy, y, dx
-  m.add("parameters", {P}, es);
-  m.add("gradients", {P}, es);
-  if (docs) {  // the whole documents as a cp = 1 layer beside the split ones' strategy
-    std::int64_t most = 0;
-    for (int r = 0; r < cp; ++r)
-      most = std::max(most, m.sum(m.mul(docs->whole_rows(r), mamba_work_per_token(c, strategy, 1)),
-                                  m.mul(docs->split_local(), mamba_work_per_token(c, strategy, cp))));
-    m.add("step buffers", {most}, es);
-  } else {
-    m.add("step buffers", {tl, mamba_work_per_token(c, strategy, cp)}, es);
-  }
-  if (strategy == "state_passing" && (!docs || docs->split.nseq() > 0)) {
-    const StateRows r = state_passing_rows(c, cp, docs ? docs->split.nseq() : sequences(d));
-    m.add("state passing states", {r.saved + r.work, r.row}, state_bytes(d));
-  }
-  if (check_mode(d) == CheckMode::Reference) {
-    const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
-    m.add("cp=1 reference step", {T, 4 * c.hidden + mamba_work_per_token(c, "hidden_parallel", 1)}, es,
-          Holder::Rank0Before);
-    m.add("cp=1 reference step", {3, P}, es, Holder::Rank0Before);
-    m.add("cp=1 reference results", {T, 2 * c.hidden}, es, Holder::Rank0Kept);
-    m.add("cp=1 reference results", {P}, es, Holder::Rank0Kept);
-    m.add("gathered results (check)", {docs ? m.mul(tl, cp) + T : Tp + T, c.hidden}, es);
-  }
-  if (check_mode(d) == CheckMode::Cross) {  // the first strategy's y, dh shards and gradients
-    m.add("first strategy's results (cross check)", {tl, 2 * c.hidden}, es);
-    m.add("first strategy's results (cross check)", {P}, es);
-  }
-  return m.with_slack();
 }
 
 }  // namespace hcp::drivers
