@@ -11,20 +11,11 @@
 
 #include "core/layout.hpp"
 #include "core/tensor.hpp"
+#include "kernels/attention_segment.hpp"
 
 namespace hcp::kernels {
 
 // =============================== attention ======================================================
-// A segment pairs a block of query rows with a block of key/value rows; rows of different
-// segments never interact. Positions (for the causal mask) are explicit: query row i of the
-// segment is at position q_pos0 + i, key row j at kv_pos0 + j; causal keeps kv_pos <= q_pos.
-// A whole BSHD batch or THD pack is one segment per sequence; CP adds segments per chunk.
-struct AttnSegment {
-  std::int64_t q_start = 0, q_len = 0;    // rows of q / o / lse
-  std::int64_t kv_start = 0, kv_len = 0;  // rows of k / v
-  std::int64_t q_pos0 = 0, kv_pos0 = 0;   // global position of the first row of each block
-};
-
 enum class Mask { None, Causal };
 
 struct AttnParams {
@@ -33,6 +24,7 @@ struct AttnParams {
   Mask mask = Mask::Causal;
   std::vector<AttnSegment> segments;
   std::int64_t kv_tile = 64;  // keys per tile of the online softmax
+  double effective_scale() const { return softmax_scale(scale, head_dim); }
 };
 
 // Segments of a layout: sequence s of q_layout with sequence s of kv_layout, at their real lengths

@@ -44,15 +44,7 @@ Shapes check_attn(const Tensor& q, const Tensor& k, const Tensor& v, const AttnP
 }
 
 // Number of keys of segment g visible to its query row i (keys 0..n-1 of the block).
-inline std::int64_t visible(const AttnSegment& g, std::int64_t i, Mask m) {
-  if (m == Mask::None) return g.kv_len;
-  std::int64_t n = g.q_pos0 + i - g.kv_pos0 + 1;
-  return std::clamp<std::int64_t>(n, 0, g.kv_len);
-}
-
-double scale_of(const AttnParams& p) {
-  return p.scale != 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
-}
+inline std::int64_t visible(const AttnSegment& g, std::int64_t i, Mask m) { return keys_seen(g, i, m == Mask::Causal); }
 
 // Query rows per block of the tiled products (keys per block: AttnParams::kv_tile).
 constexpr std::int64_t kQueryBlock = 64;
@@ -69,7 +61,7 @@ inline std::int64_t block_visible(const AttnSegment& g, std::int64_t i0, std::in
 template <class T>
 void fwd_impl(T* o, T* lse, const T* q, const T* k, const T* v, const AttnParams& p, const Shapes& s) {
   const std::int64_t H = s.H, D = s.D, Hkv = s.Hkv, grp = H / Hkv, qs = H * D, ks = Hkv * D, Bk = p.kv_tile;
-  const T scale = static_cast<T>(scale_of(p)), ninf = -std::numeric_limits<T>::infinity();
+  const T scale = static_cast<T>(p.effective_scale()), ninf = -std::numeric_limits<T>::infinity();
   std::fill(o, o + s.tq * H * D, T(0));
   std::fill(lse, lse + s.tq * H, ninf);
   Kokkos::parallel_for("attention_fwd", Range(0, Hkv), [&](std::int64_t hk) {
@@ -124,7 +116,7 @@ template <class T>
 void bwd_impl(T* dq, T* dk, T* dv, const T* q, const T* k, const T* v, const T* o, const T* lse, const T* dout,
               const AttnParams& p, const Shapes& s) {
   const std::int64_t H = s.H, D = s.D, Hkv = s.Hkv, grp = H / Hkv, qs = H * D, ks = Hkv * D, Bk = p.kv_tile;
-  const T scale = static_cast<T>(scale_of(p));
+  const T scale = static_cast<T>(p.effective_scale());
   std::fill(dq, dq + s.tq * H * D, T(0));
   std::fill(dk, dk + s.tkv * Hkv * D, T(0));
   std::fill(dv, dv + s.tkv * Hkv * D, T(0));

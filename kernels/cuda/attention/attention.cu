@@ -18,15 +18,7 @@ using namespace hcp::cuda;
 namespace {
 constexpr int kMaxD = 256, kPer = kMaxD / 32, kWarps = 4;
 
-struct Seg {
-  std::int64_t q_start, q_len, kv_start, kv_len, q_pos0, kv_pos0;
-};
-
-__device__ __forceinline__ std::int64_t visible(const Seg& g, std::int64_t i, bool causal) {
-  if (!causal) return g.kv_len;
-  const std::int64_t n = g.q_pos0 + i - g.kv_pos0 + 1;
-  return n < 0 ? 0 : (n > g.kv_len ? g.kv_len : n);
-}
+using Seg = AttnSegment;
 template <class S, class A>
 __device__ __forceinline__ A dot_row(const A* a_sh, const S* b, std::int64_t D) {
   A s = 0;
@@ -45,7 +37,7 @@ __global__ void fwd_k(S* o, A* lse, const S* q, const S* k, const S* v, const Se
   if (w >= nrows * H) return;
   const std::int64_t r = w / H, h = w % H, hk = h / (H / Hkv);
   const Seg g = segs[row_seg[r]];
-  const std::int64_t i = row_i[r], row = g.q_start + i, nvis = visible(g, i, causal);
+  const std::int64_t i = row_i[r], row = g.q_start + i, nvis = keys_seen(g, i, causal);
   for (std::int64_t d = lane; d < D; d += 32) q_sh[warp][d] = ld(q + (row * H + h) * D + d);
   __syncwarp();
   A acc[kPer];
@@ -105,7 +97,7 @@ __global__ void dq_k(S* dq, const S* q, const S* k, const S* v, const A* lse, co
   if (w >= nrows * H) return;
   const std::int64_t r = w / H, h = w % H, hk = h / (H / Hkv);
   const Seg g = segs[row_seg[r]];
-  const std::int64_t i = row_i[r], row = g.q_start + i, nvis = visible(g, i, causal);
+  const std::int64_t i = row_i[r], row = g.q_start + i, nvis = keys_seen(g, i, causal);
   const A L = lse[row * H + h], Dl = delta[row * H + h];
   for (std::int64_t d = lane; d < D; d += 32) {
     q_sh[warp][d] = ld(q + (row * H + h) * D + d);
@@ -161,8 +153,7 @@ __global__ void dkv_k(S* dk, S* dv, const S* q, const S* k, const S* v, const A*
     if (col < g.kv_start || col >= g.kv_start + g.kv_len) continue;
     const std::int64_t j = col - g.kv_start;
     // Rows i that see key j: all, or (causal) i >= j + kv_pos0 - q_pos0.
-    std::int64_t i_lo = causal ? j + g.kv_pos0 - g.q_pos0 : 0;
-    if (i_lo < 0) i_lo = 0;
+    const std::int64_t i_lo = first_row_seeing(g, j, causal);
     for (std::int64_t h = hk * grp; h < (hk + 1) * grp; ++h)
       for (std::int64_t i0 = i_lo; i0 < g.q_len; i0 += 32) {
         const std::int64_t i = i0 + lane, row = g.q_start + i;
@@ -225,10 +216,9 @@ __global__ void merge_k(SO* o, A* lse, const SB* ob, const A* lseb, std::int64_t
 struct HostPlan {
   std::vector<Seg> segs;
   std::vector<std::int64_t> row_seg, row_i;
-  explicit HostPlan(const AttnParams& p) {
+  explicit HostPlan(const AttnParams& p) : segs(p.segments) {
     for (std::size_t gi = 0; gi < p.segments.size(); ++gi) {
       const auto& g = p.segments[gi];
-      segs.push_back({g.q_start, g.q_len, g.kv_start, g.kv_len, g.q_pos0, g.kv_pos0});
       for (std::int64_t i = 0; i < g.q_len; ++i) {
         row_seg.push_back(static_cast<std::int64_t>(gi));
         row_i.push_back(i);
@@ -249,9 +239,6 @@ struct SegPlan : HostPlan {
         nrows(static_cast<std::int64_t>(row_seg.size())) {}
 };
 
-double scale_of(const AttnParams& p) {
-  return p.scale != 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
-}
 void check_types(const Tensor& q, std::initializer_list<const Tensor*> same, std::initializer_list<const Tensor*> lses,
                  const char* what) {
   const DType acc = q.dtype() == DType::F64 ? DType::F64 : DType::F32;
@@ -267,8 +254,14 @@ void check_types(const Tensor& q, std::initializer_list<const Tensor*> same, std
   }
 }
 attn_tc::Dims tc_dims(const AttnParams& p, std::int64_t tq, std::int64_t tkv) {
-  return {&p.segments, static_cast<int>(p.heads),       static_cast<int>(p.kv_heads), static_cast<int>(p.head_dim), tq,
-          tkv,         static_cast<float>(scale_of(p)), p.mask == Mask::Causal};
+  return {&p.segments,
+          static_cast<int>(p.heads),
+          static_cast<int>(p.kv_heads),
+          static_cast<int>(p.head_dim),
+          tq,
+          tkv,
+          static_cast<float>(p.effective_scale()),
+          p.mask == Mask::Causal};
 }
 unsigned warp_blocks(std::int64_t items) { return static_cast<unsigned>((items + kWarps - 1) / kWarps); }
 }  // namespace
@@ -293,7 +286,7 @@ void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, con
     if (plan.nrows > 0)
       fwd_k<S, A><<<warp_blocks(plan.nrows * H), 32 * kWarps>>>(
           dptr<S>(o), dptr<A>(lse), dptr<S>(q), dptr<S>(k), dptr<S>(v), plan.d_segs.p, plan.d_row_seg.p, plan.d_row_i.p,
-          plan.nrows, H, Hkv, D, A(scale_of(p)), p.mask == Mask::Causal);
+          plan.nrows, H, Hkv, D, A(p.effective_scale()), p.mask == Mask::Causal);
   });
   check_launch("attention_fwd");
 }
@@ -318,7 +311,7 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
     const DeviceArray<A> dbuf(nullptr, static_cast<std::size_t>(std::max<std::int64_t>(tq * H, 1)));
     A* delta = dbuf.p;
     if (tq > 0) delta_k<S, A><<<blocks_for(tq * H, 256), 256>>>(delta, dptr<S>(dout), dptr<S>(o), tq * H, D);
-    const A sc = A(scale_of(p));
+    const A sc = A(p.effective_scale());
     const bool causal = p.mask == Mask::Causal;
     if (plan.nrows > 0)
       dq_k<S, A><<<warp_blocks(plan.nrows * H), 32 * kWarps>>>(

@@ -91,10 +91,9 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
   const std::int64_t s_lo = tile_off[tile], s_hi = tile_off[tile + 1];
   auto first_row = [&](const SegD& g) -> std::int64_t {  // first query row that can see a key of the tile
     if (!causal) return 0;
-    const std::int64_t jl = lmax(c0 - g.kv_start, 0);
-    const std::int64_t i = jl + g.kv_pos0 - g.q_pos0;
+    const std::int64_t i = first_row_seeing(g, lmax(c0 - g.kv_start, 0), true);
     // kDq: jobs on the segment's 64-row blocks, so that every key tile adds to the same blocks.
-    return i < 0 ? 0 : kDq ? i / BQ * BQ : i;
+    return kDq ? i / BQ * BQ : i;
   };
   auto last_block = [&](std::int64_t s) -> std::int64_t {  // kDq: the segment's last 64-row block (-1: none)
     const std::int64_t n = segs[tile_segs[s]].q_len;

@@ -47,7 +47,9 @@ __global__ void __launch_bounds__(NW * 32)
   // This warpgroup's 64 rows of Q and dO, and its last visible key (it skips the tiles past it).
   const bf16* Qw = Qs + wgi * 64 * D;
   const bf16* dOw = dOs + wgi * 64 * D;
-  const std::int64_t wg_end = BM == 64 ? g.kv_len : qvalid > 64 * wgi ? kv_end(g, i0 + 64 * wgi, 64, causal) : 0;
+  const std::int64_t wg_end = BM == 64            ? g.kv_len
+                              : qvalid > 64 * wgi ? keys_seen_by_rows(g, i0 + 64 * wgi, 64, causal)
+                                                  : 0;
   float L[2], Dl[2];
   std::int64_t qp[2];
 #pragma unroll

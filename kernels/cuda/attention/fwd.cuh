@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(384, 1)
   const SegD g = segs[tl.seg];
   const std::int64_t i0 = tl.i0;
   const int qvalid = static_cast<int>(lmin(BM, g.q_len - i0));
-  const int ntiles = static_cast<int>((kv_end(g, i0, BM, causal) + BN - 1) / BN);
+  const int ntiles = static_cast<int>((keys_seen_by_rows(g, i0, BM, causal) + BN - 1) / BN);
   if (threadIdx.x == 0) {
     ptx::mbar_init(q_full, 1);
 #pragma unroll

@@ -28,7 +28,10 @@ struct Plan {
     std::vector<QTile> qt;
     for (std::size_t i = 0; i < in.size(); ++i) {
       const auto& a = in[i];
-      s.push_back({a.q_start, a.q_len, a.kv_start, a.kv_len, a.q_pos0, a.kv_pos0, ndqblk});
+      SegD d;
+      static_cast<AttnSegment&>(d) = a;
+      d.dq_blk = ndqblk;
+      s.push_back(d);
       ndqblk += (std::max<std::int64_t>(a.q_len, 0) + kBN - 1) / kBN;
       for (std::int64_t i0 = 0; i0 < a.q_len; i0 += bm) qt.push_back({static_cast<std::int64_t>(i), i0});
     }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/attention_segment.hpp"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ptx.cuh"
@@ -20,20 +21,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ std::int64_t lmin(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ std::int64_t lmax(std::int64_t a, std::int64_t b) { return a > b ? a : b; }
 
-struct SegD {
-  std::int64_t q_start, q_len, kv_start, kv_len, q_pos0, kv_pos0;
-  std::int64_t dq_blk;  // the segment's first 64-row block in the fused backward's dQ semaphores
+// A segment (kernels/attention_segment.hpp) with its place in the fused backward's dQ semaphores.
+struct SegD : AttnSegment {
+  std::int64_t dq_blk = 0;  // the segment's first 64-row block
 };
 struct QTile {
   std::int64_t seg, i0;
 };
-
-// Keys [0, n) of segment g that any of the query rows [i0, i0 + rows) may see.
-__device__ __forceinline__ std::int64_t kv_end(const SegD& g, std::int64_t i0, int rows, bool causal) {
-  if (!causal) return g.kv_len;
-  std::int64_t n = g.q_pos0 + i0 + rows - g.kv_pos0;
-  return n < 0 ? 0 : (n > g.kv_len ? g.kv_len : n);
-}
 
 // One row tile (MT = 1) as used by the backward kernels.
 template <int N>
@@ -105,7 +99,7 @@ struct QTileStream {
     g = segs[tl.seg];
     i0 = tl.i0;
     qvalid = static_cast<int>(lmin(bm, g.q_len - i0));
-    ntiles = static_cast<int>((kv_end(g, i0, bm, causal) + BN - 1) / BN);
+    ntiles = static_cast<int>((keys_seen_by_rows(g, i0, bm, causal) + BN - 1) / BN);
     qld = static_cast<std::int64_t>(H) * D;
     kld = static_cast<std::int64_t>(Hkv) * D;
     kbase = k + (g.kv_start * Hkv + hk) * D;

@@ -22,10 +22,8 @@
 
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
-#define HCP_HD __host__ __device__ __forceinline__
-#else
-#define HCP_HD inline
 #endif
+#include "kernels/hd.hpp"
 
 namespace hcp::ssdc {
 using i64 = std::int64_t;
