@@ -5,9 +5,12 @@
 #include <optional>
 #include <regex>
 
+#include "cases.hpp"
+
 #include "common.hpp"
 #include "device.hpp"
-#include "study.hpp"
+#include "memory_admission.hpp"
+#include "table.hpp"
 
 namespace hcp::drivers {
 
@@ -104,12 +107,6 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
     return;
   }
   admit(d, m, lim, cp, at_cp, ctx.root());
-}
-
-std::vector<std::string> Study::cases(const Cases& c, std::vector<std::pair<std::string, std::string>>* skipped) {
-  memory_ = c.memory;
-  return runnable(
-      comm, select(deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(deck, comm, cp, n); }, skipped);
 }
 
 std::vector<std::string> case_tensors(const Cases& c, const Deck& d,

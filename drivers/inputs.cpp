@@ -1,8 +1,9 @@
 // The layer drivers' random inputs: the unpadded problem's (the cp=1 reference) and each rank's own
 // rows, made without the global tensor.
+#include "inputs.hpp"
+
 #include "common.hpp"
 #include "cp/layout.hpp"
-#include "study.hpp"
 
 namespace hcp::drivers {
 

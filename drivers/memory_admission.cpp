@@ -9,7 +9,7 @@
 
 #include "comm/process_grid.hpp"
 #include "device.hpp"
-#include "memory_model.hpp"
+#include "memory_admission.hpp"
 #ifdef HCP_HAVE_CUDA
 #include "kernels/cuda/runtime.hpp"
 #endif

@@ -6,7 +6,7 @@
 #include <Kokkos_Core.hpp>
 #include <ctime>
 
-#include "io/results.hpp"
+#include "io/h5_util.hpp"
 #include "kernels/kernels.hpp"
 #ifdef HCP_HAVE_CUDA
 #include "comm/nccl_communicator.hpp"

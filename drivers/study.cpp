@@ -39,6 +39,12 @@ Study::Study(DriverContext& c, std::string name, double (*tolerance)(DType))
 
 std::string Study::backend() const { return device_desc(deck, comm); }
 
+std::vector<std::string> Study::cases(const Cases& c, std::vector<std::pair<std::string, std::string>>* skipped) {
+  memory_ = c.memory;
+  return runnable(
+      comm, select(deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(deck, comm, cp, n); }, skipped);
+}
+
 Samples Study::time(const std::function<void(Clock&)>& body, const std::function<void()>& before) {
   Samples s;
   Clock clock(space);

@@ -5,6 +5,10 @@
 // reported when the deck asked for all of them), comparisons with the reference against the tolerance
 // table, /config, the run header, the table and RESULT. A driver declares its reference run, its
 // cases, the tensors it compares and its byte model.
+//
+// Study's members are defined in study.cpp (the loop, the checks, /config and the verdict),
+// study_placement.cpp (per-document placements), study_memory.cpp (memory per case) and
+// study_cross_check.cpp (run.check = "cross" and run.plant_fault).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -16,6 +20,8 @@
 #include <vector>
 
 #include "byte_model.hpp"
+#include "cases.hpp"
+#include "clock.hpp"
 #include "comm/communicator.hpp"
 #include "comm/process_grid.hpp"
 #include "core/layout.hpp"
@@ -23,8 +29,10 @@
 #include "core/tensor.hpp"
 #include "cp/documents.hpp"
 #include "harness.hpp"
+#include "inputs.hpp"
 #include "io/results.hpp"
 #include "memory_model.hpp"
+#include "table.hpp"
 
 namespace hcp::drivers {
 
@@ -43,70 +51,6 @@ namespace hcp::drivers {
 double layer_tolerance(DType dt);
 double model_tolerance(DType dt);
 double train_loss_tolerance(DType dt);
-
-// The strategy names a choice key selects: the one it names, or every entry of `all` for `all_word`.
-struct Selection {
-  std::vector<std::string> names;
-  bool all = false;
-  std::string where;  // where the strategy key was set (deck file:line, --set, or the default)
-};
-Selection select(const Deck& d, const std::string& key, const std::string& all_word,
-                 const std::vector<std::string>& all);
-
-// The cases of `sel` that can run: try_make(name) throws (collectively agreed) when a case's shape
-// rules fail. With sel.all such a case is skipped and its reason kept in `skipped`; otherwise, or when
-// no case is left, the error stands. Collective over `comm`.
-std::vector<std::string> runnable(Communicator& comm, const Selection& sel,
-                                  const std::function<void(const std::string&)>& try_make,
-                                  std::vector<std::pair<std::string, std::string>>* skipped = nullptr);
-
-// A driver's cases: the choice key and its word for "all of them", every case name, and make(deck,
-// comm, cp, name), which builds the case (its constructor checks the shape rules) or throws.
-struct Cases {
-  std::string key, all_word;
-  std::vector<std::string> all;
-  std::function<void(const Deck&, Communicator&, int, const std::string&)> make;
-  // The memory model of case `name` at CP size cp (memory_model.hpp): the validate phase refuses a
-  // run whose largest case cannot fit, --dry-run prints it, and each case's memory line shows it
-  // beside the measured high-water.
-  std::function<MemoryModel(const Deck&, int cp, const std::string& name)> memory;
-  // The bytes per rank of every strategy of each layer kind the driver runs (byte_model.hpp):
-  // --dry-run prints them as a BYTES line.
-  std::function<LayerBytes(const Deck&, int cp)> bytes;
-};
-// The validate phase of a CP driver: the GPU of run.device, the process grid, and the cases the
-// deck names (a skipped case is no error; runnable's rules).
-void validate_cases(DriverContext& ctx, const Cases& c);
-// Dataset paths "/<group>/<case>/<name>" for every case of `c`, the case the deck names and the cp=1
-// reference, each group with its names (a driver's DriverSpec::result_tensors).
-std::vector<std::string> case_tensors(const Cases& c, const Deck& d,
-                                      const std::vector<std::pair<std::string, std::vector<std::string>>>& groups);
-
-// Per-phase milliseconds of one iteration: lap(name) ends the phase begun at the previous lap (or at
-// the start). GPU ranks time with CUDA events on the default stream, host ranks with MPI_Wtime.
-class Clock {
- public:
-  explicit Clock(Space space);
-  ~Clock();
-  Clock(const Clock&) = delete;
-  Clock& operator=(const Clock&) = delete;
-  void start();
-  void lap(const std::string& phase);
-  // A figure the driver measured itself this iteration (e.g. a layer's own compute / wait split).
-  void add(const std::string& name, double ms) { extra_.emplace_back(name, ms); }
-  std::vector<std::pair<std::string, double>> read();  // the laps of this iteration, then the added figures
-
- private:
-  Space space_;
-  double t_ = 0;
-  std::vector<std::pair<std::string, double>> host_, extra_;
-  std::vector<std::pair<std::string, void*>> marks_;
-  void* start_ = nullptr;
-};
-
-// Per-repeat samples of the timed iterations: phase -> ms; "ring_wait" is the time blocked in
-// ring_wait per iteration (for the overlap measurement).
-using Samples = std::map<std::string, std::vector<double>>;
 
 class Study {
   // Declared first: the references below are bound to what these own.
@@ -274,53 +218,5 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
 
 // The union over the ranks of `comm` of every rank's names, sorted (collective).
 std::vector<std::string> union_over(Communicator& comm, const std::vector<std::string>& names);
-
-// A host copy (the tensor itself when it lives on the host).
-// Uniform random inputs of the unpadded problem [real tokens, rest...] (`seed`), and this rank's rows
-// of them in the padded DualChunkSwap layout (pads zero), made without the global tensor: the real
-// tokens' inputs do not depend on the padding or cp, so runs at different CP sizes solve the same
-// problem (their files compare tensor by tensor), and a rank holds only its share.
-Tensor unpadded_uniform(const SeqLayout& global, const Shape& rest, DType dt, std::uint64_t seed);
-Tensor local_uniform(const SeqLayout& global, int cp, int rank, const Shape& rest, DType dt, std::uint64_t seed);
-// The same for rows given as local_real_index gives them (a per-document placement's real_index).
-Tensor rows_uniform(const std::vector<std::int64_t>& rows, const Shape& rest, DType dt, std::uint64_t seed);
-
-inline Tensor host(const Tensor& t) { return t.space() == Space::Host ? t : t.to(Space::Host); }
-// "0,10,20" for /config.
-std::string join(const std::vector<std::int64_t>& v);
-std::string join(const std::vector<std::string>& v);
-
-// A table of fixed-width columns printed by rank 0: the header line starts with "# ", rows with "  ".
-class Table {
- public:
-  explicit Table(std::vector<std::pair<std::string, int>> columns);
-  void row(const std::vector<std::string>& cells);
-  void print() const;
-
- private:
-  std::vector<std::pair<std::string, int>> cols_;
-  std::vector<std::vector<std::string>> rows_;
-};
-std::string fmt(const char* f, double v);
-// "k1=v1 k2=v2 ..." for run headers: fields("tokens", 760, "heads", 8). A key ending in ':' is
-// printed as it stands and its value after a space.
-inline void fields_to(std::string&) {}
-template <class V, class... R>
-void fields_to(std::string& s, const std::string& k, const V& v, const R&... rest) {
-  std::string val;
-  if constexpr (std::is_convertible_v<V, std::string>)
-    val = v;
-  else
-    val = std::to_string(v);
-  s += (s.empty() ? "" : " ") + k + (!k.empty() && k.back() == ':' ? " " : "=") + val;
-  fields_to(s, rest...);
-}
-template <class... A>
-std::string fields(const A&... a) {
-  std::string s;
-  fields_to(s, a...);
-  return s;
-}
-std::string fmt_int(std::int64_t v);
 
 }  // namespace hcp::drivers

@@ -15,6 +15,7 @@
 #include "common.hpp"
 #include "device.hpp"
 #include "hybrid_common.hpp"
+#include "memory_admission.hpp"
 #include "study.hpp"
 #include "train_io.hpp"
 #include "train_replica.hpp"

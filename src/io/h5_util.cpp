@@ -1,6 +1,5 @@
 // The reason an HDF5 call failed.
 #include "io/h5_util.hpp"
-#include "io/results.hpp"
 
 #include <hdf5.h>
 #include <sys/statvfs.h>

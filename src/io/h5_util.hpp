@@ -1,5 +1,5 @@
-// HDF5 helpers of the results writer and its manifest: the reason a call failed, and the check
-// that names the file and the object being written.
+// HDF5 helpers of the results writer and its manifest: the library version, the reason a call
+// failed, and the check that names the file and the object being written.
 #pragma once
 #include <cerrno>
 #include <string>
@@ -7,6 +7,9 @@
 #include "core/error.hpp"
 
 namespace hcp {
+
+// The HDF5 library this build runs on, e.g. "HDF5 1.10.8 (parallel)".
+std::string hdf5_library_version();
 
 // The reason the last HDF5 call failed, as the system said it (errno text, MPI-IO's words, or a
 // full file system told by the free space where `file` is written).
@@ -22,10 +25,5 @@ std::string h5_reason(const std::string& file = "");
           ::hcp::detail::concat("cannot write ", what, " to results file '", file, "': ", h5_reason(file))); \
     return hcp_rc_;                                                                                          \
   }())
-
-// Writes /checksums into the closed results file `tmp` (shown as `shown` in messages): one line per
-// numeric dataset ("/path hex") and per numeric attribute of an object under /summary
-// ("/path@name hex"); hex = checksum_values() of the values as doubles in C order.
-void write_manifest(const std::string& tmp, const std::string& shown);
 
 }  // namespace hcp

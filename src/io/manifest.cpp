@@ -8,8 +8,10 @@
 #include <utility>
 #include <vector>
 
+#include "io/manifest.hpp"
+
 #include "io/h5_util.hpp"
-#include "io/results.hpp"
+#include "io/results_reader.hpp"
 
 namespace hcp {
 namespace {

@@ -16,6 +16,7 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "io/h5_util.hpp"
+#include "io/manifest.hpp"
 
 namespace hcp {
 namespace {

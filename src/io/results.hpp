@@ -26,43 +26,10 @@
 
 #include "comm/communicator.hpp"
 #include "core/tensor.hpp"
+#include "io/results_reader.hpp"
+#include "io/save.hpp"
 
 namespace hcp {
-
-// The HDF5 library this build runs on, e.g. "HDF5 1.10.8 (parallel)".
-std::string hdf5_library_version();
-
-enum class H5Io { Gather, Collective };
-// True when this build's HDF5 has MPI-IO (H5Io::Collective can be used).
-bool hdf5_parallel();
-std::string to_string(H5Io io);
-
-// What a run keeps (the deck's run.save, comma-separated):
-//   all          everything
-//   auto         everything, except tensors of more than kAutoMaxElements elements (their statistics stay)
-//   activations, gradients, timings, comm, memory, summary (errors against cp=1 and /stats)   one class each
-//   inputs       what the run starts from, so that its results can be checked from the file alone:
-//                /inputs/<tensor> (real tokens, global order), /inputs/cu_seqlens, /inputs/params/<name>
-//                (kept by "all" and "inputs", not by "auto")
-//   any other item names tensors: a path below the root ("activations/p2p", "gradients/p2p/dq") or
-//   a last component ("dq", "block_3") keeps every tensor it names, in every class.
-// /config is always kept; so are train_hybrid's /train, /params and checkpoints.
-class SaveSet {
- public:
-  static constexpr std::int64_t kAutoMaxElements = std::int64_t{1} << 27;  // 512 MiB in fp32
-  SaveSet() : SaveSet("all") {}
-  explicit SaveSet(const std::string& list);  // throws hcp::Error naming a malformed item
-  bool keeps(const std::string& path, std::int64_t numel) const;
-  bool keeps_class(const std::string& cls) const;
-  // The first tensor-name item that names none of `tensors` (the dataset paths a run writes under
-  // /activations and /gradients), or "" when every item names something.
-  std::string unmatched(const std::vector<std::string>& tensors) const;
-  const std::string& text() const { return text_; }
-
- private:
-  std::string text_;
-  std::vector<std::string> items_;
-};
 
 class ResultsWriter {
  public:
@@ -121,35 +88,6 @@ class ResultsWriter {
   std::string path_, tmp_;
   long long file_ = -1;
   bool done_ = false;
-};
-
-// Order-dependent 64-bit checksum of a tensor's values (each as the bits of its double value, keyed
-// by its index), as 16 hex digits: the same for a tensor and for what a ResultsReader reads back of
-// it. A tensor written in parts (rows() of several ranks) has the checksum of the sum, modulo 2^64,
-// of its parts' checksum_part(part, index of the part's first element).
-std::string checksum(const Tensor& t);
-std::uint64_t checksum_part(const Tensor& t, std::int64_t first_element);
-// The same sum over n values as doubles, the first keyed by index `first`.
-std::uint64_t checksum_values(const double* v, std::size_t n, std::uint64_t first);
-std::string checksum_hex(std::uint64_t v);
-
-// Reading back (single process): datasets as double tensors, string/double attributes.
-class ResultsReader {
- public:
-  explicit ResultsReader(const std::string& path);
-  ~ResultsReader();
-  ResultsReader(const ResultsReader&) = delete;
-  ResultsReader& operator=(const ResultsReader&) = delete;
-  bool exists(const std::string& path) const;
-  Tensor read(const std::string& path, DType dt = DType::F64) const;
-  // Rows [first, first + rows) of the first axis of a dataset (a hyperslab: the rest is not read).
-  Tensor read_rows(const std::string& path, std::int64_t first, std::int64_t rows, DType dt = DType::F64) const;
-  std::string string_attr(const std::string& obj, const std::string& name) const;
-  double double_attr(const std::string& obj, const std::string& name) const;
-
- private:
-  std::string path_;
-  long long file_ = -1;
 };
 
 }  // namespace hcp

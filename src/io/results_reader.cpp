@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "io/results.hpp"
+#include "io/results_reader.hpp"
 
 namespace hcp {
 namespace {

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cctype>
 
-#include "io/results.hpp"
+#include "io/save.hpp"
+
+#include "core/error.hpp"
 
 namespace hcp {
 
