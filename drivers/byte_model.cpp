@@ -38,7 +38,7 @@ void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, int cp, DType
     std::vector<std::int64_t>& v = b.kinds["*"][s.name];
     for (int r = 0; r < cp; ++r)
       v.push_back(cp::attention_cp_model_bytes(a, cp, r, dt, false) + cp::attention_cp_model_bytes(a, cp, r, dt, true));
-    if (s.id == cp::AttnStrategy::A2AP2P && cp > 1)
+    if (s.two_level && cp > 1)
       for (int r = 0; r < cp; ++r)
         b.ring[s.name].push_back(cp::a2a_p2p_ring_bytes(a, cp, r, dt, false) +
                                  cp::a2a_p2p_ring_bytes(a, cp, r, dt, true));

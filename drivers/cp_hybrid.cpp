@@ -99,7 +99,7 @@ void run(DriverContext& ctx) {
   const drivers::TokenBatch& batch = placed.batch;
   st.docs = placed.docs;
   // Every rank holds its own experts only; the cp=1 reference (rank 0) holds them all.
-  const model::ExpertGroups groups(st.comm, drivers::ep_size_of(d, c0, st.cp));
+  const ExpertGroups groups(st.comm, drivers::ep_size_of(d, c0, st.cp));
   const model::ShardMap shards = model::expert_shards(c0, groups);
   const model::ParamMap p = drivers::in_space(model::hybrid_init(c0, st.dt, seed, &groups), st.space);
   model::HybridConfig c1 = c0;

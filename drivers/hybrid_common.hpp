@@ -270,8 +270,7 @@ inline model::ParamMap in_space(model::ParamMap p, Space space) {
 
 // The whole of every split parameter of `p` (the others as they are): each EP group gathers its
 // ranks' parts. Collective over the CP group.
-inline model::ParamMap gather_shards(const model::ExpertGroups& g, const model::ShardMap& shards,
-                                     const model::ParamMap& p) {
+inline model::ParamMap gather_shards(const ExpertGroups& g, const model::ShardMap& shards, const model::ParamMap& p) {
   model::ParamMap out = p;
   for (const auto& [n, sh] : shards) {
     const Tensor& t = p.at(n);

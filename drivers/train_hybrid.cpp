@@ -131,7 +131,7 @@ void validate(DriverContext& ctx) {
   const std::string resume = ctx.deck.get_string("train.resume");
   if (!resume.empty()) {
     HCP_CHECK(std::ifstream(resume).good(), "train.resume: cannot read checkpoint file '", resume, "'");
-    const model::ExpertGroups eg(*g.cp, drivers::ep_size_of(d, s.cfg, s.cp));
+    const ExpertGroups eg(*g.cp, drivers::ep_size_of(d, s.cfg, s.cp));
     std::vector<std::string> names;
     for (const auto& [n, t] : model::hybrid_init(s.cfg, DType::F32, 0, &eg)) names.push_back(n);
     drivers::check_resume(resume, schema(), ctx.deck, names, ctx.world->rank(), ctx.world->size());  // whole, same run
@@ -157,7 +157,7 @@ void run(DriverContext& ctx) {
   // Master weights, AdamW moments and the update in mw.master; the model steps in s.dt.
   const drivers::MasterWeights mw(s.dt);
   // Each rank holds its EP rank's experts (parameters, gradients, moments); the replica all of them.
-  const model::ExpertGroups groups(cpc, drivers::ep_size_of(d, s.cfg, s.cp));
+  const ExpertGroups groups(cpc, drivers::ep_size_of(d, s.cfg, s.cp));
   const model::ShardMap shards = model::expert_shards(s.cfg, groups);
   const bool owner = groups.replicas().rank() == 0 && grid.dp_rank == 0;  // writes its experts' rows
   const auto seed = static_cast<std::uint64_t>(d.get_int("data.seed"));

@@ -19,6 +19,26 @@ ProcessGrid ProcessGrid::make(const Communicator& world, int cp_size) {
   return g;
 }
 
+std::shared_ptr<CpLevels> CpLevels::make(Communicator& cp_comm, int inner) {
+  auto l = std::make_shared<CpLevels>();
+  const int r = cp_comm.rank();
+  l->inner = inner;
+  l->inner_comm = cp_comm.split(r / inner, r);
+  l->outer_comm = cp_comm.split(r % inner, r);
+  l->inner_comm->count_into(&cp_comm);
+  l->outer_comm->count_into(&cp_comm);
+  return l;
+}
+
+ExpertGroups::ExpertGroups(Communicator& cp, int ep) : cp_(cp) {
+  const int n = cp.size(), r = cp.rank();
+  if (ep == 0) ep = n;
+  HCP_CHECK(ep >= 1 && n % ep == 0, "parallel.ep = ", ep, " must divide the CP group size (", n, ")");
+  // Every rank takes the same branches, so the splits stay collective.
+  if (ep != n) ep_own_ = cp.split(r / ep, r);
+  if (ep != 1) rep_own_ = cp.split(r % ep, r);
+}
+
 int node_local_rank(int* local_size) {
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);

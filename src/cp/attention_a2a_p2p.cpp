@@ -1,6 +1,7 @@
 // Attention CP over two levels, a2a+p2p (CpAttention's members for it): Ulysses over the inner
 // group, the p2p ring over the outer group.
 #include "cp/attention_cp.hpp"
+#include "cp/layout.hpp"
 
 namespace hcp::cp {
 
@@ -23,15 +24,24 @@ CpAttnConfig a2a_p2p_ring_config(const CpAttnConfig& cfg, int rank) {
   return rc;
 }
 
-std::shared_ptr<CpLevels> CpLevels::make(Communicator& cp_comm, int inner) {
-  auto l = std::make_shared<CpLevels>();
-  const int r = cp_comm.rank();
-  l->inner = inner;
-  l->inner_comm = cp_comm.split(r / inner, r);
-  l->outer_comm = cp_comm.split(r % inner, r);
-  l->inner_comm->count_into(&cp_comm);
-  l->outer_comm->count_into(&cp_comm);
-  return l;
+void check_a2a_p2p_shape(const CpAttnConfig& cfg, int cp) {
+  if (cp == 1) return;  // one rank runs the local kernels
+  HCP_CHECK(cfg.cp_inner >= 1 && cp % cfg.cp_inner == 0, "a2a+p2p attention needs parallel.cp_inner (", cfg.cp_inner,
+            ") to divide the CP size (", cp, ")");
+  HCP_CHECK(cfg.heads % cfg.cp_inner == 0, "a2a+p2p attention needs attention.heads (", cfg.heads,
+            ") divisible by parallel.cp_inner (", cfg.cp_inner, ")");
+}
+
+void CpAttention::init_a2a_p2p() {
+  if (cp_ == 1) return;
+  inner_ = cfg_.cp_inner;
+  outer_ = cp_ / inner_;
+  KvHeadRanges r = kv_head_ranges(cfg_.heads, cfg_.kv_heads, inner_, rank_ % inner_);
+  kv_lo_ = std::move(r.lo);
+  kv_n_ = std::move(r.n);
+  kv_map_ = std::move(r.map);
+  HCP_CHECK(!levels_ || levels_->inner == inner_, "a2a+p2p: levels of inner size ", levels_ ? levels_->inner : 0,
+            " given to a layer of parallel.cp_inner ", inner_);
 }
 
 void CpAttention::make_levels() {
@@ -92,6 +102,28 @@ void CpAttention::bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& 
   dq.copy_from(dql.view(dq.shape()));
   dk.copy_from(dkl.view(dk.shape()));
   dv.copy_from(dvl.view(dv.shape()));
+}
+
+std::int64_t a2a_p2p_ring_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
+  if (cfg.docs)
+    return cfg.docs->split.nseq() == 0 ? 0 : a2a_p2p_ring_bytes(split_documents_config(cfg), cp, rank, dt, backward);
+  const int inner = cfg.cp_inner;
+  return attention_cp_model_bytes(a2a_p2p_ring_config(cfg, rank), cp / inner, rank / inner, dt, backward);
+}
+
+// Inner: as a2a over the inner ranks (the other query heads of this rank's tokens out, their outputs
+// back, and the K/V heads the other inner ranks read); outer: the p2p ring's own model.
+std::int64_t a2a_p2p_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
+  check_a2a_p2p_shape(cfg, cp);
+  const std::int64_t tl = local_layout(cfg.global, cp).total(), D = cfg.head_dim, H = cfg.heads;
+  const int inner = cfg.cp_inner, me = rank % inner;
+  const std::vector<std::int64_t> n = kv_head_ranges(H, cfg.kv_heads, inner, me).n;
+  std::int64_t heads_out = 0;
+  for (int j = 0; j < inner; ++j) heads_out += j == me ? 0 : n[static_cast<std::size_t>(j)];
+  const std::int64_t kv_part = backward ? (inner - 1) * n[static_cast<std::size_t>(me)] : heads_out;
+  const std::int64_t a2a =
+      (2 * tl * (H - H / inner) * D + 2 * tl * kv_part * D) * static_cast<std::int64_t>(dtype_size(dt));
+  return a2a + a2a_p2p_ring_bytes(cfg, cp, rank, dt, backward);
 }
 
 }  // namespace hcp::cp

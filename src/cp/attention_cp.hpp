@@ -9,6 +9,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "comm/process_grid.hpp"
 #include "core/layout.hpp"
 #include "core/phase_times.hpp"
 #include "cp/documents.hpp"
@@ -58,15 +59,13 @@ std::int64_t attention_cp_model_bytes(const CpAttnConfig& cfg, int cp, int rank,
 CpAttnConfig a2a_p2p_ring_config(const CpAttnConfig& cfg, int rank);
 std::int64_t a2a_p2p_ring_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
 
-// The two levels of a2a+p2p over one CP group: inner groups of `inner` consecutive ranks and outer
-// groups of the ranks with the same inner rank, their bytes counted into the CP group's. Building
-// them is collective. One pair serves every a2a+p2p layer of a model with that inner size, so a
-// model makes its communicators once, not once per layer.
-struct CpLevels {
-  int inner = 1;
-  std::unique_ptr<Communicator> inner_comm, outer_comm;
-  static std::shared_ptr<CpLevels> make(Communicator& cp_comm, int inner);
-};
+// The strategies' parts their records (cp/strategy.hpp) name: shape rules and byte models.
+void check_a2a_shape(const CpAttnConfig& cfg, int cp);
+void check_a2a_p2p_shape(const CpAttnConfig& cfg, int cp);
+std::int64_t p2p_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
+std::int64_t allgather_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
+std::int64_t a2a_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
+std::int64_t a2a_p2p_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
 
 class CpAttention {
  public:
@@ -88,14 +87,17 @@ class CpAttention {
   std::int64_t model_bwd_bytes(DType dt) const;
 
  private:
+  friend const std::vector<AttnStrategyInfo>& attn_strategies();  // the records name the bodies below
   void fwd_local(Tensor& o);
   void bwd_local(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   void fwd_p2p(Tensor& o);
   void bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   void fwd_allgather(Tensor& o);
   void bwd_allgather(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  void init_a2a();
   void fwd_a2a(Tensor& o);
   void bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  void init_a2a_p2p();
   void fwd_a2a_p2p(Tensor& o);
   void bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   void fwd_docs(Tensor& o);

@@ -1,16 +1,22 @@
 #include "cp/strategy.hpp"
 
 #include "core/error.hpp"
+#include "cp/attention_cp.hpp"
 
 namespace hcp::cp {
 
 const std::vector<AttnStrategyInfo>& attn_strategies() {
   static const std::vector<AttnStrategyInfo> v = {
-      {AttnStrategy::P2P, "p2p", "ring of K/V blocks with DualChunkSwap; dK/dV accumulators follow"},
-      {AttnStrategy::AllGather, "allgather", "all-gather of K/V, reduce-scatter of dK/dV"},
-      {AttnStrategy::A2A, "a2a", "Ulysses all-to-all: heads/cp heads of every token (heads % cp == 0)"},
+      {AttnStrategy::P2P, "p2p", "ring of K/V blocks with DualChunkSwap; dK/dV accumulators follow", nullptr, nullptr,
+       &CpAttention::fwd_p2p, &CpAttention::bwd_p2p, p2p_model_bytes, false},
+      {AttnStrategy::AllGather, "allgather", "all-gather of K/V, reduce-scatter of dK/dV", nullptr, nullptr,
+       &CpAttention::fwd_allgather, &CpAttention::bwd_allgather, allgather_model_bytes, false},
+      {AttnStrategy::A2A, "a2a", "Ulysses all-to-all: heads/cp heads of every token (heads % cp == 0)", check_a2a_shape,
+       &CpAttention::init_a2a, &CpAttention::fwd_a2a, &CpAttention::bwd_a2a, a2a_model_bytes, false},
       {AttnStrategy::A2AP2P, "a2a+p2p",
-       "Ulysses over parallel.cp_inner ranks, ring p2p over cp/cp_inner groups (heads % cp_inner == 0)"},
+       "Ulysses over parallel.cp_inner ranks, ring p2p over cp/cp_inner groups (heads % cp_inner == 0)",
+       check_a2a_p2p_shape, &CpAttention::init_a2a_p2p, &CpAttention::fwd_a2a_p2p, &CpAttention::bwd_a2a_p2p,
+       a2a_p2p_model_bytes, true},
   };
   return v;
 }
@@ -21,6 +27,12 @@ const std::vector<MambaCpInfo>& mamba_cps() {
       {MambaCp::StatePassing, "state_passing", "local scans; conv halos and chunk states exchanged, outputs corrected"},
   };
   return v;
+}
+
+const AttnStrategyInfo& attn_strategy_info(AttnStrategy id) {
+  for (const auto& s : attn_strategies())
+    if (s.id == id) return s;
+  HCP_FAIL("attention CP strategy ", static_cast<int>(id), " has no record");
 }
 
 std::vector<std::string> attn_strategy_names() {

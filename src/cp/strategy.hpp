@@ -1,5 +1,7 @@
 // The CP strategies of the two sequence-mixing layers, one record each: the deck name, what it is,
-// and what shapes it needs. Deck choices, `all` and the drivers' --list-strategies read these lists.
+// and what shapes it needs; an attention strategy's record also holds its parts (shape rule, set-up,
+// forward and backward bodies, byte model), which CpAttention dispatches to. Deck choices, `all`,
+// the drivers' --list-strategies, their BYTES lines and the planner read these lists.
 //   Attention (parallel.attention; src/cp/attention_cp.hpp):
 //     p2p        ring of K/V with DualChunkSwap;
 //     allgather  all-gather of K/V, reduce-scatter of dK/dV;
@@ -13,10 +15,19 @@
 //                      final states are exchanged, the true initial states follow from a scan along
 //                      each sequence and correct the outputs (any heads / n_groups; state_passing.hpp).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/dtype.hpp"
+
+namespace hcp {
+class Tensor;
+}
+
 namespace hcp::cp {
+struct CpAttnConfig;
+class CpAttention;
 
 enum class AttnStrategy { P2P, AllGather, A2A, A2AP2P };
 enum class MambaCp { HiddenParallel, StatePassing };
@@ -25,6 +36,17 @@ struct AttnStrategyInfo {
   AttnStrategy id;
   const char* name;     // deck name
   const char* summary;  // one line for --list-strategies
+  // Its parts (src/cp/attention_<name>.cpp). check: its shape rule beyond the layout's, throwing
+  // hcp::Error naming the deck keys (null: none); init: the per-rank state CpAttention's constructor
+  // sets up (null: none); forward / backward: the bodies on a CP group of 2 or more ranks;
+  // model_bytes: the values rank `rank` of `cp` hands to the communicator in one pass, from the sizes
+  // alone (attention_cp_model_bytes adds the cases every strategy shares).
+  void (*check)(const CpAttnConfig& cfg, int cp);
+  void (CpAttention::*init)();
+  void (CpAttention::*forward)(Tensor& o);
+  void (CpAttention::*backward)(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  std::int64_t (*model_bytes)(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
+  bool two_level;  // runs over an inner and an outer group (CpLevels, parallel.cp_inner)
 };
 struct MambaCpInfo {
   MambaCp id;
@@ -33,6 +55,7 @@ struct MambaCpInfo {
 };
 const std::vector<AttnStrategyInfo>& attn_strategies();
 const std::vector<MambaCpInfo>& mamba_cps();
+const AttnStrategyInfo& attn_strategy_info(AttnStrategy id);
 std::vector<std::string> attn_strategy_names();  // in registry order
 std::vector<std::string> mamba_cp_names();
 

@@ -41,17 +41,8 @@ ParamMap sub(const ParamMap& p, const std::string& prefix) {
 
 bool is_buffer(const std::string& name) { return name.size() >= 6 && name.compare(name.size() - 6, 6, "e_bias") == 0; }
 
-ExpertGroups::ExpertGroups(Communicator& cp, int ep) : cp_(cp) {
-  const int n = cp.size(), r = cp.rank();
-  if (ep == 0) ep = n;
-  HCP_CHECK(ep >= 1 && n % ep == 0, "parallel.ep = ", ep, " must divide the CP group size (", n, ")");
-  // Every rank takes the same branches, so the splits stay collective.
-  if (ep != n) ep_own_ = cp.split(r / ep, r);
-  if (ep != 1) rep_own_ = cp.split(r % ep, r);
-}
-
-RowRange ExpertGroups::experts(std::int64_t total) const {
-  const cp::ExpertRange r = cp::ep_experts(total, size(), rank());
+RowRange local_experts(const ExpertGroups& groups, std::int64_t total) {
+  const cp::ExpertRange r = cp::ep_experts(total, groups.size(), groups.rank());
   return {r.first, r.count};
 }
 
@@ -59,7 +50,7 @@ ShardMap expert_shards(const HybridConfig& cin, const ExpertGroups& groups) {
   HybridConfig c = cin;
   c.finalize();
   ShardMap m;
-  const RowRange r = groups.experts(c.moe.experts);
+  const RowRange r = local_experts(groups, c.moe.experts);
   for (std::size_t i = 0; i < c.pattern.size(); ++i)
     if (c.pattern[i] == 'E')
       for (const char* n : {"W1", "W2"}) m[block_prefix(i) + n] = {r.first, r.rows, c.moe.experts};
@@ -127,7 +118,7 @@ ParamMap hybrid_init(const HybridConfig& cin, DType dt, std::uint64_t seed, cons
         m = attention_init(c.attn, dt, s);
         break;
       case 'E':
-        m = moe_init(c.moe, dt, s, groups ? groups->experts(c.moe.experts) : RowRange{});
+        m = moe_init(c.moe, dt, s, groups ? local_experts(*groups, c.moe.experts) : RowRange{});
         break;
       default:
         m = mlp_init(c.mlp, dt, s);
@@ -172,11 +163,11 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global,
         break;
       case '*': {
         const AttnLayerConfig ac = c_.attention_layer(n_attn++);
-        std::shared_ptr<cp::CpLevels> levels;
-        if (ac.strategy == cp::AttnStrategy::A2AP2P && cp > 1) {
+        std::shared_ptr<CpLevels> levels;
+        if (cp::attn_strategy_info(ac.strategy).two_level && cp > 1) {
           cp::check_attention_cp_shape(cp_attn_config(ac, global_, docs_), cp);  // before any group is split
-          std::shared_ptr<cp::CpLevels>& l = levels_[ac.cp_inner];
-          if (!l) l = cp::CpLevels::make(comm_, ac.cp_inner);
+          std::shared_ptr<CpLevels>& l = levels_[ac.cp_inner];
+          if (!l) l = CpLevels::make(comm_, ac.cp_inner);
           levels = l;
         }
         b.attn = std::make_unique<AttentionLayer>(comm_, ac, global_, std::move(levels), docs_);

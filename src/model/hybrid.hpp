@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_grid.hpp"
 #include "core/phase_times.hpp"
 #include "model/layers.hpp"
 #include "model/mamba2.hpp"
@@ -41,24 +42,8 @@ struct HybridConfig {
   AttnLayerConfig attention_layer(std::size_t j) const;
 };
 
-// The expert-parallel layout of a CP group: `ep` groups its ranks (consecutive), `replicas` joins
-// the cp/ep ranks that hold the same experts. Collective over the CP group (it splits it); build it
-// once and share it between the models of a run.
-class ExpertGroups {
- public:
-  // Throws naming parallel.ep unless ep (0: cp) divides the CP group size.
-  ExpertGroups(Communicator& cp_comm, int ep);
-  Communicator& ep() const { return ep_own_ ? *ep_own_ : cp_; }
-  Communicator& replicas() const { return rep_own_ ? *rep_own_ : cp_; }
-  int size() const { return ep().size(); }
-  int rank() const { return ep().rank(); }
-  // The experts this rank holds: rows of the E axis of W1 / W2.
-  RowRange experts(std::int64_t total) const;
-
- private:
-  Communicator& cp_;
-  std::unique_ptr<Communicator> ep_own_, rep_own_;
-};
+// The experts rank groups.rank() of its expert-parallel group holds: rows of the E axis of W1 / W2.
+RowRange local_experts(const ExpertGroups& groups, std::int64_t total);
 
 // A split parameter: this rank holds rows [first, first + rows) of a [total, ...] tensor.
 struct Shard {
@@ -140,7 +125,7 @@ class HybridModel {
   std::int64_t tl_ = 0;
   std::vector<Block> blocks_;
   // a2a+p2p's inner and outer groups by inner size, shared by the attention layers that use them
-  std::map<int, std::shared_ptr<cp::CpLevels>> levels_;
+  std::map<int, std::shared_ptr<CpLevels>> levels_;
   std::vector<Tensor> outs_;
   Tensor hfinal_, rstd_final_, hn_, logits_, dlogits_;
   std::vector<std::int64_t> tokens_, labels_;

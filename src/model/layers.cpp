@@ -93,7 +93,7 @@ cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global,
 }
 
 AttentionLayer::AttentionLayer(Communicator& comm, AttnLayerConfig cfg, SeqLayout global,
-                               std::shared_ptr<cp::CpLevels> levels, std::shared_ptr<const cp::DocPartition> docs)
+                               std::shared_ptr<CpLevels> levels, std::shared_ptr<const cp::DocPartition> docs)
     : comm_(comm), c_(cfg), attn_(comm, cp_attn_config(cfg, global, docs), std::move(levels)) {
   tl_ = docs ? docs->local_rows(comm.rank()) : global.total() / comm.size();
   if (c_.rope_theta > 0)

@@ -49,9 +49,9 @@ ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed);
 
 class AttentionLayer {
  public:
-  // `levels`: a2a+p2p's groups, when the model shares them between its layers (cp::CpLevels).
+  // `levels`: a2a+p2p's groups, when the model shares them between its layers (CpLevels).
   AttentionLayer(Communicator& cp_comm, AttnLayerConfig cfg, SeqLayout global,
-                 std::shared_ptr<cp::CpLevels> levels = nullptr,
+                 std::shared_ptr<CpLevels> levels = nullptr,
                  std::shared_ptr<const cp::DocPartition> docs = nullptr);
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);

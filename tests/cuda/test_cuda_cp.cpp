@@ -80,9 +80,15 @@ TEST_P(GpuAttentionCp, DeviceEqualsHost) {
   expect_match(cp::dcs_gather(world, O, c.global), cp::dcs_gather(world, o, c.global), dt, "gathered o " + tag);
 }
 
+// Every attention strategy of the registry.
+static std::vector<cp::AttnStrategy> registered_attention() {
+  std::vector<cp::AttnStrategy> v;
+  for (const auto& r : cp::attn_strategies()) v.push_back(r.id);
+  return v;
+}
+
 INSTANTIATE_TEST_SUITE_P(Grid, GpuAttentionCp,
-                         ::testing::Combine(::testing::Values(cp::AttnStrategy::P2P, cp::AttnStrategy::AllGather,
-                                                              cp::AttnStrategy::A2A, cp::AttnStrategy::A2AP2P),
+                         ::testing::Combine(::testing::ValuesIn(registered_attention()),
                                             ::testing::Values("bshd", "thdpacked"),
                                             ::testing::Values(DType::F64, DType::F32)),
                          [](const auto& info) {
@@ -268,7 +274,7 @@ TEST(GpuHybrid, DeviceEqualsHost) {
         for (auto i : cp::dcs_global_index(b.layout, n, r)) out.push_back(v[static_cast<std::size_t>(i)]);
         return out;
       };
-      const model::ExpertGroups groups(world, 0), dev_groups(ipc, 0);
+      const ExpertGroups groups(world, 0), dev_groups(ipc, 0);
       const model::ParamMap p = model::hybrid_init(c, DType::F64, 2, &groups);
       model::ParamMap P;
       for (auto& [nm, t] : p) P[nm] = t.to(Space::Cuda);

@@ -1,7 +1,10 @@
-// Attention CP (p2p ring, all-gather, a2a) against cp=1 on the same backend, for every format,
-// mask and GQA ratio, fp64 and fp32; DCS layout maths; errors on every rank.
+// Attention CP (every registered strategy: p2p ring, all-gather, a2a, a2a+p2p) against cp=1 on the
+// same backend, for every format, mask and GQA ratio, fp64 and fp32; DCS layout maths; errors on
+// every rank.
 #include <gtest/gtest.h>
 #include <mpi.h>
+
+#include <algorithm>
 
 #include "comm/mpi_communicator.hpp"
 #include "cp/attention_cp.hpp"
@@ -93,6 +96,7 @@ TEST_P(CpAttentionGrid, MatchesCp1) {
   c.kv_heads = cc.kv_heads;
   c.head_dim = 4;
   c.causal = cc.causal;
+  if (attn_strategy_info(cc.strategy).two_level && cp % 2 == 0) c.cp_inner = 2;  // np 2: 2 x 1, np 4: 2 x 2
   c.global = cc.format == "bshd"   ? SeqLayout::bshd(2, 16)
              : cc.format == "thd1" ? SeqLayout::thd({0, 24})
                                    : SeqLayout::thd({0, 8, 24, 32});
@@ -120,18 +124,20 @@ TEST_P(CpAttentionGrid, MatchesCp1) {
 
 static std::vector<CpCase> grid() {
   std::vector<CpCase> v;
-  for (auto s : {AttnStrategy::P2P, AttnStrategy::AllGather, AttnStrategy::A2A})
+  for (const AttnStrategyInfo& r : attn_strategies())  // every registered strategy
     for (std::string f : {"bshd", "thd1", "thdpacked"})
       for (bool causal : {true, false})
         for (std::int64_t kvh : {4, 2, 1})
-          for (DType dt : {DType::F64, DType::F32}) v.push_back({s, f, causal, kvh, dt});
+          for (DType dt : {DType::F64, DType::F32}) v.push_back({r.id, f, causal, kvh, dt});
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CpAttentionGrid, ::testing::ValuesIn(grid()), [](const auto& info) {
   const CpCase& c = info.param;
-  return to_string(c.strategy) + "_" + c.format + "_" + (c.causal ? "causal" : "full") + "_kv" +
-         std::to_string(c.kv_heads) + "_" + hcp::to_string(c.dtype);
+  std::string name = to_string(c.strategy);
+  std::replace(name.begin(), name.end(), '+', '_');
+  return name + "_" + c.format + "_" + (c.causal ? "causal" : "full") + "_kv" + std::to_string(c.kv_heads) + "_" +
+         hcp::to_string(c.dtype);
 });
 
 // Ulysses with any kv_heads: each rank receives exactly the K/V heads its query heads read, however

@@ -221,7 +221,7 @@ TEST(HybridLevels, A2aP2pLayersShareTheirGroups) {
   }
   ParamMap grads;
   m.step(p, tok, lab, grads);
-  const cp::CpLevels* a = m.attention(0).attention().levels();
+  const CpLevels* a = m.attention(0).attention().levels();
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->inner, 2);
   EXPECT_EQ(m.attention(2).attention().levels(), a);

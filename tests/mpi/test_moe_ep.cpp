@@ -58,7 +58,7 @@ TEST_P(MoeEp, MatchesEp1) {
     SCOPED_TRACE("ep " + std::to_string(ep));
     // Every rank routes its own Tl tokens; rank r holds experts of EP rank r % ep only.
     const ExpertGroups groups(world, ep);
-    const RowRange mine = groups.experts(c.experts);
+    const RowRange mine = model::local_experts(groups, c.experts);
     ASSERT_EQ(mine.first, (r % ep) * (c.experts / ep));
     const ParamMap p = params(c, dtype, mine);
     EXPECT_EQ(p.at("W1").numel() * ep, whole.at("W1").numel());

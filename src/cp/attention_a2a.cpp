@@ -1,0 +1,95 @@
+// Attention CP by Ulysses all-to-all: sequence shards to head shards and back (CpAttention's members
+// for it, its shape rule and its byte model).
+#include "cp/attention_bodies.hpp"
+#include "cp/attention_cp.hpp"
+#include "cp/layout.hpp"
+
+namespace hcp::cp {
+namespace k = hcp::kernels;
+
+namespace {
+// [Tl, Hx, D] local (all heads) <-> [T, Hx/cp, D] global order (this rank's head block).
+Tensor seq_to_head(Communicator& comm, const Tensor& x, const SeqLayout& global) {
+  const std::int64_t hb = x.size(1) / comm.size(), D = x.size(2);
+  return cp2hp(comm, x.is_contiguous() ? x : x.clone(), global).view({global.total(), hb, D});
+}
+Tensor head_to_seq(Communicator& comm, const Tensor& xh, const SeqLayout& global) {
+  const std::int64_t hb = xh.size(1), D = xh.size(2);
+  return hp2cp(comm, xh, global).view({global.total() / comm.size(), hb * comm.size(), D});
+}
+}  // namespace
+
+void check_a2a_shape(const CpAttnConfig& cfg, int cp) {
+  HCP_CHECK(cfg.heads % cp == 0, "a2a attention needs attention.heads (", cfg.heads, ") divisible by cp (", cp, ")");
+}
+
+void CpAttention::init_a2a() {
+  KvHeadRanges r = kv_head_ranges(cfg_.heads, cfg_.kv_heads, cp_, rank_);
+  kv_lo_ = std::move(r.lo);
+  kv_n_ = std::move(r.n);
+  kv_map_ = std::move(r.map);
+  // Each rank's K/V heads of every token, in global order: the inner exchange of a2a+p2p with the
+  // whole group inside (one outer rank, whose DCS order at cp 1 is the global order).
+  if (cp_ > 1)
+    xkv_ = std::make_unique<HeadExchange>(comm_, kv_lo_, kv_n_, inner_to_outer_rows(cfg_.global, cp_, cp_, rank_),
+                                          cfg_.global.total());
+}
+
+void CpAttention::fwd_a2a(Tensor& o) {
+  PhaseTimes& c = fwd_ph_;
+  c.start_laps(q_.space());
+  const std::int64_t Hl = cfg_.heads / cp_;
+  qh_ = seq_to_head(comm_, q_, cfg_.global);
+  kh_ = xkv_->to_heads(k_);
+  vh_ = xkv_->to_heads(v_);
+  c.lap("comm_wait");
+  if (!kv_map_.empty()) {
+    kh_ = expand_heads(kh_, kv_map_);
+    vh_ = expand_heads(vh_, kv_map_);
+  }
+  auto p = base_params(Hl, kh_.size(1));
+  p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
+  oh_ = Tensor::zeros(qh_.shape(), q_.dtype());
+  lse_ = Tensor::zeros({cfg_.global.total(), Hl}, lse_dtype(q_));
+  k::attention_fwd(oh_, lse_, qh_, kh_, vh_, p);
+  c.lap("compute");
+  o_ = head_to_seq(comm_, oh_, cfg_.global);
+  c.lap("comm_wait");
+  o.copy_from(o_.view(o.shape()));
+}
+
+void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
+  PhaseTimes& c = bwd_ph_;
+  c.start_laps(q_.space());
+  const std::int64_t Hl = cfg_.heads / cp_, n = kv_n_[static_cast<std::size_t>(rank_)];
+  Tensor doh = seq_to_head(comm_, dout, cfg_.global);
+  c.lap("comm_wait");
+  auto p = base_params(Hl, kh_.size(1));
+  p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
+  Tensor dqh = zeros_like(qh_), dkh = zeros_like(kh_), dvh = zeros_like(vh_);
+  k::attention_bwd(dqh, dkh, dvh, qh_, kh_, vh_, oh_, lse_, doh, p);
+  if (!kv_map_.empty()) {
+    dkh = expand_heads_adjoint(dkh, kv_map_, n);
+    dvh = expand_heads_adjoint(dvh, kv_map_, n);
+  }
+  c.lap("compute");
+  Tensor dql = head_to_seq(comm_, dqh, cfg_.global);
+  Tensor dkl = xkv_->to_tokens(dkh, cfg_.kv_heads), dvl = xkv_->to_tokens(dvh, cfg_.kv_heads);
+  c.lap("comm_wait");
+  dq.copy_from(dql.view(dq.shape()));
+  dk.copy_from(dkl.view(dk.shape()));
+  dv.copy_from(dvl.view(dv.shape()));
+}
+
+// q in and o out (dout in and dq out): (cp-1)/cp of each; the K/V heads each other rank reads of
+// this rank's tokens (backward: the gradients of this rank's K/V heads of every other rank's tokens).
+std::int64_t a2a_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
+  const std::int64_t tl = local_layout(cfg.global, cp).total(), D = cfg.head_dim, q = tl * cfg.heads * D;
+  const std::vector<std::int64_t> n = kv_head_ranges(cfg.heads, cfg.kv_heads, cp, rank).n;
+  std::int64_t heads_out = 0;
+  for (int r = 0; r < cp; ++r) heads_out += r == rank ? 0 : n[static_cast<std::size_t>(r)];
+  const std::int64_t kv_part = backward ? (cp - 1) * n[static_cast<std::size_t>(rank)] : heads_out;
+  return ((cp - 1) * 2 * q / cp + 2 * tl * kv_part * D) * static_cast<std::int64_t>(dtype_size(dt));
+}
+
+}  // namespace hcp::cp

@@ -1,0 +1,145 @@
+// Attention CP by ring p2p with DualChunkSwap (CpAttention's members for it, and its byte model).
+#include <algorithm>
+#include <cmath>
+
+#include "cp/attention_bodies.hpp"
+#include "cp/attention_cp.hpp"
+#include "cp/layout.hpp"
+
+namespace hcp::cp {
+namespace k = hcp::kernels;
+
+namespace {
+// Segments of ring step i (K/V from rank j = r - i), per sequence, by the DualChunkSwap rules: the
+// diagonal block causal; K/V of an earlier rank: all queries against its first K/V half; of a later
+// rank: the second query half against all its K/V. Pads (at the end of a sequence, so a suffix of
+// every rank's rows: cp::local_real) are neither queries nor keys.
+std::vector<k::AttnSegment> ring_segments(const SeqLayout& global, const SeqLayout& local, int cp, int r, int j,
+                                          bool causal) {
+  std::vector<k::AttnSegment> segs;
+  for (std::int64_t s = 0; s < local.nseq(); ++s) {
+    const std::int64_t lo = local.cu_seqlens[s], n = local.len(s), half = n / 2;
+    const std::int64_t rq = local_real(global, s, cp, r), rk = local_real(global, s, cp, j);
+    if (!causal || j == r) {
+      keep_segment(segs, {lo, rq, lo, rk, 0, 0});  // j == r with causal: local order is increasing
+    } else if (j < r) {
+      keep_segment(segs, {lo, rq, lo, std::min(half, rk), 0, 0});  // all Q vs the first K/V chunk (c_j), no mask
+    } else {
+      keep_segment(segs, {lo + half, rq - half, lo, rk, 0, 0});  // second Q chunk vs all K/V, no mask
+    }
+  }
+  return segs;
+}
+
+}  // namespace
+
+Tensor CpAttention::ring_kv_buffer() const {
+  const std::int64_t Hkv = cfg_.kv_heads, D = cfg_.head_dim;
+  Tensor buf = Tensor::empty({2, tl_, Hkv, D}, k_.dtype());
+  buf.slice(0, 0, 1).view({tl_, Hkv, D}).copy_from(k_);
+  buf.slice(0, 1, 1).view({tl_, Hkv, D}).copy_from(v_);
+  return buf;
+}
+
+k::AttnParams CpAttention::ring_params(int i) const {
+  const int j = ((rank_ - i) % cp_ + cp_) % cp_;  // owner of the K/V held at step i
+  auto p = base_params(cfg_.heads, cfg_.kv_heads);
+  p.mask = (cfg_.causal && i == 0) ? k::Mask::Causal : k::Mask::None;
+  p.segments = ring_segments(cfg_.global, local_, cp_, rank_, j, cfg_.causal);
+  return p;
+}
+
+// Sends `send` to the next rank and receives into `recv` from the previous one, unless step i is
+// the last K/V step (a negative step always posts: the dK/dV accumulator moves after every step).
+RingRequest CpAttention::ring_post_next(Tensor& send, Tensor& recv, int i, int tag) {
+  if (i >= 0 && i + 1 >= cp_) return {};
+  return comm_.ring_post(send.raw(), recv.raw(), send.numel(), send.dtype(), (rank_ + 1) % cp_, (rank_ - 1 + cp_) % cp_,
+                         tag);
+}
+
+void CpAttention::fwd_p2p(Tensor& o) {
+  const DType dt = q_.dtype(), acc_dt = lse_dtype(q_);
+  const std::int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
+  // K and V travel together in one buffer [2, Tl, Hkv, D]; double buffered. The output is merged in
+  // fp32 for bf16 (fp64/fp32 otherwise) and rounded once at the end, as the cp=1 kernel does.
+  Tensor cur = ring_kv_buffer(), nxt = Tensor::empty(cur.shape(), dt);
+  Tensor oacc = Tensor::zeros({tl_, H, D}, acc_dt);
+  lse_ = Tensor::zeros({tl_, H}, acc_dt);
+  lse_.fill(-INFINITY);
+  Tensor op = Tensor::zeros({tl_, H, D}, dt), lp = Tensor::zeros({tl_, H}, acc_dt);
+  PhaseTimes& c = fwd_ph_;
+  c.start_laps(q_.space());
+  for (int i = 0; i < cp_; ++i) {
+    RingRequest req = ring_post_next(cur, nxt, i);
+    c.lap("");
+    const auto p = ring_params(i);
+    Tensor kb = cur.slice(0, 0, 1).view({tl_, Hkv, D}), vb = cur.slice(0, 1, 1).view({tl_, Hkv, D});
+    k::attention_fwd(op, lp, q_, kb, vb, p);
+    k::attention_merge(oacc, lse_, op, lp);
+    c.lap("compute");
+    if (req.active) {
+      comm_.ring_wait(req);
+      c.lap("comm_wait");
+      std::swap(cur, nxt);
+    }
+  }
+  o_ = acc_dt == dt ? oacc : oacc.to(dt);
+  o.copy_from(o_.view(o.shape()));
+}
+
+void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
+  const DType dt = q_.dtype(), acc_dt = lse_dtype(q_);
+  const std::int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
+  // K/V travel as in the forward. Their gradient accumulator [2, Tl, Hkv, D] (fp32 for bf16, so it
+  // is rounded once, at its owner) travels one step behind: the accumulator of the block held at
+  // step i arrives while step i computes, is waited for after it, and goes on to the next rank;
+  // after the last step it reaches the block's owner.
+  Tensor cur = ring_kv_buffer(), nxt = Tensor::empty(cur.shape(), dt);
+  Tensor acc = Tensor::zeros({2, tl_, Hkv, D}, acc_dt), acc_in = Tensor::zeros({2, tl_, Hkv, D}, acc_dt);
+  Tensor dq_acc = Tensor::zeros({tl_, H, D}, acc_dt), dq_p = Tensor::zeros({tl_, H, D}, dt);
+  Tensor dk_p = Tensor::zeros({tl_, Hkv, D}, dt), dv_p = Tensor::zeros({tl_, Hkv, D}, dt);
+  RingRequest ra;  // the accumulator in flight
+  PhaseTimes& c = bwd_ph_;
+  c.start_laps(q_.space());
+  for (int i = 0; i < cp_; ++i) {
+    RingRequest req = ring_post_next(cur, nxt, i);
+    c.lap("");
+    const auto p = ring_params(i);
+    Tensor kb = cur.slice(0, 0, 1).view({tl_, Hkv, D}), vb = cur.slice(0, 1, 1).view({tl_, Hkv, D});
+    k::attention_bwd(dq_p, dk_p, dv_p, q_, kb, vb, o_, lse_, dout, p);
+    k::axpy(dq_acc, 1.0, dq_p);
+    c.lap("compute");
+    if (ra.active) {  // this block's accumulator, from the previous rank
+      comm_.ring_wait(ra);
+      std::swap(acc, acc_in);
+      c.lap("comm_wait");
+    }
+    Tensor ak = acc.slice(0, 0, 1).view({tl_, Hkv, D}), av = acc.slice(0, 1, 1).view({tl_, Hkv, D});
+    k::axpy(ak, 1.0, dk_p);
+    k::axpy(av, 1.0, dv_p);
+    c.lap("compute");
+    ra = ring_post_next(acc, acc_in, -1, 9);  // on to the next rank (after the last step: the owner)
+    if (req.active) {
+      comm_.ring_wait(req);
+      std::swap(cur, nxt);
+      c.lap("comm_wait");
+    }
+  }
+  comm_.ring_wait(ra);
+  std::swap(acc, acc_in);
+  c.lap("comm_wait");
+  const auto out = [&](const Tensor& t) { return acc_dt == dt ? t : t.to(dt); };
+  dq.copy_from(out(dq_acc).view(dq.shape()));
+  dk.copy_from(out(acc.slice(0, 0, 1)).view(dk.shape()));
+  dv.copy_from(out(acc.slice(0, 1, 1)).view(dv.shape()));
+}
+
+// cp-1 ring steps of the local K/V; the backward adds the dK/dV accumulator's ring (fp32 for bf16).
+std::int64_t p2p_model_bytes(const CpAttnConfig& cfg, int cp, int /*rank*/, DType dt, bool backward) {
+  const std::int64_t tl = local_layout(cfg.global, cp).total(), kv = 2 * tl * cfg.kv_heads * cfg.head_dim;
+  const auto es = static_cast<std::int64_t>(dtype_size(dt));
+  const auto acc_es = static_cast<std::int64_t>(dtype_size(dt == DType::BF16 ? DType::F32 : dt));
+  return backward ? (cp - 1) * kv * es + cp * kv * acc_es : (cp - 1) * kv * es;
+}
+
+}  // namespace hcp::cp
