@@ -1,4 +1,5 @@
 #include "byte_model.hpp"
+#include "model/mamba2_strategy.hpp"
 
 #include <iomanip>
 #include <sstream>
@@ -46,7 +47,7 @@ void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, int cp, DType
 }
 
 void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayout& global, int cp, DType dt) {
-  for (const cp::MambaCpInfo& s : cp::mamba_cps()) {
+  for (const model::MambaCpInfo& s : model::mamba_cps()) {
     if (s.id == cp::MambaCp::HiddenParallel && cp > 1) {
       try {
         cp::HpShare::of(c.heads, c.groups, cp, 0);
@@ -65,7 +66,7 @@ void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayou
                      int cp, DType dt) {
   if (!docs) return add_mamba_bytes(b, c, global, cp, dt);
   if (docs->split.nseq() > 0) return add_mamba_bytes(b, c, docs->split, cp, dt);
-  for (const cp::MambaCpInfo& s : cp::mamba_cps())  // every document whole: nothing sent
+  for (const model::MambaCpInfo& s : model::mamba_cps())  // every document whole: nothing sent
     b.kinds["M"][s.name] = std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0);
 }
 

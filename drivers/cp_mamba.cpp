@@ -10,6 +10,7 @@
 #include "device.hpp"
 #include "layer_keys.hpp"
 #include "model/mamba2.hpp"
+#include "model/mamba2_strategy.hpp"
 #include "study.hpp"
 
 using namespace hcp;
@@ -50,7 +51,7 @@ DeckSchema schema() {
   drivers::add_cp_driver_keys(s, "100, 37, 250", 256, /*with_bf16=*/true);
   drivers::add_partition_keys(s);
   drivers::add_device_key(s);
-  std::vector<std::string> choices = cp::mamba_cp_names();
+  std::vector<std::string> choices = model::mamba_cp_names();
   choices.emplace_back("all");
   s.add_string("parallel.mamba_cp", "all", "Mamba CP strategy (all: each in turn)", choices)
       .rename_choice("parallel.mamba_cp", "both", "all");
@@ -80,9 +81,9 @@ Setup make_setup(const Deck& d, int cp) {
 drivers::Cases cases() {
   return {"parallel.mamba_cp",
           "all",
-          cp::mamba_cp_names(),
+          model::mamba_cp_names(),
           [](const Deck& d, Communicator& c, int cp, const std::string& n) {
-            make_setup(d, cp).make(cp::mamba_cp_from_string(n), c);
+            make_setup(d, cp).make(model::mamba_cp_from_string(n), c);
           },
           drivers::mamba_memory,
           [](const Deck& d, int cp) {
@@ -159,7 +160,7 @@ void run(DriverContext& ctx) {
   bool all_pass = true;
   for (const std::string& name : names) {
     st.begin_case(name);
-    const cp::MambaCp strat = cp::mamba_cp_from_string(name);
+    const cp::MambaCp strat = model::mamba_cp_from_string(name);
     auto layer = s.make(strat, st.comm);
     Tensor y = Tensor::zeros(hl.shape(), s.dt, st.space), dh = Tensor::zeros(hl.shape(), s.dt, st.space);
     model::ParamMap grads;

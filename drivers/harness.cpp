@@ -1,4 +1,5 @@
 #include "harness.hpp"
+#include "model/mamba2_strategy.hpp"
 
 #include <mpi.h>
 
@@ -138,7 +139,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
         if (list_strategies) {  // the strategy key's choices that are strategies of the registry ("all" aside)
           for (const std::string key : {"parallel.attention", "parallel.mamba_cp"})
             if (const DeckKey* k = spec.schema.find(key)) {
-              const auto known = key == "parallel.mamba_cp" ? cp::mamba_cp_names() : cp::attn_strategy_names();
+              const auto known = key == "parallel.mamba_cp" ? model::mamba_cp_names() : cp::attn_strategy_names();
               if (world.rank() == 0)
                 for (const auto& c : k->choices)
                   if (std::find(known.begin(), known.end(), c) != known.end()) std::cout << c << "\n";

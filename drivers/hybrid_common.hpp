@@ -12,6 +12,7 @@
 #include "io/results.hpp"
 #include "layer_keys.hpp"
 #include "model/hybrid.hpp"
+#include "model/mamba2_strategy.hpp"
 
 namespace hcp::drivers {
 
@@ -46,7 +47,7 @@ inline void add_hybrid_model_keys(DeckSchema& s, std::vector<std::string> attent
                   "model.pattern",
                   std::move(attention_choices))
       .list("parallel.attention")
-      .add_string("parallel.mamba_cp", "hidden_parallel", "Mamba CP strategy", cp::mamba_cp_names())
+      .add_string("parallel.mamba_cp", "hidden_parallel", "Mamba CP strategy", model::mamba_cp_names())
       .add_int("parallel.ep", 0,
                "expert-parallel group size: groups of ep consecutive CP ranks split the routed experts, each rank "
                "holding E/ep of them (0: the CP group; 1: every rank holds all)",
@@ -91,7 +92,7 @@ inline model::HybridConfig hybrid_config(const Deck& d, const std::string& atten
   c.vocab = d.get_int("model.vocab");
   c.hidden = d.get_int("model.hidden");
   c.mamba = mamba_from_deck(d, c.hidden);
-  c.mamba_cp = cp::mamba_cp_from_string(d.get_string("parallel.mamba_cp"));
+  c.mamba_cp = model::mamba_cp_from_string(d.get_string("parallel.mamba_cp"));
   const AttnShape a = attention_from_deck(d);
   c.attn.heads = a.heads;
   c.attn.kv_heads = a.kv_heads;

@@ -21,14 +21,6 @@ const std::vector<AttnStrategyInfo>& attn_strategies() {
   return v;
 }
 
-const std::vector<MambaCpInfo>& mamba_cps() {
-  static const std::vector<MambaCpInfo> v = {
-      {MambaCp::HiddenParallel, "hidden_parallel", "all-to-all to heads/cp heads of every token and back"},
-      {MambaCp::StatePassing, "state_passing", "local scans; conv halos and chunk states exchanged, outputs corrected"},
-  };
-  return v;
-}
-
 const AttnStrategyInfo& attn_strategy_info(AttnStrategy id) {
   for (const auto& s : attn_strategies())
     if (s.id == id) return s;
@@ -40,39 +32,21 @@ std::vector<std::string> attn_strategy_names() {
   for (const auto& s : attn_strategies()) n.emplace_back(s.name);
   return n;
 }
-std::vector<std::string> mamba_cp_names() {
-  std::vector<std::string> n;
-  for (const auto& s : mamba_cps()) n.emplace_back(s.name);
-  return n;
-}
 
-namespace {
-std::string joined(const std::vector<std::string>& v) {
+std::string choice_list(const std::vector<std::string>& v) {
   std::string s;
   for (std::size_t i = 0; i < v.size(); ++i) s += (i ? (i + 1 == v.size() ? " or " : ", ") : "") + v[i];
   return s;
 }
-}  // namespace
 
 AttnStrategy attn_strategy_from_string(const std::string& s) {
   for (const auto& r : attn_strategies())
     if (s == r.name) return r.id;
-  HCP_FAIL("unknown attention CP strategy '", s, "' (expected ", joined(attn_strategy_names()), ")");
+  HCP_FAIL("unknown attention CP strategy '", s, "' (expected ", choice_list(attn_strategy_names()), ")");
 }
 std::string to_string(AttnStrategy s) {
   for (const auto& r : attn_strategies())
     if (s == r.id) return r.name;
-  return "?";
-}
-
-MambaCp mamba_cp_from_string(const std::string& s) {
-  for (const auto& r : mamba_cps())
-    if (s == r.name) return r.id;
-  throw Error("mamba_cp '" + s + "' is not one of " + joined(mamba_cp_names()));
-}
-std::string to_string(MambaCp m) {
-  for (const auto& r : mamba_cps())
-    if (m == r.id) return r.name;
   return "?";
 }
 

@@ -8,7 +8,8 @@
 //     a2a        Ulysses: all-to-all from sequence to head shards and back (heads % cp == 0);
 //     a2a+p2p    Ulysses over the inner group (parallel.cp_inner ranks, a node), ring p2p over the
 //                outer group with heads / inner per rank (heads % inner == 0).
-//   Mamba (parallel.mamba_cp):
+//   Mamba (parallel.mamba_cp; their records, with their parts, are model::mamba_cps(),
+//   src/model/mamba2_strategy.hpp, where the layers they build live):
 //     hidden_parallel: all-to-all to every token / heads/cp heads and back (needs heads % cp == 0 and
 //                      n_groups vs cp divisibility; src/model/mamba2.hpp);
 //     state_passing:   each rank scans its own chunks from a zero state; conv halos and the chunks'
@@ -48,20 +49,14 @@ struct AttnStrategyInfo {
   std::int64_t (*model_bytes)(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
   bool two_level;  // runs over an inner and an outer group (CpLevels, parallel.cp_inner)
 };
-struct MambaCpInfo {
-  MambaCp id;
-  const char* name;
-  const char* summary;
-};
 const std::vector<AttnStrategyInfo>& attn_strategies();
-const std::vector<MambaCpInfo>& mamba_cps();
 const AttnStrategyInfo& attn_strategy_info(AttnStrategy id);
 std::vector<std::string> attn_strategy_names();  // in registry order
-std::vector<std::string> mamba_cp_names();
+
+// "a, b or c", for messages that list the choices.
+std::string choice_list(const std::vector<std::string>& names);
 
 AttnStrategy attn_strategy_from_string(const std::string& s);
 std::string to_string(AttnStrategy s);
-MambaCp mamba_cp_from_string(const std::string& s);
-std::string to_string(MambaCp m);
 
 }  // namespace hcp::cp

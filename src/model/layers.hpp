@@ -51,8 +51,7 @@ class AttentionLayer {
  public:
   // `levels`: a2a+p2p's groups, when the model shares them between its layers (CpLevels).
   AttentionLayer(Communicator& cp_comm, AttnLayerConfig cfg, SeqLayout global,
-                 std::shared_ptr<CpLevels> levels = nullptr,
-                 std::shared_ptr<const cp::DocPartition> docs = nullptr);
+                 std::shared_ptr<CpLevels> levels = nullptr, std::shared_ptr<const cp::DocPartition> docs = nullptr);
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
   const cp::CpAttention& attention() const { return attn_; }

@@ -1,5 +1,7 @@
 #include "model/mamba2.hpp"
 
+#include "model/mamba2_strategy.hpp"
+
 #include <cmath>
 
 #include "cp/hidden_parallel.hpp"
@@ -419,24 +421,42 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   in_proj_bwd(dh, grads, dzxbcdt, p);
 }
 
-std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank,
-                                  DType dt, cp::Partition part) {
+// All-to-all there and back of x, z, B, C (B, C repeated when n_groups < cp) and dt: (cp-1)/cp of each.
+std::int64_t hidden_parallel_model_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int /*rank*/, DType dt,
+                                         cp::Partition /*part*/) {
   const std::int64_t Tl = global.total() / cp, G = c.groups, es = static_cast<std::int64_t>(dtype_size(dt));
-  if (strategy == MambaCp::HiddenParallel) {
-    const std::int64_t rep = G < cp ? cp / G : 1;
-    const std::int64_t per_tok = 2 * c.d_inner() + 2 * G * rep * c.d_state + c.heads;
-    return 2 * (cp - 1) * Tl * per_tok / cp * es;
-  }
+  const std::int64_t rep = G < cp ? cp / G : 1;
+  const std::int64_t per_tok = 2 * c.d_inner() + 2 * G * rep * c.d_state + c.heads;
+  return 2 * (cp - 1) * Tl * per_tok / cp * es;
+}
+
+// The chunks' final states by the state scan, and the conv halo rows.
+std::int64_t state_passing_model_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
+                                       cp::Partition part) {
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt));
   const auto ss = static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(dt)));
   const std::int64_t halo = cp::model_halo_rows_sent(global, cp, part, c.conv - 1, rank) * c.conv_dim() * es;
   return cp::model_state_elements_sent(global, cp, rank, part, c.state_exchange, c.heads, c.head_dim * c.d_state) * ss +
          halo;
 }
 
+std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank,
+                                  DType dt, cp::Partition part) {
+  return mamba_cp_info(strategy).model_bytes(c, global, cp, rank, dt, part);
+}
+
+std::unique_ptr<Mamba2Layer> make_hidden_parallel(Communicator& comm, Mamba2Config cfg, SeqLayout global,
+                                                  cp::Partition part) {
+  return std::make_unique<Mamba2HP>(comm, cfg, std::move(global), part);
+}
+std::unique_ptr<Mamba2Layer> make_state_passing(Communicator& comm, Mamba2Config cfg, SeqLayout global,
+                                                cp::Partition part) {
+  return std::make_unique<Mamba2SP>(comm, cfg, std::move(global), part);
+}
+
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& comm, Mamba2Config cfg, SeqLayout global,
                                          cp::Partition part) {
-  if (strategy == MambaCp::HiddenParallel) return std::make_unique<Mamba2HP>(comm, cfg, std::move(global), part);
-  return std::make_unique<Mamba2SP>(comm, cfg, std::move(global), part);
+  return mamba_cp_info(strategy).make(comm, std::move(cfg), std::move(global), part);
 }
 
 }  // namespace hcp::model

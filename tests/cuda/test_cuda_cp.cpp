@@ -19,6 +19,7 @@
 #include "kernels/cuda/runtime.hpp"
 #include "model/hybrid.hpp"
 #include "model/mamba2.hpp"
+#include "model/mamba2_strategy.hpp"
 #include "unit/fd.hpp"
 
 using namespace hcp;
@@ -183,7 +184,7 @@ void mamba_device_equals_host(model::MambaCp strategy, const model::Mamba2Config
       Tensor Y = Tensor::zeros(hl.shape(), dt, Space::Cuda), DH = Tensor::zeros(hl.shape(), dt, Space::Cuda);
       dev->forward(Y, hl.to(Space::Cuda), P);
       dev->backward(DH, gd, dyl.to(Space::Cuda), P);
-      const std::string tag = cp::to_string(strategy) + " " + f;
+      const std::string tag = model::to_string(strategy) + " " + f;
       if (dt != DType::BF16) {
         expect_match(Y, y, dt, "y " + tag);
         expect_match(DH, dh, dt, "dh " + tag);
@@ -287,7 +288,7 @@ TEST(GpuHybrid, DeviceEqualsHost) {
       const auto rd = dev.step(P, local(b.tokens), local(b.labels), gd);
       cuda::synchronize();
       const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      const std::string tag = cp::to_string(strat) + " " + cp::to_string(mcp);
+      const std::string tag = cp::to_string(strat) + " " + model::to_string(mcp);
       // Block phases by CUDA events: every block kind and the head timed, together within the step.
       double blocks = 0;
       for (const char* ph :

@@ -9,6 +9,7 @@
 
 #include "comm/communicator.hpp"
 #include "model/mamba2.hpp"
+#include "model/mamba2_strategy.hpp"
 
 namespace hcp::test {
 
@@ -32,8 +33,8 @@ inline void expect_mamba_bytes(const Communicator& comm, cp::MambaCp strategy, c
     want_allreduce += cp > 1 ? 2 * t.numel() * (cp - 1) / cp * es : 0;
   }
   EXPECT_EQ(exchange, model::mamba_cp_model_bytes(strategy, c, g, cp, r, dt, part))
-      << cp::to_string(strategy) << " exchange, rank " << r << " of " << cp;
-  EXPECT_EQ(allreduce, want_allreduce) << cp::to_string(strategy) << " parameter all-reduce, rank " << r;
+      << model::to_string(strategy) << " exchange, rank " << r << " of " << cp;
+  EXPECT_EQ(allreduce, want_allreduce) << model::to_string(strategy) << " parameter all-reduce, rank " << r;
 }
 
 }  // namespace hcp::test

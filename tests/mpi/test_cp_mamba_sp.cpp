@@ -11,6 +11,7 @@
 #include "cp/layout.hpp"
 #include "cp/state_passing.hpp"
 #include "model/mamba2.hpp"
+#include "model/mamba2_strategy.hpp"
 #include "mpi/comm_bytes.hpp"
 #include "unit/fd.hpp"
 
@@ -230,8 +231,8 @@ TEST(MambaSpErrors, LayoutRules) {
               Mamba2SP m(world, small(6, 4), SeqLayout::bshd(1, 8 * cp));
             }).find("mamba.n_groups (4) must divide mamba.heads (6)"),
             std::string::npos);
-  EXPECT_EQ(cp::mamba_cp_from_string("state_passing"), MambaCp::StatePassing);
-  EXPECT_NE(test::error_of([] { cp::mamba_cp_from_string("ring"); }).find("not one of"), std::string::npos);
+  EXPECT_EQ(model::mamba_cp_from_string("state_passing"), MambaCp::StatePassing);
+  EXPECT_NE(test::error_of([] { model::mamba_cp_from_string("ring"); }).find("not one of"), std::string::npos);
 }
 
 // bf16 state passing: the per-head parameter gradients (A_log, D, dt_bias) are sums over many pieces

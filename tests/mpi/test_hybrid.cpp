@@ -9,6 +9,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "cp/layout.hpp"
 #include "model/hybrid.hpp"
+#include "model/mamba2_strategy.hpp"
 #include "unit/fd.hpp"
 
 using namespace hcp;
