@@ -23,13 +23,15 @@ ctest --test-dir "$build" -R "test_cuda_(comm|cp)" --output-on-failure > "$out/c
   && grep -E "tests passed|Total Test" "$out/ctest.log" || { tail -60 "$out/ctest.log"; echo "FAIL: GPU tests"; rc=1; }
 mpirun -n 2 "$build/drivers/train_hybrid" --set run.device=cuda --set train.steps=12 --out "$out/train_np2.h5" \
   > "$out/train_np2.txt" 2>&1 && tail -2 "$out/train_np2.txt" || { tail -20 "$out/train_np2.txt"; echo "FAIL: train_hybrid np 2"; rc=1; }
+strategies=$("$build/drivers/cp_hybrid" --list-strategies | tr "\n" " ")  # the attention strategies, as rows name them
 hyb=("$build/drivers/cp_hybrid" --deck inputs/hybrid_nano_blocks.toml --set run.device=cuda --set data.seqlen="$len"
      --set parallel.attention=all --set run.save=timings,memory)
 step() {  # name np extra...: one run; prints "name np strategy step_ms" rows into $out/steps.txt
   local name="$1" np="$2"
   shift 2
   if mpirun -n "$np" "${hyb[@]}" "$@" --out "$out/${name}_np$np.h5" > "$out/${name}_np$np.txt" 2>&1; then
-    awk -v n="$name" -v p="$np" '$1 ~ /^(p2p|allgather|a2a|a2a\+p2p)$/ {print n, p, $1, $3}' "$out/${name}_np$np.txt" >> "$out/steps.txt"
+    awk -v n="$name" -v p="$np" -v names="$strategies" 'BEGIN {split(names, a, " "); for (i in a) known[a[i]] = 1}
+      ($1 in known) {print n, p, $1, $3}' "$out/${name}_np$np.txt" >> "$out/steps.txt"
   else
     tail -20 "$out/${name}_np$np.txt"
     echo "FAIL: $name np $np"
