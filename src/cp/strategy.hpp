@@ -1,7 +1,7 @@
-// The CP strategies of the two sequence-mixing layers, one record each: the deck name, what it is,
-// and what shapes it needs; an attention strategy's record also holds its parts (shape rule, set-up,
-// forward and backward bodies, byte model), which CpAttention dispatches to. Deck choices, `all`,
-// the drivers' --list-strategies, their BYTES lines and the planner read these lists.
+// The CP strategies of the two sequence-mixing layers, and the attention strategies' records: each
+// names the deck choice, says what it is, and holds its parts (shape rule, set-up, forward and
+// backward bodies, byte model), which CpAttention dispatches to. Deck choices, `all`, the drivers'
+// --list-strategies, their BYTES lines and the planner read these lists.
 //   Attention (parallel.attention; src/cp/attention_cp.hpp):
 //     p2p        ring of K/V with DualChunkSwap;
 //     allgather  all-gather of K/V, reduce-scatter of dK/dV;
