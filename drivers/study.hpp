@@ -6,7 +6,8 @@
 // table, /config, the run header, the table and RESULT. A driver declares its reference run, its
 // cases, the tensors it compares and its byte model.
 //
-// Study's members are defined in study.cpp (the loop, the checks, /config and the verdict),
+// Study's members are defined in study.cpp (the loop, the byte checks, /config and the verdict),
+// study_results.cpp (comparisons with the reference, results and inputs in the file),
 // study_placement.cpp (per-document placements), study_memory.cpp (memory per case) and
 // study_cross_check.cpp (run.check = "cross" and run.plant_fault).
 #pragma once
