@@ -108,6 +108,7 @@ class CpAttention {
   // Ring p2p pieces shared by forward and backward: the [2, Tl, Hkv, D] K-then-V buffer that
   // travels, the attention parameters of step i, and posting the send/receive of the next block.
   Tensor ring_kv_buffer() const;
+  Tensor ring_half(const Tensor& buf, int j) const;  // K (j = 0) or V (1) of such a buffer, [Tl, Hkv, D]
   kernels::AttnParams ring_params(int step) const;
   RingRequest ring_post_next(Tensor& send, Tensor& recv, int step, int tag = 7);
 

@@ -33,11 +33,15 @@ std::vector<k::AttnSegment> ring_segments(const SeqLayout& global, const SeqLayo
 
 }  // namespace
 
+Tensor CpAttention::ring_half(const Tensor& buf, int j) const {
+  return buf.slice(0, j, 1).view({tl_, cfg_.kv_heads, cfg_.head_dim});
+}
+
 Tensor CpAttention::ring_kv_buffer() const {
   const std::int64_t Hkv = cfg_.kv_heads, D = cfg_.head_dim;
   Tensor buf = Tensor::empty({2, tl_, Hkv, D}, k_.dtype());
-  buf.slice(0, 0, 1).view({tl_, Hkv, D}).copy_from(k_);
-  buf.slice(0, 1, 1).view({tl_, Hkv, D}).copy_from(v_);
+  ring_half(buf, 0).copy_from(k_);
+  ring_half(buf, 1).copy_from(v_);
   return buf;
 }
 
@@ -59,7 +63,7 @@ RingRequest CpAttention::ring_post_next(Tensor& send, Tensor& recv, int i, int t
 
 void CpAttention::fwd_p2p(Tensor& o) {
   const DType dt = q_.dtype(), acc_dt = lse_dtype(q_);
-  const std::int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
+  const std::int64_t H = cfg_.heads, D = cfg_.head_dim;
   // K and V travel together in one buffer [2, Tl, Hkv, D]; double buffered. The output is merged in
   // fp32 for bf16 (fp64/fp32 otherwise) and rounded once at the end, as the cp=1 kernel does.
   Tensor cur = ring_kv_buffer(), nxt = Tensor::empty(cur.shape(), dt);
@@ -73,7 +77,7 @@ void CpAttention::fwd_p2p(Tensor& o) {
     RingRequest req = ring_post_next(cur, nxt, i);
     c.lap("");
     const auto p = ring_params(i);
-    Tensor kb = cur.slice(0, 0, 1).view({tl_, Hkv, D}), vb = cur.slice(0, 1, 1).view({tl_, Hkv, D});
+    Tensor kb = ring_half(cur, 0), vb = ring_half(cur, 1);
     k::attention_fwd(op, lp, q_, kb, vb, p);
     k::attention_merge(oacc, lse_, op, lp);
     c.lap("compute");
@@ -105,7 +109,7 @@ void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
     RingRequest req = ring_post_next(cur, nxt, i);
     c.lap("");
     const auto p = ring_params(i);
-    Tensor kb = cur.slice(0, 0, 1).view({tl_, Hkv, D}), vb = cur.slice(0, 1, 1).view({tl_, Hkv, D});
+    Tensor kb = ring_half(cur, 0), vb = ring_half(cur, 1);
     k::attention_bwd(dq_p, dk_p, dv_p, q_, kb, vb, o_, lse_, dout, p);
     k::axpy(dq_acc, 1.0, dq_p);
     c.lap("compute");
@@ -114,7 +118,7 @@ void CpAttention::bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout
       std::swap(acc, acc_in);
       c.lap("comm_wait");
     }
-    Tensor ak = acc.slice(0, 0, 1).view({tl_, Hkv, D}), av = acc.slice(0, 1, 1).view({tl_, Hkv, D});
+    Tensor ak = ring_half(acc, 0), av = ring_half(acc, 1);
     k::axpy(ak, 1.0, dk_p);
     k::axpy(av, 1.0, dv_p);
     c.lap("compute");
