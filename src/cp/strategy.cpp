@@ -33,6 +33,12 @@ std::vector<std::string> attn_strategy_names() {
   return n;
 }
 
+std::vector<AttnStrategy> attn_strategy_ids() {
+  std::vector<AttnStrategy> v;
+  for (const auto& s : attn_strategies()) v.push_back(s.id);
+  return v;
+}
+
 std::string choice_list(const std::vector<std::string>& v) {
   std::string s;
   for (std::size_t i = 0; i < v.size(); ++i) s += (i ? (i + 1 == v.size() ? " or " : ", ") : "") + v[i];

@@ -52,6 +52,7 @@ struct AttnStrategyInfo {
 const std::vector<AttnStrategyInfo>& attn_strategies();
 const AttnStrategyInfo& attn_strategy_info(AttnStrategy id);
 std::vector<std::string> attn_strategy_names();  // in registry order
+std::vector<AttnStrategy> attn_strategy_ids();
 
 // "a, b or c", for messages that list the choices.
 std::string choice_list(const std::vector<std::string>& names);

@@ -26,6 +26,12 @@ std::vector<std::string> mamba_cp_names() {
   return n;
 }
 
+std::vector<MambaCp> mamba_cp_ids() {
+  std::vector<MambaCp> v;
+  for (const auto& s : mamba_cps()) v.push_back(s.id);
+  return v;
+}
+
 MambaCp mamba_cp_from_string(const std::string& s) {
   for (const auto& r : mamba_cps())
     if (s == r.name) return r.id;

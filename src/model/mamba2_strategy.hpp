@@ -24,6 +24,7 @@ struct MambaCpInfo {
 const std::vector<MambaCpInfo>& mamba_cps();
 const MambaCpInfo& mamba_cp_info(MambaCp id);
 std::vector<std::string> mamba_cp_names();  // in registry order
+std::vector<MambaCp> mamba_cp_ids();
 MambaCp mamba_cp_from_string(const std::string& s);
 std::string to_string(MambaCp m);
 

@@ -81,15 +81,8 @@ TEST_P(GpuAttentionCp, DeviceEqualsHost) {
   expect_match(cp::dcs_gather(world, O, c.global), cp::dcs_gather(world, o, c.global), dt, "gathered o " + tag);
 }
 
-// Every attention strategy of the registry.
-static std::vector<cp::AttnStrategy> registered_attention() {
-  std::vector<cp::AttnStrategy> v;
-  for (const auto& r : cp::attn_strategies()) v.push_back(r.id);
-  return v;
-}
-
 INSTANTIATE_TEST_SUITE_P(Grid, GpuAttentionCp,
-                         ::testing::Combine(::testing::ValuesIn(registered_attention()),
+                         ::testing::Combine(::testing::ValuesIn(cp::attn_strategy_ids()),
                                             ::testing::Values("bshd", "thdpacked"),
                                             ::testing::Values(DType::F64, DType::F32)),
                          [](const auto& info) {

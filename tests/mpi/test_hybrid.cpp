@@ -140,21 +140,10 @@ TEST(HybridEp, EverySizeMatchesCp1AndHoldsItsShare) {
   }
 }
 
-// Every registered attention and Mamba CP strategy.
-static std::vector<cp::AttnStrategy> attention_ids() {
-  std::vector<cp::AttnStrategy> v;
-  for (const auto& r : cp::attn_strategies()) v.push_back(r.id);
-  return v;
-}
-static std::vector<MambaCp> mamba_ids() {
-  std::vector<MambaCp> v;
-  for (const auto& r : mamba_cps()) v.push_back(r.id);
-  return v;
-}
-
 INSTANTIATE_TEST_SUITE_P(Grid, Hybrid,
                          ::testing::Combine(::testing::Values("bshd", "thd1", "thdpacked"),
-                                            ::testing::ValuesIn(attention_ids()), ::testing::ValuesIn(mamba_ids())),
+                                            ::testing::ValuesIn(cp::attn_strategy_ids()),
+                                            ::testing::ValuesIn(mamba_cp_ids())),
                          [](const auto& info) {
                            std::string s = cp::to_string(std::get<1>(info.param));
                            std::replace(s.begin(), s.end(), '+', '_');
