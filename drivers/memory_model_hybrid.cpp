@@ -7,16 +7,17 @@
 #include "cp/strategy.hpp"
 #include "hybrid_common.hpp"
 #include "memory_model.hpp"
+#include "model/mamba2_strategy.hpp"
 
 namespace hcp::drivers {
 
 namespace {
 // The hybrid stack's state-passing states: each Mamba2 layer's saved rows, one layer's work rows.
 void add_state_passing(MemoryModel& m, const Deck& d, const model::HybridConfig& h, int cp, std::int64_t seqs) {
-  if (h.mamba_cp != model::MambaCp::StatePassing) return;
+  const model::MambaCpInfo& strat = model::mamba_cp_info(h.mamba_cp);
   const auto layers = static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), 'M'));
-  if (layers == 0) return;
-  const StateRows r = state_passing_rows(h.mamba, cp, seqs);
+  if (!strat.state_rows || layers == 0) return;
+  const model::StateRows r = strat.state_rows(h.mamba, cp, seqs);
   m.add("state passing states", {m.sum(m.mul(layers, r.saved), r.work), r.row}, state_bytes(d));
 }
 
@@ -37,12 +38,12 @@ std::int64_t hybrid_kernel_elements(const MemoryModel& m, const model::HybridCon
   for (char k : h.pattern) {
     if (k == 'M') {
       big = std::max(big, m.sum(m.mul(2 * mc.d_in_proj(), C), m.mul(tl, mc.d_in_proj() + 2 * C)));
-      big = std::max(big,
-                     m.mul(tl, 4 * mc.d_inner() + 4 * mc.groups * mc.d_state * hp_group_repeat(mc, cp) + 4 * mc.heads));
+      big =
+          std::max(big, m.mul(tl, 4 * mc.d_inner() + 4 * mc.groups * mc.d_state * mc.group_repeat(cp) + 4 * mc.heads));
     } else if (k == '*') {
       const auto& a = h.attn;
-      const std::string strategy = cp::to_string(h.attention_layer(n_attn++).strategy);
-      big = std::max(big, attention_kernel_elements(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, a.cp_inner));
+      const cp::AttnMemShape s{cp, tl, a.heads, a.kv_heads, a.head_dim, 0, a.cp_inner};
+      big = std::max(big, cp::attention_kernel_elements(m, h.attention_layer(n_attn++).strategy, s));
     } else if (k == 'E') {
       const std::int64_t F1 = e.act == kernels::Activation::SwiGLU ? 2 * e.ffn : e.ffn;
       big = std::max(big, m.sum(m.mul(2, experts), m.mul(m.mul(tl, e.topk), 3 * C + F1)));
@@ -61,13 +62,9 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int e
   const auto& mc = h.mamba;
   const auto& a = h.attn;
   const auto& e = h.moe;
-  const std::string mstrat = h.mamba_cp == model::MambaCp::StatePassing ? "state_passing" : "hidden_parallel";
-  // Mamba2, hidden parallel: z, the conv input and output (x, B, C), y and dt; state passing:
-  // zxbcdt (its halo and dt are read from it), the conv input and output, y, and the gate and norm
-  // terms (the norm's output, computed again in the backward, counted as kept).
-  const std::int64_t m_saved = h.mamba_cp == model::MambaCp::StatePassing
-                                   ? mc.d_in_proj() + mc.conv_dim() + 4 * mc.d_inner() + 8
-                                   : 2 * mc.d_inner() + 2 * mc.conv_dim() + mc.heads + 8;
+  // Mamba2: what its strategy's mixer keeps (model::MambaCpInfo).
+  const model::MambaCpInfo& mstrat = model::mamba_cp_info(h.mamba_cp);
+  const std::int64_t m_saved = mstrat.saved_per_token(mc);
   // Attention: q, k, v (after the projections), the output before and after Wo, the LSE.
   const std::int64_t a_saved = 3 * a.heads * a.head_dim + 2 * a.kv_heads * a.head_dim + a.heads;
   // MoE: per chosen expert the token copy and the expert's hidden activations, the shared expert,
@@ -84,13 +81,13 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int e
     std::int64_t s = 0, w = 0, wb = 0;
     if (k == 'M') {
       s = m_saved;
-      w = mamba_work_per_token(mc, mstrat, cp) - m_saved + 2 * C;
+      w = mstrat.work_per_token(mc, cp) - m_saved + 2 * C;
     } else if (k == '*') {
       s = a_saved;
       // the projections' gradients beside the CP attention's own buffers
       w = (a.heads + 2 * a.kv_heads) * a.head_dim + 2 * C;
-      const std::string strategy = cp::to_string(h.attention_layer(n_attn++).strategy);
-      wb = attention_work_bytes(m, strategy, cp, tl, a.heads, a.kv_heads, a.head_dim, es, a.cp_inner);
+      const cp::AttnMemShape as{cp, tl, a.heads, a.kv_heads, a.head_dim, es, a.cp_inner};
+      wb = cp::attention_work_bytes(m, h.attention_layer(n_attn++).strategy, as);
     } else if (k == 'E') {
       s = e_saved;
       // the expert inputs' gradients; with ep > 1 the dispatched copies and their receive buffers

@@ -3,18 +3,25 @@
 #include <algorithm>
 
 #include "common.hpp"
+#include "cp/strategy.hpp"
 #include "layer_keys.hpp"
 #include "memory_model.hpp"
+#include "model/mamba2_strategy.hpp"
 
 namespace hcp::drivers {
 
 MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy) {
   MemoryModel m("data.seqlen/data.batch/data.seq_lens, attention.heads, attention.kv_heads, attention.head_dim");
+  const cp::AttnStrategy id = cp::attn_strategy_from_string(strategy);
   const std::int64_t H = d.get_int("attention.heads"), Hkv = d.get_int("attention.kv_heads"),
                      D = d.get_int("attention.head_dim");
   const std::int64_t es = dtype_bytes(d);
+  // the strategy's terms at `ranks` ranks on `tl` local tokens
+  auto shape = [&](int ranks, std::int64_t tl) {
+    return cp::AttnMemShape{ranks, tl, H, Hkv, D, es, ranks > 1 ? cp_inner_of(d, cp) : 1};
+  };
   std::int64_t tl = padded_tokens(d, cp, m) / cp, gathered = m.mul(tl, cp);
-  std::int64_t work = attention_work_bytes(m, strategy, cp, tl, H, Hkv, D, es, cp_inner_of(d, cp));
+  std::int64_t work = cp::attention_work_bytes(m, id, shape(cp, tl));
   if (const auto docs = doc_partition(d, cp, attention_doc_cost(d.get_bool("attention.causal")))) {
     // the rank with the most: its saved output and LSE and the backward's dQ/dK/dV over all its
     // rows, and the split documents' own strategy on its chunks of them
@@ -24,26 +31,22 @@ MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy)
     for (int r = 0; r < cp; ++r) {
       const std::int64_t n = docs->local_rows(r);
       const std::int64_t own =
-          m.sum(attention_work_bytes(m, strategy, 1, n, H, Hkv, D, es), m.mul(m.mul(n, (H + 2 * Hkv) * D), es));
-      work = std::max(
-          work, m.sum(own, S > 0 && cp > 1 ? attention_work_bytes(m, strategy, cp, S, H, Hkv, D, es, cp_inner_of(d, cp))
-                                           : 0));
+          m.sum(cp::attention_work_bytes(m, id, shape(1, n)), m.mul(m.mul(n, (H + 2 * Hkv) * D), es));
+      work = std::max(work, m.sum(own, S > 0 && cp > 1 ? cp::attention_work_bytes(m, id, shape(cp, S)) : 0));
     }
     gathered = m.mul(tl, cp);
   }
   // q, dout, o, dq and k, v, dk, dv of this rank's tokens
   m.add("inputs and outputs", {tl, 4 * (H + Hkv) * D}, es);
   m.add("step buffers", {work});
-  if (host_bf16(d))
-    m.add("fp32 kernel operands (host bf16)",
-          {attention_kernel_elements(m, strategy, cp, tl, H, Hkv, D, cp_inner_of(d, cp))}, 4);
+  if (host_bf16(d)) m.add("fp32 kernel operands (host bf16)", {cp::attention_kernel_elements(m, id, shape(cp, tl))}, 4);
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m);
     if (host_bf16(d))
-      m.add("cp=1 reference step", {attention_kernel_elements(m, strategy, 1, T, H, Hkv, D)}, 4, Holder::Rank0Before);
+      m.add("cp=1 reference step", {cp::attention_kernel_elements(m, id, shape(1, T))}, 4, Holder::Rank0Before);
     // the unpadded inputs (q, k, v, dout), the results, its saved output and LSE
     m.add("cp=1 reference step", {T, 4 * (H + Hkv) * D}, es, Holder::Rank0Before);
-    m.add("cp=1 reference step", {attention_work_bytes(m, strategy, 1, T, H, Hkv, D, es)}, 1, Holder::Rank0Before);
+    m.add("cp=1 reference step", {cp::attention_work_bytes(m, id, shape(1, T))}, 1, Holder::Rank0Before);
     m.add("cp=1 reference results", {T, 2 * (H + Hkv) * D}, es, Holder::Rank0Kept);
     // one result gathered in global order and its real rows, on every rank
     m.add("gathered results (check)", {gathered + T, H * D}, es);
@@ -57,6 +60,7 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
   MemoryModel m(
       "data.seqlen/data.batch/data.seq_lens, mamba.hidden, mamba.heads, mamba.head_dim, mamba.n_groups, mamba.d_state");
   const model::Mamba2Config c = mamba_from_deck(d, d.get_int("mamba.hidden"));
+  const model::MambaCpInfo& strat = model::mamba_cp_info(model::mamba_cp_from_string(strategy));
   const std::int64_t es = dtype_bytes(d), P = mamba_param_count(c);
   std::int64_t tl = padded_tokens(d, cp, m) / cp;
   const auto docs = doc_partition(d, cp, token_doc_cost());
@@ -70,20 +74,19 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
   if (docs) {  // the whole documents as a cp = 1 layer beside the split ones' strategy
     std::int64_t most = 0;
     for (int r = 0; r < cp; ++r)
-      most = std::max(most, m.sum(m.mul(docs->whole_rows(r), mamba_work_per_token(c, strategy, 1)),
-                                  m.mul(docs->split_local(), mamba_work_per_token(c, strategy, cp))));
+      most = std::max(most, m.sum(m.mul(docs->whole_rows(r), strat.work_per_token(c, 1)),
+                                  m.mul(docs->split_local(), strat.work_per_token(c, cp))));
     m.add("step buffers", {most}, es);
   } else {
-    m.add("step buffers", {tl, mamba_work_per_token(c, strategy, cp)}, es);
+    m.add("step buffers", {tl, strat.work_per_token(c, cp)}, es);
   }
-  if (strategy == "state_passing" && (!docs || docs->split.nseq() > 0)) {
-    const StateRows r = state_passing_rows(c, cp, docs ? docs->split.nseq() : sequences(d));
+  if (strat.state_rows && (!docs || docs->split.nseq() > 0)) {
+    const model::StateRows r = strat.state_rows(c, cp, docs ? docs->split.nseq() : sequences(d));
     m.add("state passing states", {r.saved + r.work, r.row}, state_bytes(d));
   }
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);
-    m.add("cp=1 reference step", {T, 4 * c.hidden + mamba_work_per_token(c, "hidden_parallel", 1)}, es,
-          Holder::Rank0Before);
+    m.add("cp=1 reference step", {T, 4 * c.hidden + model::mamba_local_work_per_token(c)}, es, Holder::Rank0Before);
     m.add("cp=1 reference step", {3, P}, es, Holder::Rank0Before);
     m.add("cp=1 reference results", {T, 2 * c.hidden}, es, Holder::Rank0Kept);
     m.add("cp=1 reference results", {P}, es, Holder::Rank0Kept);

@@ -1,5 +1,8 @@
 // Attention CP by Ulysses all-to-all: sequence shards to head shards and back (CpAttention's members
 // for it, its shape rule and its byte model).
+#include <algorithm>
+
+#include "core/memory_model.hpp"
 #include "cp/attention_bodies.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/layout.hpp"
@@ -90,6 +93,26 @@ std::int64_t a2a_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt
   for (int r = 0; r < cp; ++r) heads_out += r == rank ? 0 : n[static_cast<std::size_t>(r)];
   const std::int64_t kv_part = backward ? (cp - 1) * n[static_cast<std::size_t>(rank)] : heads_out;
   return ((cp - 1) * 2 * q / cp + 2 * tl * kv_part * D) * static_cast<std::int64_t>(dtype_size(dt));
+}
+
+// Memory: Q, O, dO, dQ in head layout (each the size of Q) with the all-to-all send/receive buffers
+// of the largest of them, and the K/V heads this rank reads (and their gradients) over the whole
+// sequence: n heads of cp x tl tokens.
+std::int64_t a2a_work_bytes(const MemoryModel& m, const AttnMemShape& s) {
+  const std::int64_t Q = m.mul(m.mul(s.tl, s.heads * s.head_dim), s.es);
+  const std::int64_t lse = m.mul(s.tl, s.heads * (s.es == 2 ? 4 : s.es));
+  const std::int64_t hl = std::max<std::int64_t>(s.heads / s.cp, 1),
+                     g = std::max<std::int64_t>(s.heads / std::max<std::int64_t>(s.kv_heads, 1), 1);
+  std::int64_t n = 1;
+  for (std::int64_t r = 0; r < s.cp; ++r) n = std::max(n, ((r + 1) * hl - 1) / g + 1 - r * hl / g);
+  const std::int64_t KH = m.mul(m.mul(m.mul(s.tl, s.cp), n * s.head_dim), s.es);
+  return m.sum(m.sum(m.mul(8, Q), m.mul(4, KH)), lse);
+}
+
+// The kernels read about kv_heads / cp + 1 K/V heads of every token.
+std::int64_t a2a_kernel_elements(const MemoryModel& m, const AttnMemShape& s) {
+  return m.sum(m.mul(m.mul(4, s.tl), s.heads * s.head_dim),
+               m.mul(m.mul(4, m.mul(s.tl, s.cp)), s.head_dim * std::max<std::int64_t>(1, s.kv_heads / s.cp + 1)));
 }
 
 }  // namespace hcp::cp

@@ -1,5 +1,8 @@
 // Attention CP over two levels, a2a+p2p (CpAttention's members for it): Ulysses over the inner
 // group, the p2p ring over the outer group.
+#include <algorithm>
+
+#include "core/memory_model.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/layout.hpp"
 
@@ -124,6 +127,48 @@ std::int64_t a2a_p2p_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DTyp
   const std::int64_t a2a =
       (2 * tl * (H - H / inner) * D + 2 * tl * kv_part * D) * static_cast<std::int64_t>(dtype_size(dt));
   return a2a + a2a_p2p_ring_bytes(cfg, cp, rank, dt, backward);
+}
+
+std::int64_t a2a_p2p_ring_kv_heads(std::int64_t heads, std::int64_t kv_heads, int inner) {
+  const std::int64_t hl = std::max<std::int64_t>(heads / inner, 1);
+  std::int64_t kvr = 1;
+  for (int j = 0; j < inner; ++j) {
+    const KvHeadRanges r = kv_head_ranges(heads, kv_heads, inner, j);
+    kvr = std::max(kvr, r.map.empty() ? r.n[static_cast<std::size_t>(j)] : hl);
+  }
+  return kvr;
+}
+
+namespace {
+// The ring's sizes: cp / inner ranks of inner x tl tokens, heads / inner query heads, their K/V heads.
+AttnMemShape ring_shape(const MemoryModel& m, const AttnMemShape& s, int inner) {
+  AttnMemShape r = s;
+  r.cp = s.cp / inner;
+  r.tl = m.mul(s.tl, inner);
+  r.heads = std::max<std::int64_t>(s.heads / inner, 1);
+  r.kv_heads = a2a_p2p_ring_kv_heads(s.heads, s.kv_heads, inner);
+  r.inner = 1;
+  return r;
+}
+}  // namespace
+
+// Memory: the inner exchange's q, o, dout, dq in head layout (each the size of Q) with the
+// all-to-all buffers of the largest, the ring's K/V heads and their gradients (inner x tl tokens),
+// the exchanges' results back in token layout; then the ring's own buffers on those tensors.
+std::int64_t a2a_p2p_work_bytes(const MemoryModel& m, const AttnMemShape& s) {
+  const int inner = std::max(s.inner, 1);
+  const AttnMemShape r = ring_shape(m, s, inner);
+  const std::int64_t Q = m.mul(m.mul(s.tl, s.heads * s.head_dim), s.es),
+                     KV = m.mul(m.mul(s.tl, s.kv_heads * s.head_dim), s.es);
+  const std::int64_t KH = m.mul(m.mul(r.tl, r.kv_heads * s.head_dim), s.es);
+  const std::int64_t own = m.sum(m.sum(m.mul(8, Q), m.mul(4, KH)), 2 * KV);
+  return m.sum(own, attention_work_bytes(m, AttnStrategy::P2P, r));
+}
+
+// The ring's kernels on inner x tl tokens: heads / inner query heads and their K/V heads.
+std::int64_t a2a_p2p_kernel_elements(const MemoryModel& m, const AttnMemShape& s) {
+  const AttnMemShape r = ring_shape(m, s, std::max(s.inner, 1));
+  return m.sum(m.mul(m.mul(4, s.tl), s.heads * s.head_dim), m.mul(m.mul(4, r.tl), r.kv_heads * s.head_dim));
 }
 
 }  // namespace hcp::cp

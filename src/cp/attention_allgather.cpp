@@ -2,6 +2,7 @@
 // its byte model).
 #include <algorithm>
 
+#include "core/memory_model.hpp"
 #include "cp/attention_bodies.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/layout.hpp"
@@ -64,6 +65,21 @@ void CpAttention::bwd_allgather(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor
 std::int64_t allgather_model_bytes(const CpAttnConfig& cfg, int cp, int /*rank*/, DType dt, bool /*backward*/) {
   const std::int64_t tl = local_layout(cfg.global, cp).total();
   return (cp - 1) * 2 * tl * cfg.kv_heads * cfg.head_dim * static_cast<std::int64_t>(dtype_size(dt));
+}
+
+// Memory: the saved o and LSE, dQ; the global K/V, their gradients and the rank-major copies for the
+// reduce-scatter (each cp times this rank's K/V), this rank's dK/dV.
+std::int64_t allgather_work_bytes(const MemoryModel& m, const AttnMemShape& s) {
+  const std::int64_t Q = m.mul(m.mul(s.tl, s.heads * s.head_dim), s.es),
+                     KV = m.mul(m.mul(s.tl, s.kv_heads * s.head_dim), s.es);
+  const std::int64_t lse = m.mul(s.tl, s.heads * (s.es == 2 ? 4 : s.es));
+  return m.sum(m.sum(2 * Q, m.mul(6 * s.cp, KV)), 2 * KV + lse);
+}
+
+// The kernels read the gathered K/V: cp x tl tokens.
+std::int64_t allgather_kernel_elements(const MemoryModel& m, const AttnMemShape& s) {
+  return m.sum(m.mul(m.mul(4, s.tl), s.heads * s.head_dim),
+               m.mul(m.mul(4, m.mul(s.tl, s.cp)), s.kv_heads * s.head_dim));
 }
 
 }  // namespace hcp::cp

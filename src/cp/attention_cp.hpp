@@ -66,6 +66,18 @@ std::int64_t p2p_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt
 std::int64_t allgather_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
 std::int64_t a2a_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
 std::int64_t a2a_p2p_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
+// ... and memory terms (AttnStrategyInfo::work_bytes, kernel_elements).
+std::int64_t p2p_work_bytes(const MemoryModel& m, const AttnMemShape& s);
+std::int64_t allgather_work_bytes(const MemoryModel& m, const AttnMemShape& s);
+std::int64_t a2a_work_bytes(const MemoryModel& m, const AttnMemShape& s);
+std::int64_t a2a_p2p_work_bytes(const MemoryModel& m, const AttnMemShape& s);
+std::int64_t p2p_kernel_elements(const MemoryModel& m, const AttnMemShape& s);
+std::int64_t allgather_kernel_elements(const MemoryModel& m, const AttnMemShape& s);
+std::int64_t a2a_kernel_elements(const MemoryModel& m, const AttnMemShape& s);
+std::int64_t a2a_p2p_kernel_elements(const MemoryModel& m, const AttnMemShape& s);
+// a2a+p2p: the most K/V heads a rank carries around the outer ring (its query heads' K/V heads, or
+// one per query head where its block does not follow the GQA groups), for `inner` ranks inside.
+std::int64_t a2a_p2p_ring_kv_heads(std::int64_t heads, std::int64_t kv_heads, int inner);
 
 class CpAttention {
  public:

@@ -1,6 +1,7 @@
 #include "cp/strategy.hpp"
 
 #include "core/error.hpp"
+#include "core/memory_model.hpp"
 #include "cp/attention_cp.hpp"
 
 namespace hcp::cp {
@@ -8,15 +9,17 @@ namespace hcp::cp {
 const std::vector<AttnStrategyInfo>& attn_strategies() {
   static const std::vector<AttnStrategyInfo> v = {
       {AttnStrategy::P2P, "p2p", "ring of K/V blocks with DualChunkSwap; dK/dV accumulators follow", nullptr, nullptr,
-       &CpAttention::fwd_p2p, &CpAttention::bwd_p2p, p2p_model_bytes, false},
+       &CpAttention::fwd_p2p, &CpAttention::bwd_p2p, p2p_model_bytes, p2p_work_bytes, p2p_kernel_elements, false},
       {AttnStrategy::AllGather, "allgather", "all-gather of K/V, reduce-scatter of dK/dV", nullptr, nullptr,
-       &CpAttention::fwd_allgather, &CpAttention::bwd_allgather, allgather_model_bytes, false},
+       &CpAttention::fwd_allgather, &CpAttention::bwd_allgather, allgather_model_bytes, allgather_work_bytes,
+       allgather_kernel_elements, false},
       {AttnStrategy::A2A, "a2a", "Ulysses all-to-all: heads/cp heads of every token (heads % cp == 0)", check_a2a_shape,
-       &CpAttention::init_a2a, &CpAttention::fwd_a2a, &CpAttention::bwd_a2a, a2a_model_bytes, false},
+       &CpAttention::init_a2a, &CpAttention::fwd_a2a, &CpAttention::bwd_a2a, a2a_model_bytes, a2a_work_bytes,
+       a2a_kernel_elements, false},
       {AttnStrategy::A2AP2P, "a2a+p2p",
        "Ulysses over parallel.cp_inner ranks, ring p2p over cp/cp_inner groups (heads % cp_inner == 0)",
        check_a2a_p2p_shape, &CpAttention::init_a2a_p2p, &CpAttention::fwd_a2a_p2p, &CpAttention::bwd_a2a_p2p,
-       a2a_p2p_model_bytes, true},
+       a2a_p2p_model_bytes, a2a_p2p_work_bytes, a2a_p2p_kernel_elements, true},
   };
   return v;
 }
@@ -37,6 +40,18 @@ std::vector<AttnStrategy> attn_strategy_ids() {
   std::vector<AttnStrategy> v;
   for (const auto& s : attn_strategies()) v.push_back(s.id);
   return v;
+}
+
+std::int64_t attention_work_bytes(const MemoryModel& m, AttnStrategy id, const AttnMemShape& s) {
+  if (s.cp > 1) return attn_strategy_info(id).work_bytes(m, s);
+  const std::int64_t lse = m.mul(s.tl, s.heads * (s.es == 2 ? 4 : s.es));
+  return m.sum(m.mul(m.mul(s.tl, s.heads * s.head_dim), s.es), lse);  // the saved output and LSE
+}
+
+std::int64_t attention_kernel_elements(const MemoryModel& m, AttnStrategy id, const AttnMemShape& s) {
+  if (s.cp > 1) return attn_strategy_info(id).kernel_elements(m, s);
+  // q, o, dout, dq and k, v, dk, dv of the local tokens
+  return m.sum(m.mul(m.mul(4, s.tl), s.heads * s.head_dim), m.mul(m.mul(4, s.tl), s.kv_heads * s.head_dim));
 }
 
 std::string choice_list(const std::vector<std::string>& v) {

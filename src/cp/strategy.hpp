@@ -24,7 +24,8 @@
 
 namespace hcp {
 class Tensor;
-}
+class MemoryModel;
+}  // namespace hcp
 
 namespace hcp::cp {
 struct CpAttnConfig;
@@ -32,6 +33,14 @@ class CpAttention;
 
 enum class AttnStrategy { P2P, AllGather, A2A, A2AP2P };
 enum class MambaCp { HiddenParallel, StatePassing };
+
+// The sizes an attention strategy's memory terms read: `cp` ranks (`inner` of them inside, for a
+// two-level strategy), `tl` local tokens, query / K/V heads, head dim, `es` bytes per element.
+struct AttnMemShape {
+  int cp = 1;
+  std::int64_t tl = 0, heads = 0, kv_heads = 0, head_dim = 0, es = 0;
+  int inner = 1;
+};
 
 struct AttnStrategyInfo {
   AttnStrategy id;
@@ -47,6 +56,12 @@ struct AttnStrategyInfo {
   void (CpAttention::*forward)(Tensor& o);
   void (CpAttention::*backward)(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
   std::int64_t (*model_bytes)(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
+  // Its memory terms at cp >= 2 (attention_work_bytes / attention_kernel_elements add cp = 1):
+  // work_bytes, the bytes one layer's step holds per rank beyond its inputs and outputs;
+  // kernel_elements, the elements of its largest kernel call (the host kernels widen them to fp32
+  // on bf16 CPU ranks). Products are checked by `m` (refused on overflow, naming its keys).
+  std::int64_t (*work_bytes)(const MemoryModel& m, const AttnMemShape& s);
+  std::int64_t (*kernel_elements)(const MemoryModel& m, const AttnMemShape& s);
   bool two_level;  // runs over an inner and an outer group (CpLevels, parallel.cp_inner)
 };
 const std::vector<AttnStrategyInfo>& attn_strategies();
@@ -56,6 +71,11 @@ std::vector<AttnStrategy> attn_strategy_ids();
 
 // "a, b or c", for messages that list the choices.
 std::string choice_list(const std::vector<std::string>& names);
+
+// The memory terms of strategy `id` (its record's at cp >= 2; at cp = 1 every strategy runs the
+// local kernels: the saved output and LSE, the gradients written in place).
+std::int64_t attention_work_bytes(const MemoryModel& m, AttnStrategy id, const AttnMemShape& s);
+std::int64_t attention_kernel_elements(const MemoryModel& m, AttnStrategy id, const AttnMemShape& s);
 
 AttnStrategy attn_strategy_from_string(const std::string& s);
 std::string to_string(AttnStrategy s);

@@ -425,8 +425,7 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
 std::int64_t hidden_parallel_model_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int /*rank*/, DType dt,
                                          cp::Partition /*part*/) {
   const std::int64_t Tl = global.total() / cp, G = c.groups, es = static_cast<std::int64_t>(dtype_size(dt));
-  const std::int64_t rep = G < cp ? cp / G : 1;
-  const std::int64_t per_tok = 2 * c.d_inner() + 2 * G * rep * c.d_state + c.heads;
+  const std::int64_t per_tok = 2 * c.d_inner() + 2 * G * c.group_repeat(cp) * c.d_state + c.heads;
   return 2 * (cp - 1) * Tl * per_tok / cp * es;
 }
 

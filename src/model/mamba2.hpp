@@ -35,6 +35,8 @@ struct Mamba2Config {
   std::int64_t d_inner() const { return heads * head_dim; }
   std::int64_t conv_dim() const { return d_inner() + 2 * groups * d_state; }
   std::int64_t d_in_proj() const { return 2 * d_inner() + 2 * groups * d_state + heads; }
+  // Hidden parallel: how many copies of each B/C group the ranks hold (cp / groups when groups < cp).
+  std::int64_t group_repeat(int cp) const { return groups < cp ? cp / groups : 1; }
 };
 
 // Parameters (full size on every rank) and their gradients, by name:

@@ -1,15 +1,20 @@
 #include "model/mamba2_strategy.hpp"
 
+#include <vector>
+
 #include "core/error.hpp"
+#include "cp/state_passing.hpp"
 
 namespace hcp::model {
 
 const std::vector<MambaCpInfo>& mamba_cps() {
   static const std::vector<MambaCpInfo> v = {
       {MambaCp::HiddenParallel, "hidden_parallel", "all-to-all to heads/cp heads of every token and back",
-       make_hidden_parallel, hidden_parallel_model_bytes},
+       make_hidden_parallel, hidden_parallel_model_bytes, hidden_parallel_saved_per_token,
+       hidden_parallel_work_per_token, nullptr},
       {MambaCp::StatePassing, "state_passing", "local scans; conv halos and chunk states exchanged, outputs corrected",
-       make_state_passing, state_passing_model_bytes},
+       make_state_passing, state_passing_model_bytes, state_passing_saved_per_token, state_passing_work_per_token,
+       state_passing_rows},
   };
   return v;
 }
@@ -36,6 +41,52 @@ MambaCp mamba_cp_from_string(const std::string& s) {
   for (const auto& r : mamba_cps())
     if (s == r.name) return r.id;
   throw Error("mamba_cp '" + s + "' is not one of " + cp::choice_list(mamba_cp_names()));
+}
+
+// ---- memory terms (elements per local token; the tensors the layers allocate) ----------------------
+// The step beyond input and output: zxbcdt's gradient, the pre- and post-conv x/B/C and their
+// gradients (conv_dim), the SSD output, gate and norm terms (d_inner, the norm's output computed
+// again in the backward) and dt/dA (heads).
+std::int64_t mamba_local_work_per_token(const Mamba2Config& c) {
+  return 10 * c.d_inner() + 10 * c.groups * c.d_state + 3 * c.heads + 64;
+}
+
+// Kept for the backward: z, the conv input and output (x, B, C), y and dt.
+std::int64_t hidden_parallel_saved_per_token(const Mamba2Config& c) {
+  return 2 * c.d_inner() + 2 * c.conv_dim() + c.heads + 8;
+}
+
+// At cp > 1 the all-to-all buffers (x, B, C, dt there and back; B/C repeated when n_groups < cp)
+// beside the local terms (z alone is kept past the all-to-all).
+std::int64_t hidden_parallel_work_per_token(const Mamba2Config& c, int cp) {
+  if (cp == 1) return mamba_local_work_per_token(c);
+  return 16 * c.d_inner() + (12 * c.group_repeat(cp) - 2) * c.groups * c.d_state + 3 * c.heads + 64;
+}
+
+// Kept for the backward: zxbcdt (its halo and dt are read from it), the conv input and output, y,
+// and the gate and norm terms (the norm's output, computed again in the backward, counted as kept).
+std::int64_t state_passing_saved_per_token(const Mamba2Config& c) {
+  return c.d_in_proj() + c.conv_dim() + 4 * c.d_inner() + 8;
+}
+
+// The local terms with zxbcdt itself, the halo-extended conv rows and the corrections' terms.
+std::int64_t state_passing_work_per_token(const Mamba2Config& c, int /*cp*/) {
+  return 16 * c.d_inner() + 20 * c.groups * c.d_state + 4 * c.heads + 64;
+}
+
+// Rows of H (P N + 1) values in the scan dtype, np = 2 pieces per sequence on every rank: per layer
+// the saved incoming states, and for the all-gather exchange every rank's gathered final and
+// incoming states (2 cp np); while a layer runs, its pieces' final states and their gradients, and
+// the exchange's buffers (2 cp np more for the all-gather, a few rows per piece for the doubling scan).
+StateRows state_passing_rows(const Mamba2Config& c, int cp, std::int64_t sequences) {
+  // The exchange choice depends on how the pieces lie, not on their lengths: 2 cp tokens a sequence.
+  std::vector<std::int64_t> cu{0};
+  for (std::int64_t s = 0; s < sequences; ++s) cu.push_back(cu.back() + 2 * cp);
+  const bool gather = cp::resolve_state_exchange(SeqLayout::thd(cu), cp, cp::Partition::DCS, c.state_exchange,
+                                                 c.head_dim * c.d_state) == cp::StateExchange::AllGather;
+  const std::int64_t np = 2 * sequences;
+  return {gather ? (2 * cp + 1) * np : 2 * np, gather ? (2 * cp + 3) * np : 9 * np,
+          c.heads * (c.head_dim * c.d_state + 1)};
 }
 
 std::string to_string(MambaCp m) {

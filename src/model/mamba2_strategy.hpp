@@ -1,6 +1,6 @@
 // The Mamba2 CP strategies (cp::MambaCp), one record each: the deck name, a summary, and the parts
 // the layer and the drivers read — the layer it builds (its shape rules in that layer's
-// constructor) and its byte model. Deck choices, `all`, --list-strategies, the drivers' BYTES lines
+// constructor), its byte model and its memory terms. Deck choices, `all`, --list-strategies, the drivers' BYTES lines
 // and the planner read this list; make_mamba2 and mamba_cp_model_bytes dispatch through it.
 #pragma once
 #include <cstdint>
@@ -12,6 +12,12 @@
 
 namespace hcp::model {
 
+// State passing's per-sequence state rows (H (P N + 1) values each, in the scan dtype) per rank:
+// saved per Mamba2 layer, and held while one layer runs.
+struct StateRows {
+  std::int64_t saved = 0, work = 0, row = 0;
+};
+
 struct MambaCpInfo {
   MambaCp id;
   const char* name;     // deck name (parallel.mamba_cp)
@@ -20,12 +26,20 @@ struct MambaCpInfo {
   // Values rank `rank` of `cp` hands to the communicator in one forward and backward, from the sizes alone.
   std::int64_t (*model_bytes)(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
                               cp::Partition part);
+  // Its memory terms, in elements of the layer's dtype per local token: what the mixer keeps for its
+  // backward (saved_per_token) and what its step adds beyond its input and output at `cp` ranks
+  // (work_per_token); and its per-sequence state rows for `sequences` sequences (null: none).
+  std::int64_t (*saved_per_token)(const Mamba2Config& c);
+  std::int64_t (*work_per_token)(const Mamba2Config& c, int cp);
+  StateRows (*state_rows)(const Mamba2Config& c, int cp, std::int64_t sequences);
 };
 const std::vector<MambaCpInfo>& mamba_cps();
 const MambaCpInfo& mamba_cp_info(MambaCp id);
 std::vector<std::string> mamba_cp_names();  // in registry order
 std::vector<MambaCp> mamba_cp_ids();
 MambaCp mamba_cp_from_string(const std::string& s);
+// The unsharded mixer's step elements per token beyond its input and output (the cp = 1 reference).
+std::int64_t mamba_local_work_per_token(const Mamba2Config& c);
 std::string to_string(MambaCp m);
 
 // The strategies' parts the records name (src/model/mamba2.cpp).
@@ -37,5 +51,11 @@ std::int64_t hidden_parallel_model_bytes(const Mamba2Config& c, const SeqLayout&
                                          cp::Partition part);
 std::int64_t state_passing_model_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
                                        cp::Partition part);
+// ... and their memory terms (src/model/mamba2_strategy.cpp).
+std::int64_t hidden_parallel_saved_per_token(const Mamba2Config& c);
+std::int64_t hidden_parallel_work_per_token(const Mamba2Config& c, int cp);
+std::int64_t state_passing_saved_per_token(const Mamba2Config& c);
+std::int64_t state_passing_work_per_token(const Mamba2Config& c, int cp);
+StateRows state_passing_rows(const Mamba2Config& c, int cp, std::int64_t sequences);
 
 }  // namespace hcp::model
