@@ -6,42 +6,18 @@
 
 #include "kernels/host/common.hpp"
 #include "kernels/host/gemm.hpp"
+#include "kernels/host/host_kernels.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/shape_rules.hpp"
 
 namespace hcp::kernels {
+using rules::check_attn;
+using rules::Shapes;
 namespace {
 
 using host::In;
 using host::Out;
 using host::Range;
-
-struct Shapes {
-  std::int64_t tq, tkv, H, Hkv, D;
-};
-
-Shapes check_attn(const Tensor& q, const Tensor& k, const Tensor& v, const AttnParams& p) {
-  HCP_CHECK(p.heads > 0 && p.kv_heads > 0 && p.head_dim > 0, "attention: heads, kv_heads, head_dim must be > 0");
-  HCP_CHECK(p.heads % p.kv_heads == 0, "attention: heads (", p.heads, ") must be divisible by kv_heads (", p.kv_heads,
-            ")");
-  HCP_CHECK(q.numel() % (p.heads * p.head_dim) == 0, "attention: q shape ", shape_str(q.shape()),
-            " is not [T, heads=", p.heads, ", head_dim=", p.head_dim, "]");
-  HCP_CHECK(k.numel() % (p.kv_heads * p.head_dim) == 0 && k.numel() == v.numel(), "attention: k ", shape_str(k.shape()),
-            " / v ", shape_str(v.shape()), " are not [T, kv_heads=", p.kv_heads, ", head_dim=", p.head_dim, "]");
-  HCP_CHECK(p.kv_tile > 0, "attention: kv_tile must be > 0");
-  Shapes s{q.numel() / (p.heads * p.head_dim), k.numel() / (p.kv_heads * p.head_dim), p.heads, p.kv_heads, p.head_dim};
-  std::vector<char> used(static_cast<std::size_t>(s.tq), 0);
-  for (const auto& g : p.segments) {
-    HCP_CHECK(g.q_start >= 0 && g.q_len >= 0 && g.q_start + g.q_len <= s.tq, "attention: segment q rows [", g.q_start,
-              ", ", g.q_start + g.q_len, ") outside the ", s.tq, " query rows");
-    HCP_CHECK(g.kv_start >= 0 && g.kv_len >= 0 && g.kv_start + g.kv_len <= s.tkv, "attention: segment kv rows [",
-              g.kv_start, ", ", g.kv_start + g.kv_len, ") outside the ", s.tkv, " key rows");
-    for (std::int64_t i = g.q_start; i < g.q_start + g.q_len; ++i) {
-      HCP_CHECK(!used[static_cast<std::size_t>(i)], "attention: query row ", i, " belongs to two segments");
-      used[static_cast<std::size_t>(i)] = 1;
-    }
-  }
-  return s;
-}
 
 // Number of keys of segment g visible to its query row i (keys 0..n-1 of the block).
 inline std::int64_t visible(const AttnSegment& g, std::int64_t i, Mask m) { return keys_seen(g, i, m == Mask::Causal); }
@@ -198,11 +174,9 @@ std::vector<AttnSegment> segments_from_layout(const SeqLayout& ql, const SeqLayo
   return segs;
 }
 
-void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const AttnParams& p) {
+void host::attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const AttnParams& p) {
   const Shapes s = check_attn(q, k, v, p);
-  host::require_numel(o, q.numel(), "attention_fwd: o");
-  host::require_numel(lse, s.tq * s.H, "attention_fwd: lse");
-  HCP_ROUTE_CUDA(q, cuda_impl::attention_fwd(o, lse, q, k, v, p));
   HCP_DISPATCH_FLOAT(q, {
     In<T> q_(q, "q"), k_(k, "k"), v_(v, "v");
     Out<T> o_(o, "o"), l_(lse, "lse");
@@ -210,16 +184,9 @@ void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, con
   });
 }
 
-void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& o, const Tensor& lse, const Tensor& dout, const AttnParams& p) {
+void host::attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& o, const Tensor& lse, const Tensor& dout, const AttnParams& p) {
   const Shapes s = check_attn(q, k, v, p);
-  host::require_numel(dq, q.numel(), "attention_bwd: dq");
-  host::require_numel(dk, k.numel(), "attention_bwd: dk");
-  host::require_numel(dv, v.numel(), "attention_bwd: dv");
-  host::require_numel(o, q.numel(), "attention_bwd: o");
-  host::require_numel(dout, q.numel(), "attention_bwd: dout");
-  host::require_numel(lse, s.tq * s.H, "attention_bwd: lse");
-  HCP_ROUTE_CUDA(q, cuda_impl::attention_bwd(dq, dk, dv, q, k, v, o, lse, dout, p));
   HCP_DISPATCH_FLOAT(q, {
     In<T> q_(q, "q"), k_(k, "k"), v_(v, "v"), o_(o, "o"), l_(lse, "lse"), do_(dout, "dout");
     Out<T> dq_(dq, "dq"), dk_(dk, "dk"), dv_(dv, "dv");
@@ -227,12 +194,8 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
   });
 }
 
-void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& lse_b) {
-  HCP_CHECK(o.shape() == o_b.shape() && lse.numel() == lse_b.numel() && lse.numel() > 0 && o.numel() % lse.numel() == 0,
-            "attention_merge: shapes o ", shape_str(o.shape()), ", o_b ", shape_str(o_b.shape()), ", lse ",
-            shape_str(lse.shape()), ", lse_b ", shape_str(lse_b.shape()));
+void host::attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& lse_b) {
   const std::int64_t rows = lse.numel(), D = o.numel() / rows;
-  HCP_ROUTE_CUDA(o, cuda_impl::attention_merge(o, lse, o_b, lse_b));
   HCP_DISPATCH_FLOAT(o, {
     In<T> ob(o_b, "o_b"), lb(lse_b, "lse_b");
     Out<T> o_(o, "o", true), l_(lse, "lse", true);

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/tensor.hpp"
+#include "kernels/shape_rules.hpp"
 
 namespace hcp::kernels::host {
 
@@ -20,17 +21,10 @@ using View3 = Kokkos::View<T***, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos:
 
 inline void require_host(const Tensor& t, const char* what) {
   HCP_CHECK(t.defined(), what, ": tensor is not defined");
-#ifdef HCP_HAVE_CUDA
-  HCP_CHECK(t.space() == Space::Host, what,
-            ": this op has no CUDA implementation yet (kernels/cuda); pass host tensors");
-#else
-  HCP_CHECK(t.space() == Space::Host, what, ": CUDA tensors need the CUDA backend, which this build lacks");
-#endif
+  HCP_CHECK(t.space() == Space::Host, what, ": a host body was handed a CUDA tensor (this op runs on host tensors)");
   HCP_CHECK(t.is_contiguous(), what, ": tensor must be contiguous, shape ", shape_str(t.shape()));
 }
-inline void require_numel(const Tensor& t, std::int64_t n, const char* what) {
-  HCP_CHECK(t.numel() == n, what, ": expected ", n, " elements, got shape ", shape_str(t.shape()));
-}
+using rules::require_numel;
 
 // Read-only T view of a tensor; converts (bf16/fp32/fp64) into a temporary when the dtype differs.
 template <class T>
@@ -113,22 +107,6 @@ inline T dsilu(T x) {
 }
 
 }  // namespace hcp::kernels::host
-
-// Tensors on Space::Cuda go to the CUDA implementation (kernels/cuda) after the shape checks.
-#ifdef HCP_HAVE_CUDA
-#include "kernels/cuda/cuda_kernels.hpp"
-#define HCP_ROUTE_CUDA(t, ...)               \
-  do {                                       \
-    if ((t).space() == ::hcp::Space::Cuda) { \
-      __VA_ARGS__;                           \
-      return;                                \
-    }                                        \
-  } while (0)
-#else
-#define HCP_ROUTE_CUDA(t, ...) \
-  do {                         \
-  } while (0)
-#endif
 
 // Runs the statement with T = double for fp64 `ref`, T = float otherwise.
 #define HCP_DISPATCH_FLOAT(ref, ...)          \

@@ -3,33 +3,19 @@
 #include <vector>
 
 #include "kernels/host/common.hpp"
+#include "kernels/host/host_kernels.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/shape_rules.hpp"
 
 namespace hcp::kernels {
+using rules::check_conv;
+using rules::ConvShape;
+using rules::kMaxConvWidth;
 namespace {
 
 using host::In;
 using host::Out;
 using host::Range;
-
-constexpr std::int64_t kMaxConvWidth = 16;  // mamba.conv's bound in the decks
-
-struct ConvShape {
-  std::int64_t B, L, C, W;
-};
-
-ConvShape check_conv(const Tensor& x, const Tensor& w, const Tensor* bias, const std::vector<std::int64_t>* seq) {
-  HCP_CHECK(x.dim() == 3, "conv1d: x must be [B,L,C], got ", shape_str(x.shape()));
-  HCP_CHECK(w.dim() == 2 && w.size(0) == x.size(2), "conv1d: weight must be [C=", x.size(2), ", W], got ",
-            shape_str(w.shape()));
-  HCP_CHECK(w.size(1) >= 1 && w.size(1) <= kMaxConvWidth, "conv1d: width ", w.size(1), " outside [1, ", kMaxConvWidth,
-            "]");
-  if (bias) host::require_numel(*bias, x.size(2), "conv1d: bias [C]");
-  if (seq)
-    HCP_CHECK(static_cast<std::int64_t>(seq->size()) == x.size(0) * x.size(1), "conv1d: seq_idx has ", seq->size(),
-              " entries, expected B*L = ", x.size(0) * x.size(1));
-  return {x.size(0), x.size(1), x.size(2), w.size(1)};
-}
 
 // Pre-activation u[b,t,c] for one channel.
 template <class T>
@@ -53,11 +39,9 @@ const T* opt_ptr(const std::optional<In<T>>& v) {
 
 }  // namespace
 
-void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
-                const std::vector<std::int64_t>* seq_idx, bool silu) {
+void host::conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
+                      const std::vector<std::int64_t>* seq_idx, bool silu) {
   const ConvShape s = check_conv(x, w, bias, seq_idx);
-  host::require_numel(y, x.numel(), "conv1d_fwd: y");
-  HCP_ROUTE_CUDA(x, cuda_impl::conv1d_fwd(y, x, w, bias, seq_idx, silu));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), w_(w, "w");
     std::optional<In<T>> b_;
@@ -75,14 +59,9 @@ void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
   });
 }
 
-void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Tensor& w, const Tensor* bias,
-                const std::vector<std::int64_t>* seq_idx, bool silu, const Tensor& dy) {
+void host::conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Tensor& w, const Tensor* bias,
+                      const std::vector<std::int64_t>* seq_idx, bool silu, const Tensor& dy) {
   const ConvShape s = check_conv(x, w, bias, seq_idx);
-  host::require_numel(dx, x.numel(), "conv1d_bwd: dx");
-  host::require_numel(dw, w.numel(), "conv1d_bwd: dw");
-  host::require_numel(dy, x.numel(), "conv1d_bwd: dy");
-  if (dbias) host::require_numel(*dbias, s.C, "conv1d_bwd: dbias");
-  HCP_ROUTE_CUDA(x, cuda_impl::conv1d_bwd(dx, dw, dbias, x, w, bias, seq_idx, silu, dy));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), w_(w, "w"), dy_(dy, "dy");
     std::optional<In<T>> b_;

@@ -6,6 +6,7 @@
 
 #include "kernels/host/common.hpp"
 #include "kernels/host/gemm.hpp"
+#include "kernels/host/host_kernels.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::kernels {
@@ -15,14 +16,9 @@ using host::Out;
 using host::Range;
 }  // namespace
 
-void linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias) {
-  HCP_CHECK(W.dim() == 2, "linear: weight must be [N,K], got ", shape_str(W.shape()));
+void host::linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias) {
   const std::int64_t N = W.size(0), K = W.size(1);
-  HCP_CHECK(K > 0 && x.numel() % K == 0, "linear: x ", shape_str(x.shape()), " is not [M, K=", K, "]");
   const std::int64_t M = x.numel() / K;
-  host::require_numel(y, M * N, "linear_fwd: y [M,N]");
-  if (bias) host::require_numel(*bias, N, "linear: bias [N]");
-  HCP_ROUTE_CUDA(x, cuda_impl::linear_fwd(y, x, W, bias));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), W_(W, "W");
     std::optional<In<T>> b_;
@@ -36,13 +32,9 @@ void linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias)
   });
 }
 
-void linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Tensor& W, const Tensor& dy) {
-  HCP_CHECK(W.dim() == 2, "linear: weight must be [N,K], got ", shape_str(W.shape()));
+void host::linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Tensor& W, const Tensor& dy) {
   const std::int64_t N = W.size(0), K = W.size(1);
-  HCP_CHECK(K > 0 && x.numel() % K == 0, "linear: x ", shape_str(x.shape()), " is not [M, K=", K, "]");
   const std::int64_t M = x.numel() / K;
-  host::require_numel(dy, M * N, "linear_bwd: dy [M,N]");
-  HCP_ROUTE_CUDA(x, cuda_impl::linear_bwd(dx, dW, dbias, x, W, dy));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), W_(W, "W"), dy_(dy, "dy");
     const T* xb = x_.get();
@@ -71,16 +63,9 @@ void linear_bwd(Tensor* dx, Tensor* dW, Tensor* dbias, const Tensor& x, const Te
   });
 }
 
-namespace {
-void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos, double theta, std::int64_t rd,
-                double sign) {
-  HCP_CHECK(x.dim() == 3, "rope: x must be [T,H,D], got ", shape_str(x.shape()));
+void host::rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos, double theta, std::int64_t rd,
+                      double sign) {
   const std::int64_t Tn = x.size(0), H = x.size(1), D = x.size(2);
-  HCP_CHECK(rd > 0 && rd <= D && rd % 2 == 0, "rope: rotary_dim (", rd, ") must be even and in (0, head_dim=", D, "]");
-  HCP_CHECK(static_cast<std::int64_t>(pos.size()) == Tn, "rope: ", pos.size(), " positions for ", Tn, " tokens");
-  HCP_CHECK(theta > 0, "rope: theta must be > 0");
-  host::require_numel(y, x.numel(), "rope: y");
-  HCP_ROUTE_CUDA(x, cuda_impl::rope_apply(y, x, pos, theta, rd, sign));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x");
     Out<T> y_(y, "y");
@@ -104,23 +89,9 @@ void rope_apply(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& pos
     });
   });
 }
-}  // namespace
 
-void rope_fwd(Tensor& y, const Tensor& x, const std::vector<std::int64_t>& positions, double theta,
-              std::int64_t rotary_dim) {
-  rope_apply(y, x, positions, theta, rotary_dim, 1.0);
-}
-void rope_bwd(Tensor& dx, const Tensor& dy, const std::vector<std::int64_t>& positions, double theta,
-              std::int64_t rotary_dim) {
-  rope_apply(dx, dy, positions, theta, rotary_dim, -1.0);
-}
-
-void embedding_fwd(Tensor& y, const Tensor& table, const std::vector<std::int64_t>& ids) {
-  HCP_CHECK(table.dim() == 2, "embedding: table must be [V,C], got ", shape_str(table.shape()));
-  const std::int64_t V = table.size(0), C = table.size(1), Tn = static_cast<std::int64_t>(ids.size());
-  host::require_numel(y, Tn * C, "embedding_fwd: y [T,C]");
-  for (auto id : ids) HCP_CHECK(id >= 0 && id < V, "embedding: token id ", id, " outside the vocabulary [0, ", V, ")");
-  HCP_ROUTE_CUDA(table, cuda_impl::embedding_fwd(y, table, ids));
+void host::embedding_fwd(Tensor& y, const Tensor& table, const std::vector<std::int64_t>& ids) {
+  const std::int64_t C = table.size(1), Tn = static_cast<std::int64_t>(ids.size());
   HCP_DISPATCH_FLOAT(table, {
     In<T> t_(table, "table");
     Out<T> y_(y, "y");
@@ -132,21 +103,15 @@ void embedding_fwd(Tensor& y, const Tensor& table, const std::vector<std::int64_
   });
 }
 
-void embedding_bwd(Tensor& dtable, const std::vector<std::int64_t>& ids, const Tensor& dy) {
-  HCP_CHECK(dtable.dim() == 2, "embedding: dtable must be [V,C]");
+void host::embedding_bwd(Tensor& dtable, const std::vector<std::int64_t>& ids, const Tensor& dy) {
   const std::int64_t V = dtable.size(0), C = dtable.size(1), Tn = static_cast<std::int64_t>(ids.size());
-  host::require_numel(dy, Tn * C, "embedding_bwd: dy [T,C]");
   // CSR of token lists per vocabulary row: each row is then summed by one work item, in token order.
   std::vector<std::int64_t> start(static_cast<std::size_t>(V + 1), 0), order(static_cast<std::size_t>(Tn));
-  for (auto id : ids) {
-    HCP_CHECK(id >= 0 && id < V, "embedding: token id ", id, " outside the vocabulary [0, ", V, ")");
-    start[static_cast<std::size_t>(id + 1)]++;
-  }
+  for (auto id : ids) start[static_cast<std::size_t>(id + 1)]++;
   for (std::int64_t v = 0; v < V; ++v) start[static_cast<std::size_t>(v + 1)] += start[static_cast<std::size_t>(v)];
   std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
   for (std::int64_t t = 0; t < Tn; ++t)
     order[static_cast<std::size_t>(fill[static_cast<std::size_t>(ids[static_cast<std::size_t>(t)])]++)] = t;
-  HCP_ROUTE_CUDA(dy, cuda_impl::embedding_bwd(dtable, ids, dy));
   HCP_DISPATCH_FLOAT(dy, {
     In<T> dy_(dy, "dy");
     Out<T> dt_(dtable, "dtable");
@@ -163,24 +128,9 @@ void embedding_bwd(Tensor& dtable, const std::vector<std::int64_t>& ids, const T
   });
 }
 
-namespace {
-void check_ce(const Tensor& logits, const std::vector<std::int64_t>& labels, std::int64_t ignore) {
-  HCP_CHECK(logits.dim() == 2, "cross_entropy: logits must be [T,V], got ", shape_str(logits.shape()));
-  HCP_CHECK(static_cast<std::int64_t>(labels.size()) == logits.size(0), "cross_entropy: ", labels.size(),
-            " labels for ", logits.size(0), " rows");
-  for (auto l : labels)
-    HCP_CHECK(l == ignore || (l >= 0 && l < logits.size(1)), "cross_entropy: label ", l, " outside [0, ",
-              logits.size(1), ") and not the ignore label ", ignore);
-}
-}  // namespace
-
-double cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& labels, std::int64_t ignore,
-                         std::int64_t* count) {
-  check_ce(logits, labels, ignore);
+double host::cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& labels, std::int64_t ignore,
+                               std::int64_t* count) {
   const std::int64_t Tn = logits.size(0), V = logits.size(1);
-#ifdef HCP_HAVE_CUDA
-  if (logits.space() == Space::Cuda) return cuda_impl::cross_entropy_fwd(logits, labels, ignore, count);
-#endif
   std::vector<double> loss(static_cast<std::size_t>(Tn), 0.0);
   HCP_DISPATCH_FLOAT(logits, {
     In<T> l_(logits, "logits");
@@ -206,12 +156,9 @@ double cross_entropy_fwd(const Tensor& logits, const std::vector<std::int64_t>& 
   return sum;
 }
 
-void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<std::int64_t>& labels,
-                       std::int64_t ignore, double scale) {
-  check_ce(logits, labels, ignore);
+void host::cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<std::int64_t>& labels,
+                             std::int64_t ignore, double scale) {
   const std::int64_t Tn = logits.size(0), V = logits.size(1);
-  host::require_numel(dlogits, logits.numel(), "cross_entropy_bwd: dlogits");
-  HCP_ROUTE_CUDA(logits, cuda_impl::cross_entropy_bwd(dlogits, logits, labels, ignore, scale));
   HCP_DISPATCH_FLOAT(logits, {
     In<T> l_(logits, "logits");
     Out<T> d_(dlogits, "dlogits");
@@ -234,10 +181,7 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& logits, const std::vector<
   });
 }
 
-void add(Tensor& y, const Tensor& a, const Tensor& b) {
-  HCP_CHECK(a.numel() == b.numel(), "add: ", shape_str(a.shape()), " + ", shape_str(b.shape()));
-  host::require_numel(y, a.numel(), "add: y");
-  HCP_ROUTE_CUDA(a, cuda_impl::add(y, a, b));
+void host::add(Tensor& y, const Tensor& a, const Tensor& b) {
   HCP_DISPATCH_FLOAT(a, {
     In<T> a_(a, "a"), b_(b, "b");
     Out<T> y_(y, "y");
@@ -248,9 +192,7 @@ void add(Tensor& y, const Tensor& a, const Tensor& b) {
   });
 }
 
-void axpy(Tensor& y, double alpha, const Tensor& x) {
-  host::require_numel(y, x.numel(), "axpy: y");
-  HCP_ROUTE_CUDA(x, cuda_impl::axpy(y, alpha, x));
+void host::axpy(Tensor& y, double alpha, const Tensor& x) {
   HCP_DISPATCH_FLOAT(y, {
     In<T> x_(x, "x");
     Out<T> y_(y, "y", true);

@@ -8,24 +8,19 @@
 
 #include "kernels/host/common.hpp"
 #include "kernels/host/gemm.hpp"
+#include "kernels/host/host_kernels.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/shape_rules.hpp"
 
 namespace hcp::kernels {
+using rules::assignment_shares;
+using rules::check_mlp;
+using rules::MlpShape;
+using rules::permuted_rows;
 namespace {
 using host::In;
 using host::Out;
 using host::Range;
-
-void check_router(const RouterParams& p) {
-  HCP_CHECK(p.experts > 0 && p.topk > 0 && p.topk <= p.experts, "moe: topk (", p.topk,
-            ") must be in [1, experts=", p.experts, "]");
-  HCP_CHECK(p.n_group > 0 && p.experts % p.n_group == 0, "moe: n_group (", p.n_group, ") must divide experts (",
-            p.experts, ")");
-  HCP_CHECK(p.topk_group > 0 && p.topk_group <= p.n_group, "moe: topk_group (", p.topk_group,
-            ") must be in [1, n_group=", p.n_group, "]");
-  HCP_CHECK(p.topk <= p.topk_group * (p.experts / p.n_group), "moe: topk (", p.topk,
-            ") exceeds the experts in the selected groups");
-}
 
 // Descending by value, ties to the lower index: a strict, deterministic order.
 template <class T>
@@ -55,20 +50,6 @@ std::vector<std::int64_t> expert_counts(const std::vector<std::int64_t>& idx, st
   }
   return counts;
 }
-// T*k of a routing whose permutation moe_permute has made.
-std::int64_t permuted_rows(const MoeRouting& r, const char* what) {
-  HCP_CHECK(r.src.defined() && r.inv.defined(), what, ": the routing has no permutation (moe_permute first)");
-  return r.src.numel();
-}
-// Share of the assignments per expert, from the routing's counts.
-std::vector<double> assignment_shares(const MoeRouting& route, const RouterParams& p, std::int64_t tokens) {
-  HCP_CHECK(tokens > 0 && static_cast<std::int64_t>(route.counts.size()) == p.experts && route.idx.defined() &&
-                route.idx.numel() == tokens * p.topk,
-            "moe_aux_loss: the routing does not match scores of ", tokens, " tokens and ", p.experts, " experts");
-  std::vector<double> f(route.counts.begin(), route.counts.end());
-  for (auto& v : f) v /= static_cast<double>(tokens * p.topk);
-  return f;
-}
 }  // namespace
 
 std::vector<std::int64_t> MoeRouting::indices() const { return ids(idx); }
@@ -84,18 +65,9 @@ MoeRouting moe_routing(const std::vector<std::int64_t>& topk_idx, std::int64_t t
   return r;
 }
 
-void router_fwd(Tensor& scores, MoeRouting& route, Tensor& topk_w, const Tensor& logits, const Tensor* bias,
-                const RouterParams& p) {
-  check_router(p);
-  HCP_CHECK(logits.dim() == 2 && logits.size(1) == p.experts, "router: logits must be [T, experts=", p.experts,
-            "], got ", shape_str(logits.shape()));
+void host::router_fwd(Tensor& scores, MoeRouting& route, Tensor& topk_w, const Tensor& logits, const Tensor* bias,
+                      const RouterParams& p) {
   const std::int64_t Tn = logits.size(0), E = p.experts, K = p.topk, gs = E / p.n_group;
-  host::require_numel(scores, Tn * E, "router_fwd: scores [T,E]");
-  host::require_numel(topk_w, Tn * K, "router_fwd: topk_w [T,k]");
-  if (bias) host::require_numel(*bias, E, "router: correction bias [E]");
-  route = MoeRouting{};
-  route.topk = K;
-  HCP_ROUTE_CUDA(logits, cuda_impl::router_fwd(scores, route, topk_w, logits, bias, p));
   std::vector<std::int64_t> topk_idx(static_cast<std::size_t>(Tn * K), 0);
   HCP_DISPATCH_FLOAT(logits, {
     In<T> l_(logits, "logits");
@@ -159,18 +131,10 @@ void router_fwd(Tensor& scores, MoeRouting& route, Tensor& topk_w, const Tensor&
   route.idx = id_tensor(topk_idx, Space::Host);
 }
 
-void router_bwd(Tensor& dlogits, const Tensor& scores, const MoeRouting& route, const Tensor& dtopk_w,
-                const Tensor* dscores, const RouterParams& p) {
-  check_router(p);
+void host::router_bwd(Tensor& dlogits, const Tensor& scores, const MoeRouting& route, const Tensor& dtopk_w,
+                      const Tensor* dscores, const RouterParams& p) {
   const std::int64_t E = p.experts, K = p.topk;
-  HCP_CHECK(scores.numel() % E == 0, "router_bwd: scores are not [T,E]");
   const std::int64_t Tn = scores.numel() / E;
-  HCP_CHECK(route.idx.defined() && route.idx.numel() == Tn * K, "router_bwd: the routing has ",
-            route.idx.defined() ? route.idx.numel() : 0, " assignments, expected ", Tn * K);
-  host::require_numel(dtopk_w, Tn * K, "router_bwd: dtopk_w");
-  host::require_numel(dlogits, Tn * E, "router_bwd: dlogits");
-  if (dscores) host::require_numel(*dscores, Tn * E, "router_bwd: dscores");
-  HCP_ROUTE_CUDA(scores, cuda_impl::router_bwd(dlogits, scores, route, dtopk_w, dscores, p));
   const std::vector<std::int64_t> topk_idx = route.indices();
   HCP_DISPATCH_FLOAT(scores, {
     In<T> s_(scores, "scores"), dw_(dtopk_w, "dtopk_w");
@@ -213,12 +177,8 @@ void router_bwd(Tensor& dlogits, const Tensor& scores, const MoeRouting& route, 
   });
 }
 
-double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const RouterParams& p) {
+double host::moe_aux_loss_fwd(const Tensor& scores, const std::vector<double>& f, const RouterParams& p) {
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
-  const auto f = assignment_shares(route, p, Tn);
-#ifdef HCP_HAVE_CUDA
-  if (scores.space() == Space::Cuda) return cuda_impl::moe_aux_loss_fwd(scores, f, p);
-#endif
   double loss = 0;
   for (std::int64_t t = 0; t < Tn; ++t) {
     double sum = 0;
@@ -228,12 +188,9 @@ double moe_aux_loss_fwd(const Tensor& scores, const MoeRouting& route, const Rou
   return static_cast<double>(E) * loss / static_cast<double>(Tn);
 }
 
-void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& route, const RouterParams& p,
-                      double dloss) {
+void host::moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const std::vector<double>& f, const RouterParams& p,
+                            double dloss) {
   const std::int64_t E = p.experts, Tn = scores.numel() / E;
-  host::require_numel(dscores, scores.numel(), "moe_aux_loss_bwd: dscores");
-  const auto f = assignment_shares(route, p, Tn);
-  HCP_ROUTE_CUDA(scores, cuda_impl::moe_aux_loss_bwd(dscores, scores, f, p, dloss));
   for (std::int64_t t = 0; t < Tn; ++t) {
     double sum = 0, inner = 0;
     for (std::int64_t e = 0; e < E; ++e) sum += scores.get(t * E + e);
@@ -244,13 +201,9 @@ void moe_aux_loss_bwd(Tensor& dscores, const Tensor& scores, const MoeRouting& r
   }
 }
 
-void moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x) {
-  HCP_CHECK(x.dim() == 2, "moe_permute: x must be [T,C]");
-  const std::int64_t Tn = x.size(0), C = x.size(1), K = route.topk;
+void host::moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x) {
+  const std::int64_t C = x.size(1), K = route.topk;
   const std::int64_t TK = route.idx.defined() ? route.idx.numel() : 0;
-  HCP_CHECK(Tn > 0 && TK == Tn * K, "moe_permute: ", TK, " assignments for ", Tn, " tokens of ", K);
-  host::require_numel(xp, TK * C, "moe_permute: xp [T*k,C]");
-  HCP_ROUTE_CUDA(x, cuda_impl::moe_permute(xp, route, x));
   const std::vector<std::int64_t> topk_idx = route.indices();
   std::vector<std::int64_t> off = route.offsets();
   std::vector<std::int64_t> src(static_cast<std::size_t>(TK), 0), inv(static_cast<std::size_t>(TK), 0);
@@ -273,12 +226,9 @@ void moe_permute(Tensor& xp, MoeRouting& route, const Tensor& x) {
   });
 }
 
-void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const MoeRouting& route) {
+void host::moe_permute_bwd(Tensor& dx, const Tensor& dxp, const MoeRouting& route) {
   const std::int64_t TK = permuted_rows(route, "moe_permute_bwd"), topk = route.topk, Tn = TK / topk;
-  HCP_CHECK(TK > 0 && dxp.numel() % TK == 0, "moe_permute_bwd: dxp is not [T*k, C]");
   const std::int64_t C = dxp.numel() / TK;
-  host::require_numel(dx, Tn * C, "moe_permute_bwd: dx [T,C]");
-  HCP_ROUTE_CUDA(dxp, cuda_impl::moe_permute_bwd(dx, dxp, route));
   const std::vector<std::int64_t> inv = ids(route.inv);
   HCP_DISPATCH_FLOAT(dxp, {
     In<T> d_(dxp, "dxp");
@@ -295,12 +245,9 @@ void moe_permute_bwd(Tensor& dx, const Tensor& dxp, const MoeRouting& route) {
   });
 }
 
-void moe_combine_fwd(Tensor& y, const Tensor& yp, const MoeRouting& route, const Tensor& topk_w) {
+void host::moe_combine_fwd(Tensor& y, const Tensor& yp, const MoeRouting& route, const Tensor& topk_w) {
   const std::int64_t TK = permuted_rows(route, "moe_combine");
-  HCP_CHECK(TK > 0 && yp.numel() % TK == 0 && topk_w.numel() == TK, "moe_combine: yp / topk_w shapes");
   const std::int64_t C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1, Tn = TK / K;
-  host::require_numel(y, Tn * C, "moe_combine: y [T,C]");
-  HCP_ROUTE_CUDA(yp, cuda_impl::moe_combine_fwd(y, yp, route, topk_w));
   const std::vector<std::int64_t> inv = ids(route.inv);
   HCP_DISPATCH_FLOAT(yp, {
     In<T> yp_(yp, "yp"), w_(topk_w, "topk_w");
@@ -318,15 +265,10 @@ void moe_combine_fwd(Tensor& y, const Tensor& yp, const MoeRouting& route, const
   });
 }
 
-void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const MoeRouting& route,
-                     const Tensor& topk_w) {
+void host::moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const MoeRouting& route,
+                           const Tensor& topk_w) {
   const std::int64_t TK = permuted_rows(route, "moe_combine_bwd");
-  HCP_CHECK(TK > 0 && yp.numel() % TK == 0 && topk_w.numel() == TK, "moe_combine_bwd: shapes");
   const std::int64_t C = yp.numel() / TK, K = topk_w.dim() == 2 ? topk_w.size(1) : 1;
-  host::require_numel(dyp, yp.numel(), "moe_combine_bwd: dyp");
-  host::require_numel(dtopk_w, TK, "moe_combine_bwd: dtopk_w");
-  host::require_numel(dy, (TK / K) * C, "moe_combine_bwd: dy");
-  HCP_ROUTE_CUDA(yp, cuda_impl::moe_combine_bwd(dyp, dtopk_w, dy, yp, route, topk_w));
   const std::vector<std::int64_t> src = route.sources();
   HCP_DISPATCH_FLOAT(yp, {
     In<T> yp_(yp, "yp"), w_(topk_w, "topk_w"), dy_(dy, "dy");
@@ -349,30 +291,6 @@ void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tenso
 }
 
 namespace {
-struct MlpShape {
-  std::int64_t E, F1, F, C, rows;
-  std::vector<std::int64_t> off;
-};
-MlpShape check_mlp(const Tensor& xp, const Tensor& W1, const Tensor& W2, const std::vector<std::int64_t>& counts,
-                   Activation act) {
-  HCP_CHECK(W1.dim() == 3 && W2.dim() == 3, "expert_mlp: W1 must be [E,F1,C] and W2 [E,C,F]");
-  MlpShape s;
-  s.E = W1.size(0);
-  s.F1 = W1.size(1);
-  s.C = W1.size(2);
-  s.F = act == Activation::SwiGLU ? s.F1 / 2 : s.F1;
-  HCP_CHECK(act != Activation::SwiGLU || s.F1 % 2 == 0, "expert_mlp: SwiGLU needs an even W1 row count");
-  HCP_CHECK(W2.size(0) == s.E && W2.size(1) == s.C && W2.size(2) == s.F, "expert_mlp: W2 ", shape_str(W2.shape()),
-            " does not match [E=", s.E, ", C=", s.C, ", F=", s.F, "]");
-  HCP_CHECK(static_cast<std::int64_t>(counts.size()) == s.E, "expert_mlp: ", counts.size(), " counts for ", s.E,
-            " experts");
-  s.off.assign(static_cast<std::size_t>(s.E + 1), 0);
-  for (std::int64_t e = 0; e < s.E; ++e)
-    s.off[static_cast<std::size_t>(e + 1)] = s.off[static_cast<std::size_t>(e)] + counts[static_cast<std::size_t>(e)];
-  s.rows = s.off.back();
-  host::require_numel(xp, s.rows * s.C, "expert_mlp: xp [rows,C]");
-  return s;
-}
 template <class T>
 inline T act_fwd(const T* h, std::int64_t f, std::int64_t F, Activation a) {
   if (a == Activation::SquaredReLU) {
@@ -383,12 +301,9 @@ inline T act_fwd(const T* h, std::int64_t f, std::int64_t F, Activation a) {
 }
 }  // namespace
 
-void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,
-                    const std::vector<std::int64_t>& counts, Activation act) {
+void host::expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,
+                          const std::vector<std::int64_t>& counts, Activation act) {
   const MlpShape s = check_mlp(xp, W1, W2, counts, act);
-  host::require_numel(yp, s.rows * s.C, "expert_mlp_fwd: yp");
-  host::require_numel(h, s.rows * s.F1, "expert_mlp_fwd: h");
-  HCP_ROUTE_CUDA(xp, cuda_impl::expert_mlp_fwd(yp, h, xp, W1, W2, counts, act));
   HCP_DISPATCH_FLOAT(xp, {
     In<T> x_(xp, "xp"), W1_(W1, "W1"), W2_(W2, "W2");
     Out<T> y_(yp, "yp"), h_(h, "h");
@@ -412,15 +327,9 @@ void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, c
   });
 }
 
-void expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, const Tensor& W1, const Tensor& W2,
-                    const Tensor& h, const std::vector<std::int64_t>& counts, Activation act, const Tensor& dyp) {
+void host::expert_mlp_bwd(Tensor& dxp, Tensor& dW1, Tensor& dW2, const Tensor& xp, const Tensor& W1, const Tensor& W2,
+                          const Tensor& h, const std::vector<std::int64_t>& counts, Activation act, const Tensor& dyp) {
   const MlpShape s = check_mlp(xp, W1, W2, counts, act);
-  host::require_numel(dxp, xp.numel(), "expert_mlp_bwd: dxp");
-  host::require_numel(dW1, W1.numel(), "expert_mlp_bwd: dW1");
-  host::require_numel(dW2, W2.numel(), "expert_mlp_bwd: dW2");
-  host::require_numel(h, s.rows * s.F1, "expert_mlp_bwd: h");
-  host::require_numel(dyp, s.rows * s.C, "expert_mlp_bwd: dyp");
-  HCP_ROUTE_CUDA(xp, cuda_impl::expert_mlp_bwd(dxp, dW1, dW2, xp, W1, W2, h, counts, act, dyp));
   HCP_DISPATCH_FLOAT(xp, {
     In<T> x_(xp, "xp"), W1_(W1, "W1"), W2_(W2, "W2"), h_(h, "h"), dy_(dyp, "dyp");
     Out<T> dx_(dxp, "dxp"), dW1_(dW1, "dW1"), dW2_(dW2, "dW2");

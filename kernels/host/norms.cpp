@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kernels/host/common.hpp"
+#include "kernels/host/host_kernels.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::kernels {
@@ -13,13 +14,9 @@ using host::Range;
 }  // namespace
 
 // ---- RMSNorm ----------------------------------------------------------------------------------
-void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
+void host::rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, double eps) {
   const std::int64_t C = w.numel();
-  HCP_CHECK(C > 0 && x.numel() % C == 0, "rmsnorm: x ", shape_str(x.shape()), " is not [M, C=", C, "]");
   const std::int64_t M = x.numel() / C;
-  host::require_numel(y, x.numel(), "rmsnorm_fwd: y");
-  host::require_numel(rstd, M, "rmsnorm_fwd: rstd");
-  HCP_ROUTE_CUDA(x, cuda_impl::rmsnorm_fwd(y, rstd, x, w, eps));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), w_(w, "w");
     Out<T> y_(y, "y"), r_(rstd, "rstd");
@@ -37,15 +34,9 @@ void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, doub
   });
 }
 
-void rmsnorm_bwd(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy) {
+void host::rmsnorm_bwd(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy) {
   const std::int64_t C = w.numel();
-  HCP_CHECK(C > 0 && x.numel() % C == 0, "rmsnorm: x ", shape_str(x.shape()), " is not [M, C=", C, "]");
   const std::int64_t M = x.numel() / C;
-  host::require_numel(dx, x.numel(), "rmsnorm_bwd: dx");
-  host::require_numel(dw, C, "rmsnorm_bwd: dw");
-  host::require_numel(rstd, M, "rmsnorm_bwd: rstd");
-  host::require_numel(dy, x.numel(), "rmsnorm_bwd: dy");
-  HCP_ROUTE_CUDA(x, cuda_impl::rmsnorm_bwd(dx, dw, x, w, rstd, dy));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), w_(w, "w"), r_(rstd, "rstd"), dy_(dy, "dy");
     Out<T> dx_(dx, "dx"), dw_(dw, "dw");
@@ -71,16 +62,10 @@ void rmsnorm_bwd(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const
 }
 
 // ---- gated group RMSNorm ----------------------------------------------------------------------
-void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w, std::int64_t groups,
-                       double eps) {
+void host::gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z, const Tensor& w,
+                             std::int64_t groups, double eps) {
   const std::int64_t C = w.numel();
-  HCP_CHECK(groups > 0 && C % groups == 0, "gated_rmsnorm: groups (", groups, ") must divide channels (", C, ")");
-  HCP_CHECK(C > 0 && x.numel() % C == 0 && z.numel() == x.numel(), "gated_rmsnorm: x ", shape_str(x.shape()), " / z ",
-            shape_str(z.shape()), " are not [M, C=", C, "]");
   const std::int64_t M = x.numel() / C, Cg = C / groups;
-  host::require_numel(y, x.numel(), "gated_rmsnorm_fwd: y");
-  host::require_numel(rstd, M * groups, "gated_rmsnorm_fwd: rstd [M,G]");
-  HCP_ROUTE_CUDA(x, cuda_impl::gated_rmsnorm_fwd(y, rstd, x, z, w, groups, eps));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), z_(z, "z"), w_(w, "w");
     Out<T> y_(y, "y"), r_(rstd, "rstd");
@@ -103,18 +88,10 @@ void gated_rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& z
   });
 }
 
-void gated_rmsnorm_bwd(Tensor& dx, Tensor& dz, Tensor& dw, const Tensor& x, const Tensor& z, const Tensor& w,
-                       const Tensor& rstd, std::int64_t groups, const Tensor& dy) {
+void host::gated_rmsnorm_bwd(Tensor& dx, Tensor& dz, Tensor& dw, const Tensor& x, const Tensor& z, const Tensor& w,
+                             const Tensor& rstd, std::int64_t groups, const Tensor& dy) {
   const std::int64_t C = w.numel();
-  HCP_CHECK(groups > 0 && C % groups == 0, "gated_rmsnorm: groups (", groups, ") must divide channels (", C, ")");
-  HCP_CHECK(C > 0 && x.numel() % C == 0 && z.numel() == x.numel(), "gated_rmsnorm: x / z are not [M, C]");
   const std::int64_t M = x.numel() / C, Cg = C / groups;
-  host::require_numel(dx, x.numel(), "gated_rmsnorm_bwd: dx");
-  host::require_numel(dz, x.numel(), "gated_rmsnorm_bwd: dz");
-  host::require_numel(dw, C, "gated_rmsnorm_bwd: dw");
-  host::require_numel(rstd, M * groups, "gated_rmsnorm_bwd: rstd");
-  host::require_numel(dy, x.numel(), "gated_rmsnorm_bwd: dy");
-  HCP_ROUTE_CUDA(x, cuda_impl::gated_rmsnorm_bwd(dx, dz, dw, x, z, w, rstd, groups, dy));
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x"), z_(z, "z"), w_(w, "w"), r_(rstd, "rstd"), dy_(dy, "dy");
     Out<T> dx_(dx, "dx"), dz_(dz, "dz"), dw_(dw, "dw");

@@ -4,6 +4,7 @@
 #include <initializer_list>
 
 #include "kernels/host/common.hpp"
+#include "kernels/host/host_kernels.hpp"
 #include "kernels/kernels.hpp"
 
 namespace hcp::kernels {
@@ -12,10 +13,7 @@ using host::In;
 using host::Range;
 }  // namespace
 
-double sum_squares(const Tensor& x) {
-#ifdef HCP_HAVE_CUDA
-  if (x.space() == Space::Cuda) return cuda_impl::sum_squares(x);
-#endif
+double host::sum_squares(const Tensor& x) {
   double sq = 0;
   HCP_DISPATCH_FLOAT(x, {
     In<T> x_(x, "x");
@@ -25,14 +23,7 @@ double sum_squares(const Tensor& x) {
   return sq;
 }
 
-void adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& s) {
-  HCP_CHECK(p.dtype() == DType::F64 || p.dtype() == DType::F32, "adamw_update: parameters must be fp32 or fp64, got ",
-            to_string(p.dtype()));
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&g, &m, &v})
-    HCP_CHECK(t->dtype() == p.dtype() && t->numel() == p.numel() && t->is_contiguous() && t->space() == p.space(),
-              "adamw_update: gradient and moments must match the parameter (dtype, size, memory space, contiguous)");
-  HCP_CHECK(p.is_contiguous(), "adamw_update: the parameter must be contiguous");
-  HCP_ROUTE_CUDA(p, cuda_impl::adamw_update(p, g, m, v, s));
+void host::adamw_update(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWStep& s) {
   HCP_DISPATCH_FLOAT(p, {
     T *pb = p.data<T>(), *mb = m.data<T>(), *vb = v.data<T>();
     const T* gb = g.data<T>();

@@ -8,40 +8,17 @@
 #include <vector>
 
 #include "kernels/host/common.hpp"
+#include "kernels/host/host_kernels.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/shape_rules.hpp"
 
 namespace hcp::kernels {
+using rules::check_ssd;
 namespace {
 
 using host::In;
 using host::Out;
 using host::Range;
-
-void check_ssd(const SsdInputs& in, const SsdParams& p) {
-  HCP_CHECK(in.x && in.dt && in.A_log && in.Bm && in.Cm, "ssd: x, dt, A_log, B and C are required");
-  HCP_CHECK(p.batch > 0 && p.seqlen > 0 && p.heads > 0 && p.head_dim > 0 && p.groups > 0 && p.d_state > 0,
-            "ssd: sizes must be positive");
-  HCP_CHECK(p.heads % p.groups == 0, "ssd: n_groups (", p.groups, ") must divide heads (", p.heads, ")");
-  HCP_CHECK(p.chunk > 0, "ssd: chunk size must be > 0, got ", p.chunk);
-  const std::int64_t BL = p.batch * p.seqlen;
-  host::require_numel(*in.x, BL * p.heads * p.head_dim, "ssd: x [B,L,H,P]");
-  host::require_numel(*in.dt, BL * p.heads, "ssd: dt [B,L,H]");
-  host::require_numel(*in.A_log, p.heads, "ssd: A_log [H]");
-  host::require_numel(*in.Bm, BL * p.groups * p.d_state, "ssd: B [B,L,G,N]");
-  host::require_numel(*in.Cm, BL * p.groups * p.d_state, "ssd: C [B,L,G,N]");
-  if (in.D) host::require_numel(*in.D, p.heads, "ssd: D [H]");
-  if (in.dt_bias) host::require_numel(*in.dt_bias, p.heads, "ssd: dt_bias [H]");
-  if (in.init_states)
-    host::require_numel(*in.init_states, p.batch * p.heads * p.head_dim * p.d_state, "ssd: initial states [B,H,P,N]");
-  if (in.seq_idx) {
-    HCP_CHECK(static_cast<std::int64_t>(in.seq_idx->size()) == BL, "ssd: seq_idx has ", in.seq_idx->size(),
-              " entries, expected B*L = ", BL);
-    for (std::int64_t b = 0; b < p.batch; ++b)
-      for (std::int64_t t = 1; t < p.seqlen; ++t)
-        HCP_CHECK((*in.seq_idx)[b * p.seqlen + t] >= (*in.seq_idx)[b * p.seqlen + t - 1],
-                  "ssd: seq_idx must be non-decreasing along each row");
-  }
-}
 
 // Typed pointers to all inputs plus the effective dt and its derivative factor.
 template <class T>
@@ -404,12 +381,7 @@ void reduce_heads(Tensor* out, const std::vector<T>& part, const SsdParams& p, b
 
 }  // namespace
 
-void ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p) {
-  check_ssd(in, p);
-  host::require_numel(y, in.x->numel(), "ssd_fwd: y");
-  if (final_states)
-    host::require_numel(*final_states, p.batch * p.heads * p.head_dim * p.d_state, "ssd_fwd: final_states");
-  HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_fwd(y, final_states, in, p));
+void host::ssd_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, const SsdParams& p) {
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
     Out<T> y_(y, "y");
@@ -437,17 +409,7 @@ void ssd_sequential_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, co
   });
 }
 
-void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal, const SsdParams& p) {
-  check_ssd(in, p);
-  HCP_CHECK(g.dx && g.ddt && g.dA_log && g.dB && g.dC, "ssd_bwd: dx, ddt, dA_log, dB, dC are required");
-  host::require_numel(dy, in.x->numel(), "ssd_bwd: dy");
-  host::require_numel(*g.dx, in.x->numel(), "ssd_bwd: dx");
-  host::require_numel(*g.ddt, in.dt->numel(), "ssd_bwd: ddt");
-  host::require_numel(*g.dA_log, p.heads, "ssd_bwd: dA_log");
-  host::require_numel(*g.dB, in.Bm->numel(), "ssd_bwd: dB");
-  host::require_numel(*g.dC, in.Cm->numel(), "ssd_bwd: dC");
-  HCP_CHECK(!g.dinit_states || in.init_states, "ssd_bwd: dinit_states requested without init_states");
-  HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_bwd(g, in, dy, dfinal, p));
+void host::ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal, const SsdParams& p) {
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
     In<T> dy_(dy, "dy");
@@ -474,11 +436,7 @@ void ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Ten
   });
 }
 
-void ssd_run_decay(Tensor& decay, const SsdInputs& in, const SsdParams& p) {
-  check_ssd(in, p);
-  HCP_CHECK(!in.seq_idx, "ssd_run_decay: every row must be one sequence's run (no seq_idx)");
-  host::require_numel(decay, p.batch * p.heads, "ssd_run_decay: decay [B,H]");
-  HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_run_decay(decay, in, p));
+void host::ssd_run_decay(Tensor& decay, const SsdInputs& in, const SsdParams& p) {
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
     Out<T> a(decay, "decay");
@@ -491,12 +449,7 @@ void ssd_run_decay(Tensor& decay, const SsdInputs& in, const SsdParams& p) {
   });
 }
 
-void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p) {
-  check_ssd(in, p);
-  HCP_CHECK(in.init_states, "ssd_init_state_fwd: init_states are required");
-  HCP_CHECK(!in.seq_idx, "ssd_init_state_fwd: every row must be one sequence's run (no seq_idx)");
-  host::require_numel(y, in.x->numel(), "ssd_init_state_fwd: y");
-  HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_init_state_fwd(y, in, p));
+void host::ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p) {
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
     Out<T> y_(y, "y", true);
@@ -504,22 +457,8 @@ void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p) {
   });
 }
 
-void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
-                        const SsdParams& p) {
-  check_ssd(in, p);
-  HCP_CHECK(in.init_states, "ssd_init_state_bwd: init_states are required");
-  HCP_CHECK(!in.seq_idx, "ssd_init_state_bwd: every row must be one sequence's run (no seq_idx)");
-  HCP_CHECK(g.ddt && g.dA_log, "ssd_init_state_bwd: ddt and dA_log are required");
-  HCP_CHECK(!dy || (g.dC && g.dinit_states), "ssd_init_state_bwd: dy needs dC and dinit_states");
-  host::require_numel(*g.ddt, in.dt->numel(), "ssd_init_state_bwd: ddt");
-  if (dy) {
-    host::require_numel(*dy, in.x->numel(), "ssd_init_state_bwd: dy");
-    host::require_numel(*g.dC, in.Cm->numel(), "ssd_init_state_bwd: dC");
-    host::require_numel(*g.dinit_states, p.batch * p.heads * p.head_dim * p.d_state,
-                        "ssd_init_state_bwd: dinit_states");
-  }
-  if (ddecay) host::require_numel(*ddecay, p.batch * p.heads, "ssd_init_state_bwd: ddecay [B,H]");
-  HCP_ROUTE_CUDA(*in.x, cuda_impl::ssd_init_state_bwd(g, in, dy, ddecay, p));
+void host::ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
+                              const SsdParams& p) {
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);
     Tensor dummy = Tensor::zeros({1}, dtype_of<T>(), Space::Host);
@@ -538,19 +477,6 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
 }
 
 namespace {
-void check_state_scan(const Tensor& S, const Tensor& a, const Tensor& Sin, const std::vector<std::int64_t>& order,
-                      const std::vector<std::int64_t>& off, const char* what) {
-  HCP_CHECK(
-      S.dim() == 4 && a.dim() == 2 && a.size(0) == S.size(0) && a.size(1) == S.size(1) && Sin.shape() == S.shape(),
-      what, ": need S, Sin [slots,H,P,N] and a [slots,H], got ", shape_str(S.shape()), ", ", shape_str(Sin.shape()),
-      ", ", shape_str(a.shape()));
-  HCP_CHECK(S.dtype() == a.dtype() && S.dtype() == Sin.dtype() && S.space() == a.space() && S.space() == Sin.space(),
-            what, ": tensors must share dtype and memory space");
-  HCP_CHECK(!off.empty() && off.front() == 0 && off.back() == static_cast<std::int64_t>(order.size()), what,
-            ": offsets must run from 0 to the number of slots named");
-  for (std::int64_t o : order)
-    HCP_CHECK(o >= 0 && o < S.size(0), what, ": slot ", o, " out of range [0, ", S.size(0), ")");
-}
 template <class T>
 void scan_fwd(T* Sin, const T* S, const T* a, const std::vector<std::int64_t>& order,
               const std::vector<std::int64_t>& off, std::int64_t H, std::int64_t PN) {
@@ -588,20 +514,9 @@ void scan_bwd(T* dS, T* da, const T* dSin, const T* Sin, const T* a, const std::
     }
   }
 }
-void check_compose(const Tensor& A, const Tensor& B, const Tensor& A_prev, const Tensor& B_prev, const char* what) {
-  HCP_CHECK(B.dim() == 4 && A.dim() == 2 && A.size(0) == B.size(0) && A.size(1) == B.size(1) &&
-                B_prev.shape() == B.shape() && A_prev.shape() == A.shape(),
-            what, ": need B, B_prev [rows,H,P,N] and A, A_prev [rows,H], got ", shape_str(B.shape()), ", ",
-            shape_str(B_prev.shape()), ", ", shape_str(A.shape()), ", ", shape_str(A_prev.shape()));
-  for (const Tensor* t : {&A, &A_prev, &B_prev})
-    HCP_CHECK(t->dtype() == B.dtype() && t->space() == B.space(), what, ": tensors must share dtype and memory space");
-  HCP_CHECK(B.dtype() == DType::F64 || B.dtype() == DType::F32, what, ": states must be fp32 or fp64");
-}
 }  // namespace
 
-void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev) {
-  check_compose(A, B, A_prev, B_prev, "ssd_state_compose");
-  HCP_ROUTE_CUDA(B, cuda_impl::ssd_state_compose(A, B, A_prev, B_prev));
+void host::ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev) {
   HCP_DISPATCH_FLOAT(B, {
     In<T> ap(A_prev, "A_prev"), bp(B_prev, "B_prev");
     Out<T> a(A, "A", true), b(B, "B", true);
@@ -615,13 +530,7 @@ void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor&
   });
 }
 
-void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X) {
-  HCP_CHECK(
-      G.dim() == 4 && X.shape() == G.shape() && da.dim() == 2 && da.size(0) == G.size(0) && da.size(1) == G.size(1),
-      "ssd_state_dot: need G, X [rows,H,P,N] and da [rows,H]");
-  HCP_CHECK(X.dtype() == G.dtype() && da.dtype() == G.dtype() && X.space() == G.space() && da.space() == G.space(),
-            "ssd_state_dot: tensors must share dtype and memory space");
-  HCP_ROUTE_CUDA(G, cuda_impl::ssd_state_dot(da, G, X));
+void host::ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X) {
   HCP_DISPATCH_FLOAT(G, {
     In<T> g(G, "G"), x(X, "X");
     Out<T> o(da, "da", false);
@@ -636,10 +545,8 @@ void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X) {
   });
 }
 
-void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std::vector<std::int64_t>& order,
-                        const std::vector<std::int64_t>& off) {
-  check_state_scan(S, a, Sin, order, off, "ssd_state_scan_fwd");
-  HCP_ROUTE_CUDA(S, cuda_impl::ssd_state_scan_fwd(Sin, S, a, order, off));
+void host::ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std::vector<std::int64_t>& order,
+                              const std::vector<std::int64_t>& off) {
   HCP_DISPATCH_FLOAT(S, {
     In<T> S_(S, "S"), a_(a, "a");
     Out<T> o(Sin, "Sin", true);
@@ -647,11 +554,8 @@ void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std
   });
 }
 
-void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,
-                        const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off) {
-  check_state_scan(Sin, a, dSin, order, off, "ssd_state_scan_bwd");
-  HCP_CHECK(dS.shape() == Sin.shape() && da.shape() == a.shape(), "ssd_state_scan_bwd: dS and da must match S and a");
-  HCP_ROUTE_CUDA(Sin, cuda_impl::ssd_state_scan_bwd(dS, da, dSin, Sin, a, order, off));
+void host::ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,
+                              const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off) {
   HCP_DISPATCH_FLOAT(Sin, {
     In<T> g(dSin, "dSin"), s(Sin, "Sin"), a_(a, "a");
     Out<T> o(dS, "dS", true), oa(da, "da", true);
