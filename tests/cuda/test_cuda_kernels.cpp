@@ -492,6 +492,16 @@ void check_ssd(const test::SsdCase& hc, bool packed, const std::string& tag) {
     expect_match(dg.dA_log, hg.dA_log, d, "state-term dA_log" + tag);
     expect_match(dg.ddt_bias, hg.ddt_bias, d, "state-term ddt_bias" + tag);
     expect_match(dg.dinit, hg.dinit, d, "state-term dS0" + tag);
+    // The decay's gradient alone (state passing's zero-state pieces): its own parallel kernel.
+    Tensor hA = Tensor::zeros({H}, d), hb = Tensor::zeros({H}, d), dA = Tensor::zeros({H}, d, Space::Cuda),
+           db = Tensor::zeros({H}, d, Space::Cuda);
+    SsdStateGrads hag{nullptr, &hg.ddt, &hA, &hb, nullptr}, dag{nullptr, &dg.ddt, &dA, &db, nullptr};
+    ssd_init_state_bwd(hag, hi, nullptr, &dd, p);
+    ssd_init_state_bwd(dag, di, nullptr, &DDc, p);
+    expect_match(dg.ddt, hg.ddt, d, "decay ddt" + tag);
+    expect_match(dA, hA, d, "decay dA_log" + tag);
+    expect_match(db, hb, d, "decay ddt_bias" + tag);
+    EXPECT_GT(compare(hA, Tensor::zeros({H}, d)).max_abs, 0.0) << "decay dA_log is zero" << tag;
   }
 }
 // seq_idx of a packed row: a new sequence starts at each of `cuts`.

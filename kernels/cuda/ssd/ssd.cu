@@ -49,18 +49,48 @@ __device__ __forceinline__ A Aof(const A a_log) {
 }
 
 // ---- state passing -------------------------------------------------------------------------------
+// The summed effective dt of (b, h) over the run, and of the derivative dv (sum_dv), by one block in
+// a fixed order (bitwise repeatable); every thread gets the sums.
 template <class S, class A>
-__global__ void decay_k(S* decay, Ptrs<S> in, Dims d) {
-  const std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (w >= d.B * d.H) return;
-  const std::int64_t b = w / d.H, h = w % d.H;
+__device__ A run_dt_sum(const Ptrs<S>& in, const Dims& d, std::int64_t b, std::int64_t h) {
   A s = 0;
-  for (std::int64_t t = 0; t < d.L; ++t) {
+  for (std::int64_t t = threadIdx.x; t < d.L; t += blockDim.x) {
     A v, dv;
     dt_eff<S, A>(in, d, b, t, h, v, dv);
     s += v;
   }
-  st(decay + w, exp(s * Aof<A>(ld(in.A_log + h))));
+  return block_sum(s);
+}
+// One block per (b, h): the run's total decay exp(A sum dt).
+template <class S, class A>
+__global__ void decay_k(S* decay, Ptrs<S> in, Dims d) {
+  const std::int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
+  const A s = run_dt_sum<S, A>(in, d, b, h);
+  if (threadIdx.x == 0) st(decay + blockIdx.x, exp(s * Aof<A>(ld(in.A_log + h))));
+}
+// The decay's backward alone (no initial-state term), one block per (b, h). With G = ddecay a and
+// a = exp(A sum dt), every token's raw dt gets A G dv, A_log's partial is A G sum(dt), dt_bias's the
+// sum of the tokens' terms.
+template <class S, class A>
+__global__ void decay_bwd_k(S* ddt_out, A* dA_part, A* ddtb_part, const S* ddecay, Ptrs<S> in, Dims d) {
+  const std::int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
+  const A Ah = Aof<A>(ld(in.A_log + h));
+  const A s = run_dt_sum<S, A>(in, d, b, h);
+  const A G = ld(ddecay + blockIdx.x) * exp(s * Ah);
+  A sg = 0;
+  for (std::int64_t t = threadIdx.x; t < d.L; t += blockDim.x) {
+    A v, dv;
+    dt_eff<S, A>(in, d, b, t, h, v, dv);
+    const A graw = Ah * G * dv;
+    S* dd = ddt_out + (b * d.L + t) * d.H + h;
+    st(dd, ld(dd) + graw);
+    sg += graw;
+  }
+  sg = block_sum(sg);
+  if (threadIdx.x == 0) {
+    dA_part[blockIdx.x] = G * s * Ah;
+    ddtb_part[blockIdx.x] = sg;
+  }
 }
 template <class S, class A>
 __global__ void init_fwd_k(S* y, Ptrs<S> in, Dims d) {
@@ -301,7 +331,7 @@ void ssd_run_decay(Tensor& decay, const SsdInputs& in, const SsdParams& p) {
   const Dims d = dims_of(p);
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
-    decay_k<S, A><<<blocks_for(d.B * d.H, 128), 128>>>(dptr<S>(decay), ptrs_of<S>(in, nullptr), d);
+    decay_k<S, A><<<static_cast<unsigned>(d.B * d.H), kThreads>>>(dptr<S>(decay), ptrs_of<S>(in, nullptr), d);
   });
   check_launch("ssd_run_decay");
 }
@@ -324,12 +354,18 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
     CudaExec ex;
-    A *scratch = ex.alloc<A>(d.B * d.G * d.L), *dA = ex.alloc<A>(d.B * d.H), *ddtb = ex.alloc<A>(d.B * d.H);
-    const std::size_t sm = static_cast<std::size_t>(d.P * d.N) * sizeof(A);
-    allow_smem(init_bwd_k<S, A>, sm);
-    init_bwd_k<S, A><<<static_cast<unsigned>(d.B * d.G), kThreads, sm>>>(
-        dy ? dptr<S>(*g.dC) : nullptr, dptr<S>(*g.ddt), dy ? dptr<S>(*g.dinit_states) : nullptr, dA, ddtb,
-        dy ? dptr<S>(*dy) : nullptr, ddecay ? dptr<S>(*ddecay) : nullptr, ptrs_of<S>(in, nullptr), d, scratch);
+    A *dA = ex.alloc<A>(d.B * d.H), *ddtb = ex.alloc<A>(d.B * d.H);
+    if (!dy && ddecay) {  // the decay's gradient alone: parallel over the tokens of each (b, h)
+      decay_bwd_k<S, A><<<static_cast<unsigned>(d.B * d.H), kThreads>>>(dptr<S>(*g.ddt), dA, ddtb, dptr<S>(*ddecay),
+                                                                        ptrs_of<S>(in, nullptr), d);
+    } else {
+      A* scratch = ex.alloc<A>(d.B * d.G * d.L);
+      const std::size_t sm = static_cast<std::size_t>(d.P * d.N) * sizeof(A);
+      allow_smem(init_bwd_k<S, A>, sm);
+      init_bwd_k<S, A><<<static_cast<unsigned>(d.B * d.G), kThreads, sm>>>(
+          dy ? dptr<S>(*g.dC) : nullptr, dptr<S>(*g.ddt), dy ? dptr<S>(*g.dinit_states) : nullptr, dA, ddtb,
+          dy ? dptr<S>(*dy) : nullptr, ddecay ? dptr<S>(*ddecay) : nullptr, ptrs_of<S>(in, nullptr), d, scratch);
+    }
     check_launch("ssd_init_state_bwd");
     reduce_heads(g.dA_log, dA, p, true);
     if (in.dt_bias) reduce_heads(g.ddt_bias, ddtb, p, true);
