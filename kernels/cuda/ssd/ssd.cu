@@ -92,72 +92,167 @@ __global__ void decay_bwd_k(S* ddt_out, A* dA_part, A* ddtb_part, const S* ddeca
     ddtb_part[blockIdx.x] = sg;
   }
 }
+// The initial-state term (a piece that does not start its sequence): y_t += exp(cs_t) C_t . S0, with
+// cs_t = A (dt_0 + ... + dt_t), and its backward. Every kernel is parallel over the tokens and sums
+// in a fixed order (bitwise repeatable).
+constexpr int kTok = 64;  // tokens per block of the per-token kernels
+
+// A fixed-order scan over the L tokens of one (b, h) by one block of kThreads: thread i takes a
+// contiguous run of tokens, a single thread scans the runs' sums; out(t, s) gets the inclusive sum
+// of term up to t (from the last token down when `reverse`).
+template <class A, class Term, class Out>
+__device__ void token_scan(std::int64_t L, bool reverse, Term term, Out out) {
+  __shared__ A part[kThreads];
+  const std::int64_t seg = (L + kThreads - 1) / kThreads, lo = threadIdx.x * seg, hi = lo + seg < L ? lo + seg : L;
+  A s = 0;
+  for (std::int64_t i = lo; i < hi; ++i) s += term(reverse ? L - 1 - i : i);
+  part[threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    A run = 0;
+    for (int i = 0; i < kThreads; ++i) {
+      const A v = part[i];
+      part[i] = run;
+      run += v;
+    }
+  }
+  __syncthreads();
+  A run = part[threadIdx.x];
+  for (std::int64_t i = lo; i < hi; ++i) {
+    const std::int64_t t = reverse ? L - 1 - i : i;
+    run += term(t);
+    out(t, run);
+  }
+  __syncthreads();
+}
+// cs[(b H + h) L + t] = sum over s <= t of A dt_s, one block per (b, h).
 template <class S, class A>
-__global__ void init_fwd_k(S* y, Ptrs<S> in, Dims d) {
-  const std::int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H, g = h / (d.H / d.G);
+__global__ void cumdt_k(A* cs, Ptrs<S> in, Dims d) {
+  const std::int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
   const A Ah = Aof<A>(ld(in.A_log + h));
-  const S* S0 = in.init + (b * d.H + h) * d.P * d.N;
-  A cs = 0;
-  for (std::int64_t t = 0; t < d.L; ++t) {
-    A v, dv;
-    dt_eff<S, A>(in, d, b, t, h, v, dv);
-    cs += v * Ah;
-    const A e = exp(cs);
+  A* row = cs + static_cast<std::int64_t>(blockIdx.x) * d.L;
+  token_scan<A>(
+      d.L, false,
+      [&](std::int64_t t) {
+        A v, dv;
+        dt_eff<S, A>(in, d, b, t, h, v, dv);
+        return v * Ah;
+      },
+      [&](std::int64_t t, A s) { row[t] = s; });
+}
+// y += exp(cs_t) C_t . S0, one block per (b, h, kTok tokens); the head's S0 in shared memory.
+template <class S, class A>
+__global__ void init_fwd_k(S* y, const A* cs, Ptrs<S> in, Dims d) {
+  extern __shared__ unsigned char smem[];
+  A* S0 = reinterpret_cast<A*>(smem);
+  const std::int64_t tiles = (d.L + kTok - 1) / kTok, bh = blockIdx.x / tiles, t0 = blockIdx.x % tiles * kTok;
+  const std::int64_t b = bh / d.H, h = bh % d.H, g = h / (d.H / d.G), PN = d.P * d.N;
+  const std::int64_t nt = d.L - t0 < kTok ? d.L - t0 : kTok;
+  for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) S0[e] = ld(in.init + bh * PN + e);
+  __syncthreads();
+  for (std::int64_t i = threadIdx.x; i < nt * d.P; i += blockDim.x) {  // lanes over tokens: S0 reads broadcast
+    const std::int64_t t = t0 + i % nt, p = i / nt;
     const S* Cr = in.Cm + ((b * d.L + t) * d.G + g) * d.N;
-    for (std::int64_t p = threadIdx.x; p < d.P; p += blockDim.x) {
-      A acc = 0;
-      for (std::int64_t n = 0; n < d.N; ++n) acc += ld(Cr + n) * ld(S0 + p * d.N + n);
-      S* yr = y + ((b * d.L + t) * d.H + h) * d.P + p;
-      st(yr, ld(yr) + e * acc);
+    A acc = 0;
+    for (std::int64_t n = 0; n < d.N; ++n) acc += ld(Cr + n) * S0[p * d.N + n];
+    S* yr = y + ((b * d.L + t) * d.H + h) * d.P + p;
+    st(yr, ld(yr) + exp(cs[bh * d.L + t]) * acc);
+  }
+}
+// The backward per token, one block per (b, g, kTok tokens), the group's heads in order: with
+// Z_t = dy_t^T S0 (over p), dC_t gets the heads' exp(cs_t) Z_t (summed here, added once) and
+// dcs[t] = exp(cs_t) C_t . Z_t (a warp per token).
+template <class S, class A>
+__global__ void init_bwd_tok_k(S* dC, A* dcs, const S* dy, const A* cs, Ptrs<S> in, Dims d) {
+  extern __shared__ unsigned char smem[];
+  A* S0 = reinterpret_cast<A*>(smem);  // [P N] this head's initial state
+  A* acc = S0 + d.P * d.N;             // [kTok N] the tile's dC, summed over the group's heads
+  const std::int64_t tiles = (d.L + kTok - 1) / kTok, bg = blockIdx.x / tiles, t0 = blockIdx.x % tiles * kTok;
+  const std::int64_t b = bg / d.G, g = bg % d.G, hpg = d.H / d.G, PN = d.P * d.N;
+  const std::int64_t nt = d.L - t0 < kTok ? d.L - t0 : kTok;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (std::int64_t e = threadIdx.x; e < nt * d.N; e += blockDim.x) acc[e] = 0;
+  for (std::int64_t h = g * hpg; h < (g + 1) * hpg; ++h) {
+    __syncthreads();  // the previous head's reads of S0 are done
+    for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) S0[e] = ld(in.init + (b * d.H + h) * PN + e);
+    __syncthreads();
+    for (std::int64_t j = warp; j < nt; j += nw) {
+      const std::int64_t t = t0 + j;
+      const A e = exp(cs[(b * d.H + h) * d.L + t]);
+      const S* dyt = dy + ((b * d.L + t) * d.H + h) * d.P;
+      const S* Ct = in.Cm + ((b * d.L + t) * d.G + g) * d.N;
+      A dot = 0;
+      for (std::int64_t n = lane; n < d.N; n += 32) {
+        A z = 0;
+        for (std::int64_t p = 0; p < d.P; ++p) z += ld(dyt + p) * S0[p * d.N + n];
+        acc[j * d.N + n] += e * z;
+        dot += ld(Ct + n) * z;
+      }
+      dot = warp_sum(dot);
+      if (lane == 0) dcs[(b * d.H + h) * d.L + t] = e * dot;
+    }
+  }
+  __syncthreads();
+  for (std::int64_t e = threadIdx.x; e < nt * d.N; e += blockDim.x) {
+    S* o = dC + ((b * d.L + t0 + e / d.N) * d.G + g) * d.N + e % d.N;
+    st(o, ld(o) + acc[e]);
+  }
+}
+// dS0 = sum over t of exp(cs_t) dy_t C_t^T, one block per (b, h): each thread sums kPer of its
+// elements over the tokens in order, kTok tokens at a time staged in shared memory.
+template <class S, class A>
+__global__ void init_dS0_k(S* dinit, const S* dy, const A* cs, Ptrs<S> in, Dims d) {
+  constexpr int kPer = 8;
+  extern __shared__ unsigned char smem[];
+  A* ey = reinterpret_cast<A*>(smem);  // [kTok P] exp(cs_t) dy_t
+  A* Cs = ey + kTok * d.P;             // [kTok N] C_t
+  const std::int64_t bh = blockIdx.x, b = bh / d.H, h = bh % d.H, g = h / (d.H / d.G), PN = d.P * d.N;
+  for (std::int64_t e0 = 0; e0 < PN; e0 += kPer * blockDim.x) {
+    A acc[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) acc[k] = 0;
+    for (std::int64_t t0 = 0; t0 < d.L; t0 += kTok) {
+      const std::int64_t nt = d.L - t0 < kTok ? d.L - t0 : kTok;
+      __syncthreads();  // the previous tile's reads are done
+      for (std::int64_t i = threadIdx.x; i < nt * d.P; i += blockDim.x) {
+        const std::int64_t t = t0 + i / d.P;
+        ey[i] = exp(cs[bh * d.L + t]) * ld(dy + ((b * d.L + t) * d.H + h) * d.P + i % d.P);
+      }
+      for (std::int64_t i = threadIdx.x; i < nt * d.N; i += blockDim.x)
+        Cs[i] = ld(in.Cm + ((b * d.L + t0 + i / d.N) * d.G + g) * d.N + i % d.N);
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const std::int64_t e = e0 + k * blockDim.x + threadIdx.x;
+        if (e < PN) {
+          const std::int64_t p = e / d.N, n = e % d.N;
+          A s = acc[k];
+          for (std::int64_t j = 0; j < nt; ++j) s += ey[j * d.P + p] * Cs[j * d.N + n];
+          acc[k] = s;
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const std::int64_t e = e0 + k * blockDim.x + threadIdx.x;
+      if (e < PN) st(dinit + bh * PN + e, acc[k]);
     }
   }
 }
-// One block per (b, g); scratch: dcs [L] per block. Accumulates dC and ddt; per-head partials.
+// The dt terms, one block per (b, h): with acc_t the sum of dcs from the last token down to t (and
+// ddecay exp(cs_{L-1}) at the last token), A_log's partial is A sum_t acc_t dt_t, each token's raw
+// dt gets A acc_t dv_t, and dt_bias's partial is the sum of those.
 template <class S, class A>
-__global__ void init_bwd_k(S* dC, S* ddt_out, S* dinit, A* dA_part, A* ddtb_part, const S* dy, const S* ddecay,
-                           Ptrs<S> in, Dims d, A* scratch) {
-  extern __shared__ unsigned char smem[];
-  A* dS0 = reinterpret_cast<A*>(smem);  // the initial state's gradient, accumulated over tokens
-  const std::int64_t b = blockIdx.x / d.G, g = blockIdx.x % d.G, hpg = d.H / d.G, PN = d.P * d.N;
-  A* dcs = scratch + static_cast<std::int64_t>(blockIdx.x) * d.L;
-  for (std::int64_t h = g * hpg; h < (g + 1) * hpg; ++h) {
-    const A Ah = Aof<A>(ld(in.A_log + h));
-    const S* S0 = in.init + (b * d.H + h) * PN;
-    if (dy)
-      for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) dS0[e] = 0;
-    __syncthreads();
-    A cs = 0;
-    for (std::int64_t t = 0; t < d.L; ++t) {
-      A v, dv;
-      dt_eff<S, A>(in, d, b, t, h, v, dv);
-      cs += v * Ah;
-      const A e = exp(cs);
-      A val = 0;
-      if (dy) {
-        const S* Ct = in.Cm + ((b * d.L + t) * d.G + g) * d.N;
-        const S* dyt = dy + ((b * d.L + t) * d.H + h) * d.P;
-        A part = 0;
-        for (std::int64_t ee = threadIdx.x; ee < PN; ee += blockDim.x) {
-          const std::int64_t p = ee / d.N, n = ee % d.N;
-          part += ld(dyt + p) * ld(S0 + ee) * ld(Ct + n);
-          dS0[ee] += e * ld(dyt + p) * ld(Ct + n);
-        }
-        val = e * block_sum(part);
-        for (std::int64_t n = threadIdx.x; n < d.N; n += blockDim.x) {
-          A acc = 0;
-          for (std::int64_t p = 0; p < d.P; ++p) acc += ld(dyt + p) * ld(S0 + p * d.N + n);
-          S* dCt = dC + ((b * d.L + t) * d.G + g) * d.N + n;
-          st(dCt, ld(dCt) + e * acc);
-        }
-      }
-      if (t == d.L - 1 && ddecay) val += ld(ddecay + b * d.H + h) * e;
-      if (threadIdx.x == 0) dcs[t] = val;
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-      A acc = 0, dA = 0, ddtb = 0;
-      for (std::int64_t t = d.L - 1; t >= 0; --t) {
-        acc += dcs[t];
+__global__ void init_dt_k(S* ddt_out, A* dA_part, A* ddtb_part, const A* dcs, const A* cs, const S* ddecay, Ptrs<S> in,
+                          Dims d) {
+  const std::int64_t bh = blockIdx.x, b = bh / d.H, h = bh % d.H;
+  const A Ah = Aof<A>(ld(in.A_log + h));
+  const A* row = dcs + bh * d.L;
+  const A last = ddecay ? ld(ddecay + bh) * exp(cs[bh * d.L + d.L - 1]) : A(0);
+  A dA = 0, ddtb = 0;
+  token_scan<A>(
+      d.L, true, [&](std::int64_t t) { return row[t] + (t == d.L - 1 ? last : A(0)); },
+      [&](std::int64_t t, A acc) {
         A v, dv;
         dt_eff<S, A>(in, d, b, t, h, v, dv);
         dA += acc * v;
@@ -165,13 +260,12 @@ __global__ void init_bwd_k(S* dC, S* ddt_out, S* dinit, A* dA_part, A* ddtb_part
         S* dd = ddt_out + (b * d.L + t) * d.H + h;
         st(dd, ld(dd) + graw);
         ddtb += graw;
-      }
-      dA_part[b * d.H + h] = dA * Ah;
-      ddtb_part[b * d.H + h] = ddtb;
-    }
-    if (dy)
-      for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) st(dinit + (b * d.H + h) * PN + e, dS0[e]);
-    __syncthreads();
+      });
+  dA = block_sum(dA);
+  ddtb = block_sum(ddtb);
+  if (threadIdx.x == 0) {
+    dA_part[bh] = dA * Ah;
+    ddtb_part[bh] = ddtb;
   }
 }
 
@@ -341,7 +435,14 @@ void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p) {
   const Dims d = dims_of(p);
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
-    init_fwd_k<S, A><<<static_cast<unsigned>(d.B * d.H), 128>>>(dptr<S>(y), ptrs_of<S>(in, nullptr), d);
+    CudaExec ex;
+    A* cs = ex.alloc<A>(d.B * d.H * d.L);
+    const Ptrs<S> ptr = ptrs_of<S>(in, nullptr);
+    const auto BH = static_cast<unsigned>(d.B * d.H), tiles = static_cast<unsigned>((d.L + kTok - 1) / kTok);
+    cumdt_k<S, A><<<BH, kThreads>>>(cs, ptr, d);
+    const std::size_t sm = static_cast<std::size_t>(d.P * d.N) * sizeof(A);
+    allow_smem(init_fwd_k<S, A>, sm);
+    init_fwd_k<S, A><<<BH * tiles, kThreads, sm>>>(dptr<S>(y), cs, ptr, d);
   });
   check_launch("ssd_init_state_fwd");
 }
@@ -350,21 +451,28 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
                         const SsdParams& p) {
   check_inputs(in, {g.dC, g.ddt, g.dinit_states, dy, ddecay}, "ssd_init_state_bwd");
   check_head_sums(in, {g.dA_log, g.ddt_bias}, "ssd_init_state_bwd");
+  if (!dy && !ddecay) return;  // no term depends on the initial state or the decay
   const Dims d = dims_of(p);
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
     CudaExec ex;
     A *dA = ex.alloc<A>(d.B * d.H), *ddtb = ex.alloc<A>(d.B * d.H);
-    if (!dy && ddecay) {  // the decay's gradient alone: parallel over the tokens of each (b, h)
-      decay_bwd_k<S, A><<<static_cast<unsigned>(d.B * d.H), kThreads>>>(dptr<S>(*g.ddt), dA, ddtb, dptr<S>(*ddecay),
-                                                                        ptrs_of<S>(in, nullptr), d);
+    const Ptrs<S> ptr = ptrs_of<S>(in, nullptr);
+    const auto BH = static_cast<unsigned>(d.B * d.H), tiles = static_cast<unsigned>((d.L + kTok - 1) / kTok);
+    if (!dy) {  // the decay's gradient alone
+      decay_bwd_k<S, A><<<BH, kThreads>>>(dptr<S>(*g.ddt), dA, ddtb, dptr<S>(*ddecay), ptr, d);
     } else {
-      A* scratch = ex.alloc<A>(d.B * d.G * d.L);
-      const std::size_t sm = static_cast<std::size_t>(d.P * d.N) * sizeof(A);
-      allow_smem(init_bwd_k<S, A>, sm);
-      init_bwd_k<S, A><<<static_cast<unsigned>(d.B * d.G), kThreads, sm>>>(
-          dy ? dptr<S>(*g.dC) : nullptr, dptr<S>(*g.ddt), dy ? dptr<S>(*g.dinit_states) : nullptr, dA, ddtb,
-          dy ? dptr<S>(*dy) : nullptr, ddecay ? dptr<S>(*ddecay) : nullptr, ptrs_of<S>(in, nullptr), d, scratch);
+      A *cs = ex.alloc<A>(d.B * d.H * d.L), *dcs = ex.alloc<A>(d.B * d.H * d.L);
+      cumdt_k<S, A><<<BH, kThreads>>>(cs, ptr, d);
+      const std::size_t sm_tok = static_cast<std::size_t>(d.P * d.N + kTok * d.N) * sizeof(A);
+      allow_smem(init_bwd_tok_k<S, A>, sm_tok);
+      init_bwd_tok_k<S, A><<<static_cast<unsigned>(d.B * d.G) * tiles, kThreads, sm_tok>>>(dptr<S>(*g.dC), dcs,
+                                                                                           dptr<S>(*dy), cs, ptr, d);
+      const std::size_t sm_s0 = static_cast<std::size_t>(kTok * (d.P + d.N)) * sizeof(A);
+      allow_smem(init_dS0_k<S, A>, sm_s0);
+      init_dS0_k<S, A><<<BH, kThreads, sm_s0>>>(dptr<S>(*g.dinit_states), dptr<S>(*dy), cs, ptr, d);
+      init_dt_k<S, A>
+          <<<BH, kThreads>>>(dptr<S>(*g.ddt), dA, ddtb, dcs, cs, ddecay ? dptr<S>(*ddecay) : nullptr, ptr, d);
     }
     check_launch("ssd_init_state_bwd");
     reduce_heads(g.dA_log, dA, p, true);
