@@ -140,21 +140,24 @@ __global__ void cumdt_k(A* cs, Ptrs<S> in, Dims d) {
       },
       [&](std::int64_t t, A s) { row[t] = s; });
 }
-// y += exp(cs_t) C_t . S0, one block per (b, h, kTok tokens); the head's S0 in shared memory.
+// y += exp(cs_t) C_t . S0, one block per (b, h, kTok tokens); the head's S0 and the tile's C rows in
+// shared memory (C rows padded by one: lanes on different tokens hit different banks).
 template <class S, class A>
 __global__ void init_fwd_k(S* y, const A* cs, Ptrs<S> in, Dims d) {
   extern __shared__ unsigned char smem[];
-  A* S0 = reinterpret_cast<A*>(smem);
   const std::int64_t tiles = (d.L + kTok - 1) / kTok, bh = blockIdx.x / tiles, t0 = blockIdx.x % tiles * kTok;
-  const std::int64_t b = bh / d.H, h = bh % d.H, g = h / (d.H / d.G), PN = d.P * d.N;
+  const std::int64_t b = bh / d.H, h = bh % d.H, g = h / (d.H / d.G), PN = d.P * d.N, ldc = d.N + 1;
   const std::int64_t nt = d.L - t0 < kTok ? d.L - t0 : kTok;
+  A* S0 = reinterpret_cast<A*>(smem);  // [P N]
+  A* Cs = S0 + PN;                     // [kTok][N + 1]
   for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) S0[e] = ld(in.init + bh * PN + e);
+  for (std::int64_t e = threadIdx.x; e < nt * d.N; e += blockDim.x)
+    Cs[e / d.N * ldc + e % d.N] = ld(in.Cm + ((b * d.L + t0 + e / d.N) * d.G + g) * d.N + e % d.N);
   __syncthreads();
   for (std::int64_t i = threadIdx.x; i < nt * d.P; i += blockDim.x) {  // lanes over tokens: S0 reads broadcast
-    const std::int64_t t = t0 + i % nt, p = i / nt;
-    const S* Cr = in.Cm + ((b * d.L + t) * d.G + g) * d.N;
+    const std::int64_t j = i % nt, p = i / nt, t = t0 + j;
     A acc = 0;
-    for (std::int64_t n = 0; n < d.N; ++n) acc += ld(Cr + n) * S0[p * d.N + n];
+    for (std::int64_t n = 0; n < d.N; ++n) acc += Cs[j * ldc + n] * S0[p * d.N + n];
     S* yr = y + ((b * d.L + t) * d.H + h) * d.P + p;
     st(yr, ld(yr) + exp(cs[bh * d.L + t]) * acc);
   }
@@ -440,7 +443,7 @@ void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p) {
     const Ptrs<S> ptr = ptrs_of<S>(in, nullptr);
     const auto BH = static_cast<unsigned>(d.B * d.H), tiles = static_cast<unsigned>((d.L + kTok - 1) / kTok);
     cumdt_k<S, A><<<BH, kThreads>>>(cs, ptr, d);
-    const std::size_t sm = static_cast<std::size_t>(d.P * d.N) * sizeof(A);
+    const std::size_t sm = static_cast<std::size_t>(d.P * d.N + kTok * (d.N + 1)) * sizeof(A);
     allow_smem(init_fwd_k<S, A>, sm);
     init_fwd_k<S, A><<<BH * tiles, kThreads, sm>>>(dptr<S>(y), cs, ptr, d);
   });
