@@ -36,11 +36,10 @@ CheckMode check_mode(const Deck& d);
 
 std::int64_t mamba_param_count(const model::Mamba2Config& c);
 
-// Terms the drivers' models share: bytes of a bf16 sum (fp32), ceil(a / b), sequences of the deck's
+// Terms the drivers' models share (beside acc_bytes, core/memory_model.hpp): ceil(a / b), sequences of the deck's
 // layout, bytes of a state-passing state value (fp32 for bf16), whether the host kernels widen bf16
 // operands into fp32 copies (bf16 on CPU ranks). The strategies' own terms are in their records
 // (cp::attention_work_bytes / attention_kernel_elements, model::MambaCpInfo).
-constexpr std::int64_t acc_bytes(std::int64_t es) { return es == 2 ? 4 : es; }
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 std::int64_t sequences(const Deck& d);
 std::int64_t state_bytes(const Deck& d);

@@ -100,7 +100,7 @@ std::int64_t a2a_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt
 // sequence: n heads of cp x tl tokens.
 std::int64_t a2a_work_bytes(const MemoryModel& m, const AttnMemShape& s) {
   const std::int64_t Q = m.mul(m.mul(s.tl, s.heads * s.head_dim), s.es);
-  const std::int64_t lse = m.mul(s.tl, s.heads * (s.es == 2 ? 4 : s.es));
+  const std::int64_t lse = m.mul(s.tl, s.heads * acc_bytes(s.es));
   const std::int64_t hl = std::max<std::int64_t>(s.heads / s.cp, 1),
                      g = std::max<std::int64_t>(s.heads / std::max<std::int64_t>(s.kv_heads, 1), 1);
   std::int64_t n = 1;

@@ -16,13 +16,21 @@ std::int64_t CpAttention::ring_kv_heads() const {
   return kv_map_.empty() ? kv_n_[static_cast<std::size_t>(rank_ % inner_)] : cfg_.heads / inner_;
 }
 
+namespace {
+// The K/V heads inner rank `me` carries around the ring with its `hl` query heads: those of their
+// GQA groups, or one per query head where its block does not follow the groups.
+std::int64_t ring_kv_heads_of(std::int64_t heads, std::int64_t kv_heads, int inner, int me, std::int64_t hl) {
+  const KvHeadRanges r = kv_head_ranges(heads, kv_heads, inner, me);
+  return r.map.empty() ? r.n[static_cast<std::size_t>(me)] : hl;
+}
+}  // namespace
+
 CpAttnConfig a2a_p2p_ring_config(const CpAttnConfig& cfg, int rank) {
   const int inner = cfg.cp_inner, me = rank % inner;
-  const KvHeadRanges r = kv_head_ranges(cfg.heads, cfg.kv_heads, inner, me);
   CpAttnConfig rc = cfg;
   rc.strategy = AttnStrategy::P2P;
   rc.heads = cfg.heads / inner;
-  rc.kv_heads = r.map.empty() ? r.n[static_cast<std::size_t>(me)] : rc.heads;
+  rc.kv_heads = ring_kv_heads_of(cfg.heads, cfg.kv_heads, inner, me, rc.heads);
   rc.cp_inner = 1;
   return rc;
 }
@@ -132,10 +140,7 @@ std::int64_t a2a_p2p_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DTyp
 std::int64_t a2a_p2p_ring_kv_heads(std::int64_t heads, std::int64_t kv_heads, int inner) {
   const std::int64_t hl = std::max<std::int64_t>(heads / inner, 1);
   std::int64_t kvr = 1;
-  for (int j = 0; j < inner; ++j) {
-    const KvHeadRanges r = kv_head_ranges(heads, kv_heads, inner, j);
-    kvr = std::max(kvr, r.map.empty() ? r.n[static_cast<std::size_t>(j)] : hl);
-  }
+  for (int j = 0; j < inner; ++j) kvr = std::max(kvr, ring_kv_heads_of(heads, kv_heads, inner, j, hl));
   return kvr;
 }
 

@@ -72,7 +72,7 @@ std::int64_t allgather_model_bytes(const CpAttnConfig& cfg, int cp, int /*rank*/
 std::int64_t allgather_work_bytes(const MemoryModel& m, const AttnMemShape& s) {
   const std::int64_t Q = m.mul(m.mul(s.tl, s.heads * s.head_dim), s.es),
                      KV = m.mul(m.mul(s.tl, s.kv_heads * s.head_dim), s.es);
-  const std::int64_t lse = m.mul(s.tl, s.heads * (s.es == 2 ? 4 : s.es));
+  const std::int64_t lse = m.mul(s.tl, s.heads * acc_bytes(s.es));
   return m.sum(m.sum(2 * Q, m.mul(6 * s.cp, KV)), 2 * KV + lse);
 }
 

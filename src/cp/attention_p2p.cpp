@@ -151,14 +151,15 @@ std::int64_t p2p_model_bytes(const CpAttnConfig& cfg, int cp, int /*rank*/, DTyp
 // the fp32 output merge (op, oacc) / the dQ accumulator and partial, the K/V double buffers (cur,
 // nxt) with the partial dK/dV, and the travelling dK/dV accumulator pair.
 std::int64_t p2p_work_bytes(const MemoryModel& m, const AttnMemShape& s) {
-  const std::int64_t acc = s.es == 2 ? 4 : s.es;
+  const std::int64_t acc = acc_bytes(s.es);
   const std::int64_t Q = m.mul(m.mul(s.tl, s.heads * s.head_dim), s.es),
                      KV = m.mul(m.mul(s.tl, s.kv_heads * s.head_dim), s.es);
   const std::int64_t Qa = Q / s.es * acc, KVa = KV / s.es * acc, lse = m.mul(s.tl, s.heads * acc);
   return m.sum(m.sum(2 * Q + Qa, m.mul(6, KV)), m.sum(m.mul(4, KVa), 2 * lse));
 }
 
-// The kernels read one K/V block of tl tokens at a time.
+// The kernels read one K/V block of tl tokens at a time: q, o, dout, dq and k, v, dk, dv of tl tokens
+// (also the local kernels' elements at cp = 1).
 std::int64_t p2p_kernel_elements(const MemoryModel& m, const AttnMemShape& s) {
   return m.sum(m.mul(m.mul(4, s.tl), s.heads * s.head_dim), m.mul(m.mul(4, s.tl), s.kv_heads * s.head_dim));
 }

@@ -44,14 +44,13 @@ std::vector<AttnStrategy> attn_strategy_ids() {
 
 std::int64_t attention_work_bytes(const MemoryModel& m, AttnStrategy id, const AttnMemShape& s) {
   if (s.cp > 1) return attn_strategy_info(id).work_bytes(m, s);
-  const std::int64_t lse = m.mul(s.tl, s.heads * (s.es == 2 ? 4 : s.es));
+  const std::int64_t lse = m.mul(s.tl, s.heads * acc_bytes(s.es));
   return m.sum(m.mul(m.mul(s.tl, s.heads * s.head_dim), s.es), lse);  // the saved output and LSE
 }
 
 std::int64_t attention_kernel_elements(const MemoryModel& m, AttnStrategy id, const AttnMemShape& s) {
   if (s.cp > 1) return attn_strategy_info(id).kernel_elements(m, s);
-  // q, o, dout, dq and k, v, dk, dv of the local tokens
-  return m.sum(m.mul(m.mul(4, s.tl), s.heads * s.head_dim), m.mul(m.mul(4, s.tl), s.kv_heads * s.head_dim));
+  return p2p_kernel_elements(m, s);  // the local kernels read the local K/V, as one p2p step does
 }
 
 std::string choice_list(const std::vector<std::string>& v) {

@@ -49,8 +49,8 @@ __device__ __forceinline__ A Aof(const A a_log) {
 }
 
 // ---- state passing -------------------------------------------------------------------------------
-// The summed effective dt of (b, h) over the run, and of the derivative dv (sum_dv), by one block in
-// a fixed order (bitwise repeatable); every thread gets the sums.
+// The summed effective dt of (b, h) over the run, by one block in a fixed order (bitwise
+// repeatable); every thread gets the sum.
 template <class S, class A>
 __device__ A run_dt_sum(const Ptrs<S>& in, const Dims& d, std::int64_t b, std::int64_t h) {
   A s = 0;
