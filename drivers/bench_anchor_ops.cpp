@@ -46,7 +46,8 @@ void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt, const std::stri
   attention(2, 16, 8192, 128, true);
   attention(4, 32, 4096, 64, true);
   attention(1, 16, 32768, 128, false);
-  if (want({"ssd_fwd", "ssd_bwd"})) {  // Mamba2 SSD, the anchor shape
+  if (want({"ssd_fwd", "ssd_bwd", "ssd_run_decay", "ssd_init_state_fwd",
+            "ssd_init_state_bwd"})) {  // Mamba2 SSD and state passing's terms, the anchor shape
     auto p = std::make_shared<k::SsdParams>();
     p->batch = 2;
     p->seqlen = 8192;
@@ -69,6 +70,7 @@ void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt, const std::stri
     const double bytes = es * (2.0 * B * L * H * P + 2.0 * B * L * G * N + B * L * H);
     ops.push_back({"ssd_fwd", shp, 0, bytes, [=] { k::ssd_fwd(*y, nullptr, *in, *p); }});
     ops.push_back({"ssd_bwd", shp, 0, 2 * bytes, [=] { k::ssd_bwd(*g, *in, *y, nullptr, *p); }});
+    state_passing_ops(ops, T_, *in, *p, {dC.get(), ddt.get(), dA.get(), ddb.get(), nullptr}, shp);
   }
 #ifdef HCP_HAVE_CUDA
   if (want({"grouped_gemm", "dense_gemm_same_flops",

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor.hpp"
+#include "kernels/kernels.hpp"
 
 namespace hcp::drivers {
 
@@ -24,6 +25,12 @@ using Maker = std::function<std::shared_ptr<Tensor>(const Shape&, std::uint64_t,
 // Inputs are made only for the ops whose name contains `only` (filling them all on the host takes minutes).
 void anchor_ops(std::vector<Op>& ops, const Maker& make, DType dt, const std::string& only);
 void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t scale);
+// State passing's per-run terms on the SSD op's shape and inputs (ssd_run_decay,
+// ssd_init_state_fwd and its backward with dy and the decay's gradient), timed beside ssd_fwd and
+// ssd_bwd. `grads` names dC, ddt, dA_log and ddt_bias (added into); the initial state, its gradient,
+// dy and the decays are made here.
+void state_passing_ops(std::vector<Op>& ops, const Maker& make, const kernels::SsdInputs& in,
+                       const kernels::SsdParams& p, const kernels::SsdStateGrads& grads, const std::string& shape);
 Tensor bench_tensor(const Shape& s, DType dt, std::uint64_t seed, double lo, double hi, Space sp);
 
 }  // namespace hcp::drivers

@@ -21,6 +21,26 @@ Tensor bench_tensor(const Shape& s, DType dt, std::uint64_t seed, double lo, dou
   return sp == Space::Host ? t : t.to(sp);
 }
 
+void state_passing_ops(std::vector<Op>& ops, const Maker& make, const k::SsdInputs& in, const k::SsdParams& p,
+                       const k::SsdStateGrads& grads, const std::string& shape) {
+  const std::int64_t B = p.batch, L = p.seqlen, H = p.heads, P = p.head_dim, N = p.d_state;
+  auto S0 = make({B, H, P, N}, 70, -1, 1), dS0 = make({B, H, P, N}, 0, 0, 0), decay = make({B, H}, 0, 0, 0),
+       ddecay = make({B, H}, 71, -1, 1), dy = make({B, L, H, P}, 72, -1, 1), y = make({B, L, H, P}, 0, 0, 0);
+  auto in0 = std::make_shared<k::SsdInputs>(in);
+  in0->init_states = S0.get();
+  auto pp = std::make_shared<k::SsdParams>(p);
+  auto g = std::make_shared<k::SsdStateGrads>(grads);
+  g->dinit_states = dS0.get();
+  // Products: y_t += exp(cs_t) C_t . S0 (2 B L H P N); its backward forms dy_t^T S0 for dC and the
+  // decays, and the sum of exp(cs_t) dy_t C_t^T for dS0 (2 B L H P N each).
+  const double f = 2.0 * static_cast<double>(B * L * H) * static_cast<double>(P * N);
+  ops.push_back({"ssd_run_decay", shape, 0, static_cast<double>(dtype_size(in.dt->dtype()) * B * L * H),
+                 [=] { k::ssd_run_decay(*decay, *in0, *pp); }});
+  ops.push_back({"ssd_init_state_fwd", shape, f, 0, [=] { k::ssd_init_state_fwd(*y, *in0, *pp); }});
+  ops.push_back(
+      {"ssd_init_state_bwd", shape, 2 * f, 0, [=] { k::ssd_init_state_bwd(*g, *in0, dy.get(), ddecay.get(), *pp); }});
+}
+
 void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t sc) {
   const double es = static_cast<double>(dtype_size(dt));
   const auto T_ = [&](const Shape& s, std::uint64_t seed, double lo = -1, double hi = 1) {
@@ -69,6 +89,7 @@ void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t s
     const double bytes = es * (2.0 * L * 8 * 32 + 2.0 * L * 32 + L * 8);
     ops.push_back({"ssd_fwd", shp, 0, bytes, [=] { k::ssd_fwd(*y, nullptr, *in, *p); }});
     ops.push_back({"ssd_bwd", shp, 0, 2 * bytes, [=] { k::ssd_bwd(*g, *in, *y, nullptr, *p); }});
+    state_passing_ops(ops, make, *in, *p, {dC.get(), ddt.get(), dA.get(), ddb.get(), nullptr}, shp);
   }
   {  // conv1d + SiLU
     const std::int64_t L = 2048 * sc, C = 256;

@@ -654,6 +654,10 @@ def cmd_anchors(a):
             tb = ours("ssd_bwd")
             if tb is not None:
                 rows.append(("ssd_fwd+bwd", t + tb, "mamba_ssm triton fwd+bwd", anchor("ssd_fwdbwd/mamba_ssm_triton"), None, ""))
+        elif op.startswith("ssd_init_state_"):
+            # State passing's initial-state term beside the whole SSD of the same shape and direction.
+            whole = "ssd_" + op[len("ssd_init_state_"):]
+            rows.append((op, t, f"{whole} (ours, same shape)", ours(whole), fl / t / 1e9, "TFLOP/s"))
         elif op == "grouped_gemm":
             rows.append((op, t, "dense cuBLAS same FLOPs (ours)", ours("dense_gemm_same_flops"), fl / t / 1e9, "TFLOP/s"))
             rows.append((op, t, "torch.matmul same FLOPs", anchor("dense_gemm_same_flops/torch_matmul"), fl / t / 1e9, "TFLOP/s"))
