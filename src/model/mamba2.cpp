@@ -254,26 +254,45 @@ void Mamba2HP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
 Mamba2SP::Mamba2SP(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)
     : Mamba2Layer(comm, cfg, std::move(global), part) {
   pieces_ = cp::local_pieces(global_, cp_, rank_, part_);
+  // Runs of pieces batched into one call: consecutive pieces, equal lengths, adjacent rows.
+  const auto runs_of = [this](bool continuing) {
+    std::vector<PieceRun> runs;
+    for (std::size_t i = 0; i < pieces_.size(); ++i) {
+      const cp::Piece& pc = pieces_[i];
+      if (continuing && pc.chunk == 0) continue;  // starts its sequence: no incoming state
+      if (!runs.empty()) {
+        PieceRun& r = runs.back();
+        if (r.first + r.count == i && r.len == pc.len && r.row + r.rows() == pc.lrow) {
+          ++r.count;
+          continue;
+        }
+      }
+      runs.push_back({i, 1, pc.lrow, pc.len});
+    }
+    return runs;
+  };
+  runs_ = runs_of(false);
+  cont_runs_ = runs_of(true);
   halo_ = cp::ConvHalo(global_, cp_, rank_, part_, c_.conv - 1);
   scan_ = cp::StateScan(global_, cp_, rank_, part_, c_.state_exchange, c_.head_dim * c_.d_state);
 }
 
-Mamba2SP::PieceIO Mamba2SP::piece_io(std::size_t i, const Tensor& x, const Tensor& dt, const Tensor& B,
+Mamba2SP::PieceIO Mamba2SP::piece_io(const PieceRun& r, const Tensor& x, const Tensor& dt, const Tensor& B,
                                      const Tensor& C) const {
-  const cp::Piece& pc = pieces_[i];
+  const auto n = static_cast<std::int64_t>(r.count);
   PieceIO io;
-  io.sp.batch = 1;
-  io.sp.seqlen = pc.len;
+  io.sp.batch = n;
+  io.sp.seqlen = r.len;
   io.sp.heads = c_.heads;
   io.sp.head_dim = c_.head_dim;
   io.sp.groups = c_.groups;
   io.sp.d_state = c_.d_state;
   io.sp.chunk = c_.chunk;
   // Row slices of contiguous [Tl, ...] tensors are contiguous views.
-  io.x = x.slice(0, pc.lrow, pc.len).view({1, pc.len, c_.heads, c_.head_dim});
-  io.dt = dt.slice(0, pc.lrow, pc.len).view({1, pc.len, c_.heads});
-  io.B = B.slice(0, pc.lrow, pc.len).view({1, pc.len, c_.groups, c_.d_state});
-  io.C = C.slice(0, pc.lrow, pc.len).view({1, pc.len, c_.groups, c_.d_state});
+  io.x = x.slice(0, r.row, r.rows()).view({n, r.len, c_.heads, c_.head_dim});
+  io.dt = dt.slice(0, r.row, r.rows()).view({n, r.len, c_.heads});
+  io.B = B.slice(0, r.row, r.rows()).view({n, r.len, c_.groups, c_.d_state});
+  io.C = C.slice(0, r.row, r.rows()).view({n, r.len, c_.groups, c_.d_state});
   return io;
 }
 
@@ -310,10 +329,10 @@ void Mamba2SP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   // 2. every piece from a zero state: local output, final state S_k and total decay a_k.
   Tensor yl = Tensor::zeros({tl_, Di}, dt), S = Tensor::zeros({np, H, P, N}, dt), a = Tensor::zeros({np, H}, dt);
   timed("fwd/ssd", [&] {
-    for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      PieceIO io = piece_io(i, xl_, dtl_, Bl_, Cl_);
-      Tensor yi = yl.slice(0, pieces_[i].lrow, pieces_[i].len), Si = S.slice(0, static_cast<std::int64_t>(i), 1),
-             ai = a.slice(0, static_cast<std::int64_t>(i), 1);
+    for (const PieceRun& r : runs_) {
+      PieceIO io = piece_io(r, xl_, dtl_, Bl_, Cl_);
+      const auto i = static_cast<std::int64_t>(r.first), n = static_cast<std::int64_t>(r.count);
+      Tensor yi = yl.slice(0, r.row, r.rows()), Si = S.slice(0, i, n), ai = a.slice(0, i, n);
       k::ssd_fwd(yi, &Si, inputs(io, p, nullptr), io.sp);
       k::ssd_run_decay(ai, inputs(io, p, nullptr), io.sp);
     }
@@ -325,10 +344,10 @@ void Mamba2SP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   timed("fwd/state_exchange", [&] { S_in_ = as(scan_.forward(comm_, as(S, sdt), as(a, sdt)), dt); });
   // 4. correct the outputs by the initial-state term.
   timed("fwd/state_correction", [&] {
-    for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      if (pieces_[i].chunk == 0) continue;  // starts its sequence: S_in = 0
-      PieceIO io = piece_io(i, xl_, dtl_, Bl_, Cl_);
-      Tensor yi = yl.slice(0, pieces_[i].lrow, pieces_[i].len), Si = S_in_.slice(0, static_cast<std::int64_t>(i), 1);
+    for (const PieceRun& r : cont_runs_) {  // a piece that starts its sequence has S_in = 0
+      PieceIO io = piece_io(r, xl_, dtl_, Bl_, Cl_);
+      Tensor yi = yl.slice(0, r.row, r.rows()),
+             Si = S_in_.slice(0, static_cast<std::int64_t>(r.first), static_cast<std::int64_t>(r.count));
       k::ssd_init_state_fwd(yi, inputs(io, p, &Si), io.sp);
     }
   });
@@ -345,19 +364,18 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   Tensor dxl = Tensor::zeros(xl_.shape(), dt), dBl = Tensor::zeros(Bl_.shape(), dt),
          dCl = Tensor::zeros(Cl_.shape(), dt), ddtl = Tensor::zeros(dtl_.shape(), dt);
   // The per-head parameter gradients (A_log, D, dt_bias) are sums over every piece of this rank:
-  // each piece's part is added to an fp32 sum (bf16 runs), rounded once at the end, not per piece.
+  // each run's part is added to an fp32 sum (bf16 runs), rounded once at the end, not per run.
   const DType adt = dt == DType::BF16 ? DType::F32 : dt;
   Tensor accA = as(grads["A_log"], adt), accD = as(grads["D"], adt), accb = as(grads["dt_bias"], adt);
   const auto add_part = [&](Tensor& acc, const Tensor& part) { k::axpy(acc, 1.0, part); };
   // 4'. the initial-state term: gradients of C, dt, A_log, dt_bias and of each S_in.
   Tensor dSin = Tensor::zeros({np, H, P, N}, dt);
   timed("bwd/state_correction", [&] {
-    for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      if (pieces_[i].chunk == 0) continue;
-      PieceIO io = piece_io(i, xl_, dtl_, Bl_, Cl_);
-      PieceIO gio = piece_io(i, dxl, ddtl, dBl, dCl);
-      Tensor Si = S_in_.slice(0, static_cast<std::int64_t>(i), 1), dSi = dSin.slice(0, static_cast<std::int64_t>(i), 1);
-      Tensor dyi = dyl.slice(0, pieces_[i].lrow, pieces_[i].len);
+    for (const PieceRun& r : cont_runs_) {
+      PieceIO io = piece_io(r, xl_, dtl_, Bl_, Cl_);
+      PieceIO gio = piece_io(r, dxl, ddtl, dBl, dCl);
+      const auto i = static_cast<std::int64_t>(r.first), n = static_cast<std::int64_t>(r.count);
+      Tensor Si = S_in_.slice(0, i, n), dSi = dSin.slice(0, i, n), dyi = dyl.slice(0, r.row, r.rows());
       Tensor tA = Tensor::zeros({H}, adt), tb = Tensor::zeros({H}, adt);
       k::SsdStateGrads sg{&gio.C, &gio.dt, &tA, &tb, &dSi};
       k::ssd_init_state_bwd(sg, inputs(io, p, &Si), &dyi, nullptr, io.sp);
@@ -374,14 +392,14 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   });
   // 2'. each piece's zero-state backward with its final-state gradient, plus the decay's gradient.
   timed("bwd/ssd", [&] {
-    for (std::size_t i = 0; i < pieces_.size(); ++i) {
-      PieceIO io = piece_io(i, xl_, dtl_, Bl_, Cl_);
-      PieceIO gio = piece_io(i, dxl, ddtl, dBl, dCl);
-      const std::int64_t len = pieces_[i].len;
+    for (const PieceRun& r : runs_) {
+      PieceIO io = piece_io(r, xl_, dtl_, Bl_, Cl_);
+      PieceIO gio = piece_io(r, dxl, ddtl, dBl, dCl);
+      const auto i = static_cast<std::int64_t>(r.first), n = static_cast<std::int64_t>(r.count);
       Tensor tdt = Tensor::zeros(gio.dt.shape(), dt), tC = Tensor::zeros(gio.C.shape(), dt);
       Tensor tA = Tensor::zeros({H}, adt), tD = Tensor::zeros({H}, adt), tb = Tensor::zeros({H}, adt);
-      Tensor dSi = dS.slice(0, static_cast<std::int64_t>(i), 1), dai = da.slice(0, static_cast<std::int64_t>(i), 1);
-      Tensor dyi = dyl.slice(0, pieces_[i].lrow, len).view({1, len, H, P});
+      Tensor dSi = dS.slice(0, i, n), dai = da.slice(0, i, n);
+      Tensor dyi = dyl.slice(0, r.row, r.rows()).view({n, r.len, H, P});
       k::SsdGrads sg{&gio.x, &tdt, &tA, &gio.B, &tC, &tD, &tb, nullptr};
       k::ssd_bwd(sg, inputs(io, p, nullptr), dyi, &dSi, io.sp);
       k::axpy(gio.dt, 1.0, tdt);
@@ -390,7 +408,7 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
       add_part(accD, tD);
       add_part(accb, tb);
       // a_k = exp(A sum dt): its gradient adds to dt, A_log and dt_bias (S_in is not needed).
-      Tensor zero_state = Tensor::zeros({1, H, P, N}, dt);
+      Tensor zero_state = Tensor::zeros({n, H, P, N}, dt);
       Tensor aA = Tensor::zeros({H}, adt), ab = Tensor::zeros({H}, adt);
       k::SsdStateGrads ag{nullptr, &gio.dt, &aA, &ab, nullptr};
       k::ssd_init_state_bwd(ag, inputs(io, p, &zero_state), nullptr, &dai, io.sp);

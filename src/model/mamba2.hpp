@@ -146,14 +146,23 @@ class Mamba2SP : public Mamba2Layer {
   MambaCp strategy() const override { return MambaCp::StatePassing; }
 
  private:
-  // SSD problem of piece i over the local tensors (views of its rows).
+  // Consecutive pieces of one length on consecutive local rows: one batched SSD problem (a batch row
+  // a piece). BSHD pieces all have one length, so a rank's pieces make one run.
+  struct PieceRun {
+    std::size_t first = 0, count = 0;  // pieces first .. first + count - 1
+    std::int64_t row = 0, len = 0;     // first local row, tokens per piece
+    std::int64_t rows() const { return static_cast<std::int64_t>(count) * len; }
+  };
+  // The SSD problem of a run over the local tensors (views of its rows).
   struct PieceIO {
     kernels::SsdParams sp;
     Tensor x, dt, B, C;
   };
-  PieceIO piece_io(std::size_t i, const Tensor& x, const Tensor& dt, const Tensor& B, const Tensor& C) const;
+  PieceIO piece_io(const PieceRun& r, const Tensor& x, const Tensor& dt, const Tensor& B, const Tensor& C) const;
   kernels::SsdInputs inputs(const PieceIO& io, const ParamMap& p, const Tensor* init) const;
   std::vector<cp::Piece> pieces_;
+  std::vector<PieceRun> runs_;       // every piece
+  std::vector<PieceRun> cont_runs_;  // the pieces that continue a sequence (an incoming state)
   cp::ConvHalo halo_;
   cp::StateScan scan_;
   // saved by forward
