@@ -4,8 +4,9 @@
 # training run at np 2 against its cp=1 replica, then the Nano-width M*E step
 # (inputs/hybrid_nano_blocks.toml) at np 1 and $HCP_NPS for every attention strategy and both
 # Mamba CP strategies, and at np 2 host-staged (run.comm=mpi) beside it; again under NVIDIA MPS when
-# it is at hand (HCP_MPS=0: not). Prints each step's median (slowest rank) and its ratio to np 1;
-# at np 1 the communicator is NCCL.
+# it is at hand (HCP_MPS=0: not). Prints each step's median (slowest rank) and its ratio to np 1
+# (at np 1 the communicator is NCCL), then the Mamba2 layer alone (cp_mamba, both Mamba CP
+# strategies) at the same np with its phases.
 # Usage: scripts/gpu_shared.sh   (HCP_BUILD_DIR default build-gpu, HCP_CMAKE_ARGS, HCP_JOBS, HCP_LEN
 # default 8192, HCP_NPS default "2 4"; results and logs in $HCP_LOG_DIR, default $build/gpu-shared)
 set -uo pipefail
@@ -17,7 +18,7 @@ nps="${HCP_NPS:-2 4}"
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 . scripts/gpu_build.sh
-gpu_build "$out" test_cuda_comm test_cuda_cp cp_hybrid train_hybrid
+gpu_build "$out" test_cuda_comm test_cuda_cp cp_hybrid cp_mamba train_hybrid
 rc=0
 ctest --test-dir "$build" -R "test_cuda_(comm|cp)" --output-on-failure > "$out/ctest.log" 2>&1 \
   && grep -E "tests passed|Total Test" "$out/ctest.log" || { tail -60 "$out/ctest.log"; echo "FAIL: GPU tests"; rc=1; }
@@ -39,11 +40,29 @@ step() {  # name np extra...: one run; prints "name np strategy step_ms" rows in
   fi
 }
 : > "$out/steps.txt"
+# The Mamba2 layer alone at Nano width (BSHD, one row of $len tokens, bf16), both Mamba CP
+# strategies in one run: each phase's median on the slowest rank, into $out/mamba_phases.txt.
+mam=("$build/drivers/cp_mamba" --set run.device=cuda --set data.dtype=bf16 --set data.format=bshd --set data.batch=1
+     --set data.seqlen="$len" --set mamba.hidden=2688 --set mamba.heads=64 --set mamba.head_dim=64
+     --set mamba.n_groups=8 --set mamba.d_state=128 --set mamba.chunk=128 --set parallel.mamba_cp=all
+     --set run.check=off --set run.repeats=5 --set run.save=timings)
+mamba_layer() {  # label np
+  local f="$out/${1}_mamba_np$2"
+  if mpirun -n "$2" "${mam[@]}" --out "$f.h5" > "$f.txt" 2>&1; then
+    grep -E "^  (hidden_parallel|state_passing) |phases" "$f.txt" | sed "s/^/$1 np $2: /" >> "$out/mamba_phases.txt"
+  else
+    tail -20 "$f.txt"
+    echo "FAIL: cp_mamba $1 np $2"
+    rc=1
+  fi
+}
+: > "$out/mamba_phases.txt"
 runs() {  # label: every configuration once
   local label="$1"
   for mcp in hidden_parallel state_passing; do
     for np in 1 $nps; do step "${label}_$mcp" "$np" --set parallel.mamba_cp="$mcp"; done
   done
+  for np in 1 $nps; do mamba_layer "$label" "$np"; done
 }
 runs timesliced
 step staged_hidden_parallel 2 --set parallel.mamba_cp=hidden_parallel --set run.comm=mpi
@@ -66,5 +85,7 @@ awk '{split($1, a, "_"); m=$1; sub(/^(timesliced|mps|staged)_/, "", m); k=m " " 
      {rows[NR]=$0; ms[NR]=$4; nm[NR]=$1; st[NR]=$3; mk[NR]=m}
      END {for (i=1;i<=NR;i++) {b=one[nm[i] " " st[i]]; if (!b) b=one["timesliced_" mk[i] " " st[i]];
           printf "%-30s %s %-9s %9.2f %6.2f\n", nm[i], substr(rows[i], length(nm[i])+2, 1), st[i], ms[i], b ? ms[i]/b : 0}}' "$out/steps.txt"
+echo "# Mamba2 layer alone, L $len (cp_mamba): fwd_ms bwd_ms per strategy, then its phases"
+cat "$out/mamba_phases.txt"
 echo "RESULT gpu_shared $([ $rc = 0 ] && echo DONE || echo FAIL) out=$out"
 exit $rc
