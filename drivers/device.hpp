@@ -33,18 +33,18 @@ inline void add_device_key(DeckSchema& s) {
 inline Space space_of(const Deck& d) { return d.get_string("run.device") == "cuda" ? Space::Cuda : Space::Host; }
 
 // Validate phase: selects this rank's GPU (by local rank) when `want`, or one clear error naming
-// `key` when that cannot be honoured.
-inline void init_gpu(bool want, const std::string& key) {
+// `key` (given at `where`: the deck line or --set) when that cannot be honoured.
+inline void init_gpu(bool want, const std::string& key, const std::string& where) {
   if (!want) return;
 #ifdef HCP_HAVE_CUDA
-  HCP_CHECK(cuda::device_count() > 0, key, " = \"cuda\": no usable GPU on this node (", cuda::unavailable_reason(),
-            ")");
+  HCP_INPUT_CHECK(cuda::device_count() > 0, where, key, " = \"cuda\": no usable GPU on this node (",
+                  cuda::unavailable_reason(), ")");
   cuda::init(node_local_rank());
 #else
-  HCP_FAIL(key, " = \"cuda\" needs a build with CUDA and NCCL (this build has none)");
+  HCP_INPUT_FAIL(where, key, " = \"cuda\" needs a build with CUDA and NCCL (this build has none)");
 #endif
 }
-inline void init_device(const Deck& d) { init_gpu(space_of(d) == Space::Cuda, "run.device"); }
+inline void init_device(const Deck& d) { init_gpu(space_of(d) == Space::Cuda, "run.device", d.where("run.device")); }
 
 // The communicator the CP group uses for device tensors (run.comm; see its help). Every rank of
 // `cp` takes the same choice (the conditions are agreed over it). `owned` keeps the one made here.
