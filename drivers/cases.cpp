@@ -97,6 +97,15 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
     ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
     names = runnable(*grid.cp, sel, [&](const std::string& n) { c.make(d, *grid.cp, cp, n); });
   }
+  // A planted fault must meet a check: its case runs here, and a cross check has another case to
+  // compare it with.
+  HCP_INPUT_CHECK(plant.empty() || std::find(names.begin(), names.end(), plant) != names.end(),
+                  d.where("run.plant_fault"), "key 'run.plant_fault' = \"", plant,
+                  "\" names a case that does not run here (", c.key, " runs ", join(names),
+                  "): a fault no check sees proves nothing");
+  HCP_INPUT_CHECK(plant.empty() || check_mode(d) != CheckMode::Cross || names.size() >= 2, d.where("run.plant_fault"),
+                  "key 'run.plant_fault' with run.check = \"cross\" needs two cases or more (", c.key, " runs ",
+                  join(names), "): cross compares each case with the first, so one case is compared with nothing");
   const auto at_cp = [&](int k) { return by_peak(c, d, k, names, true); };
   const MemoryModel m = at_cp(cp);
   if (ctx.dry_run) {

@@ -204,6 +204,7 @@ class Study {
   std::map<std::string, double> first_scalar_;
   std::string case_;
   bool planted_ = false;
+  bool cross_compared_ = false;         // run.check = "cross": some case was compared with the first
   Tensor planted(const Tensor& local);  // `local`, perturbed when run.plant_fault names this case
   // The cases' memory model (Cases::memory), shown beside the measured high-water of each case.
   std::function<MemoryModel(const Deck&, int, const std::string&)> memory_;

@@ -12,9 +12,12 @@ Tensor Study::planted(const Tensor& local) {
   if (planted_ || case_.empty() || deck.get_string("run.plant_fault") != case_ || local.numel() == 0) return local;
   planted_ = true;
   Tensor t = host(local).clone();
-  double mx = 0;
-  for (std::int64_t i = 0; i < t.numel(); ++i) mx = std::max(mx, std::abs(t.get(i)));
-  t.set(0, t.get(0) + 1e-3 * (mx > 0 ? mx : 1.0));  // one element of the first row, on every rank
+  // One element of the first row moves, on every rank, by 10x the rank's 2-norm of the result: over
+  // the group the moved elements' norm is 10x the result's, and the largest move is over 10x its
+  // largest magnitude, so both error metrics exceed 1 whatever the dtype's tolerance.
+  double sq = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) sq += t.get(i) * t.get(i);
+  t.set(0, t.get(0) + 10.0 * (sq > 0 ? std::sqrt(sq) : 1.0));
   return t;
 }
 
@@ -33,6 +36,7 @@ void Study::cross_compare(Errors& e, const std::string& name, const Tensor& loca
     first_[name] = local.clone();
     return;
   }
+  cross_compared_ = true;
   const ErrorStats st = hcp::compare(local, it->second);
   // One all-reduce: maxima for the max-norm error, sums for the norm-wise one.
   double v[3] = {norm_wise ? st.sq_diff : st.max_abs, norm_wise ? st.sq_ref : st.ref_max,
@@ -49,6 +53,7 @@ void Study::cross_scalar(Errors& e, const std::string& name, double v) {
     first_scalar_[name] = v;
     return;
   }
+  cross_compared_ = true;
   e.add(name, std::isfinite(v) ? std::abs(v - it->second) / std::max(std::abs(it->second), 1e-300) : INFINITY);
 }
 

@@ -23,6 +23,9 @@
 #               run.save naming nothing the driver writes: exit 2 in < 5 s with the input named
 #   post        hcp_post.py on damaged and unfinished files (an attribute removed, a pass flipped, one
 #               byte of data flipped: every command checks /checksums): one error line, exit 2
+#   plant       a planted fault (run.plant_fault) always fails: a plant in a case that does not run,
+#               or in the only case of a cross check, is refused up front (exit 2); the move fails
+#               bf16's tolerance too (exit 1, FAIL); a cross check of one case reports UNCHECKED
 # BINDIR holds the drivers. Prints "RESULT reliability CLASS PASS" when every assertion holds.
 set -uo pipefail
 class="$1"; work="$2"; bin="$3"; shift 3
@@ -307,6 +310,31 @@ PY
   expect 2 "^error: .*is an unfinished results file" $py "$post" summary "$work/run.h5.tmp-1234"
   head -c 3000 "$work/good.h5" > "$work/truncated.h5"
   expect 2 "^error: " $py "$post" summary "$work/truncated.h5" ;;
+plant)
+  out="$work/never.h5"
+  expect 2 "^error: --set run.plant_fault=a2a: .*names a case that does not run here \(parallel.attention runs p2p\)" \
+    "${mpirun[@]}" -n 2 "$bin/cp_attention" --set parallel.attention=p2p --set run.plant_fault=a2a --out "$out"
+  for spec in "cp_attention parallel.attention=p2p p2p" "cp_mamba parallel.mamba_cp=state_passing state_passing" \
+              "cp_hybrid parallel.attention=allgather allgather"; do
+    read -r drv sel case <<<"$spec"
+    expect 2 "^error: --set run.plant_fault=$case: .*run.check = \"cross\" needs two cases or more" \
+      "${mpirun[@]}" -n 2 "$bin/$drv" --set run.check=cross --set "$sel" --set "run.plant_fault=$case" --out "$out"
+    # Without a plant the same run compares nothing: UNCHECKED, as hcp_post.py summary says (exit 3 there).
+    expect 0 "RESULT $drv UNCHECKED" \
+      "${mpirun[@]}" -n 2 "$bin/$drv" --set run.check=cross --set "$sel" --set run.repeats=1 --out "$work/one_$drv.h5"
+    expect 3 "RESULT summary NOTHING-TO-CHECK" $py "$post" summary "$work/one_$drv.h5"
+  done
+  [ ! -e "$out" ] || { echo "FAILED: a refused run left $out"; fail=1; }
+  # bf16: the planted move exceeds bf16's tolerance (2e-2) in both error metrics.
+  expect 1 "RESULT cp_attention FAIL" \
+    "${mpirun[@]}" -n 2 "$bin/cp_attention" --set run.check=cross --set run.plant_fault=a2a --set data.dtype=bf16 \
+    --set run.repeats=1 --out "$work/bf16_attention.h5"
+  expect 1 "RESULT cp_hybrid FAIL" \
+    "${mpirun[@]}" -n 2 "$bin/cp_hybrid" --set run.check=cross --set run.plant_fault=allgather --set data.dtype=bf16 \
+    --set run.repeats=1 --out "$work/bf16_hybrid.h5"
+  expect 1 "RESULT cp_attention FAIL" \
+    "${mpirun[@]}" -n 2 "$bin/cp_attention" --set run.plant_fault=a2a --set data.dtype=bf16 --set run.repeats=1 \
+    --out "$work/bf16_reference.h5" ;;
 *) echo "unknown class '$class'"; exit 2 ;;
 esac
 counts=""; for k in $(printf '%s\n' "${!by_exit[@]}" | sort -n); do counts+=" exit $k: ${by_exit[$k]}"; done
