@@ -92,8 +92,12 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
     admit(
         d, by_peak(c, d, cp, sel.names, false), lim, cp, [&](int k) { return by_peak(c, d, k, sel.names, false); },
         ctx.root());
+  // A dry run is arithmetic: the smallest case's model first (it refuses sizes that overflow, as a
+  // run does); the cases are built for their shape rules only when that case fits, since building
+  // one lays out its tokens.
+  const bool dry_too_big = ctx.dry_run && static_cast<double>(by_peak(c, d, cp, sel.names, false).peak()) > lim.bytes;
   std::vector<std::string> names = sel.names;
-  if (world == ctx.world->size()) {  // the shape rules of each case need the CP group itself
+  if (world == ctx.world->size() && !dry_too_big) {  // the shape rules of each case need the CP group itself
     ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
     names = runnable(*grid.cp, sel, [&](const std::string& n) { c.make(d, *grid.cp, cp, n); });
   }

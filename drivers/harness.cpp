@@ -104,8 +104,8 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
                    "validate the deck, print the memory per rank by part (and the smallest power-of-two cp that fits) "
                    "and exit 0; nothing is allocated");
       app.add_option("--ranks", ctx.ranks,
-                     "with --dry-run: the number of ranks to estimate for (default: those launched)")
-          ->check(CLI::Range(1, 1 << 24));
+                     "with --dry-run: the number of ranks to estimate for, at most 65536 (default: those launched)")
+          ->check(CLI::Range(1, 1 << 16));
       bool exit_now = false;
       bool ok = agree_on_errors(world, [&] {
         // An option that takes a value, followed by another option or by nothing: name it (CLI11

@@ -5,7 +5,8 @@
 #   reliability.sh CLASS WORKDIR BINDIR MPIRUN [MPIRUN ARGS...]
 #
 # CLASS is one of
-#   huge        sizes that cannot fit: refused from the estimate in < 5 s, exit 2, no file
+#   huge        sizes that cannot fit: refused from the estimate in < 5 s, exit 2, no file; their
+#               --dry-run answers as fast, and --ranks is bounded
 #   nan         a non-finite loss stops training: exit 3, the step named, no results file
 #   checkpoint  damaged or mismatched checkpoints refused before any step (exit 2, key or dataset
 #               named), also a dataset removed with its checksum and a replica turned on at resume
@@ -92,6 +93,13 @@ huge)
   expect 2 "^error: data.seqlen.*: these sizes give a tensor size that overflows 64 bits" \
     "${mpirun[@]}" -n 2 "$bin/cp_attention" --set data.format=bshd --set data.batch=4000000000000 \
     --set data.seqlen=4000000000 --out "$out" && under 5
+  # A dry run is arithmetic: the same refusals in under 5 s, nothing laid out for sizes that cannot fit.
+  expect 2 "^error: data.seqlen.*: these sizes give a tensor size that overflows 64 bits" \
+    "$bin/cp_attention" --dry-run --set data.format=bshd --set data.batch=4000000000000 --set data.seqlen=4000000000 \
+    && under 5
+  expect 0 '"fits":false' "$bin/cp_hybrid" --dry-run --set data.format=bshd --set data.seqlen=4294967296 && under 5
+  expect 2 "^error: command line: --ranks: Value 16777216 not in range 1 to 65536" \
+    "$bin/cp_attention" --dry-run --ranks 16777216 && under 5
   nothing_left "$work" ;;
 nan)
   expect 3 "\[rank 0\] error: .*step 2: the loss is nan \(not finite\)" \
