@@ -89,6 +89,12 @@ inline std::string attention_layers(const model::HybridConfig& c) {
 inline model::HybridConfig hybrid_config(const Deck& d, const std::string& attention, int cp) {
   model::HybridConfig c;
   c.pattern = d.get_string("model.pattern");
+  HCP_INPUT_CHECK(!c.pattern.empty(), d.where("model.pattern"),
+                  "key 'model.pattern' must name at least one block (M Mamba2, * attention, E MoE, - MLP)");
+  for (char ch : c.pattern)
+    HCP_INPUT_CHECK(ch == 'M' || ch == '*' || ch == 'E' || ch == '-', d.where("model.pattern"),
+                    "key 'model.pattern' = \"", c.pattern, "\": '", std::string(1, ch),
+                    "' is not a block (M Mamba2, * attention, E MoE, - MLP)");
   c.vocab = d.get_int("model.vocab");
   c.hidden = d.get_int("model.hidden");
   c.mamba = mamba_from_deck(d, c.hidden);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -130,7 +131,8 @@ void validate(DriverContext& ctx) {
                                                             d.get_string("train.checkpoint") + "\"");
   const std::string resume = ctx.deck.get_string("train.resume");
   if (!resume.empty()) {
-    HCP_CHECK(std::ifstream(resume).good(), "train.resume: cannot read checkpoint file '", resume, "'");
+    HCP_INPUT_CHECK(std::filesystem::is_regular_file(resume) && std::ifstream(resume).good(), d.where("train.resume"),
+                    "train.resume: cannot read checkpoint file '", resume, "' (not a readable file)");
     const ExpertGroups eg(*g.cp, drivers::ep_size_of(d, s.cfg, s.cp));
     std::vector<std::string> names;
     for (const auto& [n, t] : model::hybrid_init(s.cfg, DType::F32, 0, &eg)) names.push_back(n);

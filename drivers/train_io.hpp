@@ -3,6 +3,7 @@
 // parameters of the results file (/train/*, /params/*).
 #pragma once
 #include <cmath>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -96,7 +97,14 @@ inline std::string deck_value(const Deck& d, const DeckKey& k) {
 // as the step count.
 inline void check_resume(const std::string& path, const DeckSchema& schema, const Deck& deck,
                          const std::vector<std::string>& params, int rank = 0, int nranks = 1) {
-  ResultsReader r(path);
+  std::optional<ResultsReader> opened;
+  try {
+    opened.emplace(path);
+  } catch (const Error&) {
+    HCP_INPUT_FAIL(deck.where("train.resume"), "train.resume: '", path,
+                   "' is not a train_hybrid checkpoint (not an HDF5 file, or its header is damaged)");
+  }
+  ResultsReader& r = *opened;
   HCP_INPUT_CHECK(r.exists("/checkpoint/step"), deck.where("train.resume"), "train.resume: '", path,
                   "' is not a train_hybrid checkpoint (no /checkpoint/step)");
   std::string sums, text;

@@ -240,6 +240,18 @@ nonfinite)
   echo "non-finite float settings refused: $cases cases"
   nothing_left "$work" ;;
 deck)
+  # Messages open with the input that gave the value, never a source location.
+  expect 2 "^error: --set model.pattern=MXZ: key 'model.pattern' = \"MXZ\": 'X' is not a block" \
+    "${mpirun[@]}" -n 2 "$bin/cp_hybrid" --set model.pattern=MXZ --out "$work/never.h5" && under 5
+  expect 2 "^error: --set model.pattern=: key 'model.pattern' must name at least one block" \
+    "${mpirun[@]}" -n 2 "$bin/cp_hybrid" --set model.pattern= --out "$work/never.h5" && under 5
+  for r in /nonexistent/ck.h5 "$work"; do
+    expect 2 "^error: --set train.resume=$r: train.resume: cannot read checkpoint file '$r'" \
+      "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set "train.resume=$r" --out "$work/never.h5" && under 5
+  done
+  printf '[run]\nrepeats = 1\n' > "$work/not_a_checkpoint.toml"
+  expect 2 "^error: --set train.resume=.*not_a_checkpoint.toml: train.resume: .* is not a train_hybrid checkpoint" \
+    "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set "train.resume=$work/not_a_checkpoint.toml" --out "$work/never.h5"
   expect 2 "^error: --deck /dev/zero: deck file '/dev/zero' is larger than 1 MiB" \
     "${mpirun[@]}" -n 2 "$bin/cp_mamba" --deck /dev/zero --out "$work/never.h5" && under 5
   printf '[run]\nrepeats = 1\0\0\n' > "$work/binary.toml"
