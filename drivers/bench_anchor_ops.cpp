@@ -13,39 +13,51 @@ namespace k = hcp::kernels;
 
 // The anchor shapes (GPU only). Inputs are made only for the groups whose op names `only`
 // matches (filling them all on the host takes minutes).
-void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt, const std::string& only) {
+void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt, const std::string& only,
+                const std::vector<k::AttnBwdKernel>& bwd_forms) {
   const double es = static_cast<double>(dtype_size(dt));
   const auto want = [&only](std::initializer_list<std::string> names) {
     return only.empty() || std::any_of(names.begin(), names.end(),
                                        [&](const std::string& n) { return n.find(only) != std::string::npos; });
   };
-  auto attention = [&](std::int64_t B, std::int64_t H, std::int64_t L, std::int64_t D, bool bwd) {
-    const std::string tag =
-        "_b" + std::to_string(B) + "h" + std::to_string(H) + "l" + std::to_string(L) + "d" + std::to_string(D);
+  // Causal attention of B sequences of L tokens, H query heads on Hkv kv heads of D. Shape tags name
+  // the kv heads only under GQA (`_b1h32g2l8192d128`).
+  auto attention = [&](std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t L, std::int64_t D, bool bwd) {
+    const std::string tag = "_b" + std::to_string(B) + "h" + std::to_string(H) +
+                            (Hkv == H ? "" : "g" + std::to_string(Hkv)) + "l" + std::to_string(L) + "d" +
+                            std::to_string(D);
     if (!want({"attention_fwd" + tag, bwd ? "attention_bwd" + tag : "attention_fwd" + tag})) return;
-    auto q = T_({B, L, H, D}, 1, -1, 1), kk = T_({B, L, H, D}, 2, -1, 1), v = T_({B, L, H, D}, 3, -1, 1),
+    auto q = T_({B, L, H, D}, 1, -1, 1), kk = T_({B, L, Hkv, D}, 2, -1, 1), v = T_({B, L, Hkv, D}, 3, -1, 1),
          o = T_({B, L, H, D}, 0, 0, 0);
     // The log-sum-exp is fp32 for bf16 inputs (fp64 for fp64).
     auto lse =
         std::make_shared<Tensor>(Tensor::zeros({B * L, H}, dt == DType::F64 ? DType::F64 : DType::F32, q->space()));
     auto p = std::make_shared<k::AttnParams>();
     p->heads = H;
-    p->kv_heads = H;
+    p->kv_heads = Hkv;
     p->head_dim = D;
     p->segments = k::segments_from_layout(SeqLayout::bshd(B, L), SeqLayout::bshd(B, L));
     const double f = 4.0 * B * H * L * L * D / 2;  // causal
-    const std::string shp = "B=" + std::to_string(B) + " H=" + std::to_string(H) + " L=" + std::to_string(L) +
+    const std::string shp = "B=" + std::to_string(B) + " H=" + std::to_string(H) +
+                            (Hkv == H ? "" : "/" + std::to_string(Hkv)) + " L=" + std::to_string(L) +
                             " D=" + std::to_string(D) + " causal";
     ops.push_back({"attention_fwd" + tag, shp, f, 0, [=] { k::attention_fwd(*o, *lse, *q, *kk, *v, *p); }});
-    if (bwd) {
-      auto dq = T_({B, L, H, D}, 0, 0, 0), dk = T_({B, L, H, D}, 0, 0, 0), dv = T_({B, L, H, D}, 0, 0, 0);
-      ops.push_back({"attention_bwd" + tag, shp, 2.5 * f, 0,
-                     [=] { k::attention_bwd(*dq, *dk, *dv, *q, *kk, *v, *o, *lse, *o, *p); }});
+    if (!bwd) return;
+    auto dq = T_({B, L, H, D}, 0, 0, 0), dk = T_({B, L, Hkv, D}, 0, 0, 0), dv = T_({B, L, Hkv, D}, 0, 0, 0);
+    for (const k::AttnBwdKernel form : bwd_forms) {
+      auto pf = std::make_shared<k::AttnParams>(*p);
+      pf->bwd_kernel = form;
+      const std::string suffix = form == k::AttnBwdKernel::Auto ? "" : std::string(".") + k::to_string(form);
+      ops.push_back({"attention_bwd" + tag + suffix, shp, 2.5 * f, 0,
+                     [=] { k::attention_bwd(*dq, *dk, *dv, *q, *kk, *v, *o, *lse, *o, *pf); }});
     }
   };
-  attention(2, 16, 8192, 128, true);
-  attention(4, 32, 4096, 64, true);
-  attention(1, 16, 32768, 128, false);
+  attention(2, 16, 16, 8192, 128, true);
+  attention(4, 32, 32, 4096, 64, true);
+  attention(1, 16, 16, 32768, 128, false);
+  // The hybrid model's attention (Nemotron-3-Nano: 32 query heads on 2 kv heads) at long lengths.
+  for (const std::int64_t D : {128, 64})
+    for (const std::int64_t L : {8192, 32768, 131072}) attention(1, 32, 2, L, D, true);
   if (want({"ssd_fwd", "ssd_bwd", "ssd_run_decay", "ssd_init_state_fwd",
             "ssd_init_state_bwd"})) {  // Mamba2 SSD and state passing's terms, the anchor shape
     auto p = std::make_shared<k::SsdParams>();

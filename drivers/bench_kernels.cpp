@@ -63,8 +63,15 @@ void run(DriverContext& ctx) {
   const drivers::Maker make = [&](const Shape& s, std::uint64_t seed, double lo, double hi) {
     return T_(s, seed, lo, hi);
   };
+  // bench.variant: the attention backward's kernel forms timed side by side (auto: what layers run).
+  std::vector<k::AttnBwdKernel> forms{k::AttnBwdKernel::Auto};
+  const std::string variant = ctx.deck.get_string("bench.variant");
+  if (variant == "all")
+    forms.insert(forms.end(), {k::AttnBwdKernel::Split, k::AttnBwdKernel::Fused, k::AttnBwdKernel::FusedUnordered});
+  else if (variant != "auto")
+    forms.push_back(k::attn_bwd_kernel_from_string(variant));
   if (anchors)
-    drivers::anchor_ops(ops, make, dt, ctx.deck.get_string("bench.only"));
+    drivers::anchor_ops(ops, make, dt, ctx.deck.get_string("bench.only"), forms);
   else
     drivers::small_ops(ops, make, dt, sc);
 
@@ -157,6 +164,10 @@ int main(int argc, char** argv) {
       .add_string("bench.suite", "small", "small (every kernel, small shapes) or anchors (the anchor shapes, cuda)",
                   {"small", "anchors"})
       .add_string("bench.only", "", "run only the ops whose name contains this text (empty: all)")
+      .add_string("bench.variant", "auto",
+                  "attention backward kernels of the anchor suite: auto (what the layers run), one form besides "
+                  "it, or all forms side by side (fused_unordered: dQ's adds in arrival order, not repeatable)",
+                  {"auto", "all", "split", "fused", "fused_unordered"})
       .add_int("bench.warmup", 1, "untimed calls per op", 0)
       .add_int("bench.repeats", 5, "timed calls per op", 1)
       .add_int("bench.scale", 1, "multiplies the token count of every shape", 1, 64);
@@ -167,9 +178,13 @@ int main(int argc, char** argv) {
     const bool cuda = d.get_string("bench.device") == "cuda";
     HCP_INPUT_CHECK(cuda || d.get_string("bench.suite") != "anchors", d.where("bench.suite"),
                     "bench.suite = \"anchors\" needs bench.device = \"cuda\" (the shapes are GPU-sized)");
+    HCP_INPUT_CHECK(d.get_string("bench.variant") == "auto" || d.get_string("bench.suite") == "anchors",
+                    d.where("bench.variant"),
+                    "bench.variant names the attention backward's forms of the anchor suite: it needs "
+                    "bench.suite = \"anchors\"");
     HCP_INPUT_CHECK(cuda || d.get_string("bench.dtype") != "bf16", d.where("bench.dtype"),
                     "bench.dtype = \"bf16\" needs bench.device = \"cuda\" (the host kernels have no bf16)");
-    drivers::init_gpu(cuda, "bench.device");
+    drivers::init_gpu(cuda, "bench.device", d.where("bench.device"));
   };
   spec.run = run;
   return run_driver(argc, argv, spec);

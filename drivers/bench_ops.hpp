@@ -23,7 +23,10 @@ struct Op {
 using Maker = std::function<std::shared_ptr<Tensor>(const Shape&, std::uint64_t, double, double)>;
 
 // Inputs are made only for the ops whose name contains `only` (filling them all on the host takes minutes).
-void anchor_ops(std::vector<Op>& ops, const Maker& make, DType dt, const std::string& only);
+// `bwd_forms`: the attention backward's kernel forms to time, each as its own op (Auto as
+// attention_bwd_<shape>, the others as attention_bwd_<shape>.<form>).
+void anchor_ops(std::vector<Op>& ops, const Maker& make, DType dt, const std::string& only,
+                const std::vector<kernels::AttnBwdKernel>& bwd_forms);
 void small_ops(std::vector<Op>& ops, const Maker& make, DType dt, std::int64_t scale);
 // State passing's per-run terms on the SSD op's shape and inputs (ssd_run_decay,
 // ssd_init_state_fwd and its backward with dy and the decay's gradient), timed beside ssd_fwd and

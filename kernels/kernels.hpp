@@ -18,12 +18,24 @@ namespace hcp::kernels {
 // =============================== attention ======================================================
 enum class Mask { None, Causal };
 
+// Which kernels the CUDA tensor-core backward (bf16, head_dim 64 or 128) runs. Auto is what every
+// layer uses: a pure function of the head dim (kernels/cuda/attention/attention_tc.cu). The others
+// name one form each, so that bench_kernels can time them side by side (bench.variant). Split: a dQ
+// kernel and a dK/dV kernel; Fused: one dK/dV kernel that also forms dQ, adding it in a fixed order.
+// Both are bitwise repeatable. FusedUnordered (benchmarks only, never chosen by Auto): the fused
+// kernel with dQ's adds in arrival order, not bitwise repeatable; it measures what the order costs.
+// Host kernels and other dtypes or head dims ignore it.
+enum class AttnBwdKernel { Auto, Split, Fused, FusedUnordered };
+const char* to_string(AttnBwdKernel k);
+AttnBwdKernel attn_bwd_kernel_from_string(const std::string& s);  // "auto", "split", ... (throws otherwise)
+
 struct AttnParams {
   std::int64_t heads = 1, kv_heads = 1, head_dim = 1;
   double scale = 0;  // softmax scale; 0 means 1/sqrt(head_dim)
   Mask mask = Mask::Causal;
   std::vector<AttnSegment> segments;
   std::int64_t kv_tile = 64;  // keys per tile of the online softmax
+  AttnBwdKernel bwd_kernel = AttnBwdKernel::Auto;
   double effective_scale() const { return softmax_scale(scale, head_dim); }
 };
 

@@ -40,19 +40,30 @@ def attention(res, warmup, repeats):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    for (B, H, L, D, bwd) in [(2, 16, 8192, 128, True), (4, 32, 4096, 64, True), (1, 16, 32768, 128, False)]:
-        tag = f"_b{B}h{H}l{L}d{D}"
-        q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    # (B, H, kv heads, L, D, backward): bench_kernels' anchor shapes; GQA as the hybrid model's
+    # attention (32 query heads on 2 kv heads). Flash has no GQA: its K/V heads are repeated inside the
+    # timed call, as a PyTorch user of it would; cuDNN takes enable_gqa.
+    shapes = [(2, 16, 16, 8192, 128, True), (4, 32, 32, 4096, 64, True), (1, 16, 16, 32768, 128, False)]
+    shapes += [(1, 32, 2, L, D, True) for D in (128, 64) for L in (8192, 32768, 131072)]
+    for (B, H, G, L, D, bwd) in shapes:
+        tag = f"_b{B}h{H}" + ("" if G == H else f"g{G}") + f"l{L}d{D}"
+        q = torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(B, G, L, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
         do = torch.randn_like(q)
         for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            def fwd():
+                if G == H:
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                if be == SDPBackend.FLASH_ATTENTION:
+                    return F.scaled_dot_product_attention(q, k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1),
+                                                          is_causal=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             try:
                 with sdpa_kernel(be):
-                    res[f"attention_fwd{tag}/{name}"] = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                                                             warmup, repeats)
+                    res[f"attention_fwd{tag}/{name}"] = timed(fwd, warmup, repeats)
                     if bwd:
                         def fb():
-                            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                            o.backward(do)
+                            fwd().backward(do)
                         res[f"attention_fwdbwd{tag}/{name}"] = timed(fb, warmup, repeats)
             except Exception as e:  # a backend missing on this build: say so, keep going
                 res[f"attention_fwd{tag}/{name}"] = {"error": str(e)[:200]}

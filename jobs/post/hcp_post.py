@@ -645,10 +645,15 @@ def cmd_anchors(a):
             tag = op[len("attention_fwd"):]
             for be in ("sdpa_flash", "sdpa_cudnn"):
                 rows.append((op, t, f"{be} fwd", anchor(f"attention_fwd{tag}/{be}"), fl / t / 1e9, "TFLOP/s"))
-                tb = ours("attention_bwd" + tag)
                 fb = anchor(f"attention_fwdbwd{tag}/{be}")
-                if tb is not None and fb is not None:
-                    rows.append(("attention_fwd+bwd" + tag, t + tb, f"{be} fwd+bwd", fb, 3.5 * fl / (t + tb) / 1e9, "TFLOP/s"))
+                # The backward as the layers run it, and each kernel form bench.variant timed beside it.
+                forms = [""] + sorted(o[len("attention_bwd" + tag):] for o in f["/timings"].keys()
+                                      if o.startswith("attention_bwd" + tag + "."))
+                for form in forms:
+                    tb = ours("attention_bwd" + tag + form)
+                    if tb is not None and fb is not None:
+                        rows.append(("attention_fwd+bwd" + tag + form, t + tb, f"{be} fwd+bwd", fb,
+                                     3.5 * fl / (t + tb) / 1e9, "TFLOP/s"))
         elif op == "ssd_fwd":
             rows.append((op, t, "mamba_ssm triton fwd", anchor("ssd_fwd/mamba_ssm_triton"), by / t / 1e6, "GB/s"))
             tb = ours("ssd_bwd")
@@ -667,10 +672,10 @@ def cmd_anchors(a):
             bw = by / t / 1e6
             rows.append((op, t, "device copy ceiling", None, bw, f"GB/s ({bw / copy_bw:.0%} of copy {copy_bw:.0f})" if copy_bw else "GB/s"))
     print(f"# device: {anc.get('_device', '?')}, torch {anc.get('_torch', '?')}; ratio = anchor time / our time")
-    print(f"{'op':34s} {'ours_ms':>10s} {'anchor':32s} {'anchor_ms':>10s} {'ratio':>8s}  throughput")
+    print(f"{'op':52s} {'ours_ms':>10s} {'anchor':32s} {'anchor_ms':>10s} {'ratio':>8s}  throughput")
     for op, t, name, at, thr, unit in rows:
         r = f"{at / t:8.3f}" if (at and t) else f"{'-':>8s}"
-        print(f"{op:34s} {t:10.3f} {name:32s} {(f'{at:10.3f}' if at else f'{chr(45):>10s}')} {r}  "
+        print(f"{op:52s} {t:10.3f} {name:32s} {(f'{at:10.3f}' if at else f'{chr(45):>10s}')} {r}  "
               + (f"{thr:.1f} {unit}" if thr is not None else ""))
     return 0
 

@@ -1,5 +1,6 @@
 // The kernel API for attention forward, backward and the merge of partial results: each entry point checks its shapes,
 // then routes the call by the tensors' memory space (kernels/api/route.hpp).
+#include <string>
 #include <vector>
 
 #include "kernels/api/route.hpp"
@@ -10,6 +11,27 @@ namespace hcp::kernels {
 using rules::check_attn;
 using rules::require_numel;
 using rules::Shapes;
+
+const char* to_string(AttnBwdKernel k) {
+  switch (k) {
+    case AttnBwdKernel::Split:
+      return "split";
+    case AttnBwdKernel::Fused:
+      return "fused";
+    case AttnBwdKernel::FusedUnordered:
+      return "fused_unordered";
+    case AttnBwdKernel::Auto:
+      break;
+  }
+  return "auto";
+}
+AttnBwdKernel attn_bwd_kernel_from_string(const std::string& s) {
+  for (AttnBwdKernel k :
+       {AttnBwdKernel::Auto, AttnBwdKernel::Split, AttnBwdKernel::Fused, AttnBwdKernel::FusedUnordered})
+    if (s == to_string(k)) return k;
+  HCP_CHECK(false, "attention backward kernel \"", s, "\": expected auto, split, fused or fused_unordered");
+  return AttnBwdKernel::Auto;
+}
 
 void attention_fwd(Tensor& o, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const AttnParams& p) {
   const Shapes s = check_attn(q, k, v, p);

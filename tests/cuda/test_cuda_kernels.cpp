@@ -262,19 +262,25 @@ TEST(CudaKernels, BitwiseRepeatable) {
   Tensor o2 = Tensor::zeros(q2.shape(), DType::BF16, Space::Cuda),
          lse2 = Tensor::zeros({2048, 4}, DType::F32, Space::Cuda);
   attention_fwd(o2, lse2, q2, k2, v2, p2);
-  std::vector<double> first;
-  for (int i = 0; i < 5; ++i) {
-    Tensor dq = Tensor::zeros(q2.shape(), DType::BF16, Space::Cuda),
-           dk = Tensor::zeros(k2.shape(), DType::BF16, Space::Cuda),
-           dv = Tensor::zeros(v2.shape(), DType::BF16, Space::Cuda);
-    attention_bwd(dq, dk, dv, q2, k2, v2, o2, lse2, do2, p2);
-    std::vector<double> all = dq.to(Space::Host).to_vector();
-    const auto x = dk.to(Space::Host).to_vector();
-    all.insert(all.end(), x.begin(), x.end());
-    if (i == 0)
-      first = all;
-    else
-      EXPECT_EQ(first, all) << "attention backward run " << i;
+  // Every repeatable form of the backward (bench.variant's), five runs each.
+  for (AttnBwdKernel form : {AttnBwdKernel::Auto, AttnBwdKernel::Split, AttnBwdKernel::Fused}) {
+    p2.bwd_kernel = form;
+    std::vector<double> first;
+    for (int i = 0; i < 5; ++i) {
+      Tensor dq = Tensor::zeros(q2.shape(), DType::BF16, Space::Cuda),
+             dk = Tensor::zeros(k2.shape(), DType::BF16, Space::Cuda),
+             dv = Tensor::zeros(v2.shape(), DType::BF16, Space::Cuda);
+      attention_bwd(dq, dk, dv, q2, k2, v2, o2, lse2, do2, p2);
+      std::vector<double> all = dq.to(Space::Host).to_vector();
+      for (const Tensor* t : {&dk, &dv}) {
+        const auto x = t->to(Space::Host).to_vector();
+        all.insert(all.end(), x.begin(), x.end());
+      }
+      if (i == 0)
+        first = all;
+      else
+        EXPECT_EQ(first, all) << "attention backward (" << to_string(form) << ") run " << i;
+    }
   }
 }
 
@@ -344,6 +350,19 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
       attention_fwd(O, L, Q, K, V, p);
       attention_bwd(DQ, DK, DV, Q, K, V, O, L, DO, p);
       const std::string tag = " H" + std::to_string(c.H) + ":" + std::to_string(c.Hkv) + " D" + std::to_string(c.D);
+      // bf16 at D 64 / 128 takes the tensor-core backward: each of its forms against the host as well.
+      if (d == DType::BF16)
+        for (AttnBwdKernel form : {AttnBwdKernel::Split, AttnBwdKernel::Fused, AttnBwdKernel::FusedUnordered}) {
+          AttnParams pf = p;
+          pf.bwd_kernel = form;
+          Tensor FQ = zeros_like_on(dq, Space::Cuda), FK = zeros_like_on(dk, Space::Cuda),
+                 FV = zeros_like_on(dv, Space::Cuda);
+          attention_bwd(FQ, FK, FV, Q, K, V, O, L, DO, pf);
+          const std::string ft = tag + " (" + to_string(form) + ")";
+          expect_match(FQ, dq, d, "attention dq" + ft);
+          expect_match(FK, dk, d, "attention dk" + ft);
+          expect_match(FV, dv, d, "attention dv" + ft);
+        }
       expect_match(O, o, d, "attention o" + tag);
       // lse: -inf rows must match exactly; finite rows to tolerance.
       Tensor lh = L.to(Space::Host);

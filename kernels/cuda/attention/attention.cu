@@ -302,7 +302,7 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Te
       attn_tc::operands_ok({dq.raw(), dk.raw(), dv.raw(), q.raw(), k.raw(), v.raw(), o.raw(), dout.raw()}, tq, tkv)) {
     using B = __nv_bfloat16;
     attn_tc::bwd({dptr<B>(dq), dptr<B>(dk), dptr<B>(dv), dptr<B>(q), dptr<B>(k), dptr<B>(v), dptr<B>(o),
-                  dptr<float>(lse), dptr<B>(dout), tc_dims(p, tq, tkv)});
+                  dptr<float>(lse), dptr<B>(dout), tc_dims(p, tq, tkv), p.bwd_kernel});
     return;
   }
   SegPlan plan(p);

@@ -1,6 +1,7 @@
 // Tensor-core flash attention for bf16, head_dim 64 or 128, on Hopper wgmma. One kernel per role and
-// head dim; which runs is a pure function of head_dim (fused_backward) — the callers route other
-// dtypes, head dims and unaligned operands to the general kernels (attention.cu, operands_ok).
+// head dim; which runs is a pure function of head_dim (auto_backward; AttnParams::bwd_kernel names
+// one form for bench_kernels) — the callers route other dtypes, head dims and unaligned operands to
+// the general kernels (attention.cu, operands_ok).
 //
 // forward   fwd_ws_k (fwd.cuh, FlashAttention-3 structure): one block per (128-row query tile, head),
 //           one block per SM; a producer warp loads Q and 128-key K/V tiles by TMA into mbarrier-
@@ -40,8 +41,8 @@ void set_smem(K kernel, std::size_t bytes) {
 
 // The backward's kernels for head_dim D, a pure function of D: the fused dK/dV/dQ kernel at D 128,
 // the split dQ + dK/dV kernels at D 64 (there the fused block holds 8 product warps per SM, the split
-// kernels 12, and the split form is the faster; benchmarks/PERFORMANCE.md).
-constexpr bool fused_backward(int D) { return D == 128; }
+// kernels 12, and the split form is the faster at every length; benchmarks/PERFORMANCE.md).
+constexpr AttnBwdKernel auto_backward(int D) { return D == 128 ? AttnBwdKernel::Fused : AttnBwdKernel::Split; }
 // Head splits of the dK/dV kernel: the least divisor of the group size that gives it 512 blocks (four
 // per SM of an H200, so that the causal tiles' unequal work evens out), or the whole group. A pure
 // function of the shapes, so results repeat bitwise on any GPU. GQA with few kv heads needs it: at
@@ -89,67 +90,89 @@ void fwd_d(const Fwd& a) {
   check_launch("attention_fwd (tensor cores)");
 }
 
+// The fused backward: dkv_k on 128-key tiles forms dQ too, then dq_out_k converts it to bf16.
+// ordered = false: bench_kernels' fused_unordered form (dQ's adds in arrival order).
+template <int D>
+void bwd_fused(const Bwd& a, const float* delta, bool ordered) {
+  constexpr std::size_t kAlign = 1024;  // the wgmma tiles' 1024-byte alignment inside dynamic shared memory
+  const Dims& d = a.dims;
+  const float sl2 = d.scale * kLog2e;
+  // 128 keys per block, two consumer warpgroups of 64 sharing each Q/dO job; dS^T [128 keys][kBN
+  // queries] and two fp32 dQ buffers [kBN][D + 8] in shared memory; the dQ warpgroup.
+  Plan plan(*d.segments, 128, d.tkv, true);
+  const std::int64_t n = d.tq * d.H * D;  // fp32 dQ accumulator [tq][H][D]
+  const std::size_t nsem = static_cast<std::size_t>(std::max<std::int64_t>(plan.ndqblk * d.H, 1));
+  const bool store_first = ordered && dq_rows_first_from_tile0(*d.segments, d.tq, d.causal);
+  float* acc = nullptr;
+  unsigned* sem = nullptr;  // per (64-row block, head): the next key tile to add
+  HCP_CUDA_CHECK(cudaMallocAsync(&acc, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(float), 0));
+  HCP_CUDA_CHECK(cudaMallocAsync(&sem, nsem * sizeof(unsigned), 0));
+  if (!store_first) HCP_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(n) * sizeof(float), 0));
+  HCP_CUDA_CHECK(cudaMemsetAsync(sem, 0, nsem * sizeof(unsigned), 0));
+  if (plan.nktiles > 0) {
+    const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) +
+                             128 * kBN * sizeof(bf16) + 2 * kBN * (D + 8) * sizeof(float) + 4 * sizeof(std::uint64_t) +
+                             kAlign;
+    // Q and dO as [tq][H·D] maps, boxes [64 rows][64 columns].
+    const TensorMap qmap = make_map(a.q, d.tq, d.H * D, d.H * D, 64, 64);
+    const TensorMap omap = make_map(a.dout, d.tq, d.H * D, d.H * D, 64, 64);
+    auto* kern = dkv_k<D, 2 * kNW, true>;
+    set_smem(kern, smem);
+    const DkvPart part(d, plan.nktiles * d.Hkv);
+    kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv * part.hsplit), 64 * kNW + 128, smem>>>(
+        a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
+        sl2, d.scale, d.causal, acc, sem, store_first, ordered, part.hsplit, part.p, qmap, omap);
+    part.sum(a.dk, a.dv);
+  }
+  if (n > 0) dq_out_k<<<blocks_for(n / 2, 256), 256>>>(a.dq, acc, n, d.scale);
+  HCP_CUDA_CHECK(cudaFreeAsync(sem, 0));
+  HCP_CUDA_CHECK(cudaFreeAsync(acc, 0));
+}
+// The split backward: dq_k per (query tile, head), dkv_k per (64 keys, kv head).
+template <int D>
+void bwd_split(const Bwd& a, const float* delta) {
+  constexpr int BM = 16 * kNW;
+  constexpr std::size_t kAlign = 1024;
+  const Dims& d = a.dims;
+  const float sl2 = d.scale * kLog2e;
+  Plan plan(*d.segments, BM, d.tkv, true);
+  if (plan.nqtiles > 0) {
+    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + kAlign;
+    auto* kern = dq_k<D, kNW>;
+    set_smem(kern, smem);
+    kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 32 * kNW, smem>>>(
+        a.dq, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.qtiles, d.H, d.Hkv, sl2, d.scale, d.causal);
+  }
+  if (plan.nktiles > 0) {
+    const std::size_t smem =
+        static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + kAlign;
+    auto* kern = dkv_k<D, kNW, false>;
+    set_smem(kern, smem);
+    const DkvPart part(d, plan.nktiles * d.Hkv);
+    kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv * part.hsplit), 32 * kNW, smem>>>(
+        a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
+        sl2, d.scale, d.causal, nullptr, nullptr, false, true, part.hsplit, part.p, TensorMap{}, TensorMap{});
+    part.sum(a.dk, a.dv);
+  }
+}
+
 template <int D>
 void bwd_d(const Bwd& a) {
-  constexpr int BM = 16 * kNW;
-  constexpr std::size_t kAlign = 1024;  // the wgmma tiles' 1024-byte alignment inside dynamic shared memory
   const Dims& d = a.dims;
   float* delta = nullptr;
   const std::int64_t rows = d.tq * d.H;
   HCP_CUDA_CHECK(cudaMallocAsync(&delta, static_cast<std::size_t>(std::max<std::int64_t>(rows, 1)) * sizeof(float), 0));
   if (rows > 0) delta_k<<<blocks_for(rows * 32, 256), 256>>>(delta, a.dout, a.o, rows, D);
-  const float sl2 = d.scale * kLog2e;
-  if constexpr (fused_backward(D)) {
-    // 128 keys per block, two consumer warpgroups of 64 sharing each Q/dO job; dS^T [128 keys][kBN
-    // queries] and two fp32 dQ buffers [kBN][D + 8] in shared memory; the dQ warpgroup.
-    Plan plan(*d.segments, 128, d.tkv, true);
-    const std::int64_t n = d.tq * d.H * D;  // fp32 dQ accumulator [tq][H][D]
-    const std::size_t nsem = static_cast<std::size_t>(std::max<std::int64_t>(plan.ndqblk * d.H, 1));
-    const bool store_first = dq_rows_first_from_tile0(*d.segments, d.tq, d.causal);
-    float* acc = nullptr;
-    unsigned* sem = nullptr;  // per (64-row block, head): the next key tile to add
-    HCP_CUDA_CHECK(cudaMallocAsync(&acc, static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * sizeof(float), 0));
-    HCP_CUDA_CHECK(cudaMallocAsync(&sem, nsem * sizeof(unsigned), 0));
-    if (!store_first) HCP_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<std::size_t>(n) * sizeof(float), 0));
-    HCP_CUDA_CHECK(cudaMemsetAsync(sem, 0, nsem * sizeof(unsigned), 0));
-    if (plan.nktiles > 0) {
-      const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) +
-                               4 * kBN * sizeof(float) + 128 * kBN * sizeof(bf16) + 2 * kBN * (D + 8) * sizeof(float) +
-                               4 * sizeof(std::uint64_t) + kAlign;
-      // Q and dO as [tq][H·D] maps, boxes [64 rows][64 columns].
-      const TensorMap qmap = make_map(a.q, d.tq, d.H * D, d.H * D, 64, 64);
-      const TensorMap omap = make_map(a.dout, d.tq, d.H * D, d.H * D, 64, 64);
-      auto* kern = dkv_k<D, 2 * kNW, true>;
-      set_smem(kern, smem);
-      const DkvPart part(d, plan.nktiles * d.Hkv);
-      kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv * part.hsplit), 64 * kNW + 128, smem>>>(
-          a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-          sl2, d.scale, d.causal, acc, sem, store_first, part.hsplit, part.p, qmap, omap);
-      part.sum(a.dk, a.dv);
-    }
-    if (n > 0) dq_out_k<<<blocks_for(n / 2, 256), 256>>>(a.dq, acc, n, d.scale);
-    HCP_CUDA_CHECK(cudaFreeAsync(sem, 0));
-    HCP_CUDA_CHECK(cudaFreeAsync(acc, 0));
-  } else {
-    Plan plan(*d.segments, BM, d.tkv, true);
-    if (plan.nqtiles > 0) {
-      const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + kAlign;
-      auto* kern = dq_k<D, kNW>;
-      set_smem(kern, smem);
-      kern<<<static_cast<unsigned>(plan.nqtiles * d.H), 32 * kNW, smem>>>(
-          a.dq, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.qtiles, d.H, d.Hkv, sl2, d.scale, d.causal);
-    }
-    if (plan.nktiles > 0) {
-      const std::size_t smem =
-          static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + kAlign;
-      auto* kern = dkv_k<D, kNW, false>;
-      set_smem(kern, smem);
-      const DkvPart part(d, plan.nktiles * d.Hkv);
-      kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv * part.hsplit), 32 * kNW, smem>>>(
-          a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-          sl2, d.scale, d.causal, nullptr, nullptr, false, part.hsplit, part.p, TensorMap{}, TensorMap{});
-      part.sum(a.dk, a.dv);
-    }
+  switch (a.kernel == AttnBwdKernel::Auto ? auto_backward(D) : a.kernel) {
+    case AttnBwdKernel::Fused:
+      bwd_fused<D>(a, delta, true);
+      break;
+    case AttnBwdKernel::FusedUnordered:
+      bwd_fused<D>(a, delta, false);
+      break;
+    default:
+      bwd_split<D>(a, delta);
+      break;
   }
   check_launch("attention_bwd (tensor cores)");
   HCP_CUDA_CHECK(cudaFreeAsync(delta, 0));

@@ -30,6 +30,7 @@ struct Bwd {
   const float* lse;
   const __nv_bfloat16* dout;
   Dims dims;
+  AttnBwdKernel kernel = AttnBwdKernel::Auto;
 };
 bool supported(DType dtype, std::int64_t head_dim, std::int64_t heads, std::int64_t kv_heads);
 // Whether these operands can take the tensor-core path: every tensor 16-byte aligned (cp.async and

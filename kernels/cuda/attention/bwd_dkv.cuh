@@ -33,6 +33,7 @@ static_assert(2 * (kDqConsRegs - 168) <= 168 - kDqWarpRegs,
 // share (it waits, on a named barrier, only before it overwrites its rows of dS^T); the consumers
 // hold no load addresses. The launch bounds name a block count: setmaxnreg needs the register count
 // at entry.
+// dq_ordered = false drops that wait (arrival order; bench_kernels' fused_unordered form only).
 // hsplit > 1 (few kv heads: too few blocks for the GPU): each block takes 1/hsplit of its group's
 // heads, consecutive, and stores its dK/dV share in fp32 to dkv_part [2][hsplit][tkv][Hkv][D] (dK
 // then dV), which dkv_sum_k adds in split order. Blocks are (key tile, kv head, split), split
@@ -42,7 +43,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
     dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
           const bf16* dout, const SegD* segs, const std::int64_t* tile_off, const std::int64_t* tile_segs,
           std::int64_t tkv, int H, int Hkv, float sl2, float scale, bool causal, float* dq_acc, unsigned* dq_sem,
-          bool dq_store_first, int hsplit, float* dkv_part, const __grid_constant__ TensorMap qmap,
+          bool dq_store_first, bool dq_ordered, int hsplit, float* dkv_part, const __grid_constant__ TensorMap qmap,
           const __grid_constant__ TensorMap omap) {
   constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
   static_assert(BQ == 64 && (BNk == 64 || BNk == 128), "the product helpers take 64-row tiles");
@@ -195,7 +196,9 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
         const int valid = static_cast<int>(lmin(BQ, g.q_len - cur.i));
         unsigned* sem = dq_sem + (g.dq_blk + cur.i / BQ) * H + h;
         const unsigned rank = static_cast<unsigned>(tile - g.kv_start / BNk);
-        if (lane == 0) {  // the previous key tile's adds to this block are done
+        // dq_ordered = false (bench_kernels' fused_unordered form only): the adds land in arrival order,
+        // which measures what the fixed order costs; dQ is then not bitwise repeatable.
+        if (lane == 0 && dq_ordered) {  // the previous key tile's adds to this block are done
           long long spins = 0;
           while (ptx::ld_acquire(sem) != rank)
             if (++spins > (1ll << 24)) __trap();  // an order that never comes: fail instead of hanging
