@@ -1,7 +1,9 @@
 """Results files as hcp_post.py reads them: unfinished, unreadable or damaged ones are refused.
 A finished file carries /checksums (uint8 text, one line per numeric dataset "/path hex" and per
-numeric attribute of a /summary object "/path@name hex"): hex is the sum, modulo 2^64, over the
-values as doubles in C order of splitmix64(bits(v_i) ^ splitmix64(i)), as the drivers write it."""
+numeric attribute "/path@name hex"): hex is the sum, modulo 2^64, over the values as doubles in C
+order of splitmix64(bits(v_i) ^ splitmix64(i)), as the drivers write it. Files written before the
+manifest covered every object's attributes list those of /summary only; a manifest that lists any
+other attribute must list every numeric attribute of the file."""
 import h5py
 import numpy as np
 
@@ -42,6 +44,14 @@ def verify(path):
         for name in present:
             if name not in listed:
                 raise Damaged(f"dataset {name} is not in its /checksums")
+        if any("@" in n and not n.startswith("/summary/") for n in listed):
+            objects = [("/", f)]
+            f.visititems(lambda n, o: objects.append(("/" + n, o)) if n != "checksums" else None)
+            for path, obj in objects:
+                for attr, value in obj.attrs.items():
+                    key = f"{path}@{attr}"
+                    if np.asarray(value).dtype.kind in "fiu" and key not in listed:
+                        raise Damaged(f"attribute {key} is not in its /checksums")
         for name, want in listed.items():
             obj, _, attr = name.partition("@")
             if obj not in f or (attr and attr not in f[obj].attrs):
@@ -49,6 +59,22 @@ def verify(path):
             got = _checksum(f[obj].attrs[attr] if attr else f[obj][()])
             if got != want:
                 raise Damaged(f"{'attribute' if attr else 'dataset'} {name} fails its checksum ({got} != {want})")
+        _check_ranges(f)
+
+
+# /config's counts as post-processing reads them: whole numbers of at least this value.
+_CONFIG_COUNTS = {"cp_size": 1, "world_size": 1, "cp_inner": 1, "ranks_per_node": 1, "node_cores": 1, "tokens": 0}
+
+
+def _check_ranges(f):
+    if "config" not in f:
+        return
+    for key, low in _CONFIG_COUNTS.items():
+        if key in f["config"].attrs:
+            v = np.asarray(f["config"].attrs[key])
+            if v.dtype.kind in "fiu" and not (v.size == 1 and np.isfinite(v).all() and float(v) == int(v)
+                                                and int(v) >= low):
+                raise Damaged(f"/config@{key} = {v.tolist()} is not a whole number >= {low}")
 
 
 def unusable(path):

@@ -17,7 +17,7 @@ namespace hcp {
 namespace {
 
 struct ManifestScan {
-  std::vector<std::string> datasets, summary_objects;
+  std::vector<std::string> datasets, objects;  // objects: every group and dataset, "/" first
 };
 extern "C" herr_t manifest_visit(hid_t grp, const char* name, const H5L_info_t*, void* data) {
   auto* scan = static_cast<ManifestScan*>(data);
@@ -26,8 +26,9 @@ extern "C" herr_t manifest_visit(hid_t grp, const char* name, const H5L_info_t*,
   if (o < 0) return -1;
   const H5I_type_t t = H5Iget_type(o);
   H5Oclose(o);
-  if (n.rfind("/summary/", 0) == 0) scan->summary_objects.push_back(n);
-  if (t == H5I_DATASET && n != "/checksums") scan->datasets.push_back(n);
+  if (n == "/checksums") return 0;
+  scan->objects.push_back(n);
+  if (t == H5I_DATASET) scan->datasets.push_back(n);
   return 0;
 }
 bool numeric(hid_t type) {
@@ -94,9 +95,12 @@ void write_manifest(const std::string& tmp, const std::string& shown) {
   ManifestScan scan;
   std::string text;
   try {
+    scan.objects.push_back("/");
     HCP_H5_CHECK(H5Lvisit(f, H5_INDEX_NAME, H5_ITER_INC, manifest_visit, &scan));
     for (const auto& d : scan.datasets) text += d + " " + checksum_hex(dataset_sum(f, d, shown)) + "\n";
-    for (const auto& o : scan.summary_objects) {
+    // Every numeric attribute of every object (/config's cp_size, world_size, tokens; /memory's
+    // bytes; /summary's errors): post-processing reads no number that this manifest does not cover.
+    for (const auto& o : scan.objects) {
       std::vector<std::pair<std::string, std::uint64_t>> attrs;
       hsize_t idx = 0;
       HCP_H5_CHECK(

@@ -22,8 +22,9 @@
 #               by --set and by a deck line: exit 2 naming the key and "finite", before any work
 #   deck        --deck /dev/zero, a binary deck, a float beyond a double, --deck without a value,
 #               run.save naming nothing the driver writes: exit 2 in < 5 s with the input named
-#   post        hcp_post.py on damaged and unfinished files (an attribute removed, a pass flipped, one
-#               byte of data flipped: every command checks /checksums): one error line, exit 2
+#   post        hcp_post.py on damaged and unfinished files (an attribute removed, a pass flipped,
+#               /config's cp_size changed, one byte of data flipped: every command checks
+#               /checksums): one error line, exit 2
 #   plant       a planted fault (run.plant_fault) always fails: a plant in a case that does not run,
 #               or in the only case of a cross check, is refused up front (exit 2); the move fails
 #               bf16's tolerance too (exit 1, FAIL); a cross check of one case reports UNCHECKED
@@ -307,7 +308,15 @@ with open(sys.argv[2], "r+b") as raw:
     raw.seek(offset + 6)
     raw.write(bytes([b[0] ^ 0x10]))
 PY
+  # /config's numbers are covered too: cp_size set to 0 is a damaged file, not cp = 0 (nor a
+  # division by zero).
+  cp "$work/good.h5" "$work/cp0.h5"
+  $py -c "import sys, h5py; f = h5py.File(sys.argv[1], 'r+'); f['config'].attrs['cp_size'] = 0.0; f.close()" \
+    "$work/cp0.h5"
   for cmd in summary table scale "plot-scaling --out $work/s.png" "plot-errors --out $work/e.png"; do
+    # shellcheck disable=SC2086
+    expect 2 "^error: '.*cp0.h5' is damaged: attribute /config@cp_size fails its checksum" \
+      $py "$post" $cmd "$work/cp0.h5"
     # shellcheck disable=SC2086
     expect 2 "^error: '.*flipped_pass.h5' is damaged: attribute /summary/.*@pass fails its checksum" \
       $py "$post" $cmd "$work/flipped_pass.h5"
