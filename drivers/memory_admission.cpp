@@ -127,9 +127,12 @@ void admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp,
   if (std::max(every, r0) <= lim.bytes) return;
   std::ostringstream os;
   os << "a rank of this run needs about " << gib_str(every) << " (" << parts_text(m, Holder::EveryRank) << ")";
-  if (m.reference_held())
-    os << " and rank 0 about " << gib_str(r0) << " with the cp=1 reference (" << parts_text(m, Holder::Rank0Before)
-       << (m.total(Holder::Rank0Kept) ? "; kept: " + parts_text(m, Holder::Rank0Kept) : "") << ")";
+  if (m.reference_held()) {
+    const std::string before = parts_text(m, Holder::Rank0Before),
+                      kept = m.total(Holder::Rank0Kept) ? "kept: " + parts_text(m, Holder::Rank0Kept) : "";
+    os << " and rank 0 about " << gib_str(r0) << " with the cp=1 reference (" << before
+       << (!before.empty() && !kept.empty() ? "; " : "") << kept << ")";
+  }
   os << ", but a rank has " << gib_str(lim.bytes) << " (" << lim.source << ", " << lim.sharing
      << (lim.sharing == 1 ? " rank uses it" : " ranks share it") << "): ";
   if (every > lim.bytes) {

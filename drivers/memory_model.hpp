@@ -13,6 +13,7 @@
 // (tests/drivers: estimate / measured in [1.0, 1.5]).
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "core/memory_model.hpp"
@@ -41,6 +42,15 @@ std::int64_t mamba_param_count(const model::Mamba2Config& c);
 // operands into fp32 copies (bf16 on CPU ranks). The strategies' own terms are in their records
 // (cp::attention_work_bytes / attention_kernel_elements, model::MambaCpInfo).
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// What a size refusal opens with: where the first of `keys` given by a --set came from, else the
+// first the deck gave (its line), else the deck's defaults; then `list`, the keys the sizes come from.
+inline std::string sizes_where(const Deck& d, std::initializer_list<const char*> keys, const std::string& list) {
+  for (const bool by_set : {true, false})
+    for (const char* k : keys)
+      if (d.has(k) && d.is_set(k) && (!by_set || d.where(k).rfind("--set ", 0) == 0)) return d.where(k) + ": " + list;
+  return d.where(*keys.begin()) + ": " + list;
+}
 std::int64_t sequences(const Deck& d);
 std::int64_t state_bytes(const Deck& d);
 bool host_bf16(const Deck& d);

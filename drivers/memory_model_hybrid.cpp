@@ -116,7 +116,8 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int e
 }
 
 MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
-  MemoryModel m("data.seqlen/data.batch/data.seq_lens and the model sizes");
+  MemoryModel m(sizes_where(d, {"data.seqlen", "data.batch", "data.seq_lens", "model.hidden", "model.pattern"},
+                            "data.seqlen/data.batch/data.seq_lens and the model sizes"));
   const std::int64_t es = dtype_bytes(d);
   std::int64_t tl = padded_tokens(d, cp, m) / cp, gathered = m.mul(tl, cp);
   const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
@@ -154,7 +155,8 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
 }
 
 MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
-  MemoryModel m("data.seqs_per_step, data.max_len and the model sizes");
+  MemoryModel m(sizes_where(d, {"data.seqs_per_step", "data.max_len", "model.hidden", "model.pattern"},
+                            "data.seqs_per_step, data.max_len and the model sizes"));
   const std::int64_t es = dtype_bytes(d), ms = std::max<std::int64_t>(es, 4);
   // Per document (data.partition = documents): nothing padded but the split documents' chunks (two
   // pad rows at most per rank and document), and the heaviest rank may hold up to one document more

@@ -11,7 +11,9 @@
 namespace hcp::drivers {
 
 MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy) {
-  MemoryModel m("data.seqlen/data.batch/data.seq_lens, attention.heads, attention.kv_heads, attention.head_dim");
+  MemoryModel m(sizes_where(
+      d, {"data.seqlen", "data.batch", "data.seq_lens", "attention.heads", "attention.kv_heads", "attention.head_dim"},
+      "data.seqlen/data.batch/data.seq_lens, attention.heads, attention.kv_heads, attention.head_dim"));
   const cp::AttnStrategy id = cp::attn_strategy_from_string(strategy);
   const std::int64_t H = d.get_int("attention.heads"), Hkv = d.get_int("attention.kv_heads"),
                      D = d.get_int("attention.head_dim");
@@ -57,8 +59,11 @@ MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy)
 }
 
 MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
-  MemoryModel m(
-      "data.seqlen/data.batch/data.seq_lens, mamba.hidden, mamba.heads, mamba.head_dim, mamba.n_groups, mamba.d_state");
+  MemoryModel m(sizes_where(d,
+                            {"data.seqlen", "data.batch", "data.seq_lens", "mamba.hidden", "mamba.heads",
+                             "mamba.head_dim", "mamba.n_groups", "mamba.d_state"},
+                            "data.seqlen/data.batch/data.seq_lens, mamba.hidden, mamba.heads, mamba.head_dim, "
+                            "mamba.n_groups, mamba.d_state"));
   const model::Mamba2Config c = mamba_from_deck(d, d.get_int("mamba.hidden"));
   const model::MambaCpInfo& strat = model::mamba_cp_info(model::mamba_cp_from_string(strategy));
   const std::int64_t es = dtype_bytes(d), P = mamba_param_count(c);

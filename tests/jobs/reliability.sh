@@ -83,19 +83,19 @@ start_long() {
 case "$class" in
 huge)
   out="$work/never.h5"
-  expect 2 "^error: data.seqlen.*: a rank of this run needs about .* GiB" \
+  expect 2 "^error: --set data.seqlen=1000000000000: data.seqlen.*: a rank of this run needs about .* GiB" \
     "${mpirun[@]}" -n 2 "$bin/cp_mamba" --set data.format=bshd --set data.seqlen=1000000000000 --out "$out" && under 5
-  expect 2 "^error: data.seqlen.*: a rank of this run needs about .* GiB" \
+  expect 2 "^error: --set data.seq_lens=1000000000000: data.seqlen.*: a rank of this run needs about .* GiB" \
     "${mpirun[@]}" -n 2 "$bin/cp_attention" --set data.seq_lens=1000000000000 --out "$out" && under 5
-  expect 2 "^error: data.seqlen.*: a rank of this run needs about .* GiB" \
+  expect 2 "^error: --set data.seqlen=4294967296: data.seqlen.*: a rank of this run needs about .* GiB" \
     "${mpirun[@]}" -n 2 "$bin/cp_hybrid" --set data.format=bshd --set data.seqlen=4294967296 --out "$out" && under 5
-  expect 2 "^error: data.seqs_per_step, data.max_len.*: a rank of this run needs about" \
+  expect 2 "^error: --set data.max_len=1000000000000: data.seqs_per_step, data.max_len.*: a rank of this run needs about" \
     "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set data.max_len=1000000000000 --out "$out" && under 5
-  expect 2 "^error: data.seqlen.*: these sizes give a tensor size that overflows 64 bits" \
+  expect 2 "^error: --set data.[a-z]*=4000000000*: data.seqlen.*: these sizes give a tensor size that overflows 64 bits" \
     "${mpirun[@]}" -n 2 "$bin/cp_attention" --set data.format=bshd --set data.batch=4000000000000 \
     --set data.seqlen=4000000000 --out "$out" && under 5
   # A dry run is arithmetic: the same refusals in under 5 s, nothing laid out for sizes that cannot fit.
-  expect 2 "^error: data.seqlen.*: these sizes give a tensor size that overflows 64 bits" \
+  expect 2 "^error: --set data.[a-z]*=4000000000*: data.seqlen.*: these sizes give a tensor size that overflows 64 bits" \
     "$bin/cp_attention" --dry-run --set data.format=bshd --set data.batch=4000000000000 --set data.seqlen=4000000000 \
     && under 5
   expect 0 '"fits":false' "$bin/cp_hybrid" --dry-run --set data.format=bshd --set data.seqlen=4294967296 && under 5
