@@ -21,15 +21,13 @@ Selection select(const Deck& d, const std::string& key, const std::string& all_w
   return {{v}, false, d.where(key)};
 }
 
-namespace {
-// A case's shape rule is checked where the layer is built, so its message opens with that source
-// line: the user reads instead where the strategy came from (the rule itself names the keys).
+namespace {}  // namespace
+
 std::string from_input(const std::string& where, const std::string& msg) {
   static const std::regex source(R"(^(src|kernels|drivers)/[^: ]+:[0-9]+: )");
   std::smatch m;
   return std::regex_search(msg, m, source) ? where + ": " + m.suffix().str() : msg;
 }
-}  // namespace
 
 std::vector<std::string> runnable(Communicator& comm, const Selection& sel,
                                   const std::function<void(const std::string&)>& try_make,

@@ -14,6 +14,10 @@
 namespace hcp::drivers {
 
 // The strategy names a choice key selects: the one it names, or every entry of `all` for `all_word`.
+// A shape rule is checked where the layer is built, so its message opens with that source line:
+// from_input gives the user instead `where` the strategy came from (the rule itself names the keys).
+std::string from_input(const std::string& where, const std::string& msg);
+
 struct Selection {
   std::vector<std::string> names;
   bool all = false;

@@ -124,7 +124,11 @@ void validate(DriverContext& ctx) {
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
   {
     const drivers::PlacedBatch pb = placed_step(d, s, g.cp->rank(), 1);
-    model::HybridModel m(*g.cp, s.cfg, pb.batch.layout, nullptr, pb.docs);
+    try {
+      model::HybridModel m(*g.cp, s.cfg, pb.batch.layout, nullptr, pb.docs);
+    } catch (const Error& e) {  // a layer's shape rule: name where the strategies came from
+      throw Error(drivers::from_input(d.where("parallel.attention"), e.what()));
+    }
   }
   if (d.get_int("train.checkpoint_every") > 0 || d.get_int("train.stop_after") > 0)
     check_output_path(d.get_string("train.checkpoint"), d.where("train.checkpoint") + ": train.checkpoint = \"" +

@@ -250,6 +250,9 @@ deck)
     expect 2 "^error: --set train.resume=$r: train.resume: cannot read checkpoint file '$r'" \
       "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set "train.resume=$r" --out "$work/never.h5" && under 5
   done
+  expect 2 "^error: --set parallel.attention=a2a\+p2p: a2a\+p2p attention needs parallel.cp_inner \(3\) to divide" \
+    "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set parallel.attention=a2a+p2p --set parallel.cp_inner=3 \
+    --out "$work/never.h5" && under 5
   printf '[run]\nrepeats = 1\n' > "$work/not_a_checkpoint.toml"
   expect 2 "^error: --set train.resume=.*not_a_checkpoint.toml: train.resume: .* is not a train_hybrid checkpoint" \
     "${mpirun[@]}" -n 2 "$bin/train_hybrid" --set "train.resume=$work/not_a_checkpoint.toml" --out "$work/never.h5"
