@@ -117,7 +117,7 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
     }
     return;
   }
-  admit(d, m, lim, cp, at_cp, ctx.root());
+  if (admit(d, m, lim, cp, at_cp, ctx.root())) ctx.memory_warned = m.keys();
 }
 
 std::vector<std::string> case_tensors(const Cases& c, const Deck& d,

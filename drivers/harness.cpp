@@ -1,4 +1,5 @@
 #include "harness.hpp"
+
 #include "model/mamba2_strategy.hpp"
 
 #include <mpi.h>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "cases.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "common.hpp"
 #include "core/error.hpp"
@@ -179,7 +181,14 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
           std::fflush(stderr);
           status = 1;
         } catch (const std::exception& e) {
-          std::fprintf(stderr, "[rank %d] error: %s\n", world.rank(), e.what());
+          // After run.memory_check = "warn" let refused sizes run, the error is most likely theirs: it
+          // opens with where that key came from.
+          const std::string msg =
+              ctx.memory_warned.empty()
+                  ? std::string(e.what())
+                  : drivers::from_input(ctx.memory_warned, e.what()) +
+                        " (run.memory_check = \"warn\" ran sizes the memory model does not fit on a rank)";
+          std::fprintf(stderr, "[rank %d] error: %s\n", world.rank(), msg.c_str());
           std::fflush(stderr);
           MPI_Abort(MPI_COMM_WORLD, 3);
         }

@@ -28,6 +28,9 @@ struct DriverContext {
   // `ranks` (--ranks N, > 0) the world size to estimate for instead of the launched one.
   bool dry_run = false;
   int ranks = 0;
+  // Set when run.memory_check = "warn" let sizes the memory model refused run: where they came from
+  // and their keys (MemoryModel::keys). An error of the run then opens with it.
+  std::string memory_warned;
   int world_size() const { return ranks > 0 ? ranks : world->size(); }
   bool root() const { return world->rank() == 0; }
 };

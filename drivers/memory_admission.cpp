@@ -119,12 +119,12 @@ std::string parts_text(const MemoryModel& m, Holder h) {
 }
 }  // namespace
 
-void admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp,
+bool admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp,
            const std::function<MemoryModel(int)>& at_cp, bool root) {
   const std::string mode = d.get_string("run.memory_check");
-  if (mode == "off") return;
+  if (mode == "off") return false;
   const double every = static_cast<double>(m.every_rank()), r0 = static_cast<double>(m.rank0());
-  if (std::max(every, r0) <= lim.bytes) return;
+  if (std::max(every, r0) <= lim.bytes) return false;
   std::ostringstream os;
   os << "a rank of this run needs about " << gib_str(every) << " (" << parts_text(m, Holder::EveryRank) << ")";
   if (m.reference_held()) {
@@ -161,10 +161,11 @@ void admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp,
     if (root)
       std::fprintf(stderr, "warning: %s: %s (run.memory_check = \"warn\": running anyway)\n", m.keys().c_str(),
                    os.str().c_str());
-    return;
+    return true;
   }
   HCP_INPUT_CHECK(false, m.keys(), os.str(),
                   " (run.memory_check = \"warn\" or \"off\" where this limit is not the truth)");
+  return false;
 }
 
 void print_memory(const MemoryModel& m, const MemoryLimit& lim, int cp, int world, const std::string& driver,

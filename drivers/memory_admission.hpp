@@ -27,7 +27,8 @@ MemoryLimit device_and_limit(const DriverContext& ctx);
 // Refuses (run.memory_check = "refuse"), warns ("warn") or skips ("off") a run whose model exceeds
 // the limit on any rank; the message names the part that does not fit and what would help. `cp` and
 // `world` are the run's; `at_cp(c)` rebuilds the model at CP size c (to say whether more ranks help).
-void admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp,
+// True when it warned: the run goes on with sizes the model does not fit.
+bool admit(const Deck& d, const MemoryModel& m, const MemoryLimit& lim, int cp,
            const std::function<MemoryModel(int)>& at_cp, bool root);
 // The model by part, one line each, and one machine-readable line "MEMORY {json}" (--dry-run).
 void print_memory(const MemoryModel& m, const MemoryLimit& lim, int cp, int world, const std::string& driver,

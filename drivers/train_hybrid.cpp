@@ -120,7 +120,8 @@ void validate(DriverContext& ctx) {
     if (ctx.root()) drivers::print_memory(at_cp(s.cp), lim, s.cp, ctx.world_size(), ctx.driver, at_cp);
     return;
   }
-  drivers::admit(d, at_cp(s.cp), lim, s.cp, at_cp, ctx.root());
+  const MemoryModel model = at_cp(s.cp);
+  if (drivers::admit(d, model, lim, s.cp, at_cp, ctx.root())) ctx.memory_warned = model.keys();
   ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
   {
     const drivers::PlacedBatch pb = placed_step(d, s, g.cp->rank(), 1);

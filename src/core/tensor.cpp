@@ -156,7 +156,8 @@ Tensor Tensor::empty(const Shape& shape, DType dt, Space sp) {
     bytes_of(Space::Cuda).add(n);
   } else {
     void* p = std::aligned_alloc(64, ((bytes + 63) / 64) * 64 + 64);
-    HCP_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed");
+    HCP_CHECK(p != nullptr, "host allocation of ", bytes, " bytes failed (a ", to_string(dt), " tensor of shape ",
+              shape_str(shape), ")");
     const auto n = static_cast<std::int64_t>(bytes);
     t.storage_ = std::shared_ptr<void>(p, [n](void* q) {
       std::free(q);

@@ -101,6 +101,11 @@ huge)
   expect 0 '"fits":false' "$bin/cp_hybrid" --dry-run --set data.format=bshd --set data.seqlen=4294967296 && under 5
   expect 2 "^error: command line: --ranks: Value 16777216 not in range 1 to 65536" \
     "$bin/cp_attention" --dry-run --ranks 16777216 && under 5
+  # run.memory_check = "warn" runs a refused size; the allocation that fails (address space capped
+  # at 6 GB) names the tensor, and the error opens with the --set that gave the sizes: exit 3.
+  expect 3 "\] error: --set data.seq_lens=10000000: data.seqlen.*: host allocation of [0-9]+ bytes failed \(a fp64 tensor of shape \[10000000,8,32\]\) \(run.memory_check = \"warn\" ran sizes" \
+    bash -c 'ulimit -v 6000000 && exec "$@"' sh "$bin/cp_attention" --set run.memory_check=warn \
+    --set data.seq_lens=10000000 --out "$out"
   nothing_left "$work" ;;
 nan)
   expect 3 "\[rank 0\] error: .*step 2: the loss is nan \(not finite\)" \
