@@ -21,8 +21,6 @@ Selection select(const Deck& d, const std::string& key, const std::string& all_w
   return {{v}, false, d.where(key)};
 }
 
-namespace {}  // namespace
-
 std::string from_input(const std::string& where, const std::string& msg) {
   static const std::regex source(R"(^(src|kernels|drivers)/[^: ]+:[0-9]+: )");
   std::smatch m;
@@ -85,15 +83,13 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
       plant.empty() || check_mode(d) != CheckMode::Off, d.where("run.plant_fault"),
       "key 'run.plant_fault' needs run.check = \"reference\" or \"cross\" (a fault no check sees proves nothing)");
   // Sizes that cannot fit even in the smallest case are refused before the cases' shape rules are
-  // tried (building a case builds its token layout); "warn" warns once, below.
+  // tried (building a case builds its token layout); "warn" warns once, below. A dry run, arithmetic
+  // only, builds no case for them either (the model refuses sizes that overflow, as a run's does).
+  const MemoryModel smallest = by_peak(c, d, cp, sel.names, false);
   if (!ctx.dry_run && d.get_string("run.memory_check") == "refuse")
     admit(
-        d, by_peak(c, d, cp, sel.names, false), lim, cp, [&](int k) { return by_peak(c, d, k, sel.names, false); },
-        ctx.root());
-  // A dry run is arithmetic: the smallest case's model first (it refuses sizes that overflow, as a
-  // run does); the cases are built for their shape rules only when that case fits, since building
-  // one lays out its tokens.
-  const bool dry_too_big = ctx.dry_run && static_cast<double>(by_peak(c, d, cp, sel.names, false).peak()) > lim.bytes;
+        d, smallest, lim, cp, [&](int k) { return by_peak(c, d, k, sel.names, false); }, ctx.root());
+  const bool dry_too_big = ctx.dry_run && static_cast<double>(smallest.peak()) > lim.bytes;
   std::vector<std::string> names = sel.names;
   if (world == ctx.world->size() && !dry_too_big) {  // the shape rules of each case need the CP group itself
     ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);

@@ -1,5 +1,4 @@
 #include "harness.hpp"
-
 #include "model/mamba2_strategy.hpp"
 
 #include <mpi.h>
@@ -181,13 +180,11 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
           std::fflush(stderr);
           status = 1;
         } catch (const std::exception& e) {
-          // After run.memory_check = "warn" let refused sizes run, the error is most likely theirs: it
-          // opens with where that key came from.
-          const std::string msg =
-              ctx.memory_warned.empty()
-                  ? std::string(e.what())
-                  : drivers::from_input(ctx.memory_warned, e.what()) +
-                        " (run.memory_check = \"warn\" ran sizes the memory model does not fit on a rank)";
+          // After run.memory_check = "warn" let refused sizes run, the error opens with where they came from.
+          const std::string msg = ctx.memory_warned.empty() ? e.what()
+                                                            : drivers::from_input(ctx.memory_warned, e.what()) +
+                                                                  " (run.memory_check = \"warn\" ran sizes the "
+                                                                  "memory model does not fit on a rank)";
           std::fprintf(stderr, "[rank %d] error: %s\n", world.rank(), msg.c_str());
           std::fflush(stderr);
           MPI_Abort(MPI_COMM_WORLD, 3);
