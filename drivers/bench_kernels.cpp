@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <functional>
 #include <initializer_list>
+#include <iterator>
 #include <memory>
 
 #include "bench_ops.hpp"
@@ -67,7 +68,7 @@ void run(DriverContext& ctx) {
   std::vector<k::AttnBwdKernel> forms{k::AttnBwdKernel::Auto};
   const std::string variant = ctx.deck.get_string("bench.variant");
   if (variant == "all")
-    forms.insert(forms.end(), {k::AttnBwdKernel::Split, k::AttnBwdKernel::Fused, k::AttnBwdKernel::FusedUnordered});
+    forms.assign(std::begin(k::kAttnBwdKernels), std::end(k::kAttnBwdKernels));
   else if (variant != "auto")
     forms.push_back(k::attn_bwd_kernel_from_string(variant));
   if (anchors)

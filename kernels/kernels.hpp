@@ -26,6 +26,9 @@ enum class Mask { None, Causal };
 // kernel with dQ's adds in arrival order, not bitwise repeatable; it measures what the order costs.
 // Host kernels and other dtypes or head dims ignore it.
 enum class AttnBwdKernel { Auto, Split, Fused, FusedUnordered };
+// Every form, Auto first (bench.variant = all times them in this order).
+inline constexpr AttnBwdKernel kAttnBwdKernels[] = {AttnBwdKernel::Auto, AttnBwdKernel::Split, AttnBwdKernel::Fused,
+                                                    AttnBwdKernel::FusedUnordered};
 const char* to_string(AttnBwdKernel k);
 AttnBwdKernel attn_bwd_kernel_from_string(const std::string& s);  // "auto", "split", ... (throws otherwise)
 

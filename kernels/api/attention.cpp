@@ -26,8 +26,7 @@ const char* to_string(AttnBwdKernel k) {
   return "auto";
 }
 AttnBwdKernel attn_bwd_kernel_from_string(const std::string& s) {
-  for (AttnBwdKernel k :
-       {AttnBwdKernel::Auto, AttnBwdKernel::Split, AttnBwdKernel::Fused, AttnBwdKernel::FusedUnordered})
+  for (AttnBwdKernel k : kAttnBwdKernels)
     if (s == to_string(k)) return k;
   HCP_CHECK(false, "attention backward kernel \"", s, "\": expected auto, split, fused or fused_unordered");
   return AttnBwdKernel::Auto;
