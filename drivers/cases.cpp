@@ -7,6 +7,8 @@
 
 #include "cases.hpp"
 
+#include "comm/shape_communicator.hpp"
+
 #include "common.hpp"
 #include "device.hpp"
 #include "memory_admission.hpp"
@@ -58,6 +60,22 @@ std::vector<std::string> runnable(Communicator& comm, const Selection& sel,
   return ok;
 }
 
+void for_cp_groups(const DriverContext& ctx, int cp, const std::function<void(Communicator&)>& fn) {
+  const int world = ctx.world_size();
+  if (world == ctx.world->size() && ctx.ranks == 0) {
+    ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
+    fn(*grid.cp);
+    return;
+  }
+  // --ranks N: the first and the last rank of the first CP group stand for every rank (the shape
+  // rules read the group's size, and a rank's place only at the ends of a token layout).
+  for (const int r : cp > 1 ? std::vector<int>{0, cp - 1} : std::vector<int>{0}) {
+    const ShapeCommunicator shape(world, r);
+    ProcessGrid grid = ProcessGrid::make(shape, cp);
+    fn(*grid.cp);
+  }
+}
+
 // The model of the case with the largest (or smallest) peak among `names`.
 static MemoryModel by_peak(const Cases& c, const Deck& d, int cp, const std::vector<std::string>& names, bool largest) {
   std::optional<MemoryModel> best;
@@ -91,10 +109,10 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
         d, smallest, lim, cp, [&](int k) { return by_peak(c, d, k, sel.names, false); }, ctx.root());
   const bool dry_too_big = ctx.dry_run && static_cast<double>(smallest.peak()) > lim.bytes;
   std::vector<std::string> names = sel.names;
-  if (world == ctx.world->size() && !dry_too_big) {  // the shape rules of each case need the CP group itself
-    ProcessGrid grid = ProcessGrid::make(*ctx.world, cp);
-    names = runnable(*grid.cp, sel, [&](const std::string& n) { c.make(d, *grid.cp, cp, n); });
-  }
+  if (!dry_too_big)  // a run's shape rules, on its CP group or, for --ranks, on shape groups
+    for_cp_groups(ctx, cp, [&](Communicator& group) {
+      names = runnable(group, {names, sel.all, sel.where}, [&](const std::string& n) { c.make(d, group, cp, n); });
+    });
   // A planted fault must meet a check: its case runs here, and a cross check has another case to
   // compare it with.
   HCP_INPUT_CHECK(plant.empty() || std::find(names.begin(), names.end(), plant) != names.end(),

@@ -47,6 +47,10 @@ struct Cases {
   // --dry-run prints them as a BYTES line.
   std::function<LayerBytes(const Deck&, int cp)> bytes;
 };
+// fn(group) for the CP group a run's shape rules are checked on: this run's own, or for a dry run
+// of --ranks N (ranks not launched) a ShapeCommunicator group as its first rank and as its last sees
+// it. Collective over the world in the first case.
+void for_cp_groups(const DriverContext& ctx, int cp, const std::function<void(Communicator&)>& fn);
 // The validate phase of a CP driver: the GPU of run.device, the process grid, and the cases the
 // deck names (a skipped case is no error; runnable's rules).
 void validate_cases(DriverContext& ctx, const Cases& c);

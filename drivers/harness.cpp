@@ -28,6 +28,13 @@
 
 namespace hcp {
 
+int DriverContext::node_ranks() const {
+  if (ranks > 0) return ranks_per_node > 0 ? std::min(ranks_per_node, ranks) : ranks;
+  int local = 1;
+  node_local_rank(&local);
+  return local;
+}
+
 bool agree_on_errors(Communicator& comm, const std::function<void()>& fn, std::string* message, bool print) {
   std::string msg;
   double failed = 0;
@@ -85,6 +92,7 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
       ctx.git_rev = HCP_GIT_REV;
       ctx.driver = spec.name;
       for (int i = 0; i < argc; ++i) ctx.cmdline += (i ? " " : "") + std::string(argv[i]);
+      ctx.cmdline = drivers::launch_line(ctx.cmdline);  // rank 0's is the file's (mpirun's line where it launched)
 
       CLI::App app{spec.description, spec.name};
       std::string deck_path;
@@ -106,6 +114,10 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
                    "and exit 0; nothing is allocated");
       app.add_option("--ranks", ctx.ranks,
                      "with --dry-run: the number of ranks to estimate for, at most 65536 (default: those launched)")
+          ->check(CLI::Range(1, 1 << 16));
+      app.add_option("--ranks-per-node", ctx.ranks_per_node,
+                     "with --ranks: how many of those ranks share a node (default: all of them, as mpirun -n N on "
+                     "this host); sets a2a+p2p's default inner group and a host rank's share of memory")
           ->check(CLI::Range(1, 1 << 16));
       bool exit_now = false;
       bool ok = agree_on_errors(world, [&] {
@@ -158,6 +170,10 @@ int run_driver(int argc, char** argv, const DriverSpec& spec) {
         }
         if (ctx.ranks > 0 && !ctx.dry_run)
           throw Error("command line: --ranks " + std::to_string(ctx.ranks) + " needs --dry-run");
+        if (ctx.ranks_per_node > 0 && ctx.ranks == 0)
+          throw Error("command line: --ranks-per-node " + std::to_string(ctx.ranks_per_node) +
+                      " needs --dry-run --ranks N (a launched run has the nodes it was given)");
+        if (ctx.ranks > 0) drivers::dry_run_ranks_per_node() = ctx.node_ranks();
         if (!ctx.out.empty() && !ctx.dry_run) check_output_path(ctx.out, "--out " + ctx.out);
         if (spec.result_tensors && spec.schema.find("run.save")) {
           const std::string bad = drivers::save_set(ctx.deck).unmatched(spec.result_tensors(ctx.deck));

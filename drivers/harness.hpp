@@ -26,12 +26,16 @@ struct DriverContext {
   bool quiet = false;
   // --dry-run: validate, print the memory estimate by part and exit 0 (nothing allocated);
   // `ranks` (--ranks N, > 0) the world size to estimate for instead of the launched one.
+  // `ranks_per_node` (--ranks-per-node M) how many of those N share a node (default: all N, as
+  // `mpirun -n N` on one host): a2a+p2p's default inner group and a host rank's share of memory.
   bool dry_run = false;
-  int ranks = 0;
+  int ranks = 0, ranks_per_node = 0;
   // Set when run.memory_check = "warn" let sizes the memory model refused run: where they came from
   // and their keys (MemoryModel::keys). An error of the run then opens with it.
   std::string memory_warned;
   int world_size() const { return ranks > 0 ? ranks : world->size(); }
+  // Ranks of the run per node: --ranks-per-node (at most --ranks), all of --ranks, or those launched here.
+  int node_ranks() const;
   bool root() const { return world->rank() == 0; }
 };
 

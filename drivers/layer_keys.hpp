@@ -72,10 +72,16 @@ inline void add_cp_inner_key(DeckSchema& s) {
             "ranks of one node, the largest common divisor of the ranks per node and the CP size)",
             0);
 }
+// A dry run's ranks per node (--ranks with --ranks-per-node), set by the harness; 0: the job's own.
+inline int& dry_run_ranks_per_node() {
+  static int n = 0;
+  return n;
+}
 // Ranks of this job per node (MPI shared-memory split of the world), the fewest on any node, so
 // every rank derives the same from it: collective on the first call, which the driver harness makes
-// on every rank at start-up.
+// on every rank at start-up. A dry run of --ranks N answers for those N ranks instead.
 inline int ranks_per_node() {
+  if (dry_run_ranks_per_node() > 0) return dry_run_ranks_per_node();
   static const int n = [] {
     int local = 1, fewest = 1;
     node_local_rank(&local);

@@ -105,9 +105,7 @@ MemoryLimit device_and_limit(const DriverContext& ctx) {
   const Deck& d = ctx.deck;
   const bool cuda = space_of(d) == Space::Cuda;
   if (!(ctx.dry_run && cuda && d.get_float("run.memory_gib") > 0)) init_device(d);
-  int local = 1;
-  node_local_rank(&local);
-  return memory_limit(d, cuda, ctx.ranks > 0 ? (cuda ? 1 : ctx.ranks) : local);
+  return memory_limit(d, cuda, ctx.ranks > 0 && cuda ? 1 : ctx.node_ranks());
 }
 
 namespace {

@@ -12,7 +12,9 @@
 #include <fstream>
 #include <memory>
 #include <set>
+#include <utility>
 
+#include "cases.hpp"
 #include "common.hpp"
 #include "device.hpp"
 #include "hybrid_common.hpp"
@@ -116,33 +118,36 @@ void validate(DriverContext& ctx) {
   const drivers::MemoryLimit lim = drivers::device_and_limit(ctx);
   Setup s = make_setup(ctx);
   const auto at_cp = [&](int k) { return drivers::train_memory(d, s.cfg, k, drivers::ep_size_of(d, s.cfg, k)); };
-  if (ctx.dry_run) {
-    if (ctx.root()) drivers::print_memory(at_cp(s.cp), lim, s.cp, ctx.world_size(), ctx.driver, at_cp);
-    return;
-  }
   const MemoryModel model = at_cp(s.cp);
-  if (drivers::admit(d, model, lim, s.cp, at_cp, ctx.root())) ctx.memory_warned = model.keys();
-  ProcessGrid g = ProcessGrid::make(*ctx.world, s.cp);
-  {
-    const drivers::PlacedBatch pb = placed_step(d, s, g.cp->rank(), 1);
-    try {
-      model::HybridModel m(*g.cp, s.cfg, pb.batch.layout, nullptr, pb.docs);
-    } catch (const Error& e) {  // a layer's shape rule: name where the strategies came from
-      throw Error(drivers::from_input(d.where("parallel.attention"), e.what()));
+  // A run refuses sizes that cannot fit here; a dry run reports them (below) and, arithmetic only,
+  // lays out no tokens for them. Every other rule is the same for both.
+  if (!ctx.dry_run && drivers::admit(d, model, lim, s.cp, at_cp, ctx.root())) ctx.memory_warned = model.keys();
+  const bool dry_too_big = ctx.dry_run && static_cast<double>(model.peak()) > lim.bytes;
+  const std::string resume = ctx.deck.get_string("train.resume");
+  if (!resume.empty())
+    HCP_INPUT_CHECK(std::filesystem::is_regular_file(resume) && std::ifstream(resume).good(), d.where("train.resume"),
+                    "train.resume: cannot read checkpoint file '", resume, "' (not a readable file)");
+  bool first = true;
+  drivers::for_cp_groups(ctx, s.cp, [&](Communicator& cp) {
+    if (!dry_too_big) {
+      const drivers::PlacedBatch pb = placed_step(d, s, cp.rank(), 1);
+      try {
+        model::HybridModel m(cp, s.cfg, pb.batch.layout, nullptr, pb.docs);
+      } catch (const Error& e) {  // a layer's shape rule: name where the strategies came from
+        throw Error(drivers::from_input(d.where("parallel.attention"), e.what()));
+      }
     }
-  }
+    if (!resume.empty() && std::exchange(first, false)) {
+      const ExpertGroups eg(cp, drivers::ep_size_of(d, s.cfg, s.cp));
+      std::vector<std::string> names;
+      for (const auto& [n, t] : model::hybrid_init(s.cfg, DType::F32, 0, &eg)) names.push_back(n);
+      drivers::check_resume(resume, schema(), ctx.deck, names, ctx.world->rank(), ctx.world->size());  // whole file
+    }
+  });
   if (d.get_int("train.checkpoint_every") > 0 || d.get_int("train.stop_after") > 0)
     check_output_path(d.get_string("train.checkpoint"), d.where("train.checkpoint") + ": train.checkpoint = \"" +
                                                             d.get_string("train.checkpoint") + "\"");
-  const std::string resume = ctx.deck.get_string("train.resume");
-  if (!resume.empty()) {
-    HCP_INPUT_CHECK(std::filesystem::is_regular_file(resume) && std::ifstream(resume).good(), d.where("train.resume"),
-                    "train.resume: cannot read checkpoint file '", resume, "' (not a readable file)");
-    const ExpertGroups eg(*g.cp, drivers::ep_size_of(d, s.cfg, s.cp));
-    std::vector<std::string> names;
-    for (const auto& [n, t] : model::hybrid_init(s.cfg, DType::F32, 0, &eg)) names.push_back(n);
-    drivers::check_resume(resume, schema(), ctx.deck, names, ctx.world->rank(), ctx.world->size());  // whole, same run
-  }
+  if (ctx.dry_run && ctx.root()) drivers::print_memory(model, lim, s.cp, ctx.world_size(), ctx.driver, at_cp);
 }
 
 void run(DriverContext& ctx) {
@@ -151,7 +156,7 @@ void run(DriverContext& ctx) {
   ProcessGrid grid = ProcessGrid::make(*ctx.world, s.cp);
   std::unique_ptr<Communicator> nccl;
   Communicator& cpc = drivers::device_comm(d, *grid.cp, nccl);
-  auto self = ctx.world->split(ctx.world->rank(), 0);
+  auto self = ctx.world->split_blocks(1);
   const int r = grid.cp_rank;
   const bool with_ref = d.get_bool("train.reference");
   const double rtol =

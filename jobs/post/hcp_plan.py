@@ -93,7 +93,23 @@ def step_model(a, text, L, cp, inner):
     sets = ["data.format=bshd", "data.batch=1", f"data.seqlen={L}", "run.check=off", "run.device=cuda",
             f"run.memory_gib={a.memory_gib}", f"parallel.cp_size={cp}", f"parallel.ep={ep}",
             f"parallel.cp_inner={inner}"]
+    # The dry run applies the strategies' shape rules: ask it for a Mamba strategy that runs at cp
+    # (hidden parallel splits the heads over the ranks; state passing runs at any cp).
+    if cp > 1 and d.get("mamba", {}).get("heads", 64) % cp:
+        sets.append("parallel.mamba_cp=state_passing")
     return driver_dry_run(a.bin, text, sets, cp)
+
+
+def runs(kind, strategy, model, cp, inner):
+    """Whether a strategy can run a layer of `kind` at cp (the shape rules the drivers refuse by):
+    Ulysses splits the heads over its group, hidden-parallel Mamba the Mamba heads over the ranks."""
+    if cp == 1:
+        return True
+    if kind == "*" and strategy in ("a2a", "a2a+p2p"):
+        return model["attention"]["heads"] % (cp if strategy == "a2a" else inner) == 0
+    if kind == "M" and strategy == "hidden_parallel":
+        return model["mamba"]["heads"] % cp == 0
+    return True
 
 
 # ---- time ----------------------------------------------------------------------------------------
@@ -161,7 +177,8 @@ def plan(model, machine, L, cp, nb):
     """Best strategy per layer kind, and the step time (ms) of the pattern with those choices."""
     best, step = {}, 0.0
     for kind in sorted(set(model["pattern"]) & {"*", "M", "E"}):
-        costs = layer_costs(kind, model, machine, L, cp, nb)
+        inner = cp_inner(machine, cp)
+        costs = {s: c for s, c in layer_costs(kind, model, machine, L, cp, nb).items() if runs(kind, s, model, cp, inner)}
         if not costs:
             return None, None
         s = min(costs, key=lambda k: costs[k][1] + costs[k][2])
@@ -235,6 +252,20 @@ def cmd_rates(a):
 
 
 # ---- commands ------------------------------------------------------------------------------------
+def file_byte_model(bindir, cfg):
+    """{strategy: [bytes per rank and step]} of a cp_attention or cp_mamba run (its /config: the
+    resolved deck, ranks and a2a+p2p's inner group), by the driver's own model (--dry-run BYTES):
+    every operation but barriers and the parameter all-reduce. None for other drivers or cp != ranks."""
+    drv, cp = cfg.get("driver"), int(cfg.get("cp_size", 0))
+    if drv not in ("cp_attention", "cp_mamba") or cp != int(cfg.get("world_size", 0)):
+        return None
+    sets = ["run.check=off", "run.memory_gib=1e6", "run.device=host"]
+    if drv == "cp_attention":
+        sets.append(f"parallel.cp_inner={int(cfg.get('cp_inner', 1))}")
+    model = driver_dry_run(bindir, cfg["deck_resolved"], sets, cp, drv)["bytes"]["layers"]
+    return model["*" if drv == "cp_attention" else "M"]
+
+
 def cmd_bytes(a):
     """Each rank's /comm bytes per step against the driver's own byte model at the run's deck and
     rank count (its --dry-run BYTES line): the planner reads the models it is checked against."""
@@ -245,14 +276,10 @@ def cmd_bytes(a):
         with h5py.File(path, "r") as f:
             cfg = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f["config"].attrs.items()}
             drv, cp = cfg["driver"], int(cfg["cp_size"])
-            if drv not in ("cp_attention", "cp_mamba") or cp != int(cfg["world_size"]):
+            model = file_byte_model(a.bin, cfg)
+            if model is None:
                 print(f"error: {path}: bytes checks cp_attention / cp_mamba runs with cp = ranks", file=sys.stderr)
                 return 2
-            sets = ["run.check=off", "run.memory_gib=1e6", "run.device=host"]
-            if drv == "cp_attention":
-                sets.append(f"parallel.cp_inner={int(cfg.get('cp_inner', 1))}")
-            model = driver_dry_run(a.bin, cfg["deck_resolved"], sets, cp, drv)["bytes"]["layers"]
-            model = model["*" if drv == "cp_attention" else "M"]
             for strat in f["comm"]:
                 ops = f["comm"][strat]
                 measured = [0.0] * cp

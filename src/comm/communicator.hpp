@@ -56,6 +56,11 @@ class Communicator {
   virtual void barrier() = 0;
   // A sub-communicator of the ranks with the same colour, ordered by key.
   virtual std::unique_ptr<Communicator> split(int color, int key) const = 0;
+  // The groups the process grid makes: consecutive ranks, `block` to a group (block 1: this rank
+  // alone; block size(): every rank), and the ranks `stride` apart (those with the same rank %
+  // stride), each in rank order. Collective, like split.
+  virtual std::unique_ptr<Communicator> split_blocks(int block) const { return split(rank() / block, rank()); }
+  virtual std::unique_ptr<Communicator> split_strided(int stride) const { return split(rank() % stride, rank()); }
 
   // ---- tensor conveniences (contiguous host tensors; shapes checked) --------------------------
   void all_to_all(const Tensor& send, Tensor& recv);

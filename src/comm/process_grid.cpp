@@ -5,15 +5,15 @@
 namespace hcp {
 
 ProcessGrid ProcessGrid::make(const Communicator& world, int cp_size) {
-  const int w = world.size(), r = world.rank();
+  const int w = world.size();
   HCP_CHECK(cp_size >= 1, "parallel.cp_size must be >= 1, got ", cp_size);
   HCP_CHECK(w % cp_size == 0, "parallel.cp_size = ", cp_size, " must divide the number of ranks (", w, ")");
   ProcessGrid g;
   g.cp_size = cp_size;
   g.dp_size = w / cp_size;
-  g.world = world.split(0, r);
-  g.cp = world.split(r / cp_size, r);
-  g.dp = world.split(r % cp_size, r);
+  g.world = world.split_blocks(w);
+  g.cp = world.split_blocks(cp_size);
+  g.dp = world.split_strided(cp_size);
   g.cp_rank = g.cp->rank();
   g.dp_rank = g.dp->rank();
   return g;
@@ -21,22 +21,21 @@ ProcessGrid ProcessGrid::make(const Communicator& world, int cp_size) {
 
 std::shared_ptr<CpLevels> CpLevels::make(Communicator& cp_comm, int inner) {
   auto l = std::make_shared<CpLevels>();
-  const int r = cp_comm.rank();
   l->inner = inner;
-  l->inner_comm = cp_comm.split(r / inner, r);
-  l->outer_comm = cp_comm.split(r % inner, r);
+  l->inner_comm = cp_comm.split_blocks(inner);
+  l->outer_comm = cp_comm.split_strided(inner);
   l->inner_comm->count_into(&cp_comm);
   l->outer_comm->count_into(&cp_comm);
   return l;
 }
 
 ExpertGroups::ExpertGroups(Communicator& cp, int ep) : cp_(cp) {
-  const int n = cp.size(), r = cp.rank();
+  const int n = cp.size();
   if (ep == 0) ep = n;
   HCP_CHECK(ep >= 1 && n % ep == 0, "parallel.ep = ", ep, " must divide the CP group size (", n, ")");
   // Every rank takes the same branches, so the splits stay collective.
-  if (ep != n) ep_own_ = cp.split(r / ep, r);
-  if (ep != 1) rep_own_ = cp.split(r % ep, r);
+  if (ep != n) ep_own_ = cp.split_blocks(ep);
+  if (ep != 1) rep_own_ = cp.split_strided(ep);
 }
 
 int node_local_rank(int* local_size) {

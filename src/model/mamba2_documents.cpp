@@ -12,7 +12,7 @@ Mamba2Docs::Mamba2Docs(MambaCp strategy, Communicator& comm, Mamba2Config cfg,
   whole_rows_ = docs_->whole_rows(rank_);
   split_rows_ = docs_->split_local();
   tl_ = whole_rows_ + split_rows_;
-  self_ = comm_.split(rank_, 0);
+  self_ = comm_.split_blocks(1);
   if (whole_rows_ > 0)  // at cp = 1 either strategy is the plain layer
     whole_ = make_mamba2(strategy_, *self_, c_, docs_->whole[static_cast<std::size_t>(rank_)]);
   if (docs_->split.nseq() > 0) split_ = make_mamba2(strategy_, comm_, c_, docs_->split);
