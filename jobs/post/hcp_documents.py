@@ -10,7 +10,7 @@ measured by the communicator's counters) and the byte model's maximum from the d
 the placement's cost model and of the real tokens, as the run recorded them (/partition) and as the
 dry run predicts them, the tensor memory of the heaviest rank (allocated in the step plus alive
 before it) beside the memory model, and the step time (median over repeats of the slowest rank's
-forward + backward).
+step, as hcp_post.py table and the figures read it).
 Exit 1 when a rank's measured bytes differ from the model or the run's placement from the dry
 run's; 2 on a file that is not a cp_attention THD run.
 """
@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hcp_figures  # noqa: E402  (the step time as every post-processing command reads it)
 import hcp_plan  # noqa: E402  (driver_dry_run: the drivers' own models)
 
 
@@ -46,8 +47,7 @@ def row(path, bindir):
         mem = f["memory"][strat]
         held = mem["step_tensor_bytes"][()] + mem["live_tensor_bytes"][()]
         heavy = int(np.argmax(held))
-        t = f["timings"][strat]
-        step = float(np.median(np.max(t["forward"][()] + t["backward"][()], axis=0)))
+        step = float(np.median(hcp_figures._step(f, strat)))  # as hcp_post.py table and the figures
         out = {"file": os.path.basename(path), "cp": cp, "partition": cfg["partition"], "strategy": strat,
                "pads": int(part["pad_tokens"][0]), "sent": sent, "work": imbalance(part["work"]),
                "tokens": imbalance(part["tokens"]), "mem": float(held[heavy]),

@@ -196,6 +196,16 @@ def _timings(f):
     return out
 
 
+def _step_of(f, strat, phases):
+    """The step (ms) as every command reads it: the median over repeats of the slowest rank's step
+    (per repeat: its step phase, else its forward + backward), with the min and max over repeats."""
+    reps = hcp_figures._step(f, strat)
+    if reps is not None and reps.size:
+        return float(np.median(reps)), float(reps.min()), float(reps.max())
+    v = _step_ms(phases)
+    return v, v, v
+
+
 def _step_ms(phases):
     for key in ("step", "train/step"):
         if key in phases:
@@ -216,14 +226,19 @@ def _overlap(phases):
 
 
 def _table_rows(files):
-    """One dict per (file, strategy): file, cp, strategy, step_ms, overlap and every phase (ms)."""
+    """One dict per (file, strategy): file, cp, strategy, step_ms (median of the slowest rank), its
+    min and max over repeats, real tokens per second of the whole CP group, overlap and every phase (ms)."""
     rows = []
     for path in files:
         with h5py.File(path, "r") as f:
             cfg = _config(f)
+            tokens = hcp_figures.real_tokens(cfg)
             for strat, ph in sorted(_timings(f).items()):
+                step, lo, hi = _step_of(f, strat, ph)
                 rows.append({"file": path.split("/")[-1], "cp": int(cfg.get("cp_size", 0)), "strategy": strat,
-                             "step_ms": _step_ms(ph), "overlap": _overlap(ph),
+                             "step_ms": step, "min_ms": lo, "max_ms": hi,
+                             "tokens_per_s": tokens / (step * 1e-3) if step > 0 else float("nan"),
+                             "overlap": _overlap(ph),
                              "phases": {k: v for k, v in sorted(ph.items()) if k not in ("step", "forward", "backward")}})
     return rows
 
@@ -233,31 +248,81 @@ def cmd_table(a):
     if a.json:
         import json
         # JSON has no NaN: an overlap that is not known is null, as a strategy without a ring
-        json.dump([dict(r, overlap=None if r["overlap"] is not None and np.isnan(r["overlap"]) else r["overlap"])
-                   for r in rows], sys.stdout, indent=1)
+        nan = lambda v: None if v is not None and np.isnan(v) else v  # noqa: E731
+        json.dump([dict(r, overlap=nan(r["overlap"]), tokens_per_s=nan(r["tokens_per_s"])) for r in rows], sys.stdout, indent=1)
         print()
         return 0
     if a.csv:
         import csv
         phases = sorted({k for r in rows for k in r["phases"]})
         w = csv.writer(sys.stdout)
-        w.writerow(["file", "cp", "strategy", "step_ms", "overlap"] + phases)
+        w.writerow(["file", "cp", "strategy", "step_ms", "min_ms", "max_ms", "tokens_per_s", "overlap"] + phases)
         for r in rows:
-            w.writerow([r["file"], r["cp"], r["strategy"], f"{r['step_ms']:.6g}",
-                        "" if r["overlap"] is None else f"{r['overlap']:.4f}"]
+            w.writerow([r["file"], r["cp"], r["strategy"], f"{r['step_ms']:.6g}", f"{r['min_ms']:.6g}",
+                        f"{r['max_ms']:.6g}", f"{r['tokens_per_s']:.6g}", "" if r["overlap"] is None else f"{r['overlap']:.4f}"]
                        + ["" if k not in r["phases"] else f"{r['phases'][k]:.6g}" for k in phases])
         return 0
-    print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'step_ms':>10} {'overlap':>8}  phases (ms)")
+    print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'step_ms':>10} {'min..max':>19} {'tokens/s':>10} {'overlap':>8}"
+          "  phases (ms)")
     for r in rows:
         detail = " ".join(f"{k}={v:.2f}" for k, v in r["phases"].items())
         ovs = "-" if r["overlap"] is None else "n/a" if np.isnan(r["overlap"]) else f"{r['overlap']:.2f}"
-        print(f"  {r['file']:<40} {r['cp']:>3} {r['strategy']:<16} {r['step_ms']:10.2f} {ovs:>8}  {detail}")
+        span = f"{r['min_ms']:.2f}..{r['max_ms']:.2f}"
+        print(f"  {r['file']:<40} {r['cp']:>3} {r['strategy']:<16} {r['step_ms']:10.2f} {span:>19} "
+              f"{r['tokens_per_s']:10.4g} {ovs:>8}  {detail}")
+    return 0
+
+
+# nccl-tests' bus-bandwidth factors: the bytes a rank sends per byte of the collective's size. The
+# communicators count exactly the bus bytes (all_gather: count (n-1) per rank), so busbw is bytes
+# sent over time and algbw that over the factor.
+_BUS_FACTOR = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+               "all_to_all": lambda n: (n - 1) / n, "all_to_all_v": lambda n: (n - 1) / n,
+               "all_reduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0, "send": lambda n: 1.0}
+
+
+def _comm_rows(files):
+    """Per (file, strategy, operation): calls and MiB per rank and step (max over ranks), ms in the
+    operation per step (the slowest rank) and nccl-tests-style algbw and busbw (GB/s) of that rank;
+    ring exchanges overlap compute, so their wait is not a link time: no bandwidth for them."""
+    rows = []
+    for path in files:
+        with h5py.File(path, "r") as f:
+            cfg = _config(f)
+            n = int(cfg.get("cp_size", 1))
+            for strat in sorted(f["comm"]) if "comm" in f else []:
+                for op, g in sorted(f["comm"][strat].items()):
+                    if op == "barrier" or not isinstance(g, h5py.Group):
+                        continue
+                    sent = np.asarray(g["bytes_sent"][()], dtype=np.float64)
+                    sec = np.asarray(g["seconds"][()], dtype=np.float64)
+                    calls = np.asarray(g["calls"][()], dtype=np.float64)
+                    k = int(np.argmax(sec))
+                    bus = sent[k] / sec[k] / 1e9 if sec[k] > 0 and op in _BUS_FACTOR and n > 1 else float("nan")
+                    alg = bus / _BUS_FACTOR[op](n) if op in _BUS_FACTOR and n > 1 else float("nan")
+                    rows.append({"file": path.split("/")[-1], "cp": n, "strategy": strat, "op": op,
+                                 "calls": int(calls.max()), "mib": float(sent.max()) / 2**20, "ms": float(sec.max()) * 1e3,
+                                 "algbw": alg, "busbw": bus})
+    return rows
+
+
+def cmd_comm(a):
+    rows = _comm_rows(a.files)
+    if not rows:
+        print(f"error: {' '.join(a.files)}: no /comm counters", file=sys.stderr)
+        return 1
+    print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'operation':<15} {'calls':>6} {'MiB/rank':>10} {'ms':>9} "
+          f"{'algbw GB/s':>10} {'busbw GB/s':>10}   per timed step; the slowest rank's time")
+    for r in rows:
+        bw = lambda v: "-" if np.isnan(v) else f"{v:.3f}"  # noqa: E731
+        print(f"  {r['file']:<40} {r['cp']:>3} {r['strategy']:<16} {r['op']:<15} {r['calls']:>6} {r['mib']:10.3f} "
+              f"{r['ms']:9.3f} {bw(r['algbw']):>10} {bw(r['busbw']):>10}")
     return 0
 
 
 def _scale_rows(files):
     """One dict per (file, strategy): driver, tokens, cp, step_ms, memory per rank and its model
-    (MiB, max over ranks), MB sent per rank and step (max over ranks) and the check's verdict."""
+    (MiB, max over ranks), MiB sent per rank and step (max over ranks) and the check's verdict."""
     rows = []
     for path in files:
         with h5py.File(path, "r") as f:
@@ -276,7 +341,7 @@ def _scale_rows(files):
                 sent = 0
                 if f"comm/{strat}" in f:
                     per_rank = sum(np.asarray(g["bytes_sent"][()], dtype=np.float64) for g in f[f"comm/{strat}"].values())
-                    sent = float(np.max(per_rank)) / 1e6
+                    sent = float(np.max(per_rank)) / 2**20
                 verdict = "-"
                 if f"summary/{strat}" in f:
                     entries = []
@@ -288,20 +353,21 @@ def _scale_rows(files):
                     verdict = "cross baseline"
                 rows.append({"file": path.split("/")[-1], "driver": cfg.get("driver", "?"), "tokens": tokens,
                              "dtype": cfg.get("dtype", "?"), "cp": int(cfg.get("cp_size", 0)), "strategy": strat,
-                             "step_ms": _step_ms(timings[strat]), "mem_mib": float(held), "model_mib": float(model),
-                             "sent_mb": sent, "check": verdict})
+                             "layout": str(cfg.get("partition", "-")),
+                             "step_ms": _step_of(f, strat, timings[strat])[0], "mem_mib": float(held), "model_mib": float(model),
+                             "sent_mib": sent, "check": verdict})
     for r in rows:  # memory x cp against the same driver, tokens and dtype at cp=1 (any strategy: the
         # same computation), else against the same strategy at the fewest ranks
         same = [b for b in rows if (b["driver"], b["tokens"], b["dtype"]) == (r["driver"], r["tokens"], r["dtype"])]
         base = next((b for b in same if b["cp"] == 1), None) or \
-            min((b for b in same if b["strategy"] == r["strategy"]), key=lambda b: b["cp"])
+            min((b for b in same if (b["strategy"], b["layout"]) == (r["strategy"], r["layout"])), key=lambda b: b["cp"])
         r["mem_vs_ideal"] = r["mem_mib"] * r["cp"] / (base["mem_mib"] * base["cp"])
     return rows
 
 
 def cmd_scale(a):
     rows = _scale_rows(a.files)
-    cols = ["driver", "tokens", "dtype", "cp", "strategy", "step_ms", "mem_mib", "model_mib", "mem_vs_ideal", "sent_mb", "check"]
+    cols = ["driver", "tokens", "dtype", "cp", "strategy", "layout", "step_ms", "mem_mib", "model_mib", "mem_vs_ideal", "sent_mib", "check"]
     if a.csv:
         import csv
         w = csv.writer(sys.stdout)
@@ -309,11 +375,11 @@ def cmd_scale(a):
         for r in rows:
             w.writerow([f"{r[c]:.6g}" if isinstance(r[c], float) else r[c] for c in cols])
         return 0
-    print(f"# {'driver':<13} {'tokens':>7} {'dtype':<5} {'cp':>3} {'strategy':<16} {'step_ms':>10} {'MiB/rank':>9} "
-          f"{'model':>8} {'x cp/base':>9} {'MB sent/rank':>12}  check")
+    print(f"# {'driver':<13} {'tokens':>7} {'dtype':<5} {'cp':>3} {'strategy':<16} {'layout':<9} {'step_ms':>10} {'MiB/rank':>9} "
+          f"{'model':>8} {'x cp/base':>9} {'MiB sent/rank':>13}  check")
     for r in rows:
-        print(f"  {r['driver']:<13} {r['tokens']:>7} {r['dtype']:<5} {r['cp']:>3} {r['strategy']:<16} {r['step_ms']:10.1f} "
-              f"{r['mem_mib']:9.1f} {r['model_mib']:8.1f} {r['mem_vs_ideal']:9.2f} {r['sent_mb']:12.2f}  {r['check']}")
+        print(f"  {r['driver']:<13} {r['tokens']:>7} {r['dtype']:<5} {r['cp']:>3} {r['strategy']:<16} {r['layout']:<9} {r['step_ms']:10.1f} "
+              f"{r['mem_mib']:9.1f} {r['model_mib']:8.1f} {r['mem_vs_ideal']:9.2f} {r['sent_mib']:13.2f}  {r['check']}")
     return 0
 
 
@@ -356,24 +422,57 @@ def _phase_label(key):
     return f"{_PHASE_NAMES[k]} {d}" if k in _PHASE_NAMES else key
 
 
+def _breakdown(f, strat):
+    """(step ms, {phase label: ms}) of one strategy, every number from one timed step: the repeat
+    whose slowest-rank step is the median, on that slowest rank. Phases of that rank and repeat are
+    parts of that step, so "other" (the step less their sum: communication outside the blocks, glue,
+    launch gaps) is what the bar does not name. Block phases (cp_hybrid, train_hybrid) where the run
+    timed blocks; else compute and communication wait (cp_attention, cp_mamba). None without them."""
+    g = f.get(f"timings/{strat}")
+    if not isinstance(g, h5py.Group):
+        return None
+    arrays = {}
+    g.visititems(lambda n, o: arrays.__setitem__(n, np.atleast_2d(np.asarray(o[()], dtype=np.float64)))
+                 if isinstance(o, h5py.Dataset) else None)
+    step = next((arrays[k] for k in ("step", "train/step") if k in arrays), None)
+    if step is None and "forward" in arrays and "backward" in arrays:
+        step = arrays["forward"] + arrays["backward"]
+    blocks = {k: v for k, v in arrays.items() if "/" in k and k != "train/step"}
+    split = {k: arrays[k] for k in ("compute", "comm_wait") if k in arrays}
+    parts = blocks or split
+    if step is None or not parts or step.size == 0:
+        return None
+    slowest = step.max(axis=0)
+    r = int(np.argsort(slowest)[(len(slowest) - 1) // 2])  # the (lower) median repeat
+    k = int(np.argmax(step[:, r]))
+    names = {"compute": "compute", "comm_wait": "communication wait"}
+    return float(step[k, r]), {names.get(n, _phase_label(n)): float(v[k, r]) for n, v in parts.items()}
+
+
 def cmd_plot_breakdown(a):
-    """Per (file, strategy) a stacked bar of the phases (CUDA events or host clocks, median of the
-    slowest rank each), plus "other": the step's median less the phases' sum (communication outside
-    the blocks, launch gaps, and the medians of separate phases not adding exactly), so that a bar is
-    as tall as the step."""
+    """Per (file, strategy) a stacked bar of the phases of one timed step (_breakdown: the median
+    repeat's slowest rank), plus "other", so that a bar is as tall as that step."""
     bars = {}
+    layouts = set()
     for path in a.files:
         with h5py.File(path, "r") as f:
-            cp = int(_config(f).get("cp_size", 1))
-            dtype = _config(f).get("dtype", "")
-            t = _timings(f)
-        for s_, ph in t.items():
-            parts = {_phase_label(k): v for k, v in ph.items() if "/" in k and k != "train/step"}
-            if parts:
-                parts["other"] = max(0.0, _step_ms(ph) - sum(parts.values()))
+            layouts.add(str(_config(f).get("partition", "")))
+    for path in a.files:
+        with h5py.File(path, "r") as f:
+            cfg = _config(f)
+            cp, dtype = int(cfg.get("cp_size", 1)), cfg.get("dtype", "")
+            if len(layouts) > 1:  # dcs and documents runs of one strategy and cp are two bars
+                dtype += f" {cfg.get('partition', '-')}"
+            for s_ in sorted(f["timings"]) if "timings" in f else []:
+                got = _breakdown(f, s_)
+                if got is None:
+                    continue
+                step, parts = got
+                parts["other"] = max(0.0, step - sum(parts.values()))
                 bars[s_ if len(a.files) == 1 else f"{s_}\ncp={cp} {dtype}"] = (cp, s_, parts)
     if not bars:
-        print(f"error: {' '.join(a.files)}: no per-phase timings", file=sys.stderr)
+        print(f"error: {' '.join(a.files)}: no per-phase timings (block phases, or compute and comm_wait)",
+              file=sys.stderr)
         return 1
     plt = _plt()
     names = sorted(bars, key=lambda n: (bars[n][0], bars[n][1]))
@@ -386,7 +485,7 @@ def cmd_plot_breakdown(a):
         ax.bar(names, vals, bottom=bottom, label=k, color=c, hatch="//" if k == "other" else None)
         bottom += vals
     ax.tick_params(axis="x", labelsize=8)
-    ax.set_ylabel("ms per step (median, slowest rank)")
+    ax.set_ylabel("ms in one step\n(the median repeat's slowest rank)")
     ax.set_title(a.title or (a.files[0].split("/")[-1] if len(a.files) == 1 else "time per phase"))
     ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
@@ -478,8 +577,9 @@ def cmd_study(a):
     if unfinished:
         print(f"# left out, unfinished: {', '.join(unfinished)}")
     groups = study_groups(files)
-    if len(groups) == 1:
-        return study_group(next(iter(groups.values())), a.dir, title, "")
+    if len(groups) == 1:  # the title names the problem: driver, pattern, dtype and tokens
+        key, members = next(iter(groups.items()))
+        return study_group(members, a.dir, f"{title}, {group_label(key)}", "")
     # Runs of different problems do not share a scaling line: one table and set of figures each,
     # their files suffixed by the group's number.
     codes = []
@@ -539,6 +639,8 @@ def study_group(files, folder, title, suffix):
         print(f"# warning: oversubscribed runs, their times measure core sharing, not CP: {', '.join(over)}")
         title += " (oversubscribed runs)"
     cmd_table(argparse.Namespace(files=files, csv=False, json=False))
+    if _comm_rows(files):
+        cmd_comm(argparse.Namespace(files=files))
     csv_path = os.path.join(folder, f"timings{suffix}.csv")
     saved = sys.stdout
     with open(csv_path, "w") as out:
@@ -556,7 +658,7 @@ def study_group(files, folder, title, suffix):
 
     def phased(path):
         with h5py.File(path, "r") as f:
-            return any("/" in k for ph in _timings(f).values() for k in ph)
+            return any(_breakdown(f, s_) for s_ in (f["timings"] if "timings" in f else []))
 
     if any(phased(p) for p in files):
         cmd_plot_breakdown(argparse.Namespace(files=files, out=png("breakdown"), title=f"{title}: time per phase"))
@@ -589,17 +691,38 @@ def cmd_loss(a):
         if len(other) != len(loss):
             print(f"error: --against {a.against} has {len(other)} steps, {a.file} has {len(loss)}", file=sys.stderr)
             return 2
+    with h5py.File(a.file, "r") as f:
+        cfg = _config(f)
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    # Below the curves, what they hide: the CP run's loss less the cp=1 replica's (and the --against
+    # run's), relative, per step; an exact match is a line at zero.
+    compared = [(ref, "cp=1 replica", "--")] if ref is not None and len(ref) else []
+    if other is not None:
+        compared.append((other, os.path.basename(a.against), ":"))
+    if compared:
+        fig, (ax, rx) = plt.subplots(2, 1, figsize=(6.5, 5.4), sharex=True, gridspec_kw={"height_ratios": [2.2, 1]})
+    else:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
     steps = np.arange(1, len(loss) + 1)
     ax.plot(steps, loss, label="CP run")
-    if ref is not None and len(ref):
-        ax.plot(steps[-len(ref):], ref, "--", label="cp=1 replica")
-    if other is not None:
-        ax.plot(steps, other, ":", label=os.path.basename(a.against))
-    ax.set_xlabel("step")
+    for curve, label, style in compared:
+        ax.plot(steps[-len(curve):], curve, style, label=label)
     ax.set_ylabel("loss (nats / label token)")
     ax.legend()
+    ax.set_title(a.title or f"{cfg.get('driver', 'train_hybrid')} loss: cp {cfg.get('cp_size', '?')}, "
+                 f"{cfg.get('pattern', '')} {cfg.get('dtype', '')}, {len(loss)} steps", fontsize=10)
+    if compared:
+        for curve, label, style in compared:
+            mine = loss[-len(curve):]
+            rx.plot(steps[-len(curve):], (mine - curve) / np.maximum(np.abs(curve), 1e-300), style, marker=".",
+                    label=f"vs {label}")
+        rx.axhline(0.0, color="k", lw=0.6)
+        rx.set_ylabel("(CP - other) / other")
+        rx.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        rx.legend(fontsize=7)
+        rx.set_xlabel("step")
+    else:
+        ax.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
     k = max(1, len(loss) // 5)
@@ -703,6 +826,10 @@ def main(argv=None):
     fmt.add_argument("--json", action="store_true", help="JSON on stdout: a list of rows with their phases")
     t.add_argument("files", nargs="+", help="results files")
     t.set_defaults(fn=cmd_table)
+    cm = sub.add_parser("comm", formatter_class=D,
+                        help="per collective: calls, MiB and ms per step, algbw and busbw as nccl-tests defines them")
+    cm.add_argument("files", nargs="+")
+    cm.set_defaults(fn=cmd_comm)
     sc = sub.add_parser("scale", formatter_class=D, help="what CP trades: time, memory and bytes per rank")
     sc.add_argument("--csv", action="store_true", help="CSV on stdout instead of the table")
     sc.add_argument("files", nargs="+", help="results files")
@@ -733,6 +860,7 @@ def main(argv=None):
     pl.add_argument("--out", required=True, help="the PNG to write")
     pl.add_argument("--min-drop", type=float, default=0.0, help="exit 1 unless the loss fell by this fraction")
     pl.add_argument("--against", help="another train_hybrid file of the same steps (e.g. the fp32 run of a bf16 run)")
+    pl.add_argument("--title", default="", help="figure title (default: driver, cp, pattern, dtype and steps)")
     pl.add_argument("--band", type=float, default=0.05, help="largest relative loss difference per step with --against")
     pl.add_argument("file", help="train_hybrid results file")
     pl.set_defaults(fn=cmd_loss)
