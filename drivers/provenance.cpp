@@ -4,7 +4,11 @@
 #include <unistd.h>
 
 #include <Kokkos_Core.hpp>
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <vector>
 
 #include "io/h5_util.hpp"
 #include "kernels/kernels.hpp"
@@ -63,6 +67,27 @@ std::string version_line(const std::string& driver) {
          libraries() + ")";
 }
 
+std::string launch_line(const std::string& own) {
+  std::ifstream in("/proc/" + std::to_string(getppid()) + "/cmdline", std::ios::binary);
+  std::vector<std::string> words;
+  for (std::string w; std::getline(in, w, '\0');) words.push_back(w);
+  if (!words.empty()) {
+    const std::string exe = std::filesystem::path(words[0]).filename().string();
+    if (exe == "mpirun" || exe == "mpiexec" || exe == "orterun" || exe == "prterun") {
+      std::string line;
+      for (const std::string& w : words)
+        line += (line.empty() ? "" : " ") + (w.find_first_of(" \t'\"") == std::string::npos ? w : "'" + w + "'");
+      return line;
+    }
+  }
+  const char* job = std::getenv("SLURM_JOB_ID");
+  const char* step = std::getenv("SLURM_STEP_ID");
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  if (job && step)
+    return "srun (job " + std::string(job) + " step " + step + ", " + (tasks ? tasks : "?") + " tasks) " + own;
+  return own;
+}
+
 std::map<std::string, std::string> run_provenance(Communicator& world) {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
@@ -73,10 +98,12 @@ std::map<std::string, std::string> run_provenance(Communicator& world) {
 #ifdef HCP_HAVE_CUDA
   gpus = cuda::device_count();
 #endif
-  return {{"host", from_root(world, host)},        {"date", from_root(world, date)},
-          {"ranks", std::to_string(world.size())}, {"git_dirty", HCP_GIT_DIRTY ? "yes" : "no"},
-          {"build_type", HCP_BUILD_TYPE},          {"libraries", libraries()},
-          {"gpus_per_node", std::to_string(gpus)}};
+  return {{"host", from_root(world, host)},
+          {"date", from_root(world, date)},
+          {"git_dirty", HCP_GIT_DIRTY ? "yes" : "no"},
+          {"build_type", HCP_BUILD_TYPE},
+          {"libraries", libraries()},
+          {"gpus_per_node", std::to_string(gpus)}};  // written as an integer (write_config)
 }
 
 }  // namespace hcp::drivers

@@ -12,5 +12,9 @@ namespace hcp::drivers {
 std::string version_line(const std::string& driver);
 // Attributes for /config, the same on every rank's call (rank 0's host and date, agreed over `world`).
 std::map<std::string, std::string> run_provenance(Communicator& world);
+// The line that started the run: the launcher's (mpirun, mpiexec, orterun, prterun: its whole
+// command, the driver's words included) when it is this process's parent; under srun, the job and
+// step beside `own`; else `own`, the driver's words.
+std::string launch_line(const std::string& own);
 
 }  // namespace hcp::drivers

@@ -26,7 +26,7 @@ Study::Study(DriverContext& c, std::string name, double (*tolerance)(DType))
       cp(cp_size_of(c.deck, c.world->size())),
       grid(ProcessGrid::make(*c.world, cp)),
       comm(device_comm(c.deck, *grid.cp, device_comm_)),
-      self(*(self_ = c.world->split(c.world->rank(), 0))),
+      self(*(self_ = c.world->split_blocks(1))),
       space(space_of(c.deck)),
       dt(dtype_from_string(c.deck.get_string("data.dtype"))),
       check(check_mode(c.deck) == CheckMode::Reference),
@@ -35,14 +35,35 @@ Study::Study(DriverContext& c, std::string name, double (*tolerance)(DType))
       repeats(static_cast<int>(c.deck.get_int("run.repeats"))),
       tol(tolerance(dt)) {
   if (!ctx.out.empty()) writer_ = std::make_unique<ResultsWriter>(ctx.out, *ctx.world, hdf5_io(deck), save_set(deck));
+  t_run0_ = MPI_Wtime();
+}
+
+void Study::begin_case(const std::string& name) {
+  case_ = name;
+  planted_ = false;
+  const double now = MPI_Wtime(), el = now - t_run0_;
+  const int n = std::max<int>(static_cast<int>(case_names_.size()), cases_begun_ + 1), done = cases_begun_++;
+  t_case0_ = now;
+  if (done == 0) first_case_t0_ = now;
+  if (ctx.quiet || !root() || el < 2.0) return;
+  if (done == 0) {
+    std::fprintf(stderr, "# %s: case %s (1/%d) after %.1f s of set-up (inputs, cp=1 reference)\n", driver.c_str(),
+                 name.c_str(), n, el);
+  } else {
+    const double per_case = (now - first_case_t0_) / done;
+    std::fprintf(stderr, "# %s: case %s (%d/%d); %d done in %.1f s, the run ~%.1f s more\n", driver.c_str(),
+                 name.c_str(), done + 1, n, done, now - first_case_t0_, per_case * (n - done));
+  }
+  std::fflush(stderr);
 }
 
 std::string Study::backend() const { return device_desc(deck, comm); }
 
 std::vector<std::string> Study::cases(const Cases& c, std::vector<std::pair<std::string, std::string>>* skipped) {
   memory_ = c.memory;
-  return runnable(
-      comm, select(deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(deck, comm, cp, n); }, skipped);
+  return case_names_ = runnable(
+             comm, select(deck, c.key, c.all_word, c.all), [&](const std::string& n) { c.make(deck, comm, cp, n); },
+             skipped);
 }
 
 Samples Study::time(const std::function<void(Clock&)>& body, const std::function<void()>& before) {
@@ -59,10 +80,16 @@ Samples Study::time(const std::function<void(Clock&)>& body, const std::function
   const int n = warmup + repeats;
   for (int it = 0; it < n; ++it) {
     if (!ctx.quiet && root() && it > 0 && MPI_Wtime() - t_last >= 2.0) {
-      const double el = MPI_Wtime() - t_start;
-      std::fprintf(stderr, "# %s: iteration %d/%d (%s)  elapsed %.1f s  remaining ~%.1f s\n", driver.c_str(), it + 1, n,
-                   it < warmup ? "warm-up" : "timed", el, el / it * (n - it));
-      t_last = MPI_Wtime();
+      // This case's time left by its iterations so far, and the run's: the cases after it as long
+      // as this one (set-up and checks aside).
+      const double now = MPI_Wtime(), el = now - t_start, left = el / it * (n - it);
+      const double whole = (now - t_case0_) + left;
+      const int after = std::max(0, static_cast<int>(case_names_.size()) - cases_begun_);
+      std::fprintf(stderr, "# %s %s: iteration %d/%d (%s)  elapsed %.1f s  case ~%.1f s more, run ~%.1f s more\n",
+                   driver.c_str(), case_.empty() ? "reference" : case_.c_str(), it + 1, n,
+                   it < warmup ? "warm-up" : "timed", el, left, left + after * whole);
+      std::fflush(stderr);
+      t_last = now;
     }
     if (before) before();
     if (it == warmup) comm.reset_counters();
@@ -152,6 +179,7 @@ bool Study::verdict(const std::string& strategy, const Errors& e, bool extra) {
 void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string& driver, const std::string& backend,
                   DType dt, int cp, std::map<std::string, std::string> attrs) {
   attrs.merge(std::map<std::string, std::string>(ctx.provenance));
+  const auto gpus = attrs.extract("gpus_per_node");  // a count: an integer attribute, below
   attrs.merge(std::map<std::string, std::string>{{"driver", driver},
                                                  {"deck", ctx.deck.text()},
                                                  {"deck_resolved", ctx.deck.resolved()},
@@ -167,6 +195,7 @@ void write_config(ResultsWriter& w, const DriverContext& ctx, const std::string&
   // Where it ran: more ranks than cores on a node makes its times no scaling measurement.
   w.config_int("ranks_per_node", ranks_per_node());
   w.config_int("node_cores", static_cast<std::int64_t>(std::thread::hardware_concurrency()));
+  if (gpus) w.config_int("gpus_per_node", std::stoll(gpus.mapped()));
 }
 
 void Study::config(std::map<std::string, std::string> attrs,

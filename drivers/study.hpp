@@ -161,11 +161,10 @@ class Study {
   void cross_compare(Errors& e, const std::string& name, const Tensor& local, const SeqLayout* global = nullptr);
   // A scalar every rank holds the same (a loss), against the first case's, relative.
   void cross_scalar(Errors& e, const std::string& name, double v);
-  // The case whose results follow (run.plant_fault perturbs the named one's first result).
-  void begin_case(const std::string& name) {
-    case_ = name;
-    planted_ = false;
-  }
+  // The case whose results follow (run.plant_fault perturbs the named one's first result). On a run
+  // that has taken 2 s or more, a progress line on stderr (rank 0, unless --quiet) names the case,
+  // what the cases so far took and the run's time left by them.
+  void begin_case(const std::string& name);
   // Rank 0's verdict (errors within tolerance and `extra`), agreed by every rank; writes /summary.
   bool verdict(const std::string& strategy, const Errors& e, bool extra = true);
 
@@ -203,6 +202,9 @@ class Study {
   std::map<std::string, Tensor> first_;  // run.check = "cross": the first case's shards
   std::map<std::string, double> first_scalar_;
   std::string case_;
+  std::vector<std::string> case_names_;  // the cases that run (cases()), for progress lines
+  int cases_begun_ = 0;
+  double t_run0_ = 0, t_case0_ = 0, first_case_t0_ = 0;  // MPI_Wtime at the study's start, the case's, the first case's
   bool planted_ = false;
   bool cross_compared_ = false;         // run.check = "cross": some case was compared with the first
   Tensor planted(const Tensor& local);  // `local`, perturbed when run.plant_fault names this case

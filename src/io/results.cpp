@@ -279,11 +279,18 @@ void ResultsWriter::config(const std::map<std::string, std::string>& attrs) {
 }
 
 void ResultsWriter::config_int(const std::string& name, std::int64_t v) {
-  double x = static_cast<double>(v);
+  double x = static_cast<double>(v);  // rank 0's, exact below 2^53
   bcast(&x, 1);
   if (!writes()) return;
   hid_t g = group("/config");
-  double_attr(g, name, x);
+  const auto n = static_cast<std::int64_t>(x);
+  hid_t space = HCP_H5_CHECK(H5Screate(H5S_SCALAR));
+  if (H5Aexists(g, name.c_str()) > 0) H5Adelete(g, name.c_str());
+  hid_t a = HCP_H5_WRITE(H5Acreate2(g, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), path_,
+                         "attribute " + name);
+  HCP_H5_WRITE(H5Awrite(a, H5T_NATIVE_INT64, &n), path_, "attribute " + name);
+  H5Aclose(a);
+  H5Sclose(space);
   H5Gclose(g);
 }
 
