@@ -486,7 +486,9 @@ def cmd_plot_breakdown(a):
         bottom += vals
     ax.tick_params(axis="x", labelsize=8)
     ax.set_ylabel("ms in one step\n(the median repeat's slowest rank)")
-    ax.set_title(a.title or (a.files[0].split("/")[-1] if len(a.files) == 1 else "time per phase"))
+    import textwrap
+    title = a.title or (a.files[0].split("/")[-1] if len(a.files) == 1 else "time per phase")
+    ax.set_title(textwrap.fill(title, 60), fontsize=11 if len(title) <= 60 else 10)
     ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)
