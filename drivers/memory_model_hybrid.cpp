@@ -84,8 +84,10 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int e
       w = mstrat.work_per_token(mc, cp) - m_saved + 2 * C;
     } else if (k == '*') {
       s = a_saved;
-      // the projections' gradients beside the CP attention's own buffers
-      w = (a.heads + 2 * a.kv_heads) * a.head_dim + 2 * C;
+      // AttentionLayer::backward: the gradient into the attention core (dout) and dq, dk, dv beside
+      // the CP attention's own buffers, then the input gradient's sum and part, and the block's
+      // dy and dx
+      w = 2 * (a.heads + a.kv_heads) * a.head_dim + 4 * C;
       const cp::AttnMemShape as{cp, tl, a.heads, a.kv_heads, a.head_dim, es, a.cp_inner};
       wb = cp::attention_work_bytes(m, h.attention_layer(n_attn++).strategy, as);
     } else if (k == 'E') {
