@@ -123,9 +123,11 @@ def ideal_of(pts):
     return "flat" if len(tokens) > 1 and len(per_rank) == 1 else "1/cp"
 
 
-def figure(lines, out, title, ylabel, ylog, model_label="model"):
+def figure(lines, out, title, ylabel, ylog, model_label="model",
+           hollow_label="more ranks than cores: core sharing, not CP"):
     """lines: {strategy: {"pts": [(cp, y, lo, hi)], "model": [(cp, y)], "ideal": None | "1/cp" | "flat"}}.
-    Model lines are dashed in their strategy's colour, named once in the legend (`model_label`)."""
+    Model lines are dashed in their strategy's colour, named once in the legend (`model_label`);
+    points at the cps of a line's "over" set are hollow, named once (`hollow_label`)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, (strat, ln) in enumerate(lines.items()):  # in the caller's order
@@ -150,7 +152,7 @@ def figure(lines, out, title, ylabel, ylog, model_label="model"):
     if ideal:
         ax.plot([], [], "k:", alpha=0.7, label="ideal: flat (weak scaling)" if ideal == {"flat"} else "ideal 1/cp (from the fewest ranks)")
     if any(ln.get("over") for ln in lines.values()):
-        ax.plot([], [], "o", color="k", markerfacecolor="white", label="more ranks than cores: core sharing, not CP")
+        ax.plot([], [], "o", color="k", markerfacecolor="white", label=hollow_label)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(plt.matplotlib.ticker.FormatStrFormatter("%g"))
     if ylog:

@@ -34,6 +34,7 @@ import sys
 import tomllib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hcp_figures  # noqa: E402  (the figures)
 import hcp_post  # noqa: E402  (the results files' readers and plots)
 
 
@@ -65,10 +66,43 @@ def driver_dry_run(bindir, deck_text, sets, ranks, driver="cp_hybrid"):
         for key in ("MEMORY", "BYTES"):
             if line.startswith(key + " "):
                 got[key.lower()] = json.loads(line[len(key) + 1:])
-    if "memory" not in got or "bytes" not in got:
+    if "memory" not in got or ("bytes" not in got and driver != "train_hybrid"):  # train_hybrid: MEMORY only
         raise ValueError(f"{' '.join(cmd)}: no MEMORY and BYTES lines (exit {out.returncode}): "
                          f"{out.stderr.strip()[-500:]}")
     return got
+
+
+def deck_driver(d):
+    """The driver a deck (a dict from TOML) is written for, by its sections: train_hybrid ([train]),
+    cp_hybrid ([model]), cp_attention (attention only), cp_mamba (Mamba only)."""
+    if "train" in d:
+        return "train_hybrid"
+    if "model" in d or ("attention" in d and "mamba" in d):
+        return "cp_hybrid"
+    return "cp_attention" if "attention" in d else "cp_mamba" if "mamba" in d else "cp_hybrid"
+
+
+def _toml(d):
+    """A deck dict as TOML text (tables of scalars, strings and lists: what decks hold)."""
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        return repr(v)
+    return "".join(f"[{sec}]\n" + "".join(f"{k} = {val(v)}\n" for k, v in body.items()) + "\n"
+                   for sec, body in d.items() if isinstance(body, dict))
+
+
+def hybrid_deck_of_train(d):
+    """The cp_hybrid deck of a train_hybrid deck's model (its byte model: train_hybrid prints none):
+    the model sections, data.dtype and the strategies."""
+    keep = {sec: dict(d[sec]) for sec in ("model", "mamba", "attention", "moe", "mlp") if sec in d}
+    keep["data"] = {k: v for k, v in d.get("data", {}).items() if k == "dtype"}
+    keep["parallel"] = {k: v for k, v in d.get("parallel", {}).items() if k in ("attention", "mamba_cp", "ep", "cp_inner")}
+    return _toml(keep)
 
 
 def driver_memory(bindir, deck_text, sets, ranks, driver="cp_hybrid"):
@@ -85,19 +119,29 @@ def step_model(a, text, L, cp, inner):
     (one BSHD row) and CP size cp, a2a+p2p over inner groups of `inner`, on GPU ranks of
     --memory-gib GiB (run.device = cuda, run.check = off)."""
     d = tomllib.loads(text)
+    driver = deck_driver(d)
     # EP over the CP group, or over the largest group that divides the experts (as plan() assumes)
     ep = d.get("parallel", {}).get("ep", 0) or cp
     experts = d.get("moe", {}).get("experts", 0)
     if experts and experts % ep:
         ep = math.gcd(experts, cp)
-    sets = ["data.format=bshd", "data.batch=1", f"data.seqlen={L}", "run.check=off", "run.device=cuda",
-            f"run.memory_gib={a.memory_gib}", f"parallel.cp_size={cp}", f"parallel.ep={ep}",
-            f"parallel.cp_inner={inner}"]
+    sets = ["data.format=bshd", "run.device=cuda", f"run.memory_gib={a.memory_gib}", f"parallel.cp_size={cp}"]
+    check = ["train.reference=false"] if driver == "train_hybrid" else ["run.check=off"]
+    if driver != "cp_mamba":
+        sets.append(f"parallel.cp_inner={inner}")
+    if driver in ("cp_hybrid", "train_hybrid"):
+        sets.append(f"parallel.ep={ep}")
     # The dry run applies the strategies' shape rules: ask it for a Mamba strategy that runs at cp
     # (hidden parallel splits the heads over the ranks; state passing runs at any cp).
-    if cp > 1 and d.get("mamba", {}).get("heads", 64) % cp:
+    if cp > 1 and "mamba" in d and d["mamba"].get("heads", 64) % cp:
         sets.append("parallel.mamba_cp=state_passing")
-    return driver_dry_run(a.bin, text, sets, cp)
+    rows = [f"data.seqs_per_step=1", f"data.max_len={L}"] if driver == "train_hybrid" else \
+        ["data.batch=1", f"data.seqlen={L}"]
+    got = driver_dry_run(a.bin, text, sets + check + rows, cp, driver)
+    if driver == "train_hybrid":  # the step's bytes by cp_hybrid's model of the same blocks
+        got["bytes"] = driver_dry_run(a.bin, hybrid_deck_of_train(d),
+                                      sets + ["run.check=off", "data.batch=1", f"data.seqlen={L}"], cp)["bytes"]
+    return got
 
 
 def runs(kind, strategy, model, cp, inner):
@@ -197,7 +241,13 @@ def load_model(path):
 def model_of(d):
     """The planner's view of a deck (a dict from TOML)."""
     m = d.get("model", {})
-    return {"pattern": m.get("pattern", "M*E"), "hidden": m.get("hidden", d.get("mamba", {}).get("hidden", 2688)),
+    driver = deck_driver(d)
+    a = d.get("attention", {})
+    pattern = {"cp_attention": "*", "cp_mamba": "M"}.get(driver, m.get("pattern", "M*E"))
+    # a layer deck's width: the Mamba layer's hidden, or the attention heads' (no projections there)
+    hidden = m.get("hidden", d.get("mamba", {}).get("hidden", a.get("heads", 32) * a.get("head_dim", 128)
+                                                          if driver == "cp_attention" else 2688))
+    return {"pattern": pattern, "hidden": hidden, "driver": driver,
             "vocab": m.get("vocab", 1024), "dtype": d.get("data", {}).get("dtype", "bf16"), "mamba": d.get("mamba", {}),
             "attention": d.get("attention", {}), "moe": d.get("moe", {}), "mlp_ffn": d.get("mlp", {}).get("ffn", 64),
             "ep": d.get("parallel", {}).get("ep", 0)}
@@ -319,7 +369,7 @@ def cmd_predict(a):
         per_layer = [best["*"][0] for k in model["pattern"] if k == "*"]
         print("# deck: parallel.attention = [" + ", ".join(f'"{s}"' for s in per_layer) + "]  (--set "
               f"parallel.attention=[{','.join(per_layer)}])")
-    print("# memory per rank (cp_hybrid --dry-run, forward+backward, GiB): "
+    print(f"# memory per rank ({model['driver']} --dry-run, forward+backward, GiB): "
           + ", ".join(f"{k} {v / 2**30:.2f}" for k, v in mem["parts"].items())
           + f"; total {mem['every_rank'] / 2**30:.2f} of {a.memory_gib:g}: {'fits' if mem['fits'] else 'does not fit'}")
     return 0
@@ -349,16 +399,19 @@ def cmd_sweep(a):
     for L in lens:
         ok = [cp for (l, cp, _, _, _, fits) in rows if l == L and fits]
         print(f"# smallest cp that fits {L} tokens in {a.memory_gib:g} GiB: {min(ok) if ok else 'none of ' + a.cp}")
-    rows = [r[:5] for r in rows]
     if a.csv:
         with open(a.csv, "w") as f:
-            f.write("tokens,cp,step_ms,train_bytes_per_rank," + ",".join(f"best_{k}" for k in ("*", "E", "M")) + "\n")
-            for L, cp, step, b, mem in rows:
-                f.write(f"{L},{cp},{step:.6g},{mem:.6g}," + ",".join(b.get(k, "") for k in ("*", "E", "M")) + "\n")
+            f.write("tokens,cp,step_ms,train_bytes_per_rank,fits," + ",".join(f"best_{k}" for k in ("*", "E", "M")) + "\n")
+            for L, cp, step, b, mem, fits in rows:
+                f.write(f"{L},{cp},{step:.6g},{mem:.6g},{int(fits)}," + ",".join(b.get(k, "") for k in ("*", "E", "M")) + "\n")
         print(f"wrote {a.csv}")
-    series = {f"L = {L:,}": [(cp, s) for (l, cp, s, _, _) in rows if l == L] for L in lens}
-    hcp_post.plot_against_cp({k: v for k, v in series.items() if v}, a.out,
-                             f"{model['pattern']}: predicted forward+backward", "predicted step time per rank (ms)", ylog=True)
+    # Sizes that do not fit are drawn hollow: a time the step would take if it could run.
+    lines = {f"L = {L:,}": {"pts": [(cp, s, s, s) for (l, cp, s, _, _, _) in rows if l == L],
+                            "over": {cp for (l, cp, _, _, _, fits) in rows if l == L and not fits}} for L in lens}
+    hcp_figures.figure({k: v for k, v in lines.items() if v["pts"]}, a.out,
+                       f"{model['pattern']} ({model['dtype']}, hidden {model['hidden']}): predicted forward+backward "
+                       f"on {os.path.basename(a.machine)}", "predicted step time per rank (ms)", ylog=True,
+                       hollow_label=f"does not fit in {a.memory_gib:g} GiB per rank (memory model)")
     print(f"wrote {a.out} ({len(rows)} points)")
     return 0
 
