@@ -225,19 +225,42 @@ def _overlap(phases):
     return float("nan") if e > i else min(1.0, 1.0 - e / i)
 
 
+def _attention_flops(cfg):
+    """Forward + backward FLOPs of a cp_attention run's step (its whole problem): 4 H D per scored
+    query-key pair forward (QK^T and PV), 2.5 times that backward; causal rows score the keys up to
+    themselves. None for other drivers."""
+    if cfg.get("driver") != "cp_attention":
+        return None
+    deck = hcp_figures.deck_of(cfg)
+    a, data = deck.get("attention", {}), deck.get("data", {})
+    if data.get("format") == "bshd":
+        lens = [int(data.get("seqlen", 0))] * int(data.get("batch", 1))
+    else:
+        raw = data.get("seq_lens", [])
+        lens = [int(x) for x in (raw if isinstance(raw, list) else str(raw).replace(",", " ").split())]
+    causal = bool(a.get("causal", True))
+    pairs = sum(n * (n + 1) // 2 if causal else n * n for n in lens)
+    return 3.5 * 4 * pairs * int(a.get("heads", 0)) * int(a.get("head_dim", 0))
+
+
 def _table_rows(files):
     """One dict per (file, strategy): file, cp, strategy, step_ms (median of the slowest rank), its
-    min and max over repeats, real tokens per second of the whole CP group, overlap and every phase (ms)."""
+    min and max over repeats, real tokens per second of the whole CP group, attention TFLOP/s per
+    rank (cp_attention runs), overlap and every phase (ms)."""
     rows = []
     for path in files:
         with h5py.File(path, "r") as f:
             cfg = _config(f)
             tokens = hcp_figures.real_tokens(cfg)
+            flops = _attention_flops(cfg)
             for strat, ph in sorted(_timings(f).items()):
                 step, lo, hi = _step_of(f, strat, ph)
                 rows.append({"file": path.split("/")[-1], "cp": int(cfg.get("cp_size", 0)), "strategy": strat,
                              "step_ms": step, "min_ms": lo, "max_ms": hi,
                              "tokens_per_s": tokens / (step * 1e-3) if step > 0 else float("nan"),
+                             # per rank: the problem's FLOPs over the CP group's ranks and the step
+                             "tflops_per_rank": flops / int(cfg.get("cp_size", 1)) / (step * 1e-3) / 1e12
+                             if flops and step > 0 else float("nan"),
                              "overlap": _overlap(ph),
                              "phases": {k: v for k, v in sorted(ph.items()) if k not in ("step", "forward", "backward")}})
     return rows
@@ -249,27 +272,32 @@ def cmd_table(a):
         import json
         # JSON has no NaN: an overlap that is not known is null, as a strategy without a ring
         nan = lambda v: None if v is not None and np.isnan(v) else v  # noqa: E731
-        json.dump([dict(r, overlap=nan(r["overlap"]), tokens_per_s=nan(r["tokens_per_s"])) for r in rows], sys.stdout, indent=1)
+        json.dump([dict(r, overlap=nan(r["overlap"]), tokens_per_s=nan(r["tokens_per_s"]),
+                        tflops_per_rank=nan(r["tflops_per_rank"])) for r in rows], sys.stdout, indent=1)
         print()
         return 0
     if a.csv:
         import csv
         phases = sorted({k for r in rows for k in r["phases"]})
         w = csv.writer(sys.stdout)
-        w.writerow(["file", "cp", "strategy", "step_ms", "min_ms", "max_ms", "tokens_per_s", "overlap"] + phases)
+        w.writerow(["file", "cp", "strategy", "step_ms", "min_ms", "max_ms", "tokens_per_s", "tflops_per_rank", "overlap"]
+                   + phases)
         for r in rows:
             w.writerow([r["file"], r["cp"], r["strategy"], f"{r['step_ms']:.6g}", f"{r['min_ms']:.6g}",
-                        f"{r['max_ms']:.6g}", f"{r['tokens_per_s']:.6g}", "" if r["overlap"] is None else f"{r['overlap']:.4f}"]
+                        f"{r['max_ms']:.6g}", f"{r['tokens_per_s']:.6g}",
+                        "" if np.isnan(r["tflops_per_rank"]) else f"{r['tflops_per_rank']:.6g}",
+                        "" if r["overlap"] is None else f"{r['overlap']:.4f}"]
                        + ["" if k not in r["phases"] else f"{r['phases'][k]:.6g}" for k in phases])
         return 0
-    print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'step_ms':>10} {'min..max':>19} {'tokens/s':>10} {'overlap':>8}"
-          "  phases (ms)")
+    print(f"# {'file':<40} {'cp':>3} {'strategy':<16} {'step_ms':>10} {'min..max':>19} {'tokens/s':>10} "
+          f"{'TFLOP/s/rank':>12} {'overlap':>8}  phases (ms)")
     for r in rows:
         detail = " ".join(f"{k}={v:.2f}" for k, v in r["phases"].items())
         ovs = "-" if r["overlap"] is None else "n/a" if np.isnan(r["overlap"]) else f"{r['overlap']:.2f}"
         span = f"{r['min_ms']:.2f}..{r['max_ms']:.2f}"
+        tf = "-" if np.isnan(r["tflops_per_rank"]) else f"{r['tflops_per_rank']:.4g}"
         print(f"  {r['file']:<40} {r['cp']:>3} {r['strategy']:<16} {r['step_ms']:10.2f} {span:>19} "
-              f"{r['tokens_per_s']:10.4g} {ovs:>8}  {detail}")
+              f"{r['tokens_per_s']:10.4g} {tf:>12} {ovs:>8}  {detail}")
     return 0
 
 

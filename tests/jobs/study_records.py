@@ -75,6 +75,8 @@ for ln in r.stdout.splitlines()[1:]:
     m = re.match(r"\s+(\S+)\s+\d+\s+p2p\s+([0-9.]+)\s+([0-9.]+)\.\.([0-9.]+)\s+([0-9.e+]+)", ln)
     ok = ok and m is not None and float(m.group(3)) <= float(m.group(2)) <= float(m.group(4)) and float(m.group(5)) > 0
 check(ok, "table: the step's median lies within its min..max; tokens/s beside it")
+tf = [ln.split()[6] for ln in r.stdout.splitlines()[1:]]
+check(all(re.fullmatch(r"[0-9.e+-]+", x) and float(x) > 0 for x in tf), f"table: attention TFLOP/s per rank ({tf})")
 table = {ln.split()[0]: float(ln.split()[3]) for ln in r.stdout.splitlines()[1:]}
 r = run([sys.executable, os.path.join(root, "jobs", "post", "hcp_documents.py"), "--bin", bindir]
         + [f for f in files if "np1" not in f])
