@@ -13,24 +13,20 @@ namespace hcp::drivers {
 namespace {
 // /partition/*: see Study::record_placement.
 void write_doc_partition(ResultsWriter& w, const cp::DocPartition& p) {
-  const auto put = [&](const std::string& name, const std::vector<double>& v, const char* layout, const char* units) {
-    w.tensor("/partition/" + name, Tensor::from(v, {static_cast<std::int64_t>(v.size())}, DType::F64), layout, units);
-  };
-  std::vector<double> lens, owner, rows, tokens, work(p.work.begin(), p.work.end());
-  for (std::size_t d = 0; d < p.lens.size(); ++d) {
-    lens.push_back(static_cast<double>(p.lens[d]));
-    owner.push_back(p.owner[d]);
-  }
+  std::vector<std::int64_t> lens(p.lens.begin(), p.lens.end()), owner(p.owner.begin(), p.owner.end()), rows, tokens;
   for (int r = 0; r < p.cp; ++r) {
-    rows.push_back(static_cast<double>(p.local_rows(r)));
-    tokens.push_back(static_cast<double>(p.real_tokens(r)));
+    rows.push_back(p.local_rows(r));
+    tokens.push_back(p.real_tokens(r));
   }
-  put("lengths", lens, "[documents] real length", "tokens");
-  put("owner", owner, "[documents] rank holding the document whole, -1 split over the CP group", "rank");
-  put("rows", rows, "[cp] local rows of each rank, pads included", "tokens");
-  put("tokens", tokens, "[cp] real tokens of each rank", "tokens");
-  put("work", work, "[cp] work of each rank by the placement's cost model", "pairs");
-  put("pad_tokens", {static_cast<double>(p.pad_tokens())}, "[1] pad tokens of the split documents", "tokens");
+  w.counts("/partition/lengths", lens, "[documents] real length", "tokens");
+  w.counts("/partition/owner", owner, "[documents] rank holding the document whole, -1 split over the CP group",
+           "rank");
+  w.counts("/partition/rows", rows, "[cp] local rows of each rank, pads included", "tokens");
+  w.counts("/partition/tokens", tokens, "[cp] real tokens of each rank", "tokens");
+  w.counts("/partition/pad_tokens", {p.pad_tokens()}, "[1] pad tokens of the split documents", "tokens");
+  std::vector<double> work(p.work.begin(), p.work.end());
+  w.tensor("/partition/work", Tensor::from(work, {static_cast<std::int64_t>(work.size())}, DType::F64),
+           "[cp] work of each rank by the placement's cost model", "pairs");
 }
 }  // namespace
 

@@ -329,8 +329,14 @@ struct Partial {
 };
 }  // namespace
 
-void ResultsWriter::tensor(const std::string& path, const Tensor& t, const std::string& layout,
+void ResultsWriter::counts(const std::string& path, const std::vector<std::int64_t>& v, const std::string& layout,
                            const std::string& units) {
+  std::vector<double> d(v.begin(), v.end());  // exact below 2^53
+  write_tensor(path, Tensor::from(d, {static_cast<std::int64_t>(d.size())}, DType::F64), layout, units, true);
+}
+
+void ResultsWriter::write_tensor(const std::string& path, const Tensor& t, const std::string& layout,
+                                 const std::string& units, bool integer) {
   // Rank 0's tensor: its shape, dtype and statistics on every rank (collective mode).
   if (!writes()) return;
   Tensor c;
@@ -355,12 +361,22 @@ void ResultsWriter::tensor(const std::string& path, const Tensor& t, const std::
   const std::string what = "dataset " + path;
   hid_t g = group(dir);
   const DType wdt = orig == DType::F64 ? DType::F64 : DType::F32;
-  hid_t ds = create_dataset(g, name, shape, wdt, 0, path_, what);
+  hid_t ds = -1;
+  if (integer) {  // int64 in the file, converted from the doubles in memory by HDF5
+    std::vector<hsize_t> dims(shape.begin(), shape.end());
+    if (dims.empty()) dims.push_back(1);
+    hid_t space = HCP_H5_CHECK(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+    ds = HCP_H5_WRITE(H5Dcreate2(g, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path_,
+                      what);
+    H5Sclose(space);
+  } else {
+    ds = create_dataset(g, name, shape, wdt, 0, path_, what);
+  }
   write_from_root(ds, wdt, comm_.rank() == 0 ? c.raw() : nullptr, io_ == H5Io::Collective, comm_.rank() == 0, path_,
                   what);
   string_attr(ds, "layout", layout);
   string_attr(ds, "units", units);
-  string_attr(ds, "dtype", to_string(orig));
+  string_attr(ds, "dtype", integer ? "int64" : to_string(orig));
   H5Dclose(ds);
   H5Gclose(g);
 }

@@ -43,7 +43,12 @@ class ResultsWriter {
   void config(const std::map<std::string, std::string>& attrs);
   void config_int(const std::string& name, std::int64_t v);
   // A tensor that rank 0 holds in global order (other ranks pass anything; ignored).
-  void tensor(const std::string& path, const Tensor& t, const std::string& layout, const std::string& units);
+  void tensor(const std::string& path, const Tensor& t, const std::string& layout, const std::string& units) {
+    write_tensor(path, t, layout, units, false);
+  }
+  // A count per entry (ranks, tokens, owners): rank 0's, written as an int64 dataset.
+  void counts(const std::string& path, const std::vector<std::int64_t>& v, const std::string& layout,
+              const std::string& units);
   // A tensor distributed by rows: this rank's `local` [R, ...] (any space, dtype, strides), and for
   // each local row its row in the file's [total_rows, ...] dataset, or -1 for a row not written (a pad,
   // or a row another rank writes). Every file row must come from exactly one rank.
@@ -71,6 +76,8 @@ class ResultsWriter {
   const SaveSet& save() const { return save_; }
 
  private:
+  void write_tensor(const std::string& path, const Tensor& t, const std::string& layout, const std::string& units,
+                    bool integer);
   bool writes() const;         // does this rank make HDF5 calls
   void open();                 // creates the temporary file on first use
   void bcast(std::string& s);  // rank 0's value on every rank (collective mode)
