@@ -39,6 +39,7 @@ attribute, recorded by the run when the file was complete), then groups and attr
 import argparse
 import os
 import sys
+import textwrap
 
 import h5py
 import numpy as np
@@ -419,8 +420,16 @@ def plot_against_cp(series, out, title, ylabel, ylog=False):
     hcp_figures.figure({k: {"pts": [(c, y, y, y) for c, y in v]} for k, v in series.items()}, out, title, ylabel, ylog)
 
 
+def _titled(title, files):
+    """A figure's title naming the problem its files share (driver, pattern, dtype, tokens), unless
+    it does already (study titles do); the problems' count where they differ."""
+    groups = study_groups(files)
+    label = group_label(next(iter(groups))) if len(groups) == 1 else f"{len(groups)} problems"
+    return title if label in title else f"{title}, {label}" if title else label
+
+
 def _figure_cmd(fn, what, a):
-    lines = fn(a.files, a.out, a.title)
+    lines = fn(a.files, a.out, _titled(a.title, a.files))
     if not lines:
         print(f"error: {' '.join(a.files)}: no {what} in the given files", file=sys.stderr)
         return 1
@@ -514,8 +523,7 @@ def cmd_plot_breakdown(a):
         bottom += vals
     ax.tick_params(axis="x", labelsize=8)
     ax.set_ylabel("ms in one step\n(the median repeat's slowest rank)")
-    import textwrap
-    title = a.title or (a.files[0].split("/")[-1] if len(a.files) == 1 else "time per phase")
+    title = _titled(a.title or "time per phase", a.files)
     ax.set_title(textwrap.fill(title, 60), fontsize=11 if len(title) <= 60 else 10)
     ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
@@ -563,7 +571,7 @@ def cmd_plot_errors(a):
     ax.set_yscale("log")
     ax.set_ylim(bottom=floor / 2)
     ax.set_ylabel("worst relative error\n(vs cp=1; cross: vs the first strategy)")
-    ax.set_title(a.title)
+    ax.set_title(textwrap.fill(_titled(a.title, a.files), 64), fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)

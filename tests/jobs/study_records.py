@@ -60,6 +60,9 @@ for np_ in (1, 2, 4):
                           "--set", f"data.partition={part}", "--set", "run.repeats=3", "--out", out])
         check(r.returncode == 0, f"cp_attention np {np_} {part}: exit {r.returncode}")
         files.append(out)
+with h5py.File(files[-1], "r") as f:
+    kinds = {k: f["partition"][k].dtype.kind for k in ("lengths", "owner", "rows", "tokens", "pad_tokens")}
+check(all(v == "i" for v in kinds.values()), f"/partition counts are integers ({kinds})")
 r = run(post + ["plot-scaling", "--out", os.path.join(tmp, "scaling.png")] + files)
 check(r.returncode == 0 and "(6 points, 2 strategies)" in r.stdout,
       f"plot-scaling: one line per layout, the cp=1 run in both ({r.stdout.strip()})")
