@@ -254,11 +254,13 @@ void ResultsWriter::string_attr(long long obj, const std::string& name, const st
   H5Tclose(type);
 }
 
-void ResultsWriter::double_attr(long long obj, const std::string& name, double v) {
+void ResultsWriter::double_attr(long long obj, const std::string& name, double v, bool integer) {
   hid_t space = HCP_H5_CHECK(H5Screate(H5S_SCALAR));
   if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
-  hid_t a = HCP_H5_WRITE(H5Acreate2(obj, name.c_str(), H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT), path_,
-                         "attribute " + name);
+  // an integer is stored as int64, converted by HDF5 from the double in memory
+  hid_t a = HCP_H5_WRITE(
+      H5Acreate2(obj, name.c_str(), integer ? H5T_STD_I64LE : H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT),
+      path_, "attribute " + name);
   HCP_H5_WRITE(H5Awrite(a, H5T_NATIVE_DOUBLE, &v), path_, "attribute " + name);
   H5Aclose(a);
   H5Sclose(space);
@@ -283,14 +285,7 @@ void ResultsWriter::config_int(const std::string& name, std::int64_t v) {
   bcast(&x, 1);
   if (!writes()) return;
   hid_t g = group("/config");
-  const auto n = static_cast<std::int64_t>(x);
-  hid_t space = HCP_H5_CHECK(H5Screate(H5S_SCALAR));
-  if (H5Aexists(g, name.c_str()) > 0) H5Adelete(g, name.c_str());
-  hid_t a = HCP_H5_WRITE(H5Acreate2(g, name.c_str(), H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT), path_,
-                         "attribute " + name);
-  HCP_H5_WRITE(H5Awrite(a, H5T_NATIVE_INT64, &n), path_, "attribute " + name);
-  H5Aclose(a);
-  H5Sclose(space);
+  double_attr(g, name, x, /*integer=*/true);
   H5Gclose(g);
 }
 

@@ -87,7 +87,7 @@ class ResultsWriter {
                const std::string& units, const std::vector<std::int64_t>* file_rows);
   long long group(const std::string& path);  // creates intermediate groups, returns hid_t
   void string_attr(long long obj, const std::string& name, const std::string& v);
-  void double_attr(long long obj, const std::string& name, double v);
+  void double_attr(long long obj, const std::string& name, double v, bool integer = false);
   Communicator& comm_;
   H5Io io_;
   SaveSet save_;
