@@ -2,12 +2,10 @@
 
 #include <chrono>
 
+#include "core/clock.hpp"
 #include "core/cuda_check.hpp"
 
 namespace hcp {
-namespace {
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-}  // namespace
 
 bool is_device_pointer(const void* p) {
   if (!p) return false;
@@ -83,7 +81,7 @@ std::shared_ptr<DeviceOrder::Mark> DeviceOrder::mark(const std::string& op) {
   HCP_CUDA_CHECK(cudaEventRecord(m->event(), stream_));
   {
     std::lock_guard<std::mutex> g(mu_);
-    pending_.push_back({m, op, now() + timeout_s_});
+    pending_.push_back({m, op, now_seconds() + timeout_s_});
   }
   cv_.notify_one();
   return m;
@@ -127,7 +125,7 @@ void DeviceOrder::watch() {
       why = p.op + ": CUDA error on the communication stream: " + cudaGetErrorString(q);
     } else if (const std::string e = probe_ ? probe_() : std::string(); !e.empty()) {
       why = p.op + " failed asynchronously (" + e + ")";
-    } else if (now() > p.deadline) {
+    } else if (now_seconds() > p.deadline) {
       why = p.op + " did not complete within " + std::to_string(static_cast<long>(timeout_s_)) +
             " s (a peer died or hangs)";
     }

@@ -12,13 +12,11 @@
 #include "comm/device_order.hpp"
 #include "comm/ipc_reduce.hpp"
 #include "comm/mpi_communicator.hpp"
+#include "core/clock.hpp"
 #include "core/cuda_check.hpp"
 
 namespace hcp {
 namespace {
-
-std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n) * dtype_size(dt); }
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // What a rank tells its peers about one channel: its exported buffer (gen counts its growths)
 // and its two interprocess events.
@@ -193,7 +191,7 @@ struct IpcCommunicator::Impl {
       MPI_Request rq;
       int flag = 0;
       if (MPI_Ibarrier(sync, &rq) == MPI_SUCCESS) {
-        for (const double t0 = now(); !flag && now() - t0 < 10.0;) {
+        for (const double t0 = now_seconds(); !flag && now_seconds() - t0 < 10.0;) {
           MPI_Test(&rq, &flag, MPI_STATUS_IGNORE);
           if (!flag) std::this_thread::sleep_for(std::chrono::microseconds(100));
         }
@@ -266,8 +264,8 @@ static bool both_device(const void* a, const void* b) {
 void IpcCommunicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dt) {
   if (!both_device(send, recv))
     return on_host("all_to_all", [&](Communicator& h) { h.all_to_all(send, recv, count, dt); });
-  const double t0 = now();
-  const std::size_t blk = nbytes(count, dt);
+  const double t0 = now_seconds();
+  const std::size_t blk = dtype_bytes(count, dt);
   auto& I = *impl_;
   I.begin(blk * size_);
   I.copy(I.main.buf, send, blk * size_);
@@ -275,7 +273,7 @@ void IpcCommunicator::all_to_all(const void* send, void* recv, std::int64_t coun
   for (int p = 0; p < size_; ++p)
     I.copy(static_cast<char*>(recv) + p * blk, static_cast<const char*>(I.peer_buf(p)) + rank_ * blk, blk);
   I.end("all_to_all");
-  record("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), now() - t0);
+  record("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), now_seconds() - t0);
 }
 
 void IpcCommunicator::all_to_all_v(const void* send, const std::vector<std::int64_t>& sc, void* recv,
@@ -284,7 +282,7 @@ void IpcCommunicator::all_to_all_v(const void* send, const std::vector<std::int6
             " send and receive counts");
   if (!both_device(send, recv))
     return on_host("all_to_all_v", [&](Communicator& h) { h.all_to_all_v(send, sc, recv, rc, dt); });
-  const double t0 = now();
+  const double t0 = now_seconds();
   auto& I = *impl_;
   std::vector<std::int64_t> sd(static_cast<std::size_t>(size_)), theirs(static_cast<std::size_t>(size_));
   std::int64_t ns = 0, bytes = 0;
@@ -293,78 +291,78 @@ void IpcCommunicator::all_to_all_v(const void* send, const std::vector<std::int6
     ns += sc[static_cast<std::size_t>(p)];
     if (p != rank_) bytes += sc[static_cast<std::size_t>(p)];
   }
-  I.begin(nbytes(ns, dt));
-  I.copy(I.main.buf, send, nbytes(ns, dt));
+  I.begin(dtype_bytes(ns, dt));
+  I.copy(I.main.buf, send, dtype_bytes(ns, dt));
   // The "ready" exchange carries where each rank's block for each peer starts in its buffer.
   I.ready([&] { HCP_MPI_CHECK(MPI_Alltoall(sd.data(), 1, MPI_INT64_T, theirs.data(), 1, MPI_INT64_T, I.sync)); });
   std::size_t ro = 0;
   for (int p = 0; p < size_; ++p) {
-    const std::size_t n = nbytes(rc[static_cast<std::size_t>(p)], dt);
+    const std::size_t n = dtype_bytes(rc[static_cast<std::size_t>(p)], dt);
     I.copy(static_cast<char*>(recv) + ro,
-           static_cast<const char*>(I.peer_buf(p)) + nbytes(theirs[static_cast<std::size_t>(p)], dt), n);
+           static_cast<const char*>(I.peer_buf(p)) + dtype_bytes(theirs[static_cast<std::size_t>(p)], dt), n);
     ro += n;
   }
   I.end("all_to_all_v");
-  record("all_to_all_v", bytes * static_cast<std::int64_t>(dtype_size(dt)), now() - t0);
+  record("all_to_all_v", bytes * static_cast<std::int64_t>(dtype_size(dt)), now_seconds() - t0);
 }
 
 void IpcCommunicator::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
   if (!both_device(send, recv))
     return on_host("all_gather", [&](Communicator& h) { h.all_gather(send, recv, count, dt); });
-  const double t0 = now();
-  const std::size_t blk = nbytes(count, dt);
+  const double t0 = now_seconds();
+  const std::size_t blk = dtype_bytes(count, dt);
   auto& I = *impl_;
   I.begin(blk);
   I.copy(I.main.buf, send, blk);
   I.ready();
   for (int p = 0; p < size_; ++p) I.copy(static_cast<char*>(recv) + p * blk, I.peer_buf(p), blk);
   I.end("all_gather");
-  record("all_gather", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), now() - t0);
+  record("all_gather", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), now_seconds() - t0);
 }
 
 void IpcCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, ReduceOp op) {
   if (!both_device(send, recv))
     return on_host("reduce_scatter", [&](Communicator& h) { h.reduce_scatter(send, recv, count, dt, op); });
-  const double t0 = now();
+  const double t0 = now_seconds();
   auto& I = *impl_;
-  I.begin(nbytes(count * size_, dt));
-  I.copy(I.main.buf, send, nbytes(count * size_, dt));
+  I.begin(dtype_bytes(count * size_, dt));
+  I.copy(I.main.buf, send, dtype_bytes(count * size_, dt));
   I.ready();
   ipc::Sources s{};
   for (int p = 0; p < size_; ++p) s.p[p] = I.peer_buf(p);
   ipc::reduce(recv, s, size_, count, count * rank_, dt, op == ReduceOp::Sum, I.stream());
   I.end("reduce_scatter");
-  record("reduce_scatter", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), now() - t0);
+  record("reduce_scatter", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), now_seconds() - t0);
 }
 
 void IpcCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, ReduceOp op) {
   if (!both_device(buf, nullptr))
     return on_host("all_reduce", [&](Communicator& h) { h.all_reduce(buf, count, dt, op); });
-  const double t0 = now();
+  const double t0 = now_seconds();
   auto& I = *impl_;
-  I.begin(nbytes(count, dt));
-  I.copy(I.main.buf, buf, nbytes(count, dt));
+  I.begin(dtype_bytes(count, dt));
+  I.copy(I.main.buf, buf, dtype_bytes(count, dt));
   I.ready();
   ipc::Sources s{};
   for (int p = 0; p < size_; ++p) s.p[p] = I.peer_buf(p);
   ipc::reduce(buf, s, size_, count, 0, dt, op == ReduceOp::Sum, I.stream());
   I.end("all_reduce");
   record("all_reduce", size_ > 1 ? 2 * count * (size_ - 1) / size_ * static_cast<std::int64_t>(dtype_size(dt)) : 0,
-         now() - t0);
+         now_seconds() - t0);
 }
 
 void IpcCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {
   if (!both_device(buf, nullptr))
     return on_host("broadcast", [&](Communicator& h) { h.broadcast(buf, count, dt, root); });
-  const double t0 = now();
+  const double t0 = now_seconds();
   auto& I = *impl_;
-  const std::size_t n = nbytes(count, dt);
+  const std::size_t n = dtype_bytes(count, dt);
   I.begin(rank_ == root ? n : 0);
   if (rank_ == root) I.copy(I.main.buf, buf, n);
   I.ready();
   if (rank_ != root) I.copy(buf, I.peer_buf(root), n);
   I.end("broadcast");
-  record("broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0, now() - t0);
+  record("broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0, now_seconds() - t0);
 }
 
 void IpcCommunicator::send(const void* buf, std::int64_t count, DType dt, int dst, int tag) {
@@ -391,11 +389,11 @@ RingRequest IpcCommunicator::ring_post(const void* send, void* recv, std::int64_
   MPI_Comm_get_attr(impl_->sync, MPI_TAG_UB, &ub, &has);
   HCP_CHECK(tag >= 0 && (!has || static_cast<long>(tag) * 3 + 2 <= *ub), "ring tag ", tag, " out of range");
   RingRequest r;
-  r.posted_at = now();
+  r.posted_at = now_seconds();
   auto& I = *impl_;
   Channel& ch = I.rings[tag];
   I.open(ch);
-  const std::size_t n = nbytes(count, dt);
+  const std::size_t n = dtype_bytes(count, dt);
   Impl::reserve(ch, n);
   Published from_src, from_dst;
   MPI_Request rq[4];
@@ -414,13 +412,13 @@ RingRequest IpcCommunicator::ring_post(const void* send, void* recv, std::int64_
   I.inflight[h] = Ring{tag, dst, src, recv, n};
   r.handles.push_back(h);
   r.active = true;
-  record("ring_post", static_cast<std::int64_t>(n), now() - r.posted_at);
+  record("ring_post", static_cast<std::int64_t>(n), now_seconds() - r.posted_at);
   return r;
 }
 
 void IpcCommunicator::ring_wait(RingRequest& req) {
   HCP_CHECK(req.active, "ring_wait on a request that is not in flight");
-  const double t0 = now();
+  const double t0 = now_seconds();
   auto& I = *impl_;
   const auto it = I.inflight.find(req.handles.at(0));
   HCP_CHECK(it != I.inflight.end(), "ring_wait: unknown request");
@@ -437,7 +435,7 @@ void IpcCommunicator::ring_wait(RingRequest& req) {
   HCP_CUDA_CHECK(cudaEventRecord(ch.done, I.stream()));
   I.order->end("ring step");
   req.active = false;
-  record("ring_wait", 0, now() - t0);
+  record("ring_wait", 0, now_seconds() - t0);
 }
 
 std::unique_ptr<Communicator> IpcCommunicator::split(int color, int key) const {

@@ -42,7 +42,6 @@ class Stage {
   void* host_ = nullptr;
   std::size_t bytes_ = 0;
 };
-std::size_t nbytes(std::int64_t count, DType dt) { return static_cast<std::size_t>(count) * dtype_size(dt); }
 
 MPI_Datatype mpi_type(DType dt) {
   switch (dt) {
@@ -115,7 +114,8 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dt) {
   Timer t;
-  Stage sb(cache(), send, nbytes(count * size_, dt), true), rb(cache(), recv, nbytes(count * size_, dt), false);
+  Stage sb(cache(), send, dtype_bytes(count * size_, dt), true),
+      rb(cache(), recv, dtype_bytes(count * size_, dt), false);
   HCP_MPI_CHECK(MPI_Alltoall(sb.host(), icount(count), mpi_type(dt), rb.host(), icount(count), mpi_type(dt), comm_));
   rb.copy_out();
   record("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
@@ -137,7 +137,7 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::vector<std::int6
     ro += recv_counts[k];
     if (k != rank_) bytes += send_counts[k];
   }
-  Stage sb(cache(), send, nbytes(so, dt), true), rb(cache(), recv, nbytes(ro, dt), false);
+  Stage sb(cache(), send, dtype_bytes(so, dt), true), rb(cache(), recv, dtype_bytes(ro, dt), false);
   HCP_MPI_CHECK(MPI_Alltoallv(sb.host(), sc.data(), sd.data(), mpi_type(dt), rb.host(), rc.data(), rd.data(),
                               mpi_type(dt), comm_));
   rb.copy_out();
@@ -146,7 +146,7 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::vector<std::int6
 
 void MpiCommunicator::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
   Timer t;
-  Stage sb(cache(), send, nbytes(count, dt), true), rb(cache(), recv, nbytes(count * size_, dt), false);
+  Stage sb(cache(), send, dtype_bytes(count, dt), true), rb(cache(), recv, dtype_bytes(count * size_, dt), false);
   HCP_MPI_CHECK(MPI_Allgather(sb.host(), icount(count), mpi_type(dt), rb.host(), icount(count), mpi_type(dt), comm_));
   rb.copy_out();
   record("all_gather", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
@@ -154,7 +154,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, std::int64_t coun
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, ReduceOp op) {
   Timer t;
-  Stage sb(cache(), send, nbytes(count * size_, dt), true), rb(cache(), recv, nbytes(count, dt), false);
+  Stage sb(cache(), send, dtype_bytes(count * size_, dt), true), rb(cache(), recv, dtype_bytes(count, dt), false);
   HCP_MPI_CHECK(MPI_Reduce_scatter_block(sb.host(), rb.host(), icount(count), mpi_type(dt), mpi_op(dt, op), comm_));
   rb.copy_out();
   record("reduce_scatter", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
@@ -162,7 +162,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t 
 
 void MpiCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, ReduceOp op) {
   Timer t;
-  Stage b(cache(), buf, nbytes(count, dt), true);
+  Stage b(cache(), buf, dtype_bytes(count, dt), true);
   HCP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, b.host(), icount(count), mpi_type(dt), mpi_op(dt, op), comm_));
   b.copy_out();
   // Ring all-reduce cost: 2 (p-1)/p of the buffer per rank.
@@ -172,7 +172,7 @@ void MpiCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, Reduce
 
 void MpiCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {
   Timer t;
-  Stage b(cache(), buf, nbytes(count, dt), rank_ == root);
+  Stage b(cache(), buf, dtype_bytes(count, dt), rank_ == root);
   HCP_MPI_CHECK(MPI_Bcast(b.host(), icount(count), mpi_type(dt), root, comm_));
   if (rank_ != root) b.copy_out();
   record("broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0, t.elapsed());
@@ -180,14 +180,14 @@ void MpiCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int roo
 
 void MpiCommunicator::send(const void* buf, std::int64_t count, DType dt, int dst, int tag) {
   Timer t;
-  Stage b(cache(), buf, nbytes(count, dt), true);
+  Stage b(cache(), buf, dtype_bytes(count, dt), true);
   HCP_MPI_CHECK(MPI_Send(b.host(), icount(count), mpi_type(dt), dst, tag, comm_));
   record("send", count * static_cast<std::int64_t>(dtype_size(dt)), t.elapsed());
 }
 
 void MpiCommunicator::recv(void* buf, std::int64_t count, DType dt, int src, int tag) {
   Timer t;
-  Stage b(cache(), buf, nbytes(count, dt), false);
+  Stage b(cache(), buf, dtype_bytes(count, dt), false);
   HCP_MPI_CHECK(MPI_Recv(b.host(), icount(count), mpi_type(dt), src, tag, comm_, MPI_STATUS_IGNORE));
   b.copy_out();
   record("recv", 0, t.elapsed());
@@ -198,8 +198,8 @@ RingRequest MpiCommunicator::ring_post(const void* send, void* recv, std::int64_
   RingRequest r;
   r.posted_at = MPI_Wtime();
   MPI_Request rq[2];
-  auto rs = std::make_shared<Stage>(cache(), recv, nbytes(count, dt), false);
-  auto ss = std::make_shared<Stage>(cache(), send, nbytes(count, dt), true);
+  auto rs = std::make_shared<Stage>(cache(), recv, dtype_bytes(count, dt), false);
+  auto ss = std::make_shared<Stage>(cache(), send, dtype_bytes(count, dt), true);
   HCP_MPI_CHECK(MPI_Irecv(rs->host(), icount(count), mpi_type(dt), src, tag, comm_, &rq[0]));
   HCP_MPI_CHECK(MPI_Isend(ss->host(), icount(count), mpi_type(dt), dst, tag, comm_, &rq[1]));
   // Staging buffers live until ring_wait (the receive one is copied out there).

@@ -4,11 +4,11 @@
 #include <nccl.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <map>
 
 #include "comm/device_order.hpp"
+#include "core/clock.hpp"
 #include "core/cuda_check.hpp"
 
 namespace hcp {
@@ -25,8 +25,6 @@ ncclDataType_t nccl_type(DType dt) {
   return ncclFloat32;
 }
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclMax; }
-std::size_t nbytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n) * dtype_size(dt); }
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 // A host buffer seen through device memory (NCCL needs device pointers); device buffers as is.
 class DevStage {
  public:
@@ -125,19 +123,19 @@ NcclCommunicator::~NcclCommunicator() = default;
 // default stream wait for it; the host waits only when a staged host buffer needs the result.
 #define HCP_NCCL_TIMED(opname, bytes, host_result, ...) \
   do {                                                  \
-    const double t0_ = now();                           \
+    const double t0_ = now_seconds();                   \
     impl_->order->begin();                              \
     __VA_ARGS__;                                        \
     if (host_result)                                    \
       impl_->order->wait_host(opname);                  \
     else                                                \
       impl_->order->end(opname);                        \
-    record(opname, bytes, now() - t0_);                 \
+    record(opname, bytes, now_seconds() - t0_);         \
   } while (0)
 
 void NcclCommunicator::all_to_all(const void* send, void* recv, std::int64_t count, DType dt) {
-  DevStage s(send, nbytes(count * size_, dt), true), r(recv, nbytes(count * size_, dt), false);
-  const std::size_t blk = nbytes(count, dt);
+  DevStage s(send, dtype_bytes(count * size_, dt), true), r(recv, dtype_bytes(count * size_, dt), false);
+  const std::size_t blk = dtype_bytes(count, dt);
   HCP_NCCL_TIMED("all_to_all", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), r.staged(), {
     HCP_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < size_; ++p) {
@@ -161,7 +159,7 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::vector<std::int
     nr += rc[static_cast<std::size_t>(p)];
     if (p != rank_) bytes += sc[static_cast<std::size_t>(p)];
   }
-  DevStage s(send, nbytes(ns, dt), true), r(recv, nbytes(nr, dt), false);
+  DevStage s(send, dtype_bytes(ns, dt), true), r(recv, dtype_bytes(nr, dt), false);
   HCP_NCCL_TIMED("all_to_all_v", bytes * static_cast<std::int64_t>(dtype_size(dt)), r.staged(), {
     HCP_NCCL_CHECK(ncclGroupStart());
     std::size_t so = 0, ro = 0;
@@ -172,8 +170,8 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::vector<std::int
             ncclSend(static_cast<const char*>(s.dev()) + so, n_s, nccl_type(dt), p, impl_->comm, impl_->stream()));
       if (n_r)
         HCP_NCCL_CHECK(ncclRecv(static_cast<char*>(r.dev()) + ro, n_r, nccl_type(dt), p, impl_->comm, impl_->stream()));
-      so += nbytes(n_s, dt);
-      ro += nbytes(n_r, dt);
+      so += dtype_bytes(n_s, dt);
+      ro += dtype_bytes(n_r, dt);
     }
     HCP_NCCL_CHECK(ncclGroupEnd());
   });
@@ -181,14 +179,14 @@ void NcclCommunicator::all_to_all_v(const void* send, const std::vector<std::int
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
-  DevStage s(send, nbytes(count, dt), true), r(recv, nbytes(count * size_, dt), false);
+  DevStage s(send, dtype_bytes(count, dt), true), r(recv, dtype_bytes(count * size_, dt), false);
   HCP_NCCL_TIMED("all_gather", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), r.staged(),
                  HCP_NCCL_CHECK(ncclAllGather(s.dev(), r.dev(), count, nccl_type(dt), impl_->comm, impl_->stream())));
   r.copy_out();
 }
 
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, ReduceOp op) {
-  DevStage s(send, nbytes(count * size_, dt), true), r(recv, nbytes(count, dt), false);
+  DevStage s(send, dtype_bytes(count * size_, dt), true), r(recv, dtype_bytes(count, dt), false);
   HCP_NCCL_TIMED("reduce_scatter", count * (size_ - 1) * static_cast<std::int64_t>(dtype_size(dt)), r.staged(),
                  HCP_NCCL_CHECK(ncclReduceScatter(s.dev(), r.dev(), count, nccl_type(dt), nccl_op(op), impl_->comm,
                                                   impl_->stream())));
@@ -196,7 +194,7 @@ void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t
 }
 
 void NcclCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, ReduceOp op) {
-  DevStage b(buf, nbytes(count, dt), true);
+  DevStage b(buf, dtype_bytes(count, dt), true);
   HCP_NCCL_TIMED(
       "all_reduce", size_ > 1 ? 2 * count * (size_ - 1) / size_ * static_cast<std::int64_t>(dtype_size(dt)) : 0,
       b.staged(),
@@ -205,7 +203,7 @@ void NcclCommunicator::all_reduce(void* buf, std::int64_t count, DType dt, Reduc
 }
 
 void NcclCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int root) {
-  DevStage b(buf, nbytes(count, dt), rank_ == root);
+  DevStage b(buf, dtype_bytes(count, dt), rank_ == root);
   HCP_NCCL_TIMED(
       "broadcast", rank_ == root ? count * static_cast<std::int64_t>(dtype_size(dt)) : 0, b.staged(),
       HCP_NCCL_CHECK(ncclBroadcast(b.dev(), b.dev(), count, nccl_type(dt), root, impl_->comm, impl_->stream())));
@@ -213,13 +211,13 @@ void NcclCommunicator::broadcast(void* buf, std::int64_t count, DType dt, int ro
 }
 
 void NcclCommunicator::send(const void* buf, std::int64_t count, DType dt, int dst, int /*tag*/) {
-  DevStage b(buf, nbytes(count, dt), true);
+  DevStage b(buf, dtype_bytes(count, dt), true);
   HCP_NCCL_TIMED("send", count * static_cast<std::int64_t>(dtype_size(dt)), b.staged(),
                  HCP_NCCL_CHECK(ncclSend(b.dev(), count, nccl_type(dt), dst, impl_->comm, impl_->stream())));
 }
 
 void NcclCommunicator::recv(void* buf, std::int64_t count, DType dt, int src, int /*tag*/) {
-  DevStage b(buf, nbytes(count, dt), false);
+  DevStage b(buf, dtype_bytes(count, dt), false);
   HCP_NCCL_TIMED("recv", 0, b.staged(),
                  HCP_NCCL_CHECK(ncclRecv(b.dev(), count, nccl_type(dt), src, impl_->comm, impl_->stream())));
   b.copy_out();
@@ -229,7 +227,7 @@ RingRequest NcclCommunicator::ring_post(const void* send, void* recv, std::int64
                                         int /*tag*/) {
   HCP_CHECK(is_device_pointer(send) && is_device_pointer(recv), "NCCL ring_post needs device buffers");
   RingRequest r;
-  r.posted_at = now();
+  r.posted_at = now_seconds();
   impl_->order->begin();
   HCP_NCCL_CHECK(ncclGroupStart());
   HCP_NCCL_CHECK(ncclSend(send, count, nccl_type(dt), dst, impl_->comm, impl_->stream()));
@@ -239,20 +237,20 @@ RingRequest NcclCommunicator::ring_post(const void* send, void* recv, std::int64
   impl_->ring[h] = impl_->order->mark("ring step");
   r.handles.push_back(h);
   r.active = true;
-  record("ring_post", count * static_cast<std::int64_t>(dtype_size(dt)), now() - r.posted_at);
+  record("ring_post", count * static_cast<std::int64_t>(dtype_size(dt)), now_seconds() - r.posted_at);
   return r;
 }
 
 void NcclCommunicator::ring_wait(RingRequest& req) {
   HCP_CHECK(req.active, "ring_wait on a request that is not in flight");
-  const double t0 = now();
+  const double t0 = now_seconds();
   const auto it = impl_->ring.find(req.handles.at(0));
   HCP_CHECK(it != impl_->ring.end(), "ring_wait: unknown request");
   impl_->order->check();
   DeviceOrder::default_waits(*it->second);  // later compute sees the received block
   impl_->ring.erase(it);
   req.active = false;
-  record("ring_wait", 0, now() - t0);
+  record("ring_wait", 0, now_seconds() - t0);
 }
 
 void NcclCommunicator::barrier() {

@@ -43,6 +43,8 @@ inline std::size_t dtype_size(DType t) {
   }
   return 0;
 }
+// The bytes of n elements of dt.
+inline std::size_t dtype_bytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n) * dtype_size(dt); }
 
 std::string to_string(DType t);
 std::string to_string(Space s);
