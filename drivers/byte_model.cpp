@@ -39,6 +39,9 @@ void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, int cp, DType
     std::vector<std::int64_t>& v = b.kinds["*"][s.name];
     for (int r = 0; r < cp; ++r)
       v.push_back(cp::attention_cp_model_bytes(a, cp, r, dt, false) + cp::attention_cp_model_bytes(a, cp, r, dt, true));
+    const int inner = s.two_level ? c.cp_inner : cp, ring = cp > 1 ? s.ring_ranks(cp, inner) : 1;
+    b.messages[s.name] = {cp > 1 ? s.exchange_messages(cp, inner) : 0, cp::p2p_ring_messages(ring), inner, ring,
+                          s.two_level};
     if (s.two_level && cp > 1)
       for (int r = 0; r < cp; ++r)
         b.ring[s.name].push_back(cp::a2a_p2p_ring_bytes(a, cp, r, dt, false) +
@@ -98,6 +101,15 @@ std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b) {
   }
   os << "},\"ring\":";
   per_rank_json(os, b.ring);
+  os << ",\"messages\":{";
+  first = true;
+  for (const auto& [name, m] : b.messages) {
+    os << (first ? "" : ",") << '"' << name << "\":{\"exchange\":" << m.exchange << ",\"group\":" << m.group
+       << ",\"ring\":" << m.ring << ",\"ring_ranks\":" << m.ring_ranks
+       << ",\"two_level\":" << (m.two_level ? "true" : "false") << '}';
+    first = false;
+  }
+  os << '}';
   for (const LayerBytes::Placement& p : b.placement) {
     const auto list = [&](const char* key, const auto& v) {
       os << ",\"" << key << "\":[";

@@ -23,6 +23,15 @@ struct LayerBytes {
   std::map<std::string, std::map<std::string, std::vector<std::int64_t>>> kinds;
   // a2a+p2p: the bytes of its ring over the outer group (across nodes), part of kinds["*"]
   std::map<std::string, std::vector<std::int64_t>> ring;
+  // attention strategy -> its messages per layer (forward plus backward) by its record: those of its
+  // exchanges over `group` ranks, and those of its K/V ring over `ring_ranks` (1: none), which
+  // overlap the compute; the planner's latency terms
+  struct Messages {
+    std::int64_t exchange = 0, ring = 0;
+    int group = 1, ring_ranks = 1;
+    bool two_level = false;
+  };
+  std::map<std::string, Messages> messages;
   std::string state_scan;  // the state-passing exchange the Mamba bytes assume ("auto" resolved)
   // Packed THD batches: how the tokens lie (data.partition; dcs is every document split), the pad
   // tokens, and per rank the local rows, real tokens and work of the placement's cost model.

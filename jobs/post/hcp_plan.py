@@ -144,18 +144,6 @@ def step_model(a, text, L, cp, inner):
     return got
 
 
-def runs(kind, strategy, model, cp, inner):
-    """Whether a strategy can run a layer of `kind` at cp (the shape rules the drivers refuse by):
-    Ulysses splits the heads over its group, hidden-parallel Mamba the Mamba heads over the ranks."""
-    if cp == 1:
-        return True
-    if kind == "*" and strategy in ("a2a", "a2a+p2p"):
-        return model["attention"]["heads"] % (cp if strategy == "a2a" else inner) == 0
-    if kind == "M" and strategy == "hidden_parallel":
-        return model["mamba"]["heads"] % cp == 0
-    return True
-
-
 # ---- time ----------------------------------------------------------------------------------------
 def link(machine, cp):
     n = machine["network"]
@@ -167,6 +155,21 @@ def link(machine, cp):
 def comm_ms(machine, cp, nbytes, steps):
     a, b = link(machine, cp)
     return steps * a + nbytes / b
+
+
+def attention_comm_ms(machine, cp, comp, per_rank, ring, msg):
+    """Exposed communication (ms) of an attention strategy from its BYTES line: its exchanges over
+    msg["group"] ranks (their link), then its K/V ring over msg["ring_ranks"] ranks, whose steps
+    overlap the compute. `ring`: the ring's bytes per rank where the strategy has an exchange too
+    (else a ring carries all its bytes)."""
+    n = msg["ring_ranks"]
+    if ring is None:
+        ring = per_rank if n > 1 else [0] * len(per_rank)
+    exchange = max(t - r for t, r in zip(per_rank, ring))
+    t = comm_ms(machine, msg["group"], exchange, msg["exchange"]) if exchange or msg["exchange"] else 0.0
+    if n > 1:
+        t += max(0.0, comm_ms(machine, cp, max(ring), msg["ring"]) - comp * (n - 1) / n)
+    return t
 
 
 def layer_costs(kind, model, machine, L, cp, nb, B=1):
@@ -182,20 +185,11 @@ def layer_costs(kind, model, machine, L, cp, nb, B=1):
         f = 4 * B * L * L / 2 * H * D / cp
         proj = gemm(3 * 2 * tl * hid * (2 * H + 2 * Hkv) * D)
         comp = f / (c["attn_fwd_tflops"] * 1e9) + 2.5 * f / (c["attn_bwd_tflops"] * 1e9) + proj
-        steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1)}
         for s, per_rank in lay.get("*", {}).items():
-            if s not in steps:
-                continue
-            t = comm_ms(machine, cp, max(per_rank), steps[s]) if cp > 1 else 0.0
-            out[s] = (max(per_rank), max(0.0, t - comp * (cp - 1) / cp) if s == "p2p" else t, comp)
-        # a2a+p2p: Ulysses inside a node (its link), the ring across nodes overlapping compute
-        inner = cp_inner(machine, cp)
-        if 1 < inner < cp and "a2a+p2p" in lay.get("*", {}):
-            outer, total, ring = cp // inner, lay["*"]["a2a+p2p"], nb["ring"]["a2a+p2p"]
-            ia = max(t - r for t, r in zip(total, ring))
-            t_ring = comm_ms(machine, cp, max(ring), 3 * (outer - 1))
-            t = comm_ms(machine, inner, ia, 8 * (inner - 1)) + max(0.0, t_ring - comp * (outer - 1) / outer)
-            out["a2a+p2p"] = (max(total), t, comp)
+            msg = nb["messages"][s]
+            if msg["two_level"] and not 1 < msg["group"] < cp:
+                continue  # two levels need more than one node's ranks and more than one per node
+            out[s] = (max(per_rank), attention_comm_ms(machine, cp, comp, per_rank, nb["ring"].get(s), msg), comp)
     elif kind == "M":
         m = model["mamba"]
         di, G, N = m["heads"] * m["head_dim"], m["n_groups"], m["d_state"]
@@ -221,8 +215,8 @@ def plan(model, machine, L, cp, nb):
     """Best strategy per layer kind, and the step time (ms) of the pattern with those choices."""
     best, step = {}, 0.0
     for kind in sorted(set(model["pattern"]) & {"*", "M", "E"}):
-        inner = cp_inner(machine, cp)
-        costs = {s: c for s, c in layer_costs(kind, model, machine, L, cp, nb).items() if runs(kind, s, model, cp, inner)}
+        # the dry run lists the strategies whose shape rules hold at cp
+        costs = layer_costs(kind, model, machine, L, cp, nb)
         if not costs:
             return None, None
         s = min(costs, key=lambda k: costs[k][1] + costs[k][2])
@@ -528,8 +522,9 @@ def cmd_validate(a):
         over = max(1.0, cp / cores)
         pat = d["model"]["pattern"]
         # the run's bytes per rank by the drivers' models, at its own deck and ranks
-        lay = driver_dry_run(a.bin, r["deck_text"], ["run.check=off", "run.memory_gib=1e6", "run.device=host",
-                                                      f"parallel.cp_inner={r['cp_inner']}"], r["world"])["bytes"]["layers"]
+        dry = driver_dry_run(a.bin, r["deck_text"], ["run.check=off", "run.memory_gib=1e6", "run.device=host",
+                                                      f"parallel.cp_inner={r['cp_inner']}"], r["world"])["bytes"]
+        lay = dry["layers"]
         for strat, ph in r["timings"].items():
             if "step" not in ph:
                 continue
@@ -539,12 +534,12 @@ def cmd_validate(a):
                 if not any(fit[k]):
                     continue
                 comp = work(k)
-                n, nb, steps = pat.count(k), 0, 0
+                n, nb, steps, overlaps = pat.count(k), 0, 0, False
                 if cp > 1 and k == "*":
-                    inner = r["cp_inner"]
                     nb = max(lay["*"][strat])
-                    steps = {"p2p": 3 * (cp - 1), "allgather": 2 * (cp - 1), "a2a": 8 * (cp - 1),
-                             "a2a+p2p": 8 * (inner - 1) + 3 * (cp // inner - 1)}[strat]
+                    msg = dry["messages"][strat]
+                    steps = msg["exchange"] + msg["ring"]
+                    overlaps = msg["ring_ranks"] == cp  # a ring carries all of it
                 elif cp > 1 and k == "M":
                     mcp = d["parallel"]["mamba_cp"]
                     nb = max(lay["M"][mcp])
@@ -552,7 +547,7 @@ def cmd_validate(a):
                 elif cp > 1 and k == "E":
                     nb, steps = max(lay["E"]["ep"]), 4 * (cp - 1)
                 t = n * (steps * alpha + nb * inv_beta)
-                pred += comp + (max(0.0, t - comp * (cp - 1) / cp) if (k == "*" and strat == "p2p") else t)
+                pred += comp + (max(0.0, t - comp * (cp - 1) / cp) if (k == "*" and overlaps) else t)
             meas = ph["step"]
             err = (pred - meas) / meas
             worst = max(worst, abs(err))

@@ -1,10 +1,10 @@
-// Attention CP by Ulysses all-to-all: sequence shards to head shards and back (CpAttention's members
-// for it, its shape rule and its byte model).
+// Attention CP by Ulysses all-to-all, sequence shards to head shards and back: its strategy object,
+// shape rule, byte and memory models and record.
 #include <algorithm>
 
 #include "core/memory_model.hpp"
 #include "cp/attention_bodies.hpp"
-#include "cp/attention_cp.hpp"
+#include "cp/head_exchange.hpp"
 #include "cp/layout.hpp"
 
 namespace hcp::cp {
@@ -20,68 +20,80 @@ Tensor head_to_seq(Communicator& comm, const Tensor& xh, const SeqLayout& global
   const std::int64_t hb = xh.size(1), D = xh.size(2);
   return hp2cp(comm, xh, global).view({global.total() / comm.size(), hb * comm.size(), D});
 }
-}  // namespace
+
+class A2AAttention final : public AttnImpl {
+ public:
+  explicit A2AAttention(AttnStep& s) : AttnImpl(s) {
+    KvHeadRanges r = kv_head_ranges(s_.cfg.heads, s_.cfg.kv_heads, s_.cp, s_.rank);
+    kv_lo_ = std::move(r.lo);
+    kv_n_ = std::move(r.n);
+    kv_map_ = std::move(r.map);
+    // Each rank's K/V heads of every token, in global order: the inner exchange of a2a+p2p with the
+    // whole group inside (one outer rank, whose DCS order at cp 1 is the global order).
+    xkv_ = std::make_unique<HeadExchange>(
+        s_.comm, kv_lo_, kv_n_, inner_to_outer_rows(s_.cfg.global, s_.cp, s_.cp, s_.rank), s_.cfg.global.total());
+  }
+
+  void forward(Tensor& o) override {
+    PhaseTimes& c = s_.fwd_ph;
+    c.start_laps(s_.q.space());
+    const std::int64_t Hl = s_.cfg.heads / s_.cp;
+    qh_ = seq_to_head(s_.comm, s_.q, s_.cfg.global);
+    kh_ = xkv_->to_heads(s_.k);
+    vh_ = xkv_->to_heads(s_.v);
+    c.lap("comm_wait");
+    if (!kv_map_.empty()) {
+      kh_ = expand_heads(kh_, kv_map_);
+      vh_ = expand_heads(vh_, kv_map_);
+    }
+    auto p = s_.params(Hl, kh_.size(1));
+    p.segments = k::segments_from_layout(s_.cfg.global, s_.cfg.global);
+    oh_ = Tensor::zeros(qh_.shape(), s_.q.dtype());
+    s_.lse = Tensor::zeros({s_.cfg.global.total(), Hl}, lse_dtype(s_.q));
+    k::attention_fwd(oh_, s_.lse, qh_, kh_, vh_, p);
+    c.lap("compute");
+    s_.o = head_to_seq(s_.comm, oh_, s_.cfg.global);
+    c.lap("comm_wait");
+    o.copy_from(s_.o.view(o.shape()));
+  }
+
+  void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) override {
+    PhaseTimes& c = s_.bwd_ph;
+    c.start_laps(s_.q.space());
+    const std::int64_t Hl = s_.cfg.heads / s_.cp, n = kv_n_[static_cast<std::size_t>(s_.rank)];
+    Tensor doh = seq_to_head(s_.comm, dout, s_.cfg.global);
+    c.lap("comm_wait");
+    auto p = s_.params(Hl, kh_.size(1));
+    p.segments = k::segments_from_layout(s_.cfg.global, s_.cfg.global);
+    Tensor dqh = zeros_like(qh_), dkh = zeros_like(kh_), dvh = zeros_like(vh_);
+    k::attention_bwd(dqh, dkh, dvh, qh_, kh_, vh_, oh_, s_.lse, doh, p);
+    if (!kv_map_.empty()) {
+      dkh = expand_heads_adjoint(dkh, kv_map_, n);
+      dvh = expand_heads_adjoint(dvh, kv_map_, n);
+    }
+    c.lap("compute");
+    Tensor dql = head_to_seq(s_.comm, dqh, s_.cfg.global);
+    Tensor dkl = xkv_->to_tokens(dkh, s_.cfg.kv_heads), dvl = xkv_->to_tokens(dvh, s_.cfg.kv_heads);
+    c.lap("comm_wait");
+    dq.copy_from(dql.view(dq.shape()));
+    dk.copy_from(dkl.view(dk.shape()));
+    dv.copy_from(dvl.view(dv.shape()));
+  }
+  void release() override { release_saved(qh_, kh_, vh_, oh_); }
+
+ private:
+  // Rank r's query heads [r H/cp, (r+1) H/cp) read K/V heads [kv_lo_[r], kv_lo_[r] + kv_n_[r]);
+  // exactly those travel. kv_map_ (empty when the local heads are plain GQA): the local K/V head of
+  // each local query head, the received heads expanded to one per query head for the kernel.
+  // xkv_ moves them: local [Tl, Hkv, D] -> [T, n_mine, D] in global order, and back, the gradients
+  // of a K/V head that several ranks read summed at its owner.
+  std::vector<std::int64_t> kv_lo_, kv_n_, kv_map_;
+  std::unique_ptr<HeadExchange> xkv_;
+  Tensor qh_, kh_, vh_, oh_;  // saved by forward: head-sharded, global order
+};
 
 void check_a2a_shape(const CpAttnConfig& cfg, int cp) {
   HCP_CHECK(cfg.heads % cp == 0, "a2a attention needs attention.heads (", cfg.heads, ") divisible by cp (", cp, ")");
-}
-
-void CpAttention::init_a2a() {
-  KvHeadRanges r = kv_head_ranges(cfg_.heads, cfg_.kv_heads, cp_, rank_);
-  kv_lo_ = std::move(r.lo);
-  kv_n_ = std::move(r.n);
-  kv_map_ = std::move(r.map);
-  // Each rank's K/V heads of every token, in global order: the inner exchange of a2a+p2p with the
-  // whole group inside (one outer rank, whose DCS order at cp 1 is the global order).
-  if (cp_ > 1)
-    xkv_ = std::make_unique<HeadExchange>(comm_, kv_lo_, kv_n_, inner_to_outer_rows(cfg_.global, cp_, cp_, rank_),
-                                          cfg_.global.total());
-}
-
-void CpAttention::fwd_a2a(Tensor& o) {
-  PhaseTimes& c = fwd_ph_;
-  c.start_laps(q_.space());
-  const std::int64_t Hl = cfg_.heads / cp_;
-  qh_ = seq_to_head(comm_, q_, cfg_.global);
-  kh_ = xkv_->to_heads(k_);
-  vh_ = xkv_->to_heads(v_);
-  c.lap("comm_wait");
-  if (!kv_map_.empty()) {
-    kh_ = expand_heads(kh_, kv_map_);
-    vh_ = expand_heads(vh_, kv_map_);
-  }
-  auto p = base_params(Hl, kh_.size(1));
-  p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
-  oh_ = Tensor::zeros(qh_.shape(), q_.dtype());
-  lse_ = Tensor::zeros({cfg_.global.total(), Hl}, lse_dtype(q_));
-  k::attention_fwd(oh_, lse_, qh_, kh_, vh_, p);
-  c.lap("compute");
-  o_ = head_to_seq(comm_, oh_, cfg_.global);
-  c.lap("comm_wait");
-  o.copy_from(o_.view(o.shape()));
-}
-
-void CpAttention::bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  PhaseTimes& c = bwd_ph_;
-  c.start_laps(q_.space());
-  const std::int64_t Hl = cfg_.heads / cp_, n = kv_n_[static_cast<std::size_t>(rank_)];
-  Tensor doh = seq_to_head(comm_, dout, cfg_.global);
-  c.lap("comm_wait");
-  auto p = base_params(Hl, kh_.size(1));
-  p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
-  Tensor dqh = zeros_like(qh_), dkh = zeros_like(kh_), dvh = zeros_like(vh_);
-  k::attention_bwd(dqh, dkh, dvh, qh_, kh_, vh_, oh_, lse_, doh, p);
-  if (!kv_map_.empty()) {
-    dkh = expand_heads_adjoint(dkh, kv_map_, n);
-    dvh = expand_heads_adjoint(dvh, kv_map_, n);
-  }
-  c.lap("compute");
-  Tensor dql = head_to_seq(comm_, dqh, cfg_.global);
-  Tensor dkl = xkv_->to_tokens(dkh, cfg_.kv_heads), dvl = xkv_->to_tokens(dvh, cfg_.kv_heads);
-  c.lap("comm_wait");
-  dq.copy_from(dql.view(dq.shape()));
-  dk.copy_from(dkl.view(dk.shape()));
-  dv.copy_from(dvl.view(dv.shape()));
 }
 
 // q in and o out (dout in and dq out): (cp-1)/cp of each; the K/V heads each other rank reads of
@@ -113,6 +125,27 @@ std::int64_t a2a_work_bytes(const MemoryModel& m, const AttnMemShape& s) {
 std::int64_t a2a_kernel_elements(const MemoryModel& m, const AttnMemShape& s) {
   return m.sum(m.mul(m.mul(4, s.tl), s.heads * s.head_dim),
                m.mul(m.mul(4, m.mul(s.tl, s.cp)), s.head_dim * std::max<std::int64_t>(1, s.kv_heads / s.cp + 1)));
+}
+
+}  // namespace
+
+const AttnStrategyInfo& a2a_strategy() {
+  static const AttnStrategyInfo r{
+      .id = AttnStrategy::A2A,
+      .name = "a2a",
+      .summary = "Ulysses all-to-all: heads/cp heads of every token (heads % cp == 0)",
+      .check = check_a2a_shape,
+      .make = [](AttnStep& s, std::shared_ptr<CpLevels>) -> std::unique_ptr<AttnImpl> {
+        return std::make_unique<A2AAttention>(s);
+      },
+      .model_bytes = a2a_model_bytes,
+      .work_bytes = a2a_work_bytes,
+      .kernel_elements = a2a_kernel_elements,
+      // q, k, v and o forward; dout, dq, dk and dv backward: eight all-to-alls
+      .exchange_messages = [](int cp, int) { return 8 * static_cast<std::int64_t>(cp - 1); },
+      .ring_ranks = [](int, int) { return 1; },
+  };
+  return r;
 }
 
 }  // namespace hcp::cp

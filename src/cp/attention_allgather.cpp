@@ -1,10 +1,9 @@
-// Attention CP by all-gather of K/V and reduce-scatter of dK/dV (CpAttention's members for it, and
-// its byte model).
+// Attention CP by all-gather of K/V and reduce-scatter of dK/dV: its strategy object, byte and
+// memory models and record.
 #include <algorithm>
 
 #include "core/memory_model.hpp"
 #include "cp/attention_bodies.hpp"
-#include "cp/attention_cp.hpp"
 #include "cp/layout.hpp"
 
 namespace hcp::cp {
@@ -25,41 +24,48 @@ std::vector<k::AttnSegment> allgather_segments(const SeqLayout& global, const Se
   return segs;
 }
 
-}  // namespace
+class AllGatherAttention final : public AttnImpl {
+ public:
+  using AttnImpl::AttnImpl;
+  void release() override { release_saved(kg_, vg_); }
 
-void CpAttention::fwd_allgather(Tensor& o) {
-  PhaseTimes& c = fwd_ph_;
-  c.start_laps(q_.space());
-  kg_ = dcs_gather(comm_, k_, cfg_.global);
-  vg_ = dcs_gather(comm_, v_, cfg_.global);
-  c.lap("comm_wait");
-  auto p = base_params(cfg_.heads, cfg_.kv_heads);
-  p.segments = allgather_segments(cfg_.global, local_, cp_, rank_);
-  o_ = Tensor::zeros(q_.shape(), q_.dtype());
-  lse_ = Tensor::zeros({tl_, cfg_.heads}, lse_dtype(q_));
-  k::attention_fwd(o_, lse_, q_, kg_, vg_, p);
-  c.lap("compute");
-  o.copy_from(o_.view(o.shape()));
-}
+  void forward(Tensor& o) override {
+    PhaseTimes& c = s_.fwd_ph;
+    c.start_laps(s_.q.space());
+    kg_ = dcs_gather(s_.comm, s_.k, s_.cfg.global);
+    vg_ = dcs_gather(s_.comm, s_.v, s_.cfg.global);
+    c.lap("comm_wait");
+    auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
+    p.segments = allgather_segments(s_.cfg.global, s_.local, s_.cp, s_.rank);
+    s_.o = Tensor::zeros(s_.q.shape(), s_.q.dtype());
+    s_.lse = Tensor::zeros({s_.tl, s_.cfg.heads}, lse_dtype(s_.q));
+    k::attention_fwd(s_.o, s_.lse, s_.q, kg_, vg_, p);
+    c.lap("compute");
+    o.copy_from(s_.o.view(o.shape()));
+  }
 
-void CpAttention::bwd_allgather(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  PhaseTimes& c = bwd_ph_;
-  c.start_laps(q_.space());
-  auto p = base_params(cfg_.heads, cfg_.kv_heads);
-  p.segments = allgather_segments(cfg_.global, local_, cp_, rank_);
-  Tensor dkg = zeros_like(kg_), dvg = zeros_like(vg_), dql = zeros_like(q_);
-  k::attention_bwd(dql, dkg, dvg, q_, kg_, vg_, o_, lse_, dout, p);
-  c.lap("compute");
-  // Global order -> rank-major, then reduce-scatter: each owner gets the sum of every rank's part.
-  Tensor dk_rm = dcs_redo(dkg, cfg_.global, cp_), dv_rm = dcs_redo(dvg, cfg_.global, cp_);
-  Tensor dkl = Tensor::zeros(k_.shape(), k_.dtype()), dvl = Tensor::zeros(v_.shape(), v_.dtype());
-  comm_.reduce_scatter(dk_rm, dkl);
-  comm_.reduce_scatter(dv_rm, dvl);
-  c.lap("comm_wait");
-  dq.copy_from(dql.view(dq.shape()));
-  dk.copy_from(dkl.view(dk.shape()));
-  dv.copy_from(dvl.view(dv.shape()));
-}
+  void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) override {
+    PhaseTimes& c = s_.bwd_ph;
+    c.start_laps(s_.q.space());
+    auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
+    p.segments = allgather_segments(s_.cfg.global, s_.local, s_.cp, s_.rank);
+    Tensor dkg = zeros_like(kg_), dvg = zeros_like(vg_), dql = zeros_like(s_.q);
+    k::attention_bwd(dql, dkg, dvg, s_.q, kg_, vg_, s_.o, s_.lse, dout, p);
+    c.lap("compute");
+    // Global order -> rank-major, then reduce-scatter: each owner gets the sum of every rank's part.
+    Tensor dk_rm = dcs_redo(dkg, s_.cfg.global, s_.cp), dv_rm = dcs_redo(dvg, s_.cfg.global, s_.cp);
+    Tensor dkl = Tensor::zeros(s_.k.shape(), s_.k.dtype()), dvl = Tensor::zeros(s_.v.shape(), s_.v.dtype());
+    s_.comm.reduce_scatter(dk_rm, dkl);
+    s_.comm.reduce_scatter(dv_rm, dvl);
+    c.lap("comm_wait");
+    dq.copy_from(dql.view(dq.shape()));
+    dk.copy_from(dkl.view(dk.shape()));
+    dv.copy_from(dvl.view(dv.shape()));
+  }
+
+ private:
+  Tensor kg_, vg_;  // the global K/V, saved by forward
+};
 
 // Every other rank receives the local K/V; the backward reduce-scatters dK/dV, as many values.
 std::int64_t allgather_model_bytes(const CpAttnConfig& cfg, int cp, int /*rank*/, DType dt, bool /*backward*/) {
@@ -80,6 +86,27 @@ std::int64_t allgather_work_bytes(const MemoryModel& m, const AttnMemShape& s) {
 std::int64_t allgather_kernel_elements(const MemoryModel& m, const AttnMemShape& s) {
   return m.sum(m.mul(m.mul(4, s.tl), s.heads * s.head_dim),
                m.mul(m.mul(4, m.mul(s.tl, s.cp)), s.kv_heads * s.head_dim));
+}
+
+}  // namespace
+
+const AttnStrategyInfo& allgather_strategy() {
+  static const AttnStrategyInfo r{
+      .id = AttnStrategy::AllGather,
+      .name = "allgather",
+      .summary = "all-gather of K/V, reduce-scatter of dK/dV",
+      .check = nullptr,
+      .make = [](AttnStep& s, std::shared_ptr<CpLevels>) -> std::unique_ptr<AttnImpl> {
+        return std::make_unique<AllGatherAttention>(s);
+      },
+      .model_bytes = allgather_model_bytes,
+      .work_bytes = allgather_work_bytes,
+      .kernel_elements = allgather_kernel_elements,
+      // the all-gathers of K and V, the reduce-scatters of dK and dV
+      .exchange_messages = [](int cp, int) { return 2 * static_cast<std::int64_t>(cp - 1); },
+      .ring_ranks = [](int, int) { return 1; },
+  };
+  return r;
 }
 
 }  // namespace hcp::cp

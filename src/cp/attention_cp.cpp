@@ -27,99 +27,92 @@ void check_attention_cp_shape(const CpAttnConfig& cfg, int cp) {
 }
 
 CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg, std::shared_ptr<CpLevels> levels)
-    : comm_(comm), cfg_(std::move(cfg)), levels_(std::move(levels)) {
-  cp_ = comm_.size();
-  rank_ = comm_.rank();
-  check_attention_cp_shape(cfg_, cp_);
-  if (cfg_.docs) {  // whole documents here; the split ones in an attention of their own
-    local_ = cfg_.docs->whole[static_cast<std::size_t>(rank_)];
-    tl_ = cfg_.docs->local_rows(rank_);
-    if (cfg_.docs->split.nseq() > 0)
-      split_ = std::make_unique<CpAttention>(comm_, split_documents_config(cfg_), std::move(levels_));
+    : s_(std::make_unique<AttnStep>(comm, std::move(cfg))) {
+  AttnStep& s = *s_;
+  check_attention_cp_shape(s.cfg, s.cp);
+  if (s.cfg.docs) {
+    s.local = s.cfg.docs->whole[static_cast<std::size_t>(s.rank)];
+    s.tl = s.cfg.docs->local_rows(s.rank);
+    impl_ = make_documents_attention(s, std::move(levels));
     return;
   }
-  local_ = local_layout(cfg_.global, cp_);
-  tl_ = local_.total();
-  if (const auto init = attn_strategy_info(cfg_.strategy).init) (this->*init)();
+  s.local = local_layout(s.cfg.global, s.cp);
+  s.tl = s.local.total();
+  impl_ = s.cp == 1 ? make_local_attention(s) : attn_strategy_info(s.cfg.strategy).make(s, std::move(levels));
 }
 
-k::AttnParams CpAttention::base_params(std::int64_t heads, std::int64_t kv_heads) const {
-  k::AttnParams p;
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.head_dim = cfg_.head_dim;
-  p.scale = cfg_.scale;
-  p.mask = cfg_.causal ? k::Mask::Causal : k::Mask::None;
-  return p;
-}
+CpAttention::~CpAttention() = default;
+
+const CpLevels* CpAttention::levels() const { return impl_->levels(); }
 
 void CpAttention::forward(Tensor& o, const Tensor& q, const Tensor& kk, const Tensor& v) {
   SpaceScope space_scope(q.space());  // work tensors live where the inputs do
-  const std::int64_t H = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
-  HCP_CHECK(q.numel() == tl_ * H * D, "cp attention: q has shape ", shape_str(q.shape()), ", expected [", tl_, ", ", H,
+  AttnStep& s = *s_;
+  const std::int64_t H = s.cfg.heads, Hkv = s.cfg.kv_heads, D = s.cfg.head_dim, tl = s.tl;
+  HCP_CHECK(q.numel() == tl * H * D, "cp attention: q has shape ", shape_str(q.shape()), ", expected [", tl, ", ", H,
             ", ", D, "] (local tokens = global / cp)");
-  HCP_CHECK(kk.numel() == tl_ * Hkv * D && v.numel() == kk.numel(), "cp attention: k/v must be [", tl_, ", ", Hkv, ", ",
+  HCP_CHECK(kk.numel() == tl * Hkv * D && v.numel() == kk.numel(), "cp attention: k/v must be [", tl, ", ", Hkv, ", ",
             D, "]");
   HCP_CHECK(o.numel() == q.numel(), "cp attention: o must match q");
-  q_ = q.view({tl_, H, D});
-  k_ = kk.view({tl_, Hkv, D});
-  v_ = v.view({tl_, Hkv, D});
-  fwd_ph_.reset();
-  if (cfg_.docs) return fwd_docs(o);
-  if (cp_ == 1) return fwd_local(o);
-  (this->*attn_strategy_info(cfg_.strategy).forward)(o);
+  s.q = q.view({tl, H, D});
+  s.k = kk.view({tl, Hkv, D});
+  s.v = v.view({tl, Hkv, D});
+  s.fwd_ph.reset();
+  impl_->forward(o);
 }
 
 void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
   SpaceScope space_scope(dout.space());  // work tensors live where the inputs do
-  HCP_CHECK(o_.defined(), "cp attention: backward() before forward()");
-  HCP_CHECK(
-      dout.numel() == q_.numel() && dq.numel() == q_.numel() && dk.numel() == k_.numel() && dv.numel() == v_.numel(),
-      "cp attention backward: gradient shapes do not match the forward's inputs");
-  bwd_ph_.reset();
-  Tensor dov = dout.view(q_.shape());
-  if (cfg_.docs) {
-    bwd_docs(dq, dk, dv, dov);
-  } else if (cp_ == 1) {
-    bwd_local(dq, dk, dv, dov);
-  } else {
-    (this->*attn_strategy_info(cfg_.strategy).backward)(dq, dk, dv, dov);
-  }
-  release_saved(q_, k_, v_, o_, lse_, kg_, vg_, qh_, kh_, vh_, oh_);
+  AttnStep& s = *s_;
+  HCP_CHECK(s.o.defined(), "cp attention: backward() before forward()");
+  HCP_CHECK(dout.numel() == s.q.numel() && dq.numel() == s.q.numel() && dk.numel() == s.k.numel() &&
+                dv.numel() == s.v.numel(),
+            "cp attention backward: gradient shapes do not match the forward's inputs");
+  s.bwd_ph.reset();
+  impl_->backward(dq, dk, dv, dout.view(s.q.shape()));
+  release_saved(s.q, s.k, s.v, s.o, s.lse);
+  impl_->release();
 }
 
 // ---- one rank --------------------------------------------------------------------------------
+namespace {
 // cp = 1, whatever the strategy: the kernels on the local tensors (the whole problem), with no ring,
 // gather or all-to-all and no staging copy; the gradients are written in place.
-void CpAttention::fwd_local(Tensor& o) {
-  PhaseTimes& c = fwd_ph_;
-  c.start_laps(q_.space());
-  auto p = base_params(cfg_.heads, cfg_.kv_heads);
-  p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
-  o_ = Tensor::zeros(q_.shape(), q_.dtype());
-  lse_ = Tensor::zeros({tl_, cfg_.heads}, lse_dtype(q_));
-  k::attention_fwd(o_, lse_, q_, k_, v_, p);
-  o.copy_from(o_.view(o.shape()));
-  c.lap("compute");
-}
-
-void CpAttention::bwd_local(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  PhaseTimes& c = bwd_ph_;
-  c.start_laps(q_.space());
-  auto p = base_params(cfg_.heads, cfg_.kv_heads);
-  p.segments = k::segments_from_layout(cfg_.global, cfg_.global);
-  if (dq.is_contiguous() && dk.is_contiguous() && dv.is_contiguous()) {
-    Tensor dqv = dq.view(q_.shape()), dkv = dk.view(k_.shape()), dvv = dv.view(v_.shape());
-    k::attention_bwd(dqv, dkv, dvv, q_, k_, v_, o_, lse_, dout, p);
-  } else {
-    Tensor dql = zeros_like(q_), dkl = zeros_like(k_), dvl = zeros_like(v_);
-    k::attention_bwd(dql, dkl, dvl, q_, k_, v_, o_, lse_, dout, p);
-    dq.copy_from(dql.view(dq.shape()));
-    dk.copy_from(dkl.view(dk.shape()));
-    dv.copy_from(dvl.view(dv.shape()));
+class LocalAttention final : public AttnImpl {
+ public:
+  using AttnImpl::AttnImpl;
+  void forward(Tensor& o) override {
+    PhaseTimes& c = s_.fwd_ph;
+    c.start_laps(s_.q.space());
+    auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
+    p.segments = k::segments_from_layout(s_.cfg.global, s_.cfg.global);
+    s_.o = Tensor::zeros(s_.q.shape(), s_.q.dtype());
+    s_.lse = Tensor::zeros({s_.tl, s_.cfg.heads}, lse_dtype(s_.q));
+    k::attention_fwd(s_.o, s_.lse, s_.q, s_.k, s_.v, p);
+    o.copy_from(s_.o.view(o.shape()));
+    c.lap("compute");
   }
-  c.lap("compute");
-}
+  void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) override {
+    PhaseTimes& c = s_.bwd_ph;
+    c.start_laps(s_.q.space());
+    auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
+    p.segments = k::segments_from_layout(s_.cfg.global, s_.cfg.global);
+    if (dq.is_contiguous() && dk.is_contiguous() && dv.is_contiguous()) {
+      Tensor dqv = dq.view(s_.q.shape()), dkv = dk.view(s_.k.shape()), dvv = dv.view(s_.v.shape());
+      k::attention_bwd(dqv, dkv, dvv, s_.q, s_.k, s_.v, s_.o, s_.lse, dout, p);
+    } else {
+      Tensor dql = zeros_like(s_.q), dkl = zeros_like(s_.k), dvl = zeros_like(s_.v);
+      k::attention_bwd(dql, dkl, dvl, s_.q, s_.k, s_.v, s_.o, s_.lse, dout, p);
+      dq.copy_from(dql.view(dq.shape()));
+      dk.copy_from(dkl.view(dk.shape()));
+      dv.copy_from(dvl.view(dv.shape()));
+    }
+    c.lap("compute");
+  }
+};
+}  // namespace
+
+std::unique_ptr<AttnImpl> make_local_attention(AttnStep& s) { return std::make_unique<LocalAttention>(s); }
 
 namespace {
 // A pass's laps, plus `ring` (a2a+p2p: its ring's own split; zeros otherwise).
@@ -131,19 +124,19 @@ CpAttnTimes times_of(const PhaseTimes& ph, const CpAttnTimes& ring) {
 }  // namespace
 
 CpAttnTimes CpAttention::fwd_times() const {
-  const CpAttention* sub = ring_ ? ring_.get() : split_.get();
-  return times_of(fwd_ph_, sub ? sub->fwd_times() : CpAttnTimes{});
+  const CpAttention* sub = impl_->nested();
+  return times_of(s_->fwd_ph, sub ? sub->fwd_times() : CpAttnTimes{});
 }
 CpAttnTimes CpAttention::bwd_times() const {
-  const CpAttention* sub = ring_ ? ring_.get() : split_.get();
-  return times_of(bwd_ph_, sub ? sub->bwd_times() : CpAttnTimes{});
+  const CpAttention* sub = impl_->nested();
+  return times_of(s_->bwd_ph, sub ? sub->bwd_times() : CpAttnTimes{});
 }
 
 std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
-  return attention_cp_model_bytes(cfg_, cp_, rank_, dt, false);
+  return attention_cp_model_bytes(s_->cfg, s_->cp, s_->rank, dt, false);
 }
 std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
-  return attention_cp_model_bytes(cfg_, cp_, rank_, dt, true);
+  return attention_cp_model_bytes(s_->cfg, s_->cp, s_->rank, dt, true);
 }
 
 std::int64_t attention_cp_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {

@@ -11,9 +11,7 @@
 #include "comm/communicator.hpp"
 #include "comm/process_grid.hpp"
 #include "core/layout.hpp"
-#include "core/phase_times.hpp"
 #include "cp/documents.hpp"
-#include "cp/head_exchange.hpp"
 #include "cp/strategy.hpp"
 #include "kernels/kernels.hpp"
 
@@ -59,32 +57,22 @@ std::int64_t attention_cp_model_bytes(const CpAttnConfig& cfg, int cp, int rank,
 CpAttnConfig a2a_p2p_ring_config(const CpAttnConfig& cfg, int rank);
 std::int64_t a2a_p2p_ring_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
 
-// The strategies' parts their records (cp/strategy.hpp) name: shape rules and byte models.
-void check_a2a_shape(const CpAttnConfig& cfg, int cp);
-void check_a2a_p2p_shape(const CpAttnConfig& cfg, int cp);
-std::int64_t p2p_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
-std::int64_t allgather_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
-std::int64_t a2a_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
-std::int64_t a2a_p2p_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
-// ... and memory terms (AttnStrategyInfo::work_bytes, kernel_elements).
-std::int64_t p2p_work_bytes(const MemoryModel& m, const AttnMemShape& s);
-std::int64_t allgather_work_bytes(const MemoryModel& m, const AttnMemShape& s);
-std::int64_t a2a_work_bytes(const MemoryModel& m, const AttnMemShape& s);
-std::int64_t a2a_p2p_work_bytes(const MemoryModel& m, const AttnMemShape& s);
-std::int64_t p2p_kernel_elements(const MemoryModel& m, const AttnMemShape& s);
-std::int64_t allgather_kernel_elements(const MemoryModel& m, const AttnMemShape& s);
-std::int64_t a2a_kernel_elements(const MemoryModel& m, const AttnMemShape& s);
-std::int64_t a2a_p2p_kernel_elements(const MemoryModel& m, const AttnMemShape& s);
 // a2a+p2p: the most K/V heads a rank carries around the outer ring (its query heads' K/V heads, or
 // one per query head where its block does not follow the GQA groups), for `inner` ranks inside.
 std::int64_t a2a_p2p_ring_kv_heads(std::int64_t heads, std::int64_t kv_heads, int inner);
 
+// One attention layer's CP on this rank: the problem and the saved tensors (AttnStep) and the
+// strategy object that runs it (its record's make; the local kernels at cp = 1; whole and split
+// documents for a per-document placement). CpAttention holds no strategy's state.
 class CpAttention {
  public:
   // Validates shapes against the CP size (clear errors naming the rule); collective-free. a2a+p2p
   // runs over `levels` when given (built with cfg.cp_inner over cp_comm), else over levels it
   // builds at its first forward.
   CpAttention(Communicator& cp_comm, CpAttnConfig cfg, std::shared_ptr<CpLevels> levels = nullptr);
+  ~CpAttention();
+  CpAttention(const CpAttention&) = delete;
+  CpAttention& operator=(const CpAttention&) = delete;
   void forward(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v);
   // Needs the forward's saved tensors (of the same instance); releases them.
   void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
@@ -94,61 +82,13 @@ class CpAttention {
   // Values this rank sends per forward / backward, by the strategy's cost model
   // (attention_cp_model_bytes).
   std::int64_t model_fwd_bytes(DType dt) const;
-  // a2a+p2p's groups (null before they are made)
-  const CpLevels* levels() const { return split_ ? split_->levels() : levels_.get(); }
   std::int64_t model_bwd_bytes(DType dt) const;
+  // a2a+p2p's groups (null before they are made)
+  const CpLevels* levels() const;
 
  private:
-  friend const std::vector<AttnStrategyInfo>& attn_strategies();  // the records name the bodies below
-  void fwd_local(Tensor& o);
-  void bwd_local(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
-  void fwd_p2p(Tensor& o);
-  void bwd_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
-  void fwd_allgather(Tensor& o);
-  void bwd_allgather(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
-  void init_a2a();
-  void fwd_a2a(Tensor& o);
-  void bwd_a2a(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
-  void init_a2a_p2p();
-  void fwd_a2a_p2p(Tensor& o);
-  void bwd_a2a_p2p(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
-  void fwd_docs(Tensor& o);
-  void bwd_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
-  void make_levels();                  // a2a+p2p: the inner and outer groups, exchanges and ring (collective, once)
-  std::int64_t ring_kv_heads() const;  // a2a+p2p: K/V heads per rank on the outer ring
-  kernels::AttnParams base_params(std::int64_t heads, std::int64_t kv_heads) const;
-  // Ring p2p pieces shared by forward and backward: the [2, Tl, Hkv, D] K-then-V buffer that
-  // travels, the attention parameters of step i, and posting the send/receive of the next block.
-  Tensor ring_kv_buffer() const;
-  Tensor ring_half(const Tensor& buf, int j) const;  // K (j = 0) or V (1) of such a buffer, [Tl, Hkv, D]
-  kernels::AttnParams ring_params(int step) const;
-  RingRequest ring_post_next(Tensor& send, Tensor& recv, int step, int tag = 7);
-
-  Communicator& comm_;
-  CpAttnConfig cfg_;
-  int cp_ = 1, rank_ = 0;
-  SeqLayout local_;
-  std::int64_t tl_ = 0;
-  // saved by forward
-  Tensor q_, k_, v_, o_, lse_;
-  Tensor kg_, vg_;            // all-gather: global K/V
-  Tensor qh_, kh_, vh_, oh_;  // a2a: head-sharded, global order
-  // a2a: rank r's query heads [r H/cp, (r+1) H/cp) read K/V heads [kv_lo_[r], kv_lo_[r] + kv_n_[r]);
-  // exactly those travel. kv_map_ (empty when the local heads are plain GQA): the local K/V head of
-  // each local query head, the received heads expanded to one per query head for the kernel.
-  // xkv_ moves them: local [Tl, Hkv, D] -> [T, n_mine, D] in global order, and back, the gradients
-  // of a K/V head that several ranks read summed at its owner.
-  std::vector<std::int64_t> kv_lo_, kv_n_, kv_map_;
-  // a2a+p2p: kv_lo_/kv_n_/kv_map_ and xkv_ are over the inner group, xq_ moves the query heads over
-  // it, and the p2p ring runs over the outer group on the head-sharded tensors.
-  int inner_ = 1, outer_ = 1;
-  std::shared_ptr<CpLevels> levels_;
-  std::unique_ptr<HeadExchange> xq_, xkv_;
-  std::unique_ptr<CpAttention> ring_;
-  // per-document placement: the split documents' own CP attention over rows [Tl - S, Tl) (null when
-  // none is split); local_ is then the layout of this rank's whole documents, rows [0, Tl - S).
-  std::unique_ptr<CpAttention> split_;
-  PhaseTimes fwd_ph_, bwd_ph_;  // "compute" and "comm_wait" laps of the last pass
+  std::unique_ptr<AttnStep> s_;
+  std::unique_ptr<AttnImpl> impl_;
 };
 
 }  // namespace hcp::cp

@@ -1,6 +1,6 @@
-// CpAttention on a per-document placement (cp/documents.hpp): whole documents attended locally,
+// CpAttention's strategy object on a per-document placement (cp/documents.hpp): whole documents attended locally,
 // the split ones as a CP problem of their own.
-#include "cp/attention_cp.hpp"
+#include "cp/attention_bodies.hpp"
 
 namespace hcp::cp {
 namespace k = hcp::kernels;
@@ -15,47 +15,66 @@ CpAttnConfig split_documents_config(const CpAttnConfig& cfg) {
   return s;
 }
 
-void CpAttention::fwd_docs(Tensor& o) {
-  PhaseTimes& c = fwd_ph_;
-  c.start_laps(q_.space());
-  const std::int64_t W = local_.total(), S = tl_ - W;
-  o_ = Tensor::zeros(q_.shape(), q_.dtype());
-  lse_ = Tensor::zeros({tl_, cfg_.heads}, q_.dtype() == DType::F64 ? DType::F64 : DType::F32);
-  if (W > 0) {
-    auto p = base_params(cfg_.heads, cfg_.kv_heads);
-    p.segments = k::segments_from_layout(local_, local_);
-    Tensor ow = o_.slice(0, 0, W), lw = lse_.slice(0, 0, W);
-    k::attention_fwd(ow, lw, q_.slice(0, 0, W), k_.slice(0, 0, W), v_.slice(0, 0, W), p);
+namespace {
+class DocumentsAttention final : public AttnImpl {
+ public:
+  DocumentsAttention(AttnStep& s, std::shared_ptr<CpLevels> levels) : AttnImpl(s) {
+    if (s.cfg.docs->split.nseq() > 0)
+      split_ = std::make_unique<CpAttention>(s.comm, split_documents_config(s.cfg), std::move(levels));
   }
-  c.lap("compute");
-  if (split_) {
-    Tensor os = o_.slice(0, W, S);
-    split_->forward(os, q_.slice(0, W, S), k_.slice(0, W, S), v_.slice(0, W, S));
-  }
-  o.copy_from(o_.view(o.shape()));
-}
+  const CpAttention* nested() const override { return split_.get(); }
+  const CpLevels* levels() const override { return split_ ? split_->levels() : nullptr; }
 
-void CpAttention::bwd_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) {
-  PhaseTimes& c = bwd_ph_;
-  c.start_laps(q_.space());
-  const std::int64_t W = local_.total(), S = tl_ - W;
-  Tensor dql = Tensor::zeros(q_.shape(), q_.dtype()), dkl = Tensor::zeros(k_.shape(), k_.dtype()),
-         dvl = Tensor::zeros(v_.shape(), v_.dtype());
-  if (W > 0) {
-    auto p = base_params(cfg_.heads, cfg_.kv_heads);
-    p.segments = k::segments_from_layout(local_, local_);
-    Tensor a = dql.slice(0, 0, W), b = dkl.slice(0, 0, W), d = dvl.slice(0, 0, W);
-    k::attention_bwd(a, b, d, q_.slice(0, 0, W), k_.slice(0, 0, W), v_.slice(0, 0, W), o_.slice(0, 0, W),
-                     lse_.slice(0, 0, W), dout.slice(0, 0, W), p);
+  void forward(Tensor& o) override {
+    PhaseTimes& c = s_.fwd_ph;
+    c.start_laps(s_.q.space());
+    const std::int64_t W = s_.local.total(), S = s_.tl - W;
+    s_.o = Tensor::zeros(s_.q.shape(), s_.q.dtype());
+    s_.lse = Tensor::zeros({s_.tl, s_.cfg.heads}, lse_dtype(s_.q));
+    if (W > 0) {
+      auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
+      p.segments = k::segments_from_layout(s_.local, s_.local);
+      Tensor ow = s_.o.slice(0, 0, W), lw = s_.lse.slice(0, 0, W);
+      k::attention_fwd(ow, lw, s_.q.slice(0, 0, W), s_.k.slice(0, 0, W), s_.v.slice(0, 0, W), p);
+    }
+    c.lap("compute");
+    if (split_) {
+      Tensor os = s_.o.slice(0, W, S);
+      split_->forward(os, s_.q.slice(0, W, S), s_.k.slice(0, W, S), s_.v.slice(0, W, S));
+    }
+    o.copy_from(s_.o.view(o.shape()));
   }
-  c.lap("compute");
-  if (split_) {
-    Tensor a = dql.slice(0, W, S), b = dkl.slice(0, W, S), d = dvl.slice(0, W, S);
-    split_->backward(a, b, d, dout.slice(0, W, S));
+
+  void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) override {
+    PhaseTimes& c = s_.bwd_ph;
+    c.start_laps(s_.q.space());
+    const std::int64_t W = s_.local.total(), S = s_.tl - W;
+    Tensor dql = zeros_like(s_.q), dkl = zeros_like(s_.k), dvl = zeros_like(s_.v);
+    if (W > 0) {
+      auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
+      p.segments = k::segments_from_layout(s_.local, s_.local);
+      Tensor a = dql.slice(0, 0, W), b = dkl.slice(0, 0, W), d = dvl.slice(0, 0, W);
+      k::attention_bwd(a, b, d, s_.q.slice(0, 0, W), s_.k.slice(0, 0, W), s_.v.slice(0, 0, W), s_.o.slice(0, 0, W),
+                       s_.lse.slice(0, 0, W), dout.slice(0, 0, W), p);
+    }
+    c.lap("compute");
+    if (split_) {
+      Tensor a = dql.slice(0, W, S), b = dkl.slice(0, W, S), d = dvl.slice(0, W, S);
+      split_->backward(a, b, d, dout.slice(0, W, S));
+    }
+    dq.copy_from(dql.view(dq.shape()));
+    dk.copy_from(dkl.view(dk.shape()));
+    dv.copy_from(dvl.view(dv.shape()));
   }
-  dq.copy_from(dql.view(dq.shape()));
-  dk.copy_from(dkl.view(dk.shape()));
-  dv.copy_from(dvl.view(dv.shape()));
+
+ private:
+  // the split documents' own CP attention over rows [Tl - S, Tl) (null when none is split)
+  std::unique_ptr<CpAttention> split_;
+};
+}  // namespace
+
+std::unique_ptr<AttnImpl> make_documents_attention(AttnStep& s, std::shared_ptr<CpLevels> levels) {
+  return std::make_unique<DocumentsAttention>(s, std::move(levels));
 }
 
 }  // namespace hcp::cp

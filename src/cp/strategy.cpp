@@ -2,25 +2,13 @@
 
 #include "core/error.hpp"
 #include "core/memory_model.hpp"
-#include "cp/attention_cp.hpp"
+#include "cp/attention_bodies.hpp"
 
 namespace hcp::cp {
 
 const std::vector<AttnStrategyInfo>& attn_strategies() {
-  static const std::vector<AttnStrategyInfo> v = {
-      {AttnStrategy::P2P, "p2p", "ring of K/V blocks with DualChunkSwap; dK/dV accumulators follow", nullptr, nullptr,
-       &CpAttention::fwd_p2p, &CpAttention::bwd_p2p, p2p_model_bytes, p2p_work_bytes, p2p_kernel_elements, false},
-      {AttnStrategy::AllGather, "allgather", "all-gather of K/V, reduce-scatter of dK/dV", nullptr, nullptr,
-       &CpAttention::fwd_allgather, &CpAttention::bwd_allgather, allgather_model_bytes, allgather_work_bytes,
-       allgather_kernel_elements, false},
-      {AttnStrategy::A2A, "a2a", "Ulysses all-to-all: heads/cp heads of every token (heads % cp == 0)", check_a2a_shape,
-       &CpAttention::init_a2a, &CpAttention::fwd_a2a, &CpAttention::bwd_a2a, a2a_model_bytes, a2a_work_bytes,
-       a2a_kernel_elements, false},
-      {AttnStrategy::A2AP2P, "a2a+p2p",
-       "Ulysses over parallel.cp_inner ranks, ring p2p over cp/cp_inner groups (heads % cp_inner == 0)",
-       check_a2a_p2p_shape, &CpAttention::init_a2a_p2p, &CpAttention::fwd_a2a_p2p, &CpAttention::bwd_a2a_p2p,
-       a2a_p2p_model_bytes, a2a_p2p_work_bytes, a2a_p2p_kernel_elements, true},
-  };
+  static const std::vector<AttnStrategyInfo> v = {p2p_strategy(), allgather_strategy(), a2a_strategy(),
+                                                  a2a_p2p_strategy()};
   return v;
 }
 
@@ -50,7 +38,7 @@ std::int64_t attention_work_bytes(const MemoryModel& m, AttnStrategy id, const A
 
 std::int64_t attention_kernel_elements(const MemoryModel& m, AttnStrategy id, const AttnMemShape& s) {
   if (s.cp > 1) return attn_strategy_info(id).kernel_elements(m, s);
-  return p2p_kernel_elements(m, s);  // the local kernels read the local K/V, as one p2p step does
+  return p2p_strategy().kernel_elements(m, s);  // the local kernels read the local K/V, as one p2p step does
 }
 
 std::string choice_list(const std::vector<std::string>& v) {

@@ -1,6 +1,6 @@
 // The CP strategies of the two sequence-mixing layers, and the attention strategies' records: each
-// names the deck choice, says what it is, and holds its parts (shape rule, set-up, forward and
-// backward bodies, byte model), which CpAttention dispatches to. Deck choices, `all`, the drivers'
+// names the deck choice, says what it is, and holds its parts (shape rule, the strategy object that
+// owns its per-rank state, byte and memory models), which CpAttention dispatches to. Deck choices, `all`, the drivers'
 // --list-strategies, their BYTES lines and the planner read these lists.
 //   Attention (parallel.attention; src/cp/attention_cp.hpp):
 //     p2p        ring of K/V with DualChunkSwap;
@@ -17,6 +17,7 @@
 //                      each sequence and correct the outputs (any heads / n_groups; state_passing.hpp).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,11 +26,13 @@
 namespace hcp {
 class Tensor;
 class MemoryModel;
+struct CpLevels;
 }  // namespace hcp
 
 namespace hcp::cp {
 struct CpAttnConfig;
-class CpAttention;
+struct AttnStep;
+class AttnImpl;
 
 enum class AttnStrategy { P2P, AllGather, A2A, A2AP2P };
 enum class MambaCp { HiddenParallel, StatePassing };
@@ -42,19 +45,19 @@ struct AttnMemShape {
   int inner = 1;
 };
 
+// One attention strategy's record, defined with designated initializers beside its strategy object
+// (src/cp/attention_<name>.cpp); attn_strategies() lists them.
 struct AttnStrategyInfo {
   AttnStrategy id;
   const char* name;     // deck name
   const char* summary;  // one line for --list-strategies
-  // Its parts (src/cp/attention_<name>.cpp). check: its shape rule beyond the layout's, throwing
-  // hcp::Error naming the deck keys (null: none); init: the per-rank state CpAttention's constructor
-  // sets up (null: none); forward / backward: the bodies on a CP group of 2 or more ranks;
-  // model_bytes: the values rank `rank` of `cp` hands to the communicator in one pass, from the sizes
-  // alone (attention_cp_model_bytes adds the cases every strategy shares).
+  // check: its shape rule beyond the layout's, throwing hcp::Error naming the deck keys (null: none);
+  // make: its strategy object on one rank of a CP group of 2 or more ranks (its set-up is
+  // collective-free; a two-level strategy runs over `levels` when given, else over groups it makes
+  // at its first forward); model_bytes: the values rank `rank` of `cp` hands to the communicator in
+  // one pass, from the sizes alone (attention_cp_model_bytes adds the cases every strategy shares).
   void (*check)(const CpAttnConfig& cfg, int cp);
-  void (CpAttention::*init)();
-  void (CpAttention::*forward)(Tensor& o);
-  void (CpAttention::*backward)(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  std::unique_ptr<AttnImpl> (*make)(AttnStep& step, std::shared_ptr<CpLevels> levels);
   std::int64_t (*model_bytes)(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward);
   // Its memory terms at cp >= 2 (attention_work_bytes / attention_kernel_elements add cp = 1):
   // work_bytes, the bytes one layer's step holds per rank beyond its inputs and outputs;
@@ -62,11 +65,21 @@ struct AttnStrategyInfo {
   // on bf16 CPU ranks). Products are checked by `m` (refused on overflow, naming its keys).
   std::int64_t (*work_bytes)(const MemoryModel& m, const AttnMemShape& s);
   std::int64_t (*kernel_elements)(const MemoryModel& m, const AttnMemShape& s);
-  bool two_level;  // runs over an inner and an outer group (CpLevels, parallel.cp_inner)
+  // Its messages, the latency terms of the planner's time model, for one layer's forward plus
+  // backward on `cp` ranks (`inner` inside for a two-level strategy): exchange_messages, those of
+  // its exchanges, none overlapping the attention's compute, which span `inner` ranks for a
+  // two-level strategy and `cp` otherwise; ring_ranks, the ranks of the K/V ring whose steps
+  // overlap the compute (1: no ring; its messages: p2p_ring_messages).
+  std::int64_t (*exchange_messages)(int cp, int inner);
+  int (*ring_ranks)(int cp, int inner);
+  bool two_level = false;  // runs over an inner and an outer group (CpLevels, parallel.cp_inner)
 };
 const std::vector<AttnStrategyInfo>& attn_strategies();
 const AttnStrategyInfo& attn_strategy_info(AttnStrategy id);
 std::vector<std::string> attn_strategy_names();  // in registry order
+// The messages of a K/V ring over n ranks in one forward plus backward: the K/V blocks of n - 1
+// steps each way and the dK/dV accumulator's n - 1 moves.
+inline std::int64_t p2p_ring_messages(int n) { return 3 * static_cast<std::int64_t>(n - 1); }
 std::vector<AttnStrategy> attn_strategy_ids();
 
 // "a, b or c", for messages that list the choices.

@@ -103,6 +103,7 @@ TEST_P(GpuAttentionCpBf16, TensorCoreKernelsEqualHost) {
   const DType dt = DType::BF16;
   cp::CpAttnConfig c;
   c.strategy = strategy;
+  c.cp_inner = n % 2 == 0 ? 2 : 1;  // a two-level strategy: 2 x 1 at np 2, 2 x 2 at np 4
   c.heads = 4;
   c.kv_heads = 2;
   c.head_dim = D;
@@ -130,12 +131,11 @@ TEST_P(GpuAttentionCpBf16, TensorCoreKernelsEqualHost) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, GpuAttentionCpBf16,
-                         ::testing::Combine(::testing::Values(cp::AttnStrategy::P2P, cp::AttnStrategy::AllGather,
-                                                              cp::AttnStrategy::A2A),
-                                            ::testing::Values(64, 128)),
+                         ::testing::Combine(::testing::ValuesIn(cp::attn_strategy_ids()), ::testing::Values(64, 128)),
                          [](const auto& info) {
-                           return cp::to_string(std::get<0>(info.param)) + "_D" +
-                                  std::to_string(std::get<1>(info.param));
+                           std::string s = cp::to_string(std::get<0>(info.param));
+                           std::replace(s.begin(), s.end(), '+', '_');
+                           return s + "_D" + std::to_string(std::get<1>(info.param));
                          });
 
 namespace {
@@ -237,7 +237,7 @@ TEST(GpuHybrid, DeviceEqualsHost) {
   MpiCommunicator world(MPI_COMM_WORLD);
   IpcCommunicator ipc(MPI_COMM_WORLD);
   const int n = world.size(), r = world.rank();
-  for (auto strat : {cp::AttnStrategy::P2P, cp::AttnStrategy::A2A})
+  for (auto strat : cp::attn_strategy_ids())
     for (auto mcp : {model::MambaCp::HiddenParallel, model::MambaCp::StatePassing}) {
       model::HybridConfig c;
       c.pattern = "M*E-";
@@ -253,6 +253,7 @@ TEST(GpuHybrid, DeviceEqualsHost) {
       c.attn.kv_heads = 2;
       c.attn.head_dim = 8;
       c.attn.strategy = strat;
+      c.attn.cp_inner = n % 2 == 0 ? 2 : 1;
       c.moe.experts = 4;
       c.moe.topk = 2;
       c.moe.ffn = 8;
