@@ -92,11 +92,6 @@ __global__ void decay_bwd_k(S* ddt_out, A* dA_part, A* ddtb_part, const S* ddeca
     ddtb_part[blockIdx.x] = sg;
   }
 }
-// The initial-state term (a piece that does not start its sequence): y_t += exp(cs_t) C_t . S0, with
-// cs_t = A (dt_0 + ... + dt_t), and its backward. Every kernel is parallel over the tokens and sums
-// in a fixed order (bitwise repeatable).
-constexpr int kTok = 64;  // tokens per block of the per-token kernels
-
 // A fixed-order scan over the L tokens of one (b, h) by one block of kThreads: thread i takes a
 // contiguous run of tokens, a single thread scans the runs' sums; out(t, s) gets the inclusive sum
 // of term up to t (from the last token down when `reverse`).
@@ -140,107 +135,88 @@ __global__ void cumdt_k(A* cs, Ptrs<S> in, Dims d) {
       },
       [&](std::int64_t t, A s) { row[t] = s; });
 }
-// y += exp(cs_t) C_t . S0, one block per (b, h, kTok tokens); the head's S0 and the tile's C rows in
-// shared memory (C rows padded by one: lanes on different tokens hit different banks).
-template <class S, class A>
-__global__ void init_fwd_k(S* y, const A* cs, Ptrs<S> in, Dims d) {
-  extern __shared__ unsigned char smem[];
-  const std::int64_t tiles = (d.L + kTok - 1) / kTok, bh = blockIdx.x / tiles, t0 = blockIdx.x % tiles * kTok;
-  const std::int64_t b = bh / d.H, h = bh % d.H, g = h / (d.H / d.G), PN = d.P * d.N, ldc = d.N + 1;
-  const std::int64_t nt = d.L - t0 < kTok ? d.L - t0 : kTok;
-  A* S0 = reinterpret_cast<A*>(smem);  // [P N]
-  A* Cs = S0 + PN;                     // [kTok][N + 1]
-  for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) S0[e] = ld(in.init + bh * PN + e);
-  for (std::int64_t e = threadIdx.x; e < nt * d.N; e += blockDim.x)
-    Cs[e / d.N * ldc + e % d.N] = ld(in.Cm + ((b * d.L + t0 + e / d.N) * d.G + g) * d.N + e % d.N);
-  __syncthreads();
-  for (std::int64_t i = threadIdx.x; i < nt * d.P; i += blockDim.x) {  // lanes over tokens: S0 reads broadcast
-    const std::int64_t j = i % nt, p = i / nt, t = t0 + j;
-    A acc = 0;
-    for (std::int64_t n = 0; n < d.N; ++n) acc += Cs[j * ldc + n] * S0[p * d.N + n];
-    S* yr = y + ((b * d.L + t) * d.H + h) * d.P + p;
-    st(yr, ld(yr) + exp(cs[bh * d.L + t]) * acc);
-  }
+// The initial-state term (a piece that does not start its sequence): y_t += exp(cs_t) C_t . S0, with
+// cs_t = A (dt_0 + ... + dt_t), and its backward. Its products are GEMMs per group of heads on cuBLAS
+// (tensor cores for bf16; fp32 and fp64 in their own precision): with the heads of group g side by
+// side (K1 = H/G · P columns, S0 of those heads a [K1][N] block),
+//   W = C_g S0_g^T            [tokens x K1]   (forward: y += exp(cs) ⊙ W)
+//   dS0_g = ey_g^T C_g        [K1 x N]        (ey = exp(cs) ⊙ dy)
+//   dC_g += ey_g S0_g         [tokens x N]
+//   dcs_t = exp(cs_t) dy_t . W_t               (per head and token, for the dt terms)
+// Tokens go in chunks, so that the work buffers (W in the accumulation type, ey in x's) stay within
+// kInitScratch bytes. cuBLAS gives the same bits on every call for the same shapes.
+constexpr std::int64_t kInitScratch = std::int64_t{64} << 20;
+
+template <class T>
+constexpr cudaDataType_t blas_type() {
+  if constexpr (std::is_same_v<T, double>)
+    return CUDA_R_64F;
+  else if constexpr (std::is_same_v<T, float>)
+    return CUDA_R_32F;
+  else
+    return CUDA_R_16BF;
 }
-// The backward per token, one block per (b, g, kTok tokens), the group's heads in order: with
-// Z_t = dy_t^T S0 (over p), dC_t gets the heads' exp(cs_t) Z_t (summed here, added once) and
-// dcs[t] = exp(cs_t) C_t . Z_t (a warp per token).
-template <class S, class A>
-__global__ void init_bwd_tok_k(S* dC, A* dcs, const S* dy, const A* cs, Ptrs<S> in, Dims d) {
-  extern __shared__ unsigned char smem[];
-  A* S0 = reinterpret_cast<A*>(smem);  // [P N] this head's initial state
-  A* acc = S0 + d.P * d.N;             // [kTok N] the tile's dC, summed over the group's heads
-  const std::int64_t tiles = (d.L + kTok - 1) / kTok, bg = blockIdx.x / tiles, t0 = blockIdx.x % tiles * kTok;
-  const std::int64_t b = bg / d.G, g = bg % d.G, hpg = d.H / d.G, PN = d.P * d.N;
-  const std::int64_t nt = d.L - t0 < kTok ? d.L - t0 : kTok;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (std::int64_t e = threadIdx.x; e < nt * d.N; e += blockDim.x) acc[e] = 0;
-  for (std::int64_t h = g * hpg; h < (g + 1) * hpg; ++h) {
-    __syncthreads();  // the previous head's reads of S0 are done
-    for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) S0[e] = ld(in.init + (b * d.H + h) * PN + e);
-    __syncthreads();
-    for (std::int64_t j = warp; j < nt; j += nw) {
-      const std::int64_t t = t0 + j;
-      const A e = exp(cs[(b * d.H + h) * d.L + t]);
-      const S* dyt = dy + ((b * d.L + t) * d.H + h) * d.P;
-      const S* Ct = in.Cm + ((b * d.L + t) * d.G + g) * d.N;
-      A dot = 0;
-      for (std::int64_t n = lane; n < d.N; n += 32) {
-        A z = 0;
-        for (std::int64_t p = 0; p < d.P; ++p) z += ld(dyt + p) * S0[p * d.N + n];
-        acc[j * d.N + n] += e * z;
-        dot += ld(Ct + n) * z;
-      }
-      dot = warp_sum(dot);
-      if (lane == 0) dcs[(b * d.H + h) * d.L + t] = e * dot;
-    }
-  }
-  __syncthreads();
-  for (std::int64_t e = threadIdx.x; e < nt * d.N; e += blockDim.x) {
-    S* o = dC + ((b * d.L + t0 + e / d.N) * d.G + g) * d.N + e % d.N;
-    st(o, ld(o) + acc[e]);
-  }
+// C_i (col-major m x n, ldc) = op(A_i) op(B_i) + beta C_i for i < count, each operand `s*` elements
+// further than the last; A and B of type S, C of type C; fp32 sums (fp64 for fp64).
+template <class S, class C, class A>
+void gemm_batched(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, const S* a, std::int64_t lda,
+                  std::int64_t sa, const S* b, std::int64_t ldb, std::int64_t sb, C* c, std::int64_t ldc,
+                  std::int64_t sc, std::int64_t count, bool accumulate) {
+  if (m == 0 || n == 0 || count == 0) return;
+  const A one = 1, beta = accumulate ? A(1) : A(0);
+  HCP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas(), ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
+      static_cast<int>(n), static_cast<int>(k), &one, a, blas_type<S>(), static_cast<int>(lda), sa, b, blas_type<S>(),
+      static_cast<int>(ldb), sb, &beta, c, blas_type<C>(), static_cast<int>(ldc), sc, static_cast<int>(count),
+      std::is_same_v<A, double> ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
-// dS0 = sum over t of exp(cs_t) dy_t C_t^T, one block per (b, h): each thread sums kPer of its
-// elements over the tokens in order, kTok tokens at a time staged in shared memory.
+// Tokens per chunk of the initial-state term: the work buffers of one chunk within kInitScratch.
 template <class S, class A>
-__global__ void init_dS0_k(S* dinit, const S* dy, const A* cs, Ptrs<S> in, Dims d) {
-  constexpr int kPer = 8;
-  extern __shared__ unsigned char smem[];
-  A* ey = reinterpret_cast<A*>(smem);  // [kTok P] exp(cs_t) dy_t
-  A* Cs = ey + kTok * d.P;             // [kTok N] C_t
-  const std::int64_t bh = blockIdx.x, b = bh / d.H, h = bh % d.H, g = h / (d.H / d.G), PN = d.P * d.N;
-  for (std::int64_t e0 = 0; e0 < PN; e0 += kPer * blockDim.x) {
-    A acc[kPer];
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) acc[k] = 0;
-    for (std::int64_t t0 = 0; t0 < d.L; t0 += kTok) {
-      const std::int64_t nt = d.L - t0 < kTok ? d.L - t0 : kTok;
-      __syncthreads();  // the previous tile's reads are done
-      for (std::int64_t i = threadIdx.x; i < nt * d.P; i += blockDim.x) {
-        const std::int64_t t = t0 + i / d.P;
-        ey[i] = exp(cs[bh * d.L + t]) * ld(dy + ((b * d.L + t) * d.H + h) * d.P + i % d.P);
-      }
-      for (std::int64_t i = threadIdx.x; i < nt * d.N; i += blockDim.x)
-        Cs[i] = ld(in.Cm + ((b * d.L + t0 + i / d.N) * d.G + g) * d.N + i % d.N);
-      __syncthreads();
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const std::int64_t e = e0 + k * blockDim.x + threadIdx.x;
-        if (e < PN) {
-          const std::int64_t p = e / d.N, n = e % d.N;
-          A s = acc[k];
-          for (std::int64_t j = 0; j < nt; ++j) s += ey[j * d.P + p] * Cs[j * d.N + n];
-          acc[k] = s;
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const std::int64_t e = e0 + k * blockDim.x + threadIdx.x;
-      if (e < PN) st(dinit + bh * PN + e, acc[k]);
-    }
+std::int64_t init_chunk(const Dims& d) {
+  const std::int64_t row = d.H * d.P * static_cast<std::int64_t>(sizeof(A) + sizeof(S));
+  return std::max<std::int64_t>(1, std::min(d.L, kInitScratch / std::max<std::int64_t>(row, 1)));
+}
+// W[j, (h, p)] = sum_n C[t0 + j, g(h), n] S0[h, p, n] for the n tokens of a chunk of sequence b.
+template <class S, class A>
+void init_products(A* W, const Ptrs<S>& in, const Dims& d, std::int64_t b, std::int64_t t0, std::int64_t n) {
+  const std::int64_t K1 = d.H / d.G * d.P;
+  // Col-major W^T (K1 x n, ld H P) per group = S0_g (K1 x N, stored [K1][N]) · C_g^T (N x n, ld G N).
+  gemm_batched<S, A, A>(true, false, K1, n, d.N, in.init + b * d.H * d.P * d.N, d.N, K1 * d.N,
+                        in.Cm + (b * d.L + t0) * d.G * d.N, d.G * d.N, d.N, W, d.H * d.P, K1, d.G, false);
+}
+// y[b, t0 + j, h, p] += exp(cs_t) W[j, h, p], one thread per element of the chunk.
+template <class S, class A>
+__global__ void init_apply_k(S* y, const A* W, const A* cs, Dims d, std::int64_t b, std::int64_t t0, std::int64_t n) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * d.H * d.P) return;
+  const std::int64_t j = i / (d.H * d.P), h = i / d.P % d.H;
+  S* o = y + (b * d.L + t0) * d.H * d.P + i;
+  st(o, ld(o) + exp(cs[(b * d.H + h) * d.L + t0 + j]) * W[i]);
+}
+// One warp per (token j of the chunk, head h): ey = exp(cs_t) dy_t (x's dtype, the GEMMs' operand) and
+// dcs_t = exp(cs_t) dy_t . W_t (lanes over p, then a fixed butterfly).
+template <class S, class A>
+__global__ void init_dy_k(S* ey, A* dcs, const S* dy, const A* W, const A* cs, Dims d, std::int64_t b, std::int64_t t0,
+                          std::int64_t n) {
+  const std::int64_t r = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (r >= n * d.H) return;
+  const std::int64_t j = r / d.H, h = r % d.H, bht = (b * d.H + h) * d.L + t0 + j;
+  const A e = exp(cs[bht]);
+  const S* dyr = dy + ((b * d.L + t0 + j) * d.H + h) * d.P;
+  A dot = 0;
+  for (std::int64_t p = lane; p < d.P; p += 32) {
+    const A g = ld(dyr + p);
+    dot += g * W[r * d.P + p];
+    st(ey + r * d.P + p, e * g);
   }
+  dot = warp_sum(dot);
+  if (lane == 0) dcs[bht] = e * dot;
+}
+template <class S, class A>
+__global__ void cast_k(S* out, const A* in, std::int64_t n) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) st(out + i, in[i]);
 }
 // The dt terms, one block per (b, h): with acc_t the sum of dcs from the last token down to t (and
 // ddecay exp(cs_{L-1}) at the last token), A_log's partial is A sum_t acc_t dt_t, each token's raw
@@ -436,16 +412,21 @@ void ssd_run_decay(Tensor& decay, const SsdInputs& in, const SsdParams& p) {
 void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p) {
   check_inputs(in, {&y}, "ssd_init_state_fwd");
   const Dims d = dims_of(p);
+  if (d.B * d.L * d.H * d.P == 0) return;
   HCP_CUDA_DISPATCH(*in.x, {
     using A = typename Acc<S>::type;
     CudaExec ex;
     A* cs = ex.alloc<A>(d.B * d.H * d.L);
     const Ptrs<S> ptr = ptrs_of<S>(in, nullptr);
-    const auto BH = static_cast<unsigned>(d.B * d.H), tiles = static_cast<unsigned>((d.L + kTok - 1) / kTok);
-    cumdt_k<S, A><<<BH, kThreads>>>(cs, ptr, d);
-    const std::size_t sm = static_cast<std::size_t>(d.P * d.N + kTok * (d.N + 1)) * sizeof(A);
-    allow_smem(init_fwd_k<S, A>, sm);
-    init_fwd_k<S, A><<<BH * tiles, kThreads, sm>>>(dptr<S>(y), cs, ptr, d);
+    cumdt_k<S, A><<<static_cast<unsigned>(d.B * d.H), kThreads>>>(cs, ptr, d);
+    const std::int64_t tc = init_chunk<S, A>(d);
+    A* W = ex.alloc<A>(tc * d.H * d.P);
+    for (std::int64_t b = 0; b < d.B; ++b)
+      for (std::int64_t t0 = 0; t0 < d.L; t0 += tc) {
+        const std::int64_t n = std::min(tc, d.L - t0);
+        init_products<S, A>(W, ptr, d, b, t0, n);
+        init_apply_k<S, A><<<blocks_for(n * d.H * d.P, kThreads), kThreads>>>(dptr<S>(y), W, cs, d, b, t0, n);
+      }
   });
   check_launch("ssd_init_state_fwd");
 }
@@ -461,19 +442,32 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
     CudaExec ex;
     A *dA = ex.alloc<A>(d.B * d.H), *ddtb = ex.alloc<A>(d.B * d.H);
     const Ptrs<S> ptr = ptrs_of<S>(in, nullptr);
-    const auto BH = static_cast<unsigned>(d.B * d.H), tiles = static_cast<unsigned>((d.L + kTok - 1) / kTok);
+    const auto BH = static_cast<unsigned>(d.B * d.H);
     if (!dy) {  // the decay's gradient alone
       decay_bwd_k<S, A><<<BH, kThreads>>>(dptr<S>(*g.ddt), dA, ddtb, dptr<S>(*ddecay), ptr, d);
     } else {
-      A *cs = ex.alloc<A>(d.B * d.H * d.L), *dcs = ex.alloc<A>(d.B * d.H * d.L);
+      const std::int64_t PN = d.P * d.N, K1 = d.H / d.G * d.P, tc = init_chunk<S, A>(d);
+      A *cs = ex.alloc<A>(d.B * d.H * d.L), *dcs = ex.alloc<A>(d.B * d.H * d.L), *W = ex.alloc<A>(tc * d.H * d.P),
+        *dS0 = ex.alloc<A>(d.B * d.H * PN);
+      S* ey = ex.alloc<S>(tc * d.H * d.P);
+      S* dC = dptr<S>(*g.dC);
       cumdt_k<S, A><<<BH, kThreads>>>(cs, ptr, d);
-      const std::size_t sm_tok = static_cast<std::size_t>(d.P * d.N + kTok * d.N) * sizeof(A);
-      allow_smem(init_bwd_tok_k<S, A>, sm_tok);
-      init_bwd_tok_k<S, A><<<static_cast<unsigned>(d.B * d.G) * tiles, kThreads, sm_tok>>>(dptr<S>(*g.dC), dcs,
-                                                                                           dptr<S>(*dy), cs, ptr, d);
-      const std::size_t sm_s0 = static_cast<std::size_t>(kTok * (d.P + d.N)) * sizeof(A);
-      allow_smem(init_dS0_k<S, A>, sm_s0);
-      init_dS0_k<S, A><<<BH, kThreads, sm_s0>>>(dptr<S>(*g.dinit_states), dptr<S>(*dy), cs, ptr, d);
+      for (std::int64_t b = 0; b < d.B; ++b)
+        for (std::int64_t t0 = 0; t0 < d.L; t0 += tc) {
+          const std::int64_t n = std::min(tc, d.L - t0);
+          init_products<S, A>(W, ptr, d, b, t0, n);
+          init_dy_k<S, A><<<blocks_for(n * d.H * 32, kThreads), kThreads>>>(ey, dcs, dptr<S>(*dy), W, cs, d, b, t0, n);
+          // dS0_g (col-major N x K1, ld N) (+)= C_g^T (N x n, ld G N) · ey_g (n x K1, stored [n][H P]).
+          gemm_batched<S, A, A>(false, true, d.N, K1, n, ptr.Cm + (b * d.L + t0) * d.G * d.N, d.G * d.N, d.N, ey,
+                                d.H * d.P, K1, dS0 + b * d.H * PN, d.N, K1 * d.N, d.G, t0 > 0);
+          // dC_g (col-major N x n, ld G N) += S0_g^T (N x K1, stored [K1][N]) · ey_g^T (K1 x n).
+          gemm_batched<S, S, A>(false, false, d.N, n, K1, ptr.init + b * d.H * PN, d.N, K1 * d.N, ey, d.H * d.P, K1,
+                                dC + (b * d.L + t0) * d.G * d.N, d.G * d.N, d.N, d.G, true);
+        }
+      if (d.L > 0)
+        cast_k<S, A><<<blocks_for(d.B * d.H * PN, kThreads), kThreads>>>(dptr<S>(*g.dinit_states), dS0, d.B * d.H * PN);
+      else
+        HCP_CUDA_CHECK(cudaMemsetAsync(g.dinit_states->raw(), 0, g.dinit_states->nbytes(), 0));
       init_dt_k<S, A>
           <<<BH, kThreads>>>(dptr<S>(*g.ddt), dA, ddtb, dcs, cs, ddecay ? dptr<S>(*ddecay) : nullptr, ptr, d);
     }
