@@ -505,16 +505,16 @@ __global__ void scan_bwd_k(T* dS, const T* dSin, const T* a, const std::int64_t*
     g = dSin[sl * H * PN + he] + a[sl * H + h] * g;
   }
 }
-// da[slot, h] = <dS, Sin> over P*N, one thread per (named slot, h).
+// da[slot, h] = <dS, Sin> over P*N, one block per (named slot, h): strided partial sums, then the
+// block's fixed-order reduction.
 template <class T>
-__global__ void scan_da_k(T* da, const T* dS, const T* Sin, const std::int64_t* order, std::int64_t n, std::int64_t H,
+__global__ void scan_da_k(T* da, const T* dS, const T* Sin, const std::int64_t* order, std::int64_t H,
                           std::int64_t PN) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n * H) return;
-  const std::int64_t sl = order[i / H], h = i % H;
+  const std::int64_t sl = order[blockIdx.x / H], h = blockIdx.x % H, base = (sl * H + h) * PN;
   T acc = 0;
-  for (std::int64_t e = 0; e < PN; ++e) acc += dS[(sl * H + h) * PN + e] * Sin[(sl * H + h) * PN + e];
-  da[sl * H + h] = acc;
+  for (std::int64_t e = threadIdx.x; e < PN; e += blockDim.x) acc += dS[base + e] * Sin[base + e];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) da[sl * H + h] = acc;
 }
 void require_float_states(const Tensor& t, const char* what) {
   require_cuda(t, what);
@@ -604,7 +604,7 @@ void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor
     using S = decltype(zero);
     scan_bwd_k<S>
         <<<blocks_for(nseq * H * PN, 256), 256>>>(dptr<S>(dS), dptr<S>(dSin), dptr<S>(a), o.p, f.p, nseq, H, PN);
-    scan_da_k<S><<<blocks_for(n * H, 128), 128>>>(dptr<S>(da), dptr<S>(dS), dptr<S>(Sin), o.p, n, H, PN);
+    scan_da_k<S><<<static_cast<unsigned>(n * H), 256>>>(dptr<S>(da), dptr<S>(dS), dptr<S>(Sin), o.p, H, PN);
   };
   if (Sin.dtype() == DType::F64)
     run(0.0);
