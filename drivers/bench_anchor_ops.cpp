@@ -30,8 +30,7 @@ void anchor_ops(std::vector<Op>& ops, const Maker& T_, DType dt, const std::stri
     auto q = T_({B, L, H, D}, 1, -1, 1), kk = T_({B, L, Hkv, D}, 2, -1, 1), v = T_({B, L, Hkv, D}, 3, -1, 1),
          o = T_({B, L, H, D}, 0, 0, 0);
     // The log-sum-exp is fp32 for bf16 inputs (fp64 for fp64).
-    auto lse =
-        std::make_shared<Tensor>(Tensor::zeros({B * L, H}, dt == DType::F64 ? DType::F64 : DType::F32, q->space()));
+    auto lse = std::make_shared<Tensor>(Tensor::zeros({B * L, H}, acc_dtype(dt), q->space()));
     auto p = std::make_shared<k::AttnParams>();
     p->heads = H;
     p->kv_heads = Hkv;

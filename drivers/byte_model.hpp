@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
-#include "core/layout.hpp"
+#include "core/seq_layout.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/documents.hpp"
 #include "io/deck.hpp"

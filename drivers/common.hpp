@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/layout.hpp"
+#include "core/seq_layout.hpp"
 #include "cp/documents.hpp"
 #include "cp/layout.hpp"
 #include "io/deck.hpp"

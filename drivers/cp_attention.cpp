@@ -165,7 +165,7 @@ void run(DriverContext& ctx) {
     Tensor ql = local(qs, sq), kl = local(ks, sk), vl = local(ks, sv), dol = local(qs, sd);
     Tensor got[4] = {Tensor::zeros(ql.shape(), st.dt, st.space), Tensor::zeros(ql.shape(), st.dt, st.space),
                      Tensor::zeros(kl.shape(), st.dt, st.space), Tensor::zeros(vl.shape(), st.dt, st.space)};
-    const drivers::Samples s = st.time([&](drivers::Clock& c) {
+    const drivers::Samples s = st.time([&](PhaseTimes& c) {
       attn.forward(got[0], ql, kl, vl);
       c.lap("forward");
       attn.backward(got[1], got[2], got[3], dol);

@@ -186,7 +186,7 @@ void run(DriverContext& ctx) {
     model::ParamMap grads;
     model::StepResult res;
     const drivers::Samples s = st.time(
-        [&](drivers::Clock& c) {
+        [&](PhaseTimes& c) {
           grads.clear();  // the last step's gradients are spent (an optimizer step would take them)
           res = m.step(p, tok, lab, grads);
           c.lap("step");

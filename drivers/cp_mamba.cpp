@@ -165,7 +165,7 @@ void run(DriverContext& ctx) {
     Tensor y = Tensor::zeros(hl.shape(), s.dt, st.space), dh = Tensor::zeros(hl.shape(), s.dt, st.space);
     model::ParamMap grads;
     const drivers::Samples smp = st.time(
-        [&](drivers::Clock& c) {
+        [&](PhaseTimes& c) {
           grads.clear();  // the last step's gradients are spent (an optimizer step would take them)
           layer->forward(y, hl, pd);
           c.lap("forward");

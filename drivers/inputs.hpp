@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/layout.hpp"
+#include "core/seq_layout.hpp"
 #include "core/tensor.hpp"
 
 namespace hcp::drivers {

@@ -16,7 +16,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "core/memory_model.hpp"
+#include "core/memory_parts.hpp"
 #include "harness.hpp"
 #include "io/deck.hpp"
 #include "model/hybrid.hpp"
@@ -37,7 +37,7 @@ CheckMode check_mode(const Deck& d);
 
 std::int64_t mamba_param_count(const model::Mamba2Config& c);
 
-// Terms the drivers' models share (beside acc_bytes, core/memory_model.hpp): ceil(a / b), sequences of the deck's
+// Terms the drivers' models share (beside acc_bytes, core/memory_parts.hpp): ceil(a / b), sequences of the deck's
 // layout, bytes of a state-passing state value (fp32 for bf16), whether the host kernels widen bf16
 // operands into fp32 copies (bf16 on CPU ranks). The strategies' own terms are in their records
 // (cp::attention_work_bytes / attention_kernel_elements, model::MambaCpInfo).

@@ -17,6 +17,7 @@
 
 #include "comm/communicator.hpp"
 #include "common.hpp"
+#include "core/clock.hpp"
 #include "core/tensor.hpp"
 
 namespace hcp::drivers {
@@ -46,12 +47,12 @@ inline std::vector<double> isolated_ring_ms(Communicator& c, std::int64_t calls,
   std::vector<double> ms;
   for (int it = -1; it < repeats; ++it) {
     c.barrier();
-    const double t0 = MPI_Wtime();
+    const double t0 = now_seconds();
     for (std::int64_t i = 0; i < calls; ++i) {
       RingRequest rq = c.ring_post(send.raw(), recv.raw(), n, DType::BF16, (r + 1) % p, (r - 1 + p) % p, kTag);
       c.ring_wait(rq);
     }
-    if (it >= 0) ms.push_back((MPI_Wtime() - t0) * 1e3);
+    if (it >= 0) ms.push_back((now_seconds() - t0) * 1e3);
   }
   return ms;
 }

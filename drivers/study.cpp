@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common.hpp"
+#include "core/clock.hpp"
 #include "cp/layout.hpp"
 #include "device.hpp"
 #include "layer_keys.hpp"
@@ -26,7 +27,7 @@ Study::Study(DriverContext& c, std::string name, double (*tolerance)(DType))
       cp(cp_size_of(c.deck, c.world->size())),
       grid(ProcessGrid::make(*c.world, cp)),
       comm(device_comm(c.deck, *grid.cp, device_comm_)),
-      self(*(self_ = c.world->split_blocks(1))),
+      self(*grid.self),
       space(space_of(c.deck)),
       dt(dtype_from_string(c.deck.get_string("data.dtype"))),
       check(check_mode(c.deck) == CheckMode::Reference),
@@ -35,13 +36,13 @@ Study::Study(DriverContext& c, std::string name, double (*tolerance)(DType))
       repeats(static_cast<int>(c.deck.get_int("run.repeats"))),
       tol(tolerance(dt)) {
   if (!ctx.out.empty()) writer_ = std::make_unique<ResultsWriter>(ctx.out, *ctx.world, hdf5_io(deck), save_set(deck));
-  t_run0_ = MPI_Wtime();
+  t_run0_ = now_seconds();
 }
 
 void Study::begin_case(const std::string& name) {
   case_ = name;
   planted_ = false;
-  const double now = MPI_Wtime(), el = now - t_run0_;
+  const double now = now_seconds(), el = now - t_run0_;
   const int n = std::max<int>(static_cast<int>(case_names_.size()), cases_begun_ + 1), done = cases_begun_++;
   t_case0_ = now;
   if (done == 0) first_case_t0_ = now;
@@ -66,23 +67,23 @@ std::vector<std::string> Study::cases(const Cases& c, std::vector<std::pair<std:
              skipped);
 }
 
-Samples Study::time(const std::function<void(Clock&)>& body, const std::function<void()>& before) {
+Samples Study::time(const std::function<void(PhaseTimes&)>& body, const std::function<void()>& before) {
   Samples s;
-  Clock clock(space);
+  PhaseTimes clock;
   step_comm.clear();
   step_comm_equal = true;
   std::map<std::string, CommCounter> first_step;
   const double live0 = memory_start();
   // Progress on long runs: a line to stderr (tables stay clean on stdout) at most every 2 s, on
   // rank 0, unless --quiet. A short run prints none.
-  const double t_start = MPI_Wtime();
+  const double t_start = now_seconds();
   double t_last = t_start;
   const int n = warmup + repeats;
   for (int it = 0; it < n; ++it) {
-    if (!ctx.quiet && root() && it > 0 && MPI_Wtime() - t_last >= 2.0) {
+    if (!ctx.quiet && root() && it > 0 && now_seconds() - t_last >= 2.0) {
       // This case's time left by its iterations so far, and the run's: the cases after it as long
       // as this one (set-up and checks aside).
-      const double now = MPI_Wtime(), el = now - t_start, left = el / it * (n - it);
+      const double now = now_seconds(), el = now - t_start, left = el / it * (n - it);
       const double whole = (now - t_case0_) + left;
       const int after = std::max(0, static_cast<int>(case_names_.size()) - cases_begun_);
       std::fprintf(stderr, "# %s %s: iteration %d/%d (%s)  elapsed %.1f s  case ~%.1f s more, run ~%.1f s more\n",
@@ -96,9 +97,10 @@ Samples Study::time(const std::function<void(Clock&)>& body, const std::function
     comm.barrier();
     const double rw0 = ring_wait_seconds(comm);
     const std::map<std::string, CommCounter> c0 = comm.counters();
-    clock.start();
+    clock.reset();
+    clock.start_laps(space);
     body(clock);
-    const auto laps = clock.read();
+    const std::map<std::string, double> laps = clock.totals();
     if (it < warmup) continue;
     std::map<std::string, CommCounter> step;
     for (const auto& [op, c] : comm.counters()) {

@@ -22,11 +22,10 @@
 
 #include "byte_model.hpp"
 #include "cases.hpp"
-#include "clock.hpp"
 #include "comm/communicator.hpp"
 #include "comm/process_grid.hpp"
-#include "core/layout.hpp"
 #include "core/phase_times.hpp"
+#include "core/seq_layout.hpp"
 #include "core/tensor.hpp"
 #include "cp/documents.hpp"
 #include "harness.hpp"
@@ -36,6 +35,10 @@
 #include "table.hpp"
 
 namespace hcp::drivers {
+
+// Per-repeat samples of the timed iterations: phase -> ms; "ring_wait" is the time blocked in
+// ring_wait per iteration (for the overlap measurement).
+using Samples = std::map<std::string, std::vector<double>>;
 
 // Tolerances on max |cp - reference| / max |reference| per tensor (relative to the tensor's largest
 // magnitude, so tiny elements do not dominate).
@@ -55,7 +58,7 @@ double train_loss_tolerance(DType dt);
 
 class Study {
   // Declared first: the references below are bound to what these own.
-  std::unique_ptr<Communicator> device_comm_, self_;
+  std::unique_ptr<Communicator> device_comm_;
 
  public:
   Study(DriverContext& ctx, std::string driver, double (*tolerance)(DType));
@@ -96,10 +99,12 @@ class Study {
   // The cases of `c` that run on this shape; the skipped ones, with their reasons, in `skipped`.
   std::vector<std::string> cases(const Cases& c, std::vector<std::pair<std::string, std::string>>* skipped);
 
-  // Runs body(clock) warmup + repeats times, a barrier before each; `before` runs untimed ahead of
-  // each iteration. step_comm sums the communicator's counters inside the timed bodies only (the
-  // barrier, the timing reductions and `before` are not the strategy's traffic).
-  Samples time(const std::function<void(Clock&)>& body, const std::function<void()>& before = {});
+  // Runs body(laps) warmup + repeats times, a barrier before each; `before` runs untimed ahead of
+  // each iteration. The body ends its phases with laps.lap(name) (CUDA events on GPU ranks, wall time
+  // on host ranks) and may add figures it measured itself with laps.add(name, ms). step_comm sums the communicator's
+  // counters inside the timed bodies only (the barrier, the timing reductions and `before` are not the strategy's
+  // traffic).
+  Samples time(const std::function<void(PhaseTimes&)>& body, const std::function<void()>& before = {});
   std::map<std::string, CommCounter> step_comm;
   bool step_comm_equal = true;  // every timed step made the same calls with the same bytes
   // Median over repeats, maximum over the CP group (the step time the slowest rank sets).
@@ -204,7 +209,8 @@ class Study {
   std::string case_;
   std::vector<std::string> case_names_;  // the cases that run (cases()), for progress lines
   int cases_begun_ = 0;
-  double t_run0_ = 0, t_case0_ = 0, first_case_t0_ = 0;  // MPI_Wtime at the study's start, the case's, the first case's
+  double t_run0_ = 0, t_case0_ = 0,
+         first_case_t0_ = 0;  // now_seconds() at the study's start, the case's, the first case's
   bool planted_ = false;
   bool cross_compared_ = false;         // run.check = "cross": some case was compared with the first
   Tensor planted(const Tensor& local);  // `local`, perturbed when run.plant_fault names this case

@@ -16,6 +16,7 @@
 
 #include "cases.hpp"
 #include "common.hpp"
+#include "core/clock.hpp"
 #include "device.hpp"
 #include "hybrid_common.hpp"
 #include "memory_admission.hpp"
@@ -156,7 +157,6 @@ void run(DriverContext& ctx) {
   ProcessGrid grid = ProcessGrid::make(*ctx.world, s.cp);
   std::unique_ptr<Communicator> nccl;
   Communicator& cpc = drivers::device_comm(d, *grid.cp, nccl);
-  auto self = ctx.world->split_blocks(1);
   const int r = grid.cp_rank;
   const bool with_ref = d.get_bool("train.reference");
   const double rtol =
@@ -185,7 +185,7 @@ void run(DriverContext& ctx) {
   if (!resume.empty()) drivers::read_checkpoint(resume, p, opt, loss, with_ref ? &ref_loss : nullptr, shards);
   std::unique_ptr<drivers::Replica> replica;  // rank 0
   if (with_ref && ctx.root())
-    replica = std::make_unique<drivers::Replica>(*self, s.cfg, mw, s.opt, seed, drivers::space_of(d), resume);
+    replica = std::make_unique<drivers::Replica>(*grid.self, s.cfg, mw, s.opt, seed, drivers::space_of(d), resume);
   const std::int64_t start = opt.steps_done();
   HCP_CHECK(start < steps, "train.resume: the checkpoint is at step ", start, ", not before train.steps = ", steps);
   if (ctx.root())
@@ -206,13 +206,13 @@ void run(DriverContext& ctx) {
     model::HybridModel m(cpc, s.cfg, b.layout, &groups, pb.docs);
     model::ParamMap g;
     cpc.barrier();
-    const double t0 = MPI_Wtime();
+    const double t0 = now_seconds();
     const model::StepResult res = m.step(mw.compute(p), pb.tokens, pb.labels, g);
     drivers::require_finite("the loss", res.loss, t);  // before the update (the same on every rank)
     mw.widen(g);
     const double gn = opt.step(p, g, model::is_buffer);
     drivers::require_finite("the gradient norm", gn, t);
-    const double ms = cpc.all_reduce_scalar((MPI_Wtime() - t0) * 1e3, ReduceOp::Max);
+    const double ms = cpc.all_reduce_scalar((now_seconds() - t0) * 1e3, ReduceOp::Max);
     loss.push_back(res.loss);
     ts.lr.push_back(opt.last_lr());
     ts.grad_norm.push_back(gn);

@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/layout.hpp"
+#include "core/seq_layout.hpp"
 #include "core/tensor.hpp"
 #include "kernels/attention_segment.hpp"
 

@@ -3,7 +3,7 @@
 #include <mutex>
 #include <type_traits>
 
-#include "core/device.hpp"
+#include "core/device_ops.hpp"
 #include "kernels/cuda/common.cuh"
 
 namespace hcp::cuda {

@@ -14,6 +14,7 @@ ProcessGrid ProcessGrid::make(const Communicator& world, int cp_size) {
   g.world = world.split_blocks(w);
   g.cp = world.split_blocks(cp_size);
   g.dp = world.split_strided(cp_size);
+  g.self = world.split_blocks(1);
   g.cp_rank = g.cp->rank();
   g.dp_rank = g.dp->rank();
   return g;

@@ -12,7 +12,8 @@
 namespace hcp {
 
 struct ProcessGrid {
-  std::unique_ptr<Communicator> world, cp, dp;
+  // self: this rank alone (the cp = 1 references and replicas).
+  std::unique_ptr<Communicator> world, cp, dp, self;
   int cp_size = 1, dp_size = 1;
   int cp_rank = 0, dp_rank = 0;
 

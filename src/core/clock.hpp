@@ -1,5 +1,6 @@
 // The host's monotonic clock in seconds from an arbitrary origin: the one time source of the
-// communicators' records, waits and deadlines (phase laps: core/phase_times.hpp).
+// communicators' records, waits and deadlines, and of the phase times on host ranks
+// (core/phase_times.hpp).
 #pragma once
 #include <chrono>
 

@@ -46,6 +46,12 @@ inline std::size_t dtype_size(DType t) {
 // The bytes of n elements of dt.
 inline std::size_t dtype_bytes(std::int64_t n, DType dt) { return static_cast<std::size_t>(n) * dtype_size(dt); }
 
+// The accumulation rule, the one place it is written: sums, softmax statistics (LSE), state scans and
+// routing scores of bf16 tensors are kept in fp32; fp32 and fp64 keep their own dtype.
+constexpr DType acc_dtype(DType dt) { return dt == DType::BF16 ? DType::F32 : dt; }
+// The same for the memory models, which count element bytes: 2 (bf16) -> 4, else unchanged.
+constexpr std::int64_t acc_bytes(std::int64_t es) { return es == 2 ? 4 : es; }
+
 std::string to_string(DType t);
 std::string to_string(Space s);
 DType dtype_from_string(const std::string& s);  // "fp32" | "fp64" | "bf16"

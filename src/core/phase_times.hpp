@@ -2,19 +2,19 @@
 // tensors: the time between two CUDA events recorded on the default stream around the call, so a
 // phase is charged its own device work however far the host runs ahead of it (kernels launched in
 // one phase and finished in the next are not charged to the next). Device times are read when the
-// totals are asked for (one wait for the last event). The layers' phases and a CP attention pass's
-// compute / communication-wait split both use it.
+// totals are asked for (one wait for the last event). The layers' phases, a CP attention pass's
+// compute / communication-wait split and the drivers' per-iteration laps all use it.
 // Each phase also keeps its tensor high-water: the most tensor bytes of its memory space alive at
 // once during any of its calls (nested phases count toward the phases around them).
 #pragma once
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "core/device.hpp"
+#include "core/clock.hpp"
+#include "core/device_ops.hpp"
 #include "core/tensor.hpp"
 
 namespace hcp {
@@ -43,9 +43,9 @@ class PhaseTimes {
       f();
       pending_.push_back({name, a, ops->event_mark()});
     } else {
-      const auto t0 = std::chrono::steady_clock::now();
+      const double t0 = now_seconds();
       f();
-      ms_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ms_[name] += (now_seconds() - t0) * 1e3;
     }
     --depth_;
     const std::int64_t inner = take_tensor_scope_peak(space);
@@ -66,7 +66,7 @@ class PhaseTimes {
     if (lap_ops_)
       lap_a_ = lap_ops_->event_mark();
     else
-      lap_t0_ = std::chrono::steady_clock::now();
+      lap_t0_ = now_seconds();
   }
   void lap(const std::string& name) {
     if (lap_ops_) {
@@ -80,10 +80,12 @@ class PhaseTimes {
       lap_a_ = lap_ops_->event_mark();
       return;
     }
-    const auto t = std::chrono::steady_clock::now();
-    if (!name.empty()) ms_[name] += std::chrono::duration<double, std::milli>(t - lap_t0_).count();
+    const double t = now_seconds();
+    if (!name.empty()) ms_[name] += (t - lap_t0_) * 1e3;
     lap_t0_ = t;
   }
+  // A figure measured by other means (e.g. a layer's own phase totals), added to phase `name`.
+  void add(const std::string& name, double ms) { ms_[name] += ms; }
   // Every phase's total since the last reset (reads the pending device events).
   const std::map<std::string, double>& totals() const {
     const DeviceOps* ops = device_ops();
@@ -122,7 +124,7 @@ class PhaseTimes {
   int depth_ = 0;
   const DeviceOps* lap_ops_ = nullptr;  // laps on the GPU: the ops, and the mark the next lap starts at
   void* lap_a_ = nullptr;
-  std::chrono::steady_clock::time_point lap_t0_;
+  double lap_t0_ = 0;
 };
 
 }  // namespace hcp

@@ -8,8 +8,8 @@
 #include <thread>
 #include <type_traits>
 
-#include "core/device.hpp"
-#include "core/layout.hpp"
+#include "core/device_ops.hpp"
+#include "core/seq_layout.hpp"
 
 namespace hcp {
 

@@ -2,7 +2,7 @@
 // shape rule, byte and memory models and record.
 #include <algorithm>
 
-#include "core/memory_model.hpp"
+#include "core/memory_parts.hpp"
 #include "cp/attention_bodies.hpp"
 #include "cp/head_exchange.hpp"
 #include "cp/layout.hpp"

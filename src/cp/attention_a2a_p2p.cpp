@@ -2,7 +2,7 @@
 // group): its strategy object, shape rule, byte and memory models and record.
 #include <algorithm>
 
-#include "core/memory_model.hpp"
+#include "core/memory_parts.hpp"
 #include "cp/attention_bodies.hpp"
 #include "cp/head_exchange.hpp"
 #include "cp/layout.hpp"
@@ -200,7 +200,7 @@ std::int64_t a2a_p2p_kernel_elements(const MemoryModel& m, const AttnMemShape& s
 
 const AttnStrategyInfo& a2a_p2p_strategy() {
   static const AttnStrategyInfo r{
-      .id = AttnStrategy::A2AP2P,
+      .id = AttnStrategy::A2A_P2P,
       .name = "a2a+p2p",
       .summary = "Ulysses over parallel.cp_inner ranks, ring p2p over cp/cp_inner groups (heads % cp_inner == 0)",
       .check = check_a2a_p2p_shape,

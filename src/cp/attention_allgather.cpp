@@ -2,7 +2,7 @@
 // memory models and record.
 #include <algorithm>
 
-#include "core/memory_model.hpp"
+#include "core/memory_parts.hpp"
 #include "cp/attention_bodies.hpp"
 #include "cp/layout.hpp"
 
@@ -92,7 +92,7 @@ std::int64_t allgather_kernel_elements(const MemoryModel& m, const AttnMemShape&
 
 const AttnStrategyInfo& allgather_strategy() {
   static const AttnStrategyInfo r{
-      .id = AttnStrategy::AllGather,
+      .id = AttnStrategy::ALLGATHER,
       .name = "allgather",
       .summary = "all-gather of K/V, reduce-scatter of dK/dV",
       .check = nullptr,

@@ -59,15 +59,14 @@ class AttnImpl {
 std::unique_ptr<AttnImpl> make_local_attention(AttnStep& s);
 std::unique_ptr<AttnImpl> make_documents_attention(AttnStep& s, std::shared_ptr<CpLevels> levels);
 
-// The records, each defined beside its strategy object (cp/attention_<name>.cpp).
-const AttnStrategyInfo& p2p_strategy();
-const AttnStrategyInfo& allgather_strategy();
-const AttnStrategyInfo& a2a_strategy();
-const AttnStrategyInfo& a2a_p2p_strategy();
+// The records, each defined beside its strategy object (cp/attention_<name>.cpp): name_strategy().
+#define HCP_ATTN_STRATEGY(name, id) const AttnStrategyInfo& name##_strategy();
+#include "cp/attn_registry.inc"
+#undef HCP_ATTN_STRATEGY
 
 inline Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype()); }
-// The dtype of the log-sum-exp and of the merged outputs: fp64 for fp64 inputs, fp32 otherwise.
-inline DType lse_dtype(const Tensor& q) { return q.dtype() == DType::F64 ? DType::F64 : DType::F32; }
+// The dtype of the log-sum-exp and of the merged outputs (the accumulation rule, core/dtype.hpp).
+inline DType lse_dtype(const Tensor& q) { return acc_dtype(q.dtype()); }
 // Appends g when it has at least one (query, key) pair.
 inline void keep_segment(std::vector<kernels::AttnSegment>& segs, const kernels::AttnSegment& g) {
   if (g.q_len > 0 && g.kv_len > 0) segs.push_back(g);

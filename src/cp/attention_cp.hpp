@@ -10,7 +10,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/process_grid.hpp"
-#include "core/layout.hpp"
+#include "core/seq_layout.hpp"
 #include "cp/documents.hpp"
 #include "cp/strategy.hpp"
 #include "kernels/kernels.hpp"

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/memory_model.hpp"
+#include "core/memory_parts.hpp"
 #include "cp/attention_bodies.hpp"
 #include "cp/layout.hpp"
 
@@ -153,7 +153,7 @@ namespace {
 std::int64_t p2p_model_bytes(const CpAttnConfig& cfg, int cp, int /*rank*/, DType dt, bool backward) {
   const std::int64_t tl = local_layout(cfg.global, cp).total(), kv = 2 * tl * cfg.kv_heads * cfg.head_dim;
   const auto es = static_cast<std::int64_t>(dtype_size(dt));
-  const auto acc_es = static_cast<std::int64_t>(dtype_size(dt == DType::BF16 ? DType::F32 : dt));
+  const auto acc_es = static_cast<std::int64_t>(dtype_size(acc_dtype(dt)));
   return backward ? (cp - 1) * kv * es + cp * kv * acc_es : (cp - 1) * kv * es;
 }
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "core/layout.hpp"
+#include "core/seq_layout.hpp"
 #include "core/tensor.hpp"
 
 namespace hcp::cp {

@@ -1,6 +1,6 @@
 #include "cp/layout.hpp"
 
-#include "core/device.hpp"
+#include "core/device_ops.hpp"
 
 #include <algorithm>
 #include <cstring>

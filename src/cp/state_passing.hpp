@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "core/layout.hpp"
+#include "core/seq_layout.hpp"
 #include "core/tensor.hpp"
 #include "cp/layout.hpp"
 
@@ -83,7 +83,7 @@ std::int64_t model_halo_rows_sent(const SeqLayout& global, int cp, Partition par
 
 // Precision of the state scan for a layer of dtype `layer`: fp32 for bf16 (states are widened for the
 // exchange and the scan, and rounded once after), else the layer's own.
-inline DType state_scan_dtype(DType layer) { return layer == DType::BF16 ? DType::F32 : layer; }
+inline DType state_scan_dtype(DType layer) { return acc_dtype(layer); }
 
 // Auto: the one that sends fewer bytes per rank (max over ranks) on this layout: the all-gather at
 // small cp (doubling sends about 4 (log2(2cp) + 1) states per sequence and rank, the all-gather

@@ -1,34 +1,26 @@
 #include "cp/strategy.hpp"
 
 #include "core/error.hpp"
-#include "core/memory_model.hpp"
+#include "core/memory_parts.hpp"
+#include "core/registry.hpp"
 #include "cp/attention_bodies.hpp"
 
 namespace hcp::cp {
 
 const std::vector<AttnStrategyInfo>& attn_strategies() {
-  static const std::vector<AttnStrategyInfo> v = {p2p_strategy(), allgather_strategy(), a2a_strategy(),
-                                                  a2a_p2p_strategy()};
+  static const std::vector<AttnStrategyInfo> v = {
+#define HCP_ATTN_STRATEGY(name, id) name##_strategy(),
+#include "cp/attn_registry.inc"
+#undef HCP_ATTN_STRATEGY
+  };
   return v;
 }
 
 const AttnStrategyInfo& attn_strategy_info(AttnStrategy id) {
-  for (const auto& s : attn_strategies())
-    if (s.id == id) return s;
-  HCP_FAIL("attention CP strategy ", static_cast<int>(id), " has no record");
+  return record_by_id(attn_strategies(), id, "attention CP strategy");
 }
-
-std::vector<std::string> attn_strategy_names() {
-  std::vector<std::string> n;
-  for (const auto& s : attn_strategies()) n.emplace_back(s.name);
-  return n;
-}
-
-std::vector<AttnStrategy> attn_strategy_ids() {
-  std::vector<AttnStrategy> v;
-  for (const auto& s : attn_strategies()) v.push_back(s.id);
-  return v;
-}
+std::vector<std::string> attn_strategy_names() { return record_names(attn_strategies()); }
+std::vector<AttnStrategy> attn_strategy_ids() { return record_ids(attn_strategies()); }
 
 std::int64_t attention_work_bytes(const MemoryModel& m, AttnStrategy id, const AttnMemShape& s) {
   if (s.cp > 1) return attn_strategy_info(id).work_bytes(m, s);
@@ -41,21 +33,9 @@ std::int64_t attention_kernel_elements(const MemoryModel& m, AttnStrategy id, co
   return p2p_strategy().kernel_elements(m, s);  // the local kernels read the local K/V, as one p2p step does
 }
 
-std::string choice_list(const std::vector<std::string>& v) {
-  std::string s;
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? (i + 1 == v.size() ? " or " : ", ") : "") + v[i];
-  return s;
-}
-
 AttnStrategy attn_strategy_from_string(const std::string& s) {
-  for (const auto& r : attn_strategies())
-    if (s == r.name) return r.id;
-  HCP_FAIL("unknown attention CP strategy '", s, "' (expected ", choice_list(attn_strategy_names()), ")");
+  return record_by_name(attn_strategies(), s, "attention CP strategy").id;
 }
-std::string to_string(AttnStrategy s) {
-  for (const auto& r : attn_strategies())
-    if (s == r.id) return r.name;
-  return "?";
-}
+std::string to_string(AttnStrategy s) { return attn_strategy_info(s).name; }
 
 }  // namespace hcp::cp

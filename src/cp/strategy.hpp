@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/dtype.hpp"
+#include "core/registry.hpp"
 
 namespace hcp {
 class Tensor;
@@ -34,7 +35,12 @@ struct CpAttnConfig;
 struct AttnStep;
 class AttnImpl;
 
-enum class AttnStrategy { P2P, AllGather, A2A, A2AP2P };
+// The attention strategies, one per file src/cp/attention_<name>.cpp, listed in src/cp/CMakeLists.txt.
+enum class AttnStrategy {
+#define HCP_ATTN_STRATEGY(name, id) id,
+#include "cp/attn_registry.inc"
+#undef HCP_ATTN_STRATEGY
+};
 enum class MambaCp { HiddenParallel, StatePassing };
 
 // The sizes an attention strategy's memory terms read: `cp` ranks (`inner` of them inside, for a
@@ -82,8 +88,7 @@ std::vector<std::string> attn_strategy_names();  // in registry order
 inline std::int64_t p2p_ring_messages(int n) { return 3 * static_cast<std::int64_t>(n - 1); }
 std::vector<AttnStrategy> attn_strategy_ids();
 
-// "a, b or c", for messages that list the choices.
-std::string choice_list(const std::vector<std::string>& names);
+using hcp::choice_list;  // core/registry.hpp
 
 // The memory terms of strategy `id` (its record's at cp >= 2; at cp = 1 every strategy runs the
 // local kernels: the saved output and LSE, the gradients written in place).

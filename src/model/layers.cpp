@@ -233,7 +233,7 @@ MoeLayer::MoeLayer(Communicator& ep, Communicator& replicas, Communicator& grad,
 
 namespace {
 ParamMap shared_params(const ParamMap& p) { return {{"W1", p.at("shared_W1")}, {"W2", p.at("shared_W2")}}; }
-DType router_dtype(DType dt) { return dt == DType::BF16 ? DType::F32 : dt; }
+DType router_dtype(DType dt) { return acc_dtype(dt); }
 // `t` in dtype `dt`: itself when it already is, else a converted copy.
 Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
 }  // namespace

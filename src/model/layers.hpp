@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "core/layout.hpp"
+#include "core/seq_layout.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/moe_ep.hpp"
 #include "kernels/kernels.hpp"

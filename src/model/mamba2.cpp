@@ -365,7 +365,7 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
          dCl = Tensor::zeros(Cl_.shape(), dt), ddtl = Tensor::zeros(dtl_.shape(), dt);
   // The per-head parameter gradients (A_log, D, dt_bias) are sums over every piece of this rank:
   // each run's part is added to an fp32 sum (bf16 runs), rounded once at the end, not per run.
-  const DType adt = dt == DType::BF16 ? DType::F32 : dt;
+  const DType adt = acc_dtype(dt);
   Tensor accA = as(grads["A_log"], adt), accD = as(grads["D"], adt), accb = as(grads["dt_bias"], adt);
   const auto add_part = [&](Tensor& acc, const Tensor& part) { k::axpy(acc, 1.0, part); };
   // 4'. the initial-state term: gradients of C, dt, A_log, dt_bias and of each S_in.

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "core/layout.hpp"
 #include "core/phase_times.hpp"
+#include "core/seq_layout.hpp"
 #include "core/tensor.hpp"
 #include "cp/documents.hpp"
 #include "cp/hidden_parallel.hpp"

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/registry.hpp"
 #include "cp/state_passing.hpp"
 
 namespace hcp::model {
@@ -19,29 +20,10 @@ const std::vector<MambaCpInfo>& mamba_cps() {
   return v;
 }
 
-const MambaCpInfo& mamba_cp_info(MambaCp id) {
-  for (const auto& s : mamba_cps())
-    if (s.id == id) return s;
-  HCP_FAIL("Mamba CP strategy ", static_cast<int>(id), " has no record");
-}
-
-std::vector<std::string> mamba_cp_names() {
-  std::vector<std::string> n;
-  for (const auto& s : mamba_cps()) n.emplace_back(s.name);
-  return n;
-}
-
-std::vector<MambaCp> mamba_cp_ids() {
-  std::vector<MambaCp> v;
-  for (const auto& s : mamba_cps()) v.push_back(s.id);
-  return v;
-}
-
-MambaCp mamba_cp_from_string(const std::string& s) {
-  for (const auto& r : mamba_cps())
-    if (s == r.name) return r.id;
-  throw Error("mamba_cp '" + s + "' is not one of " + cp::choice_list(mamba_cp_names()));
-}
+const MambaCpInfo& mamba_cp_info(MambaCp id) { return record_by_id(mamba_cps(), id, "Mamba CP strategy"); }
+std::vector<std::string> mamba_cp_names() { return record_names(mamba_cps()); }
+std::vector<MambaCp> mamba_cp_ids() { return record_ids(mamba_cps()); }
+MambaCp mamba_cp_from_string(const std::string& s) { return record_by_name(mamba_cps(), s, "Mamba CP strategy").id; }
 
 // ---- memory terms (elements per local token; the tensors the layers allocate) ----------------------
 // The step beyond input and output: zxbcdt's gradient, the pre- and post-conv x/B/C and their
@@ -89,10 +71,6 @@ StateRows state_passing_rows(const Mamba2Config& c, int cp, std::int64_t sequenc
           c.heads * (c.head_dim * c.d_state + 1)};
 }
 
-std::string to_string(MambaCp m) {
-  for (const auto& r : mamba_cps())
-    if (m == r.id) return r.name;
-  return "?";
-}
+std::string to_string(MambaCp m) { return mamba_cp_info(m).name; }
 
 }  // namespace hcp::model

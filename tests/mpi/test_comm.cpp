@@ -187,6 +187,10 @@ TEST(ProcessGrid, SplitsAndErrors) {
     // The CP group really is consecutive ranks: gather world ranks inside it.
     std::vector<double> ranks = g.cp->gather_to_root(r);
     for (int k = 0; k < cp; ++k) EXPECT_EQ(ranks[k], (r / cp) * cp + k);
+    // self is this rank alone: a sum over it is this rank's own value.
+    EXPECT_EQ(g.self->size(), 1);
+    EXPECT_EQ(g.self->rank(), 0);
+    EXPECT_EQ(g.self->gather_to_root(r + 1.0)[0], r + 1.0);
   }
   if (p > 1) {
     try {

@@ -73,7 +73,7 @@ TEST(CpAttentionA2AP2P, EveryInnerSizeMatchesUnpaddedCp1AndModel) {
         for (bool causal : {true, false}) {
           ++cases;
           CpAttnConfig c;
-          c.strategy = AttnStrategy::A2AP2P;
+          c.strategy = AttnStrategy::A2A_P2P;
           c.cp_inner = inner;
           c.heads = H;
           c.kv_heads = Hkv;
@@ -115,7 +115,7 @@ TEST(CpAttentionA2AP2P, InnerSizesThatDoNotDivideFailOnEveryRank) {
   MpiCommunicator comm(MPI_COMM_WORLD);
   const int cp = comm.size();
   CpAttnConfig c;
-  c.strategy = AttnStrategy::A2AP2P;
+  c.strategy = AttnStrategy::A2A_P2P;
   c.heads = 12;
   c.kv_heads = 2;
   c.head_dim = 4;

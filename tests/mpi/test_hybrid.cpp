@@ -106,7 +106,7 @@ TEST_P(Hybrid, MatchesCp1) {
   auto self = world.split(world.rank(), 0);
   const int cp = world.size();
   HybridConfig c = small(strat, mcp);
-  if (strat == cp::AttnStrategy::A2AP2P) c.attn.cp_inner = cp % 2 == 0 ? 2 : 1;  // np 4: 2 x 2
+  if (strat == cp::AttnStrategy::A2A_P2P) c.attn.cp_inner = cp % 2 == 0 ? 2 : 1;  // np 4: 2 x 2
   const Batch b = make_batch(format, cp);
   Out ref = run(*self, c, b, 3);
   Out got = run(world, c, b, 3);
@@ -206,11 +206,11 @@ TEST(HybridLevels, A2aP2pLayersShareTheirGroups) {
   MpiCommunicator world(MPI_COMM_WORLD);
   const int cp = world.size();
   if (cp < 4 || cp % 2) GTEST_SKIP() << "needs an even np >= 4 (inner 2, outer >= 2)";
-  HybridConfig c = small(cp::AttnStrategy::A2AP2P, MambaCp::HiddenParallel);
+  HybridConfig c = small(cp::AttnStrategy::A2A_P2P, MambaCp::HiddenParallel);
   c.pattern = "*E*-*";
   c.ep = 1;
   c.attn.cp_inner = 2;
-  c.attn_layers = {cp::AttnStrategy::A2AP2P, cp::AttnStrategy::P2P, cp::AttnStrategy::A2AP2P};
+  c.attn_layers = {cp::AttnStrategy::A2A_P2P, cp::AttnStrategy::P2P, cp::AttnStrategy::A2A_P2P};
   const SeqLayout g = SeqLayout::bshd(1, 4 * cp);
   HybridModel m(world, c, g);
   const ParamMap p = hybrid_init(c, DType::F64, 5);

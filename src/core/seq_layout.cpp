@@ -1,4 +1,4 @@
-#include "core/layout.hpp"
+#include "core/seq_layout.hpp"
 
 #include "core/error.hpp"
 

@@ -11,12 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 
 namespace hcp {
-
-// Bytes of a sum or statistic kept for elements of `es` bytes: fp32 for bf16, else the same.
-constexpr std::int64_t acc_bytes(std::int64_t es) { return es == 2 ? 4 : es; }
 
 // Where a part lives: on every rank; on rank 0 while the CP cases run (kept reference results); on
 // rank 0 before them (the reference's own step, freed before the CP cases begin).
