@@ -6,7 +6,7 @@ pkgs=(build-essential cmake pkg-config
       openmpi-bin libopenmpi-dev
       libhdf5-openmpi-dev hdf5-tools
       libtrilinos-kokkos-dev libopenblas-serial-dev
-      libgtest-dev clang-format
+      libgtest-dev clang-format clang-tidy
       libcli11-dev libtomlplusplus-dev
       python3-h5py python3-numpy python3-matplotlib
       slurm-wlm munge)

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "core/layout.hpp"
 #include "core/phase_times.hpp"
+#include "core/seq_layout.hpp"
 #include "core/tensor.hpp"
 
 using namespace hcp;
