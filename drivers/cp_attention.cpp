@@ -87,129 +87,155 @@ drivers::Cases cases() {
           }};
 }
 
-void run(DriverContext& ctx) {
-  drivers::Study st(ctx, "cp_attention", drivers::layer_tolerance);
-  std::vector<std::pair<std::string, std::string>> skipped;
-  const std::vector<std::string> names = st.cases(cases(), &skipped);
-  const cp::CpAttnConfig base = config(st.deck, st.cp, names.front());
-  const SeqLayout& g = base.global;
-  st.docs = base.docs;
-  const std::int64_t T = g.total(), H = base.heads, Hkv = base.kv_heads, D = base.head_dim;
-  const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
-  const Shape qs{H, D}, ks{Hkv, D};
-  const std::uint64_t sq = seed * 4 + 0, sk = seed * 4 + 1, sv = seed * 4 + 2, sd = seed * 4 + 3;
-  const char* names4[4] = {"out", "dq", "dk", "dv"};
-  const char* shapes4[4] = {"[T,H,D] real tokens, global order", "[T,H,D] real tokens, global order",
-                            "[T,Hkv,D] real tokens, global order", "[T,Hkv,D] real tokens, global order"};
+const char* kNames[4] = {"out", "dq", "dk", "dv"};
+const char* kShapes[4] = {"[T,H,D] real tokens, global order", "[T,H,D] real tokens, global order",
+                          "[T,Hkv,D] real tokens, global order", "[T,Hkv,D] real tokens, global order"};
 
+// One study of cp_attention: the problem and its cp=1 reference (set up once), then each strategy.
+class AttentionStudy {
+ public:
+  explicit AttentionStudy(drivers::Study& st) : st_(st) {}
+  void setup(const std::vector<std::string>& names, const drivers::Skipped& skipped);
+  bool run_case(const std::string& name, std::vector<std::string>& row);
+
+ private:
+  // Rows of q (i = 0), k (1), v (2) or dout (3) of this rank, in the run's space.
+  Tensor local(const std::vector<std::int64_t>& rows, int i) const {
+    return drivers::rows_uniform(rows, i == 1 || i == 2 ? ks_ : qs_, st_.dt, seeds_[i]).to(st_.space);
+  }
+  drivers::Study& st_;
+  cp::CpAttnConfig base_;
+  Shape qs_, ks_;
+  std::uint64_t seeds_[4] = {};  // q, k, v, dout
+  Tensor ref_[4];                // the cp=1 reference's out, dq, dk, dv (rank 0, run.check = reference)
+};
+
+void AttentionStudy::setup(const std::vector<std::string>& names, const drivers::Skipped& skipped) {
+  base_ = config(st_.deck, st_.cp, names.front());
+  const SeqLayout& g = base_.global;
+  st_.docs = base_.docs;
+  const std::int64_t T = g.total(), H = base_.heads, Hkv = base_.kv_heads, D = base_.head_dim;
+  const auto seed = static_cast<std::uint64_t>(st_.deck.get_int("data.seed"));
+  qs_ = {H, D};
+  ks_ = {Hkv, D};
+  for (int i = 0; i < 4; ++i) seeds_[i] = seed * 4 + static_cast<std::uint64_t>(i);
   // cp=1 reference: the host oracle on rank 0, whatever run.device is, on the unpadded problem (each
   // sequence at its real length; the CP runs' pads must not change the real tokens' results).
-  Tensor ref[4];
-  if (st.check && st.root()) {
+  if (st_.check && st_.root()) {
     const SeqLayout u = g.unpadded();
-    const Tensor qu = drivers::unpadded_uniform(g, qs, st.dt, sq), ku = drivers::unpadded_uniform(g, ks, st.dt, sk),
-                 vu = drivers::unpadded_uniform(g, ks, st.dt, sv), du = drivers::unpadded_uniform(g, qs, st.dt, sd);
+    Tensor in[4];
+    for (int i = 0; i < 4; ++i) in[i] = drivers::unpadded_uniform(g, i == 1 || i == 2 ? ks_ : qs_, st_.dt, seeds_[i]);
     k::AttnParams p;
     p.heads = H;
     p.kv_heads = Hkv;
     p.head_dim = D;
-    p.mask = base.causal ? k::Mask::Causal : k::Mask::None;
+    p.mask = base_.causal ? k::Mask::Causal : k::Mask::None;
     p.segments = k::segments_from_layout(u, u);
-    for (int i = 0; i < 4; ++i) ref[i] = Tensor::zeros(i < 2 ? qu.shape() : ku.shape(), st.dt);
-    Tensor lse = Tensor::zeros({u.total(), H}, st.dt);
-    k::attention_fwd(ref[0], lse, qu, ku, vu, p);
-    k::attention_bwd(ref[1], ref[2], ref[3], qu, ku, vu, ref[0], lse, du, p);
+    for (int i = 0; i < 4; ++i) ref_[i] = Tensor::zeros(i < 2 ? in[0].shape() : in[1].shape(), st_.dt);
+    Tensor lse = Tensor::zeros({u.total(), H}, st_.dt);
+    k::attention_fwd(ref_[0], lse, in[0], in[1], in[2], p);
+    k::attention_bwd(ref_[1], ref_[2], ref_[3], in[0], in[1], in[2], ref_[0], lse, in[3], p);
   }
-  st.config({{"format", st.deck.get_string("data.format")},
-             {"strategy", drivers::join(names)},
-             {"cu_seqlens_padded", drivers::join(g.cu_seqlens)},
-             {"partition", base.docs ? "documents" : "dcs"}},
-            skipped);
-  if (st.out() && st.check)
+  st_.config({{"format", st_.deck.get_string("data.format")},
+              {"strategy", drivers::join(names)},
+              {"cu_seqlens_padded", drivers::join(g.cu_seqlens)},
+              {"partition", base_.docs ? "documents" : "dcs"}},
+             skipped);
+  if (st_.out() && st_.check)
     for (int i = 0; i < 4; ++i)
-      st.out()->tensor(std::string(i ? "/gradients/reference/" : "/activations/reference/") + names4[i], ref[i],
-                       shapes4[i], "1");
-  st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", g.nseq(), "heads", H,
-                            "kv_heads", Hkv, "head_dim", D, "causal", base.causal ? 1 : 0),
-            skipped);
-  st.record_placement(drivers::attention_doc_cost(base.causal));
-  if (st.keeps_inputs()) {  // run.save = inputs: what every case starts from
+      st_.out()->tensor(std::string(i ? "/gradients/reference/" : "/activations/reference/") + kNames[i], ref_[i],
+                        kShapes[i], "1");
+  st_.header(drivers::fields("format", st_.deck.get_string("data.format"), "tokens", T, "sequences", g.nseq(), "heads",
+                             H, "kv_heads", Hkv, "head_dim", D, "causal", base_.causal ? 1 : 0),
+             skipped);
+  st_.record_placement(drivers::attention_doc_cost(base_.causal));
+  if (st_.keeps_inputs()) {  // run.save = inputs: what every case starts from
     const char* in_names[4] = {"q", "k", "v", "dout"};
-    const std::uint64_t in_seeds[4] = {sq, sk, sv, sd};
-    st.input_layout(g);
+    st_.input_layout(g);
     for (int i = 0; i < 4; ++i)
-      st.input(in_names[i], drivers::rows_uniform(st.local_rows(g), i == 1 || i == 2 ? ks : qs, st.dt, in_seeds[i]), g,
-               i == 1 || i == 2 ? "[T,Hkv,D] real tokens, global order" : "[T,H,D] real tokens, global order", "1");
+      st_.input(in_names[i], drivers::rows_uniform(st_.local_rows(g), i == 1 || i == 2 ? ks_ : qs_, st_.dt, seeds_[i]),
+                g, i == 1 || i == 2 ? "[T,Hkv,D] real tokens, global order" : "[T,H,D] real tokens, global order", "1");
   }
-  drivers::Table table({{"strategy", 9},
-                        {"fwd_ms", 10},
-                        {"bwd_ms", 10},
-                        {"compute_ms", 10},
-                        {"comm_ms", 10},
-                        {"overlap", 8},
-                        {"bytes/rank", 12},
-                        {"model_bytes", 12},
-                        {"err_o", 10},
-                        {"err_dq", 10},
-                        {"err_dk", 10},
-                        {"err_dv", 10},
-                        {"pass", 5}});
-  bool all_pass = true;
-  for (const std::string& name : names) {
-    st.begin_case(name);
-    cp::CpAttention attn(st.comm, config(st.deck, st.cp, name));
-    const std::vector<std::int64_t> rows = st.local_rows(g);
-    const auto local = [&](const Shape& rest, std::uint64_t sd_) {
-      return drivers::rows_uniform(rows, rest, st.dt, sd_).to(st.space);
-    };
-    Tensor ql = local(qs, sq), kl = local(ks, sk), vl = local(ks, sv), dol = local(qs, sd);
-    Tensor got[4] = {Tensor::zeros(ql.shape(), st.dt, st.space), Tensor::zeros(ql.shape(), st.dt, st.space),
-                     Tensor::zeros(kl.shape(), st.dt, st.space), Tensor::zeros(vl.shape(), st.dt, st.space)};
-    const drivers::Samples s = st.time([&](PhaseTimes& c) {
-      attn.forward(got[0], ql, kl, vl);
-      c.lap("forward");
-      attn.backward(got[1], got[2], got[3], dol);
-      c.lap("backward");
-      c.add("compute", (attn.fwd_times().compute + attn.bwd_times().compute) * 1e3);
-      c.add("comm_wait", (attn.fwd_times().comm_wait + attn.bwd_times().comm_wait) * 1e3);
-    });
-    // Logical payload this rank handed to the communicator per step, against the strategy's model,
-    // on every rank (the table shows the max over ranks).
-    const std::int64_t sent = st.bytes_per_step(), mine = attn.model_fwd_bytes(st.dt) + attn.model_bwd_bytes(st.dt);
-    const auto [bytes_ok, bytes, model] = st.check_bytes(sent, mine);
-    st.write_timings(name, s);
-    const double ov = st.overlap(name, s);
-    drivers::Study::Errors e;
-    std::vector<std::string> errs;
-    for (int i = 0; i < 4; ++i) {  // each tensor's real rows against the oracle, its pad rows against zero
-      const std::size_t n0 = e.rel.size();
-      st.result(e, names4[i], (i ? "/gradients/" : "/activations/") + name + "/" + names4[i], got[i], ref[i], g, true,
-                shapes4[i], "1");
-      double worst = -1;
-      for (std::size_t j = n0; j < e.rel.size(); ++j) worst = nan_max(worst, e.rel[j].second);
-      errs.push_back(worst < 0 ? "-" : drivers::fmt("%.2e", worst));
-    }
-    const bool pass = st.verdict(name, e, bytes_ok);
-    all_pass = all_pass && pass;
-    table.row({name, drivers::fmt("%.3f", st.slowest(s.at("forward"))),
-               drivers::fmt("%.3f", st.slowest(s.at("backward"))), drivers::fmt("%.3f", st.slowest(s.at("compute"))),
-               drivers::fmt("%.3f", st.slowest(s.at("comm_wait"))),
-               ov < 0           ? "-"
-               : std::isnan(ov) ? "n/a"
-                                : drivers::fmt("%.2f", ov),
-               drivers::fmt_int(bytes), drivers::fmt_int(model), errs[0], errs[1], errs[2], errs[3],
-               st.check || st.cross ? (pass ? "yes" : "NO") : "-"});
+}
+
+bool AttentionStudy::run_case(const std::string& name, std::vector<std::string>& row) {
+  drivers::Study& st = st_;
+  const SeqLayout& g = base_.global;
+  cp::CpAttention attn(st.comm, config(st.deck, st.cp, name));
+  const std::vector<std::int64_t> rows = st.local_rows(g);
+  Tensor ql = local(rows, 0), kl = local(rows, 1), vl = local(rows, 2), dol = local(rows, 3);
+  Tensor got[4] = {Tensor::zeros(ql.shape(), st.dt, st.space), Tensor::zeros(ql.shape(), st.dt, st.space),
+                   Tensor::zeros(kl.shape(), st.dt, st.space), Tensor::zeros(vl.shape(), st.dt, st.space)};
+  const drivers::Samples s = st.time([&](PhaseTimes& c) {
+    attn.forward(got[0], ql, kl, vl);
+    c.lap("forward");
+    attn.backward(got[1], got[2], got[3], dol);
+    c.lap("backward");
+    c.add("compute", (attn.fwd_times().compute + attn.bwd_times().compute) * 1e3);
+    c.add("comm_wait", (attn.fwd_times().comm_wait + attn.bwd_times().comm_wait) * 1e3);
+  });
+  // Logical payload this rank handed to the communicator per step, against the strategy's model,
+  // on every rank (the table shows the max over ranks).
+  const std::int64_t sent = st.bytes_per_step(), mine = attn.model_fwd_bytes(st.dt) + attn.model_bwd_bytes(st.dt);
+  const auto [bytes_ok, bytes, model] = st.check_bytes(sent, mine);
+  st.write_timings(name, s);
+  const double ov = st.overlap(name, s);
+  drivers::Study::Errors e;
+  std::vector<std::string> errs;
+  for (int i = 0; i < 4; ++i) {  // each tensor's real rows against the oracle, its pad rows against zero
+    const std::size_t n0 = e.rel.size();
+    st.result(e, kNames[i], (i ? "/gradients/" : "/activations/") + name + "/" + kNames[i], got[i], ref_[i], g, true,
+              kShapes[i], "1");
+    double worst = -1;
+    for (std::size_t j = n0; j < e.rel.size(); ++j) worst = nan_max(worst, e.rel[j].second);
+    errs.push_back(worst < 0 ? "-" : drivers::fmt("%.2e", worst));
   }
-  if (st.root()) {
-    table.print();
-    std::printf(st.cross ? "# errors (run.check = cross): max |case - first case| / max |first case| per tensor; "
-                           "tolerance %.0e (%s)\n"
-                         : "# errors: max |cp - cp1| / max |cp1| per tensor; tolerance %.0e (%s)\n",
-                st.tol, to_string(st.dt).c_str());
-  }
-  st.finish(all_pass,
-            "a CP result differs beyond tolerance from what run.check compares it with (the cp=1 reference or the "
-            "first case), or bytes from the model");
+  const bool pass = st.verdict(name, e, bytes_ok);
+  row = {name,
+         drivers::fmt("%.3f", st.slowest(s.at("forward"))),
+         drivers::fmt("%.3f", st.slowest(s.at("backward"))),
+         drivers::fmt("%.3f", st.slowest(s.at("compute"))),
+         drivers::fmt("%.3f", st.slowest(s.at("comm_wait"))),
+         ov < 0           ? "-"
+         : std::isnan(ov) ? "n/a"
+                          : drivers::fmt("%.2f", ov),
+         drivers::fmt_int(bytes),
+         drivers::fmt_int(model),
+         errs[0],
+         errs[1],
+         errs[2],
+         errs[3],
+         st.check || st.cross ? (pass ? "yes" : "NO") : "-"};
+  return pass;
+}
+
+void run(DriverContext& ctx) {
+  drivers::Study st(ctx, "cp_attention", drivers::layer_tolerance);
+  AttentionStudy a(st);
+  st.run(cases(),
+         {[&](const std::vector<std::string>& names, const drivers::Skipped& skipped) { a.setup(names, skipped); },
+          {{"strategy", 9},
+           {"fwd_ms", 10},
+           {"bwd_ms", 10},
+           {"compute_ms", 10},
+           {"comm_ms", 10},
+           {"overlap", 8},
+           {"bytes/rank", 12},
+           {"model_bytes", 12},
+           {"err_o", 10},
+           {"err_dq", 10},
+           {"err_dk", 10},
+           {"err_dv", 10},
+           {"pass", 5}},
+          [&](const std::string& name, std::vector<std::string>& row) { return a.run_case(name, row); },
+          [&] {
+            std::printf(st.cross ? "# errors (run.check = cross): max |case - first case| / max |first case| per "
+                                   "tensor; tolerance %.0e (%s)\n"
+                                 : "# errors: max |cp - cp1| / max |cp1| per tensor; tolerance %.0e (%s)\n",
+                        st.tol, to_string(st.dt).c_str());
+          },
+          "a CP result differs beyond tolerance from what run.check compares it with (the cp=1 reference or the "
+          "first case), or bytes from the model"});
 }
 
 }  // namespace

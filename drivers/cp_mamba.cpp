@@ -95,44 +95,64 @@ drivers::Cases cases() {
           }};
 }
 
-void run(DriverContext& ctx) {
-  drivers::Study st(ctx, "cp_mamba", drivers::layer_tolerance);
-  std::vector<std::pair<std::string, std::string>> skipped;
-  const std::vector<std::string> names = st.cases(cases(), &skipped);
-  const Setup s = make_setup(st.deck, st.cp);
+// One study of cp_mamba: the problem and its cp=1 reference (set up once), then each strategy.
+class MambaStudy {
+ public:
+  explicit MambaStudy(drivers::Study& st) : st_(st), s_(make_setup(st.deck, st.cp)) {}
+  void setup(const std::vector<std::string>& names, const drivers::Skipped& skipped);
+  bool run_case(const std::string& name, std::vector<std::string>& row);
+  void notes() const;
+
+ private:
+  // This rank's bytes per step and its model, checked on every rank (and the halos over all ranks
+  // against their chunk-by-chunk total); the halo line into notes_.
+  drivers::Study::BytesCheck check_bytes(const std::string& name, cp::MambaCp strat);
+  drivers::Study& st_;
+  const Setup s_;
+  std::vector<std::string> names_;
+  const SeqLayout* cpl_ = nullptr;  // the layout the CP strategy runs on (none: every document whole)
+  model::ParamMap p_, pd_;          // parameters: host, and in the run's space
+  Tensor hl_, dyl_;                 // this rank's input and output gradient
+  Tensor ry_, rdh_;                 // the cp=1 reference's output and input gradient (rank 0)
+  model::ParamMap rg_;              // and its parameter gradients
+  std::vector<std::string> notes_;
+  std::map<std::string, std::string> halo_note_;  // state passing: the halo bytes line
+  std::vector<std::int64_t> moved_;               // bytes per rank of each case
+};
+
+void MambaStudy::setup(const std::vector<std::string>& names, const drivers::Skipped& skipped) {
+  drivers::Study& st = st_;
+  const Setup& s = s_;
+  names_ = names;
   st.docs = s.docs;
-  const int r = st.grid.cp_rank;
   const std::int64_t T = s.global.total(), C = s.cfg.hidden;
   const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
-  model::ParamMap p = model::mamba2_init(s.cfg, s.dt, seed);
+  p_ = model::mamba2_init(s.cfg, s.dt, seed);
   const std::uint64_t sh = seed * 7 + 1, sdy = seed * 7 + 2;
-
   // cp=1 reference on rank 0: the state-passing layer on host tensors (it runs any heads / n_groups),
   // on the unpadded problem (each sequence at its real length).
-  Tensor ry, rdh;
-  model::ParamMap rg;
   if (st.check && st.root()) {
     const SeqLayout u = s.global.unpadded();
     model::Mamba2SP ref(st.self, s.cfg, u, cp::Partition::Contiguous);  // one rank: any length
-    ry = Tensor::zeros({u.total(), C}, s.dt);
-    rdh = Tensor::zeros({u.total(), C}, s.dt);
-    ref.forward(ry, drivers::unpadded_uniform(s.global, {C}, s.dt, sh), p);
-    ref.backward(rdh, rg, drivers::unpadded_uniform(s.global, {C}, s.dt, sdy), p);
+    ry_ = Tensor::zeros({u.total(), C}, s.dt);
+    rdh_ = Tensor::zeros({u.total(), C}, s.dt);
+    ref.forward(ry_, drivers::unpadded_uniform(s.global, {C}, s.dt, sh), p_);
+    ref.backward(rdh_, rg_, drivers::unpadded_uniform(s.global, {C}, s.dt, sdy), p_);
   }
   // The state scan state passing runs (mamba.state_scan = auto resolved on this layout).
-  const SeqLayout* cpl = s.cp_layout();
+  cpl_ = s.cp_layout();
   const std::string scan =
-      cpl ? cp::to_string(cp::resolve_state_exchange(*cpl, st.cp, cp::Partition::DCS, s.cfg.state_exchange,
-                                                     s.cfg.head_dim * s.cfg.d_state))
-          : std::string("none");
+      cpl_ ? cp::to_string(cp::resolve_state_exchange(*cpl_, st.cp, cp::Partition::DCS, s.cfg.state_exchange,
+                                                      s.cfg.head_dim * s.cfg.d_state))
+           : std::string("none");
   st.config({{"format", st.deck.get_string("data.format")},
              {"strategy", drivers::join(names)},
              {"state_scan", scan},
              {"partition", st.deck.has("data.partition") ? st.deck.get_string("data.partition") : "dcs"}},
             skipped);
   if (st.out() && st.check) {
-    st.out()->tensor("/activations/reference/out", ry, "[T,hidden] real tokens, global order", "1");
-    st.out()->tensor("/gradients/reference/input", rdh, "[T,hidden] real tokens, global order", "1");
+    st.out()->tensor("/activations/reference/out", ry_, "[T,hidden] real tokens, global order", "1");
+    st.out()->tensor("/gradients/reference/input", rdh_, "[T,hidden] real tokens, global order", "1");
   }
   st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", s.global.nseq(),
                             "hidden", C, "heads", s.cfg.heads, "head_dim", s.cfg.head_dim, "n_groups", s.cfg.groups,
@@ -140,109 +160,126 @@ void run(DriverContext& ctx) {
             skipped);
   st.record_placement(drivers::token_doc_cost());
   const std::vector<std::int64_t> rows = st.local_rows(s.global);
-  Tensor hl = drivers::rows_uniform(rows, {C}, s.dt, sh).to(st.space),
-         dyl = drivers::rows_uniform(rows, {C}, s.dt, sdy).to(st.space);
+  hl_ = drivers::rows_uniform(rows, {C}, s.dt, sh).to(st.space);
+  dyl_ = drivers::rows_uniform(rows, {C}, s.dt, sdy).to(st.space);
   st.input_layout(s.global);  // run.save = inputs: what every case starts from
-  st.input("x", hl, s.global, "[T,hidden] real tokens, global order", "1");
-  st.input("dout", dyl, s.global, "[T,hidden] real tokens, global order", "1");
-  for (auto& [n, t] : p) st.input_whole("params/" + n, t, "parameter shape", "1");
-  model::ParamMap pd;
-  for (auto& [n, t] : p) pd[n] = t.to(st.space);
-  drivers::Table table({{"strategy", 16},
-                        {"fwd_ms", 10},
-                        {"bwd_ms", 10},
-                        {"bytes/rank", 14},
-                        {"model", 14},
-                        {"allreduce_B", 14},
-                        {"max_rel_err", 12}});
-  std::vector<std::string> notes;
-  std::vector<std::int64_t> moved;
-  bool all_pass = true;
-  for (const std::string& name : names) {
-    st.begin_case(name);
-    const cp::MambaCp strat = model::mamba_cp_from_string(name);
-    auto layer = s.make(strat, st.comm);
-    Tensor y = Tensor::zeros(hl.shape(), s.dt, st.space), dh = Tensor::zeros(hl.shape(), s.dt, st.space);
-    model::ParamMap grads;
-    const drivers::Samples smp = st.time(
-        [&](PhaseTimes& c) {
-          grads.clear();  // the last step's gradients are spent (an optimizer step would take them)
-          layer->forward(y, hl, pd);
-          c.lap("forward");
-          layer->backward(dh, grads, dyl, pd);
-          c.lap("backward");
-          for (auto& [ph, ms] : layer->phase_ms()) c.add(ph, ms);
-        },
-        [&] { layer->reset_phases(); });
-    // Bytes per rank and step against the model, on every rank (the table shows the max over
-    // ranks). State passing: the state scan (all-gather, or the doubling rounds' all_to_all_v) plus
-    // the conv halos (all_to_all_v); the halos of all ranks together (what remains after the scan's
-    // model) must also equal the chunk-by-chunk total.
-    const bool hp = strat == cp::MambaCp::HiddenParallel;
-    const std::int64_t sent = hp ? st.bytes_per_step({"all_to_all"})
-                                 : st.bytes_per_step({"all_to_all_v"}) + st.bytes_per_step({"all_gather"});
-    const std::int64_t halo =
-        hp || !cpl ? 0
-                   : sent - cp::model_state_elements_sent(*cpl, s.cp, r, cp::Partition::DCS, s.cfg.state_exchange,
-                                                          s.cfg.heads, s.cfg.head_dim * s.cfg.d_state) *
-                                static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(s.dt)));
-    const std::int64_t mine = s.docs ? model::mamba_cp_model_bytes(strat, s.cfg, *s.docs, r, s.dt)
-                                     : model::mamba_cp_model_bytes(strat, s.cfg, s.global, s.cp, r, s.dt);
-    const drivers::Study::BytesCheck bc = st.check_bytes(sent, mine);
-    const std::int64_t bytes = bc.max_sent, model = bc.max_model;
-    const std::int64_t allreduce = st.bytes_per_step({"all_reduce"});
-    bool bytes_ok = bc.ok;
-    std::string halo_note;
-    if (!hp) {
-      const auto halo_all = static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(halo)));
-      const std::int64_t halo_model = cpl ? 2 * cp::model_halo_rows(*cpl, s.cp, cp::Partition::DCS, s.cfg.conv - 1) *
-                                                s.cfg.conv_dim() * static_cast<std::int64_t>(dtype_size(s.dt))
-                                          : 0;
-      bytes_ok = bytes_ok && halo_all == halo_model;
-      halo_note = drivers::fields("# state_passing conv halo bytes, all ranks:", halo_all, "model", halo_model);
-    }
-    moved.push_back(bytes);
-    st.phase_memory(layer->phase_peaks());
-    st.write_timings(name, smp);
-    for (auto& [n, t] : grads) t = drivers::host(t);
-    drivers::Study::Errors e;  // real rows against the unpadded oracle, pad rows against zero
-    st.result(e, "y", "/activations/" + name + "/out", y, ry, s.global, true, "[T,hidden] real tokens, global order",
-              "1");
-    st.result(e, "dh", "/gradients/" + name + "/input", dh, rdh, s.global, true, "[T,hidden] real tokens, global order",
-              "1");
-    if (st.check && st.root())
-      for (auto& [n, t] : rg) st.compare(e, "d" + n, grads.at(n), t);
-    for (auto& [n, t] : grads) st.cross_compare(e, "d" + n, t);
-    all_pass = st.verdict(name, e, bytes_ok) && all_pass;
-    if (st.out()) {
-      for (auto& [n, t] : grads) st.out()->tensor("/gradients/" + name + "/" + n, t, "parameter shape", "1");
-    }
-    std::string phases = "# " + name + " phases (ms, median, slowest rank):";
-    for (auto& [ph, v] : smp)
-      if (ph != "forward" && ph != "backward" && ph != "ring_wait")
-        phases += " " + ph + "=" + drivers::fmt("%.2f", st.slowest(v));
-    notes.push_back(phases);
-    if (!hp) notes.push_back(halo_note);
-    std::string errs =
-        "# " + name + (st.cross ? " against " + names.front() : std::string(" max |cp - cp1| / max |cp1|")) + ":";
-    for (auto& [n, v] : e.rel) errs += " " + n + "=" + drivers::fmt("%.1e", v);
-    if (!e.rel.empty()) notes.push_back(errs);
-    table.row({name, drivers::fmt("%.3f", st.slowest(smp.at("forward"))),
-               drivers::fmt("%.3f", st.slowest(smp.at("backward"))), drivers::fmt_int(bytes), drivers::fmt_int(model),
-               drivers::fmt_int(allreduce),
-               st.check || st.cross ? drivers::fmt("%.1e", e.worst) : std::string("unchecked")});
+  st.input("x", hl_, s.global, "[T,hidden] real tokens, global order", "1");
+  st.input("dout", dyl_, s.global, "[T,hidden] real tokens, global order", "1");
+  for (auto& [n, t] : p_) st.input_whole("params/" + n, t, "parameter shape", "1");
+  for (auto& [n, t] : p_) pd_[n] = t.to(st.space);
+}
+
+drivers::Study::BytesCheck MambaStudy::check_bytes(const std::string& name, cp::MambaCp strat) {
+  drivers::Study& st = st_;
+  const Setup& s = s_;
+  const int r = st.grid.cp_rank;
+  // Bytes per rank and step against the model, on every rank (the table shows the max over
+  // ranks). State passing: the state scan (all-gather, or the doubling rounds' all_to_all_v) plus
+  // the conv halos (all_to_all_v); the halos of all ranks together (what remains after the scan's
+  // model) must also equal the chunk-by-chunk total.
+  const bool hp = strat == cp::MambaCp::HiddenParallel;
+  const std::int64_t sent =
+      hp ? st.bytes_per_step({"all_to_all"}) : st.bytes_per_step({"all_to_all_v"}) + st.bytes_per_step({"all_gather"});
+  const std::int64_t halo =
+      hp || !cpl_ ? 0
+                  : sent - cp::model_state_elements_sent(*cpl_, s.cp, r, cp::Partition::DCS, s.cfg.state_exchange,
+                                                         s.cfg.heads, s.cfg.head_dim * s.cfg.d_state) *
+                               static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(s.dt)));
+  const std::int64_t mine = s.docs ? model::mamba_cp_model_bytes(strat, s.cfg, *s.docs, r, s.dt)
+                                   : model::mamba_cp_model_bytes(strat, s.cfg, s.global, s.cp, r, s.dt);
+  drivers::Study::BytesCheck bc = st.check_bytes(sent, mine);
+  if (!hp) {
+    const auto halo_all = static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(halo)));
+    const std::int64_t halo_model = cpl_ ? 2 * cp::model_halo_rows(*cpl_, s.cp, cp::Partition::DCS, s.cfg.conv - 1) *
+                                               s.cfg.conv_dim() * static_cast<std::int64_t>(dtype_size(s.dt))
+                                         : 0;
+    bc.ok = bc.ok && halo_all == halo_model;
+    halo_note_[name] = drivers::fields("# state_passing conv halo bytes, all ranks:", halo_all, "model", halo_model);
   }
-  if (st.root()) {
-    std::printf("# bytes/rank: sent per step (forward + backward), max over ranks; model: the cost model\n");
-    table.print();
-    for (const auto& n : notes) std::printf("%s\n", n.c_str());
-    if (moved.size() == 2 && moved[0] > 0)
-      std::printf("# bytes ratio state_passing / hidden_parallel: %.4f\n",
-                  static_cast<double>(moved[1]) / static_cast<double>(moved[0]));
+  return bc;
+}
+
+bool MambaStudy::run_case(const std::string& name, std::vector<std::string>& row) {
+  drivers::Study& st = st_;
+  const Setup& s = s_;
+  const cp::MambaCp strat = model::mamba_cp_from_string(name);
+  auto layer = s.make(strat, st.comm);
+  Tensor y = Tensor::zeros(hl_.shape(), s.dt, st.space), dh = Tensor::zeros(hl_.shape(), s.dt, st.space);
+  model::ParamMap grads;
+  const drivers::Samples smp = st.time(
+      [&](PhaseTimes& c) {
+        grads.clear();  // the last step's gradients are spent (an optimizer step would take them)
+        layer->forward(y, hl_, pd_);
+        c.lap("forward");
+        layer->backward(dh, grads, dyl_, pd_);
+        c.lap("backward");
+        for (auto& [ph, ms] : layer->phase_ms()) c.add(ph, ms);
+      },
+      [&] { layer->reset_phases(); });
+  const drivers::Study::BytesCheck bc = check_bytes(name, strat);
+  const std::int64_t allreduce = st.bytes_per_step({"all_reduce"});
+  moved_.push_back(bc.max_sent);
+  st.phase_memory(layer->phase_peaks());
+  st.write_timings(name, smp);
+  for (auto& [n, t] : grads) t = drivers::host(t);
+  drivers::Study::Errors e;  // real rows against the unpadded oracle, pad rows against zero
+  st.result(e, "y", "/activations/" + name + "/out", y, ry_, s.global, true, "[T,hidden] real tokens, global order",
+            "1");
+  st.result(e, "dh", "/gradients/" + name + "/input", dh, rdh_, s.global, true, "[T,hidden] real tokens, global order",
+            "1");
+  if (st.check && st.root())
+    for (auto& [n, t] : rg_) st.compare(e, "d" + n, grads.at(n), t);
+  for (auto& [n, t] : grads) st.cross_compare(e, "d" + n, t);
+  const bool pass = st.verdict(name, e, bc.ok);
+  if (st.out()) {
+    for (auto& [n, t] : grads) st.out()->tensor("/gradients/" + name + "/" + n, t, "parameter shape", "1");
   }
-  st.finish(all_pass,
-            "a CP result differs beyond tolerance from what run.check compares it with (the cp=1 reference or the "
-            "first case), or bytes from the model");
+  std::string phases = "# " + name + " phases (ms, median, slowest rank):";
+  for (auto& [ph, v] : smp)
+    if (ph != "forward" && ph != "backward" && ph != "ring_wait")
+      phases += " " + ph + "=" + drivers::fmt("%.2f", st.slowest(v));
+  notes_.push_back(phases);
+  if (halo_note_.count(name)) notes_.push_back(halo_note_.at(name));
+  std::string errs =
+      "# " + name + (st.cross ? " against " + names_.front() : std::string(" max |cp - cp1| / max |cp1|")) + ":";
+  for (auto& [n, v] : e.rel) errs += " " + n + "=" + drivers::fmt("%.1e", v);
+  if (!e.rel.empty()) notes_.push_back(errs);
+  row = {name,
+         drivers::fmt("%.3f", st.slowest(smp.at("forward"))),
+         drivers::fmt("%.3f", st.slowest(smp.at("backward"))),
+         drivers::fmt_int(bc.max_sent),
+         drivers::fmt_int(bc.max_model),
+         drivers::fmt_int(allreduce),
+         st.check || st.cross ? drivers::fmt("%.1e", e.worst) : std::string("unchecked")};
+  return pass;
+}
+
+void MambaStudy::notes() const {
+  for (const auto& n : notes_) std::printf("%s\n", n.c_str());
+  if (moved_.size() == 2 && moved_[0] > 0)
+    std::printf("# bytes ratio state_passing / hidden_parallel: %.4f\n",
+                static_cast<double>(moved_[1]) / static_cast<double>(moved_[0]));
+}
+
+void run(DriverContext& ctx) {
+  drivers::Study st(ctx, "cp_mamba", drivers::layer_tolerance);
+  MambaStudy m(st);
+  st.run(cases(),
+         {[&](const std::vector<std::string>& names, const drivers::Skipped& skipped) { m.setup(names, skipped); },
+          {{"strategy", 16},
+           {"fwd_ms", 10},
+           {"bwd_ms", 10},
+           {"bytes/rank", 14},
+           {"model", 14},
+           {"allreduce_B", 14},
+           {"max_rel_err", 12}},
+          [&](const std::string& name, std::vector<std::string>& row) { return m.run_case(name, row); },
+          [&] { m.notes(); },
+          "a CP result differs beyond tolerance from what run.check compares it with (the cp=1 reference or the "
+          "first case), or bytes from the model",
+          [] {
+            std::printf("# bytes/rank: sent per step (forward + backward), max over ranks; model: the cost model\n");
+          }});
 }
 }  // namespace
 

@@ -219,6 +219,26 @@ void Study::header(const std::string& fields, const std::vector<std::pair<std::s
   for (const auto& [n, why] : skipped) std::printf("# skipped %s: %s\n", n.c_str(), why.c_str());
 }
 
+void Study::run(const Cases& c, const StudyHooks& h) {
+  Skipped skipped;
+  const std::vector<std::string> names = cases(c, &skipped);
+  h.setup(names, skipped);
+  Table table(h.columns);
+  bool all_pass = true;
+  for (const std::string& name : names) {
+    begin_case(name);
+    std::vector<std::string> row;
+    all_pass = h.run_case(name, row) && all_pass;
+    table.row(row);
+  }
+  if (root()) {
+    if (h.preamble) h.preamble();
+    table.print();
+    if (h.notes) h.notes();
+  }
+  finish(all_pass, h.fail_why);
+}
+
 void Study::finish(bool pass, const std::string& why) {
   if (writer_) writer_->finish();
   if (root()) {

@@ -56,6 +56,22 @@ double layer_tolerance(DType dt);
 double model_tolerance(DType dt);
 double train_loss_tolerance(DType dt);
 
+using Skipped = std::vector<std::pair<std::string, std::string>>;  // case, why it does not run
+
+// What a CP driver adds to the study loop (Study::run): `setup` gets the cases that run and the
+// skipped ones, and builds the problem, the cp=1 reference, /config, the header and the inputs;
+// `run_case` runs one case (its timed loop, checks and records) and fills its table row, returning
+// whether it passed; `notes` and `preamble` print lines after and before the table (rank 0);
+// `fail_why` is the failure's reason.
+struct StudyHooks {
+  std::function<void(const std::vector<std::string>& names, const Skipped& skipped)> setup;
+  std::vector<std::pair<std::string, int>> columns;
+  std::function<bool(const std::string& name, std::vector<std::string>& row)> run_case;
+  std::function<void()> notes;
+  std::string fail_why;
+  std::function<void()> preamble = {};
+};
+
 class Study {
   // Declared first: the references below are bound to what these own.
   std::unique_ptr<Communicator> device_comm_;
@@ -181,6 +197,9 @@ class Study {
   void header(const std::string& fields, const std::vector<std::pair<std::string, std::string>>& skipped = {});
   // Writes the file, prints RESULT and throws `why` when !pass.
   void finish(bool pass, const std::string& why);
+  // The study loop: the cases of `c` that run this shape, h.setup, then per case begin_case and
+  // h.run_case (every case runs, a failed one too), the table and h.notes on rank 0, and finish().
+  void run(const Cases& c, const StudyHooks& h);
 
  private:
   // result()'s check on a per-document placement: gathered through its row map; the pad rows of
