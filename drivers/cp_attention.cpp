@@ -113,7 +113,7 @@ class AttentionStudy {
 void AttentionStudy::setup(const std::vector<std::string>& names, const drivers::Skipped& skipped) {
   base_ = config(st_.deck, st_.cp, names.front());
   const SeqLayout& g = base_.global;
-  st_.docs = base_.docs;
+  st_.placement = base_.docs ? cp::Placement::documents(g, base_.docs) : cp::Placement::dcs(g, st_.cp);
   const std::int64_t T = g.total(), H = base_.heads, Hkv = base_.kv_heads, D = base_.head_dim;
   const auto seed = static_cast<std::uint64_t>(st_.deck.get_int("data.seed"));
   qs_ = {H, D};
@@ -151,10 +151,10 @@ void AttentionStudy::setup(const std::vector<std::string>& names, const drivers:
   st_.record_placement(drivers::attention_doc_cost(base_.causal));
   if (st_.keeps_inputs()) {  // run.save = inputs: what every case starts from
     const char* in_names[4] = {"q", "k", "v", "dout"};
-    st_.input_layout(g);
+    st_.input_layout();
     for (int i = 0; i < 4; ++i)
-      st_.input(in_names[i], drivers::rows_uniform(st_.local_rows(g), i == 1 || i == 2 ? ks_ : qs_, st_.dt, seeds_[i]),
-                g, i == 1 || i == 2 ? "[T,Hkv,D] real tokens, global order" : "[T,H,D] real tokens, global order", "1");
+      st_.input(in_names[i], drivers::rows_uniform(st_.local_rows(), i == 1 || i == 2 ? ks_ : qs_, st_.dt, seeds_[i]),
+                i == 1 || i == 2 ? "[T,Hkv,D] real tokens, global order" : "[T,H,D] real tokens, global order", "1");
   }
 }
 
@@ -162,7 +162,7 @@ bool AttentionStudy::run_case(const std::string& name, std::vector<std::string>&
   drivers::Study& st = st_;
   const SeqLayout& g = base_.global;
   cp::CpAttention attn(st.comm, config(st.deck, st.cp, name));
-  const std::vector<std::int64_t> rows = st.local_rows(g);
+  const std::vector<std::int64_t> rows = st.local_rows();
   Tensor ql = local(rows, 0), kl = local(rows, 1), vl = local(rows, 2), dol = local(rows, 3);
   Tensor got[4] = {Tensor::zeros(ql.shape(), st.dt, st.space), Tensor::zeros(ql.shape(), st.dt, st.space),
                    Tensor::zeros(kl.shape(), st.dt, st.space), Tensor::zeros(vl.shape(), st.dt, st.space)};
@@ -184,7 +184,7 @@ bool AttentionStudy::run_case(const std::string& name, std::vector<std::string>&
   std::vector<std::string> errs;
   for (int i = 0; i < 4; ++i) {  // each tensor's real rows against the oracle, its pad rows against zero
     const std::size_t n0 = e.rel.size();
-    st.result(e, kNames[i], (i ? "/gradients/" : "/activations/") + name + "/" + kNames[i], got[i], ref_[i], g, true,
+    st.result(e, kNames[i], (i ? "/gradients/" : "/activations/") + name + "/" + kNames[i], got[i], ref_[i], true,
               kShapes[i], "1");
     double worst = -1;
     for (std::size_t j = n0; j < e.rel.size(); ++j) worst = nan_max(worst, e.rel[j].second);

@@ -48,7 +48,7 @@ drivers::Cases cases() {
             const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
             drivers::ep_size_of(d, h, cp);
             const drivers::PlacedBatch pb = drivers::placed_batch(d, cp, c.rank(), h, 1);
-            model::HybridModel m(c, h, pb.batch.layout, nullptr, pb.docs);
+            model::HybridModel m(c, h, pb.placement);
           },
           [](const Deck& d, int cp, const std::string& n) {
             const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
@@ -58,12 +58,12 @@ drivers::Cases cases() {
             const model::HybridConfig h = drivers::hybrid_config(d, "p2p", cp);
             const SeqLayout g = drivers::global_layout(d, cp);
             const DType dt = dtype_from_string(d.get_string("data.dtype"));
-            const auto docs = drivers::doc_partition(d, cp, drivers::hybrid_doc_cost(h));
+            const auto docs = drivers::doc_partition(d, cp, model::hybrid_doc_cost(h));
             drivers::LayerBytes b;
             if (h.pattern.find('*') != std::string::npos)
               drivers::add_attention_bytes(b, model::cp_attn_config(h.attn, g, docs), cp, dt);
             if (h.pattern.find('M') != std::string::npos) drivers::add_mamba_bytes(b, h.mamba, g, docs.get(), cp, dt);
-            drivers::add_placement(b, d, cp, drivers::hybrid_doc_cost(h));
+            drivers::add_placement(b, d, cp, model::hybrid_doc_cost(h));
             if (h.pattern.find('E') != std::string::npos)
               drivers::add_moe_bytes(b, h.moe, h.hidden, g.total() / cp, cp, drivers::ep_size_of(d, h, cp), dt);
             return b;
@@ -83,7 +83,7 @@ constexpr double kBf16LossTol = 2e-3;
 double routing_flips(drivers::Study& st, const model::HybridModel& m, const std::vector<Tensor>& ref,
                      const SeqLayout& global) {
   if (!st.check) return 0.0;
-  return drivers::routing_flips(st.comm, st.space, m.routing(), ref, global, st.root(), st.docs.get());
+  return drivers::routing_flips(st.comm, st.space, m.routing(), ref, global, st.root(), st.placement.docs.get());
 }
 
 // One study of cp_hybrid: the batch, the parameters and the cp=1 reference (set up once), then one
@@ -125,7 +125,7 @@ void HybridStudy::setup(const std::vector<std::string>& names, const drivers::Sk
   seed_ = static_cast<std::uint64_t>(d.get_int("data.seed"));
   c0_ = drivers::hybrid_config(d, names.front(), st.cp);
   placed_ = drivers::placed_batch(d, st.cp, st.grid.cp_rank, c0_, seed_);
-  st.docs = placed_.docs;
+  st.placement = placed_.placement;
   // Every rank holds its own experts only; the cp=1 reference (rank 0) holds them all.
   groups_ = std::make_unique<ExpertGroups>(st.comm, drivers::ep_size_of(d, c0_, st.cp));
   shards_ = model::expert_shards(c0_, *groups_);
@@ -179,7 +179,7 @@ void HybridStudy::records(const std::vector<std::string>& names, const drivers::
     }
   }
   if (st.keeps_inputs()) {  // run.save = inputs: token ids and labels (real tokens, global order), parameters
-    st.input_layout(batch.layout);
+    st.input_layout();
     const auto as_tensor = [](const std::vector<std::int64_t>& v) {
       return Tensor::from(std::vector<double>(v.begin(), v.end()), {static_cast<std::int64_t>(v.size())}, DType::F64);
     };
@@ -193,7 +193,7 @@ void HybridStudy::records(const std::vector<std::string>& names, const drivers::
                             batch.layout.total(), "sequences", batch.layout.nseq(), "label_tokens", batch.label_tokens,
                             "hidden", c0_.hidden, "vocab", c0_.vocab, "mamba_cp", d.get_string("parallel.mamba_cp")),
             skipped);
-  st.record_placement(drivers::hybrid_doc_cost(c0_));
+  st.record_placement(model::hybrid_doc_cost(c0_));
   if (st.check && st.root()) std::printf("# cp=1 reference on rank 0: loss %.12f\n", ref_.loss);
   // Parameters this rank holds (the routed experts' 1/ep), as counted from the sizes.
   const model::ParamCount pc = model::param_count(c0_, groups_->size());
@@ -206,8 +206,7 @@ void HybridStudy::records(const std::vector<std::string>& names, const drivers::
 bool HybridStudy::run_case(const std::string& name, std::vector<std::string>& row) {
   drivers::Study& st = st_;
   const drivers::TokenBatch& batch = placed_.batch;
-  model::HybridModel m(st.comm, drivers::hybrid_config(st.deck, name, st.cp), batch.layout, groups_.get(),
-                       placed_.docs);
+  model::HybridModel m(st.comm, drivers::hybrid_config(st.deck, name, st.cp), placed_.placement, groups_.get());
   model::ParamMap grads;
   model::StepResult res;
   const drivers::Samples s = st.time(
@@ -227,11 +226,11 @@ bool HybridStudy::run_case(const std::string& name, std::vector<std::string>& ro
   drivers::Study::Errors e;
   const double loss_err = std::abs(res.loss - ref_.loss) / std::max(std::abs(ref_.loss), 1e-300);
   if (st.check && st.root()) e.add("loss", loss_err);
-  st.result(e, "logits_grad", "/gradients/" + name + "/logits", m.dlogits(), ref_dlogits_, batch.layout, true,
+  st.result(e, "logits_grad", "/gradients/" + name + "/logits", m.dlogits(), ref_dlogits_, true,
             "[T,vocab] real tokens, global order", "1/token");
   for (std::size_t i = 0; i < m.block_outputs().size(); ++i)
     st.result(e, "block_" + std::to_string(i), "/activations/" + name + "/block_" + std::to_string(i),
-              m.block_outputs()[i], st.check && st.root() ? ref_blocks_[i] : Tensor(), batch.layout, false,
+              m.block_outputs()[i], st.check && st.root() ? ref_blocks_[i] : Tensor(), false,
               "[T,hidden] real tokens, global order", "1");
   if (st.check && st.root())
     for (auto& [n, t] : rg_) st.compare(e, "d" + n, drivers::host(whole.at(n)), t);

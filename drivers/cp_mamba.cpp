@@ -124,7 +124,7 @@ void MambaStudy::setup(const std::vector<std::string>& names, const drivers::Ski
   drivers::Study& st = st_;
   const Setup& s = s_;
   names_ = names;
-  st.docs = s.docs;
+  st.placement = s.docs ? cp::Placement::documents(s.global, s.docs) : cp::Placement::dcs(s.global, st.cp);
   const std::int64_t T = s.global.total(), C = s.cfg.hidden;
   const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
   p_ = model::mamba2_init(s.cfg, s.dt, seed);
@@ -159,12 +159,12 @@ void MambaStudy::setup(const std::vector<std::string>& names, const drivers::Ski
                             "d_state", s.cfg.d_state, "conv", s.cfg.conv, "chunk", s.cfg.chunk, "state_scan", scan),
             skipped);
   st.record_placement(drivers::token_doc_cost());
-  const std::vector<std::int64_t> rows = st.local_rows(s.global);
+  const std::vector<std::int64_t> rows = st.local_rows();
   hl_ = drivers::rows_uniform(rows, {C}, s.dt, sh).to(st.space);
   dyl_ = drivers::rows_uniform(rows, {C}, s.dt, sdy).to(st.space);
-  st.input_layout(s.global);  // run.save = inputs: what every case starts from
-  st.input("x", hl_, s.global, "[T,hidden] real tokens, global order", "1");
-  st.input("dout", dyl_, s.global, "[T,hidden] real tokens, global order", "1");
+  st.input_layout();  // run.save = inputs: what every case starts from
+  st.input("x", hl_, "[T,hidden] real tokens, global order", "1");
+  st.input("dout", dyl_, "[T,hidden] real tokens, global order", "1");
   for (auto& [n, t] : p_) st.input_whole("params/" + n, t, "parameter shape", "1");
   for (auto& [n, t] : p_) pd_[n] = t.to(st.space);
 }
@@ -223,10 +223,8 @@ bool MambaStudy::run_case(const std::string& name, std::vector<std::string>& row
   st.write_timings(name, smp);
   for (auto& [n, t] : grads) t = drivers::host(t);
   drivers::Study::Errors e;  // real rows against the unpadded oracle, pad rows against zero
-  st.result(e, "y", "/activations/" + name + "/out", y, ry_, s.global, true, "[T,hidden] real tokens, global order",
-            "1");
-  st.result(e, "dh", "/gradients/" + name + "/input", dh, rdh_, s.global, true, "[T,hidden] real tokens, global order",
-            "1");
+  st.result(e, "y", "/activations/" + name + "/out", y, ry_, true, "[T,hidden] real tokens, global order", "1");
+  st.result(e, "dh", "/gradients/" + name + "/input", dh, rdh_, true, "[T,hidden] real tokens, global order", "1");
   if (st.check && st.root())
     for (auto& [n, t] : rg_) st.compare(e, "d" + n, grads.at(n), t);
   for (auto& [n, t] : grads) st.cross_compare(e, "d" + n, t);

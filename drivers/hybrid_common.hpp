@@ -203,65 +203,40 @@ inline TokenBatch step_batch(const Deck& d, int cp, std::int64_t vocab, std::int
   return b;
 }
 
-// The work of the hybrid step per document, in multiply-adds: per (query, key) pair of each
-// attention block (Q K^T and P V) and per token of every block's projections and MLPs.
-inline cp::DocCost hybrid_doc_cost(const model::HybridConfig& h) {
-  cp::DocCost c{0.0, 0.0, true};
-  const auto C = static_cast<double>(h.hidden);
-  for (char k : h.pattern) {
-    if (k == '*') {
-      const double hd = static_cast<double>(h.attn.heads * h.attn.head_dim);
-      c.pair += 2 * hd;
-      c.token += C * static_cast<double>((h.attn.heads + 2 * h.attn.kv_heads) * h.attn.head_dim) + hd * C;
-    } else if (k == 'M') {
-      c.token += C * static_cast<double>(h.mamba.d_in_proj() + h.mamba.d_inner());
-    } else if (k == 'E') {
-      c.token += 3 * C * static_cast<double>(h.moe.topk * h.moe.ffn + h.moe.shared_ffn);
-    } else {
-      c.token += 3 * C * static_cast<double>(h.mlp.ffn);
-    }
-  }
-  return c;
-}
-
 // A batch as data.partition lays it out: DualChunkSwap-padded (make_token_batch), or for
 // documents the unpadded batch, with the placement and this rank's token ids and labels in its
 // order (pads: id 0, no label).
 struct PlacedBatch {
   TokenBatch batch;
-  std::shared_ptr<const cp::DocPartition> docs;
+  cp::Placement placement;
   std::vector<std::int64_t> tokens, labels;  // this rank's
 };
 // `b`: made for cp ranks (DualChunkSwap), or for one rank when the deck places documents.
 inline PlacedBatch place_batch(const Deck& d, TokenBatch made, int cp, int rank, const model::HybridConfig& h) {
   PlacedBatch pb;
   pb.batch = std::move(made);
+  std::shared_ptr<const cp::DocPartition> docs;
   if (by_documents(d)) {
     std::vector<std::int64_t> lens;
     for (std::int64_t s = 0; s < pb.batch.layout.nseq(); ++s) lens.push_back(pb.batch.layout.real(s));
-    pb.docs = doc_partition(d, lens, cp, hybrid_doc_cost(h));
+    docs = doc_partition(d, lens, cp, model::hybrid_doc_cost(h));
   }
-  if (!pb.docs) {
-    for (auto i : cp::dcs_global_index(pb.batch.layout, cp, rank)) {
-      pb.tokens.push_back(pb.batch.tokens[static_cast<std::size_t>(i)]);
-      pb.labels.push_back(pb.batch.labels[static_cast<std::size_t>(i)]);
-    }
-    return pb;
-  }
-  // the batch unpadded (pack_sequences pads even at cp = 1): the placement's rows index it
   TokenBatch& b = pb.batch;
-  std::vector<std::int64_t> tokens, labels;
-  for (auto i : cp::real_rows(b.layout)) {
-    tokens.push_back(b.tokens[static_cast<std::size_t>(i)]);
-    labels.push_back(b.labels[static_cast<std::size_t>(i)]);
+  if (docs) {  // the batch unpadded (pack_sequences pads even at cp = 1): the placement's rows index it
+    std::vector<std::int64_t> tokens, labels;
+    for (auto i : cp::real_rows(b.layout)) {
+      tokens.push_back(b.tokens[static_cast<std::size_t>(i)]);
+      labels.push_back(b.labels[static_cast<std::size_t>(i)]);
+    }
+    b.layout = b.layout.unpadded();
+    b.tokens = std::move(tokens);
+    b.labels = std::move(labels);
+    pb.placement = cp::Placement::documents(b.layout, std::move(docs));
+  } else {
+    pb.placement = cp::Placement::dcs(b.layout, cp);
   }
-  b.layout = b.layout.unpadded();
-  b.tokens = std::move(tokens);
-  b.labels = std::move(labels);
-  for (auto i : pb.docs->real_index(rank)) {
-    pb.tokens.push_back(i < 0 ? 0 : pb.batch.tokens[static_cast<std::size_t>(i)]);
-    pb.labels.push_back(i < 0 ? h.ignore_label : pb.batch.labels[static_cast<std::size_t>(i)]);
-  }
+  pb.tokens = pb.placement.take(b.tokens, rank, 0);
+  pb.labels = pb.placement.take(b.labels, rank, h.ignore_label);
   return pb;
 }
 inline PlacedBatch placed_batch(const Deck& d, int cp, int rank, const model::HybridConfig& h, std::uint64_t seed) {

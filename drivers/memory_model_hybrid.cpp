@@ -123,7 +123,7 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
   const std::int64_t es = dtype_bytes(d);
   std::int64_t tl = padded_tokens(d, cp, m) / cp, gathered = m.mul(tl, cp);
   const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
-  if (const auto docs = doc_partition(d, cp, hybrid_doc_cost(h))) {  // the rank with the most rows
+  if (const auto docs = doc_partition(d, cp, model::hybrid_doc_cost(h))) {  // the rank with the most rows
     tl = docs->most_rows();
     gathered = m.mul(tl, cp);
     if (h.pattern.find('M') != std::string::npos) m.add("gradients", {P}, es);  // Mamba's two parts

@@ -28,6 +28,7 @@
 #include "core/seq_layout.hpp"
 #include "core/tensor.hpp"
 #include "cp/documents.hpp"
+#include "cp/placement.hpp"
 #include "harness.hpp"
 #include "inputs.hpp"
 #include "io/results.hpp"
@@ -98,12 +99,12 @@ class Study {
   // norm_wise, ||got - ref||_2 / ||ref||_2 (bf16 models, where a flipped top-k choice moves a few
   // elements by O(1) while the tensor as a whole agrees). Written to /config as error_metric.
   bool norm_wise = false;
-  // data.partition = documents: where each rank's rows lie (null: the DualChunkSwap layout of the
-  // `global` each call names). result(), input() and local_rows() follow it.
-  std::shared_ptr<const cp::DocPartition> docs;
+  // Where the batch's rows lie (DualChunkSwap of its layout, or per document): the driver's set-up
+  // places it; result(), input() and local_rows() follow it.
+  cp::Placement placement;
   // Row of the unpadded problem of each of this rank's rows (-1: a pad).
-  std::vector<std::int64_t> local_rows(const SeqLayout& global) const;
-  // Where a packed (THD) batch's documents lie (`docs`, or for dcs every document split; work by
+  std::vector<std::int64_t> local_rows() const;
+  // Where a packed (THD) batch's documents lie (per document, or for dcs every document split; work by
   // `cost`): in the results /partition/lengths and /partition/owner (the rank holding each whole,
   // -1 split), per rank /partition/rows (pads included), tokens (real), work (the cost model's), and
   // /partition/pad_tokens; and a "# partition" line. Nothing for BSHD. Collective.
@@ -156,30 +157,27 @@ class Study {
     void add(const std::string& name, double e);
   };
   void compare(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref) const;
-  // A CP result gathered in the padded global order against the unpadded problem's `ref`: its real
-  // rows are compared (and returned, in the unpadded order); with `pads_zero` every pad row must be
-  // zero (entry "<name>_pads": max |pad| / max |ref|).
-  Tensor compare_real(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref, const SeqLayout& global,
-                      bool pads_zero) const;
-  // A CP result [Tl, ...] of this rank (DualChunkSwap order, pads included): checked as compare_real
-  // does (gathered, on every CP rank, only when the run checks), and written to `path` as the real
-  // tokens in global order, each rank its own rows (the first CP group's), when the file keeps it.
+  // A CP result [Tl, ...] of this rank (in the placement's order, pads included): gathered into the
+  // unpadded order (on every CP rank, only when the run checks) and compared with `ref`; with
+  // `pads_zero` every pad row must be zero (entry "<name>_pads": max |pad| / max |ref|, where the
+  // placement has pads). Written to `path` as the real tokens in global order, each rank its own
+  // rows (the first CP group's), when the file keeps it.
   void result(Errors& e, const std::string& name, const std::string& path, const Tensor& local, const Tensor& ref,
-              const SeqLayout& global, bool pads_zero, const std::string& layout, const std::string& units);
+              bool pads_zero, const std::string& layout, const std::string& units);
   // Whether the file keeps the run's inputs (run.save = inputs or all); the same on every rank.
   bool keeps_inputs() const { return writer_ && writer_->save().keeps_class("inputs"); }
   // An input [Tl, ...] of this rank (DualChunkSwap order, pads included), written as result() writes
   // a result: /inputs/<name>, the real tokens in global order. Nothing unless keeps_inputs().
-  void input(const std::string& name, const Tensor& local, const SeqLayout& global, const std::string& layout,
-             const std::string& units);
+  void input(const std::string& name, const Tensor& local, const std::string& layout, const std::string& units);
   // A tensor every rank holds whole (a parameter), as /inputs/<name>.
   void input_whole(const std::string& name, const Tensor& t, const std::string& layout, const std::string& units);
   // /inputs/cu_seqlens: the sequence starts of the unpadded problem (BSHD: one per batch row).
-  void input_layout(const SeqLayout& global);
+  void input_layout();
   // run.check = "cross": this rank's shard of result `name` against the first case's shard of it
-  // (real rows only when `global` is given), the worst error reduced over the CP group with one
-  // all-reduce; the first case keeps its shards as the baseline. Every rank gets the same entry.
-  void cross_compare(Errors& e, const std::string& name, const Tensor& local, const SeqLayout* global = nullptr);
+  // (its real rows only, for `batch_rows`: a tensor of the placement's rows), the worst error
+  // reduced over the CP group with one all-reduce; the first case keeps its shards as the baseline.
+  // Every rank gets the same entry.
+  void cross_compare(Errors& e, const std::string& name, const Tensor& local, bool batch_rows = false);
   // A scalar every rank holds the same (a loss), against the first case's, relative.
   void cross_scalar(Errors& e, const std::string& name, double v);
   // The case whose results follow (run.plant_fault perturbs the named one's first result). On a run
@@ -202,16 +200,12 @@ class Study {
   void run(const Cases& c, const StudyHooks& h);
 
  private:
-  // result()'s check on a per-document placement: gathered through its row map; the pad rows of
-  // the split documents against zero.
-  void check_by_documents(Errors& e, const std::string& name, const Tensor& local, const Tensor& ref,
-                          const SeqLayout& global, bool pads_zero);
   // The largest magnitude of `t`, and the entry "<name>_pads": max |pad| / max |ref|.
   static double max_abs(const Tensor& t);
   void pad_error(Errors& e, const std::string& name, double max_pad, const Tensor& ref) const;
   // `local` [Tl, ...] (DCS order, pads included) as the real tokens in global order at `path`, each
   // rank its own rows (the first CP group's).
-  void write_real_rows(const std::string& path, const Tensor& local, const SeqLayout& global, const std::string& layout,
+  void write_real_rows(const std::string& path, const Tensor& local, const std::string& layout,
                        const std::string& units);
   std::unique_ptr<ResultsWriter> writer_;
   // Memory of this rank over the last time() call: tensor storage allocated beyond what was alive

@@ -30,25 +30,10 @@ void write_doc_partition(ResultsWriter& w, const cp::DocPartition& p) {
 }
 }  // namespace
 
-std::vector<std::int64_t> Study::local_rows(const SeqLayout& global) const {
-  return docs ? docs->real_index(grid.cp_rank) : cp::local_real_index(global, cp, grid.cp_rank);
-}
-
-void Study::check_by_documents(Errors& e, const std::string& name, const Tensor& local, const Tensor& ref,
-                               const SeqLayout& global, bool pads_zero) {
-  compare(e, name, host(cp::gather_documents(comm, local, *docs)), ref);
-  if (!pads_zero) return;
-  // this rank's pad rows (of the split documents) must be zero
-  std::vector<std::int64_t> pads;
-  const std::vector<std::int64_t> rows = local_rows(global);
-  for (std::size_t i = 0; i < rows.size(); ++i)
-    if (rows[i] < 0) pads.push_back(static_cast<std::int64_t>(i));
-  const double mx = comm.all_reduce_scalar(max_abs(cp::take_rows(local, pads)), ReduceOp::Max);
-  if (root()) pad_error(e, name, mx, ref);
-}
+std::vector<std::int64_t> Study::local_rows() const { return placement.real_index(grid.cp_rank); }
 
 void Study::record_placement(const cp::DocCost& cost) {
-  const auto p = docs ? docs : thd_placement(deck, cp, cost);
+  const auto p = placement.docs ? placement.docs : thd_placement(deck, cp, cost);
   if (!p) return;
   if (writer_) write_doc_partition(*writer_, *p);
   if (root()) std::printf("# partition %s: %s\n", deck.get_string("data.partition").c_str(), p->summary().c_str());

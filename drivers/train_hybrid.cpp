@@ -133,7 +133,7 @@ void validate(DriverContext& ctx) {
     if (!dry_too_big) {
       const drivers::PlacedBatch pb = placed_step(d, s, cp.rank(), 1);
       try {
-        model::HybridModel m(cp, s.cfg, pb.batch.layout, nullptr, pb.docs);
+        model::HybridModel m(cp, s.cfg, pb.placement);
       } catch (const Error& e) {  // a layer's shape rule: name where the strategies came from
         throw Error(drivers::from_input(d.where("parallel.attention"), e.what()));
       }
@@ -240,7 +240,7 @@ void Trainer::header() const {
 bool Trainer::step(std::int64_t t) {
   const drivers::PlacedBatch pb = placed_step(d_, s_, grid_.cp_rank, t);
   const drivers::TokenBatch& b = pb.batch;
-  model::HybridModel m(cpc_, s_.cfg, b.layout, &groups_, pb.docs);
+  model::HybridModel m(cpc_, s_.cfg, pb.placement, &groups_);
   model::ParamMap g;
   cpc_.barrier();
   const double t0 = now_seconds();
@@ -263,7 +263,7 @@ bool Trainer::step(std::int64_t t) {
   if (with_ref_) {  // collective over the CP group; rank 0 compares with the replica
     const std::vector<Tensor> none;
     flips = drivers::routing_flips(cpc_, drivers::space_of(d_), m.routing(), replica_ ? replica_->routing() : none,
-                                   b.layout, ctx_.root(), pb.docs.get());
+                                   b.layout, ctx_.root(), pb.placement.docs.get());
     ts_.routing_flips.push_back(flips);
     if (flips > 0 && first_flip_ == 0) first_flip_ = t;
   }
@@ -289,10 +289,10 @@ void Trainer::print_step(std::int64_t t, const drivers::PlacedBatch& pb, double 
   std::printf("step %4lld/%lld  loss %.6f", static_cast<long long>(t), static_cast<long long>(steps_), loss);
   if (replica_)
     std::printf("  cp1 %.6f (rel %.1e, flips %.1e)", rl, std::abs(loss - rl) / std::max(std::abs(rl), 1e-300), flips);
-  if (pb.docs)
+  if (const auto& docs = pb.placement.docs)
     std::printf("  documents %lld whole %lld split",
-                static_cast<long long>(pb.docs->lens.size()) - static_cast<long long>(pb.docs->documents_split()),
-                static_cast<long long>(pb.docs->documents_split()));
+                static_cast<long long>(docs->lens.size()) - static_cast<long long>(docs->documents_split()),
+                static_cast<long long>(docs->documents_split()));
   std::printf("  lr %.2e  gnorm %.3f  tokens/s %.0f  step %.1f ms\n", opt_->last_lr(), gn,
               static_cast<double>(pb.batch.layout.total()) / (ms * 1e-3), ms);
   std::fflush(stdout);

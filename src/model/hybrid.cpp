@@ -135,9 +135,31 @@ void HybridModel::timed(const std::string& name, F&& f) {
   phases_.time(name, default_space(), f);
 }
 
-HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups,
-                         std::shared_ptr<const cp::DocPartition> docs)
-    : comm_(comm), groups_(groups), c_(std::move(cfg)), global_(std::move(global)), docs_(std::move(docs)) {
+cp::DocCost hybrid_doc_cost(const HybridConfig& h) {
+  cp::DocCost c{0.0, 0.0, true};
+  const auto C = static_cast<double>(h.hidden);
+  for (char k : h.pattern) {
+    if (k == '*') {
+      const double hd = static_cast<double>(h.attn.heads * h.attn.head_dim);
+      c.pair += 2 * hd;
+      c.token += C * static_cast<double>((h.attn.heads + 2 * h.attn.kv_heads) * h.attn.head_dim) + hd * C;
+    } else if (k == 'M') {
+      c.token += C * static_cast<double>(h.mamba.d_in_proj() + h.mamba.d_inner());
+    } else if (k == 'E') {
+      c.token += 3 * C * static_cast<double>(h.moe.topk * h.moe.ffn + h.moe.shared_ffn);
+    } else {
+      c.token += 3 * C * static_cast<double>(h.mlp.ffn);
+    }
+  }
+  return c;
+}
+
+HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups)
+    : HybridModel(comm, std::move(cfg), cp::Placement::dcs(std::move(global), comm.size()), groups) {}
+
+HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, const cp::Placement& placement,
+                         const ExpertGroups* groups)
+    : comm_(comm), groups_(groups), c_(std::move(cfg)), global_(placement.global), docs_(placement.docs) {
   c_.finalize();
   const int cp = comm_.size();
   if (docs_) {

@@ -14,6 +14,7 @@
 
 #include "comm/process_grid.hpp"
 #include "core/phase_times.hpp"
+#include "cp/placement.hpp"
 #include "model/layers.hpp"
 #include "model/mamba2.hpp"
 
@@ -72,14 +73,21 @@ struct StepResult {
   std::int64_t label_tokens = 0;  // global
 };
 
+// The work of the hybrid step per document, in multiply-adds (the per-document placement's cost
+// model): per (query, key) pair of each attention block (Q K^T and P V) and per token of every
+// block's projections and MLPs.
+cp::DocCost hybrid_doc_cost(const HybridConfig& h);
+
 class HybridModel {
  public:
   // `groups`: the expert-parallel layout of cp_comm (parameters then follow expert_shards); without,
   // the model builds its own from cfg.ep (collective).
-  // `docs`: packed documents placed by document (cp/documents.hpp; `global` then the unpadded
-  // documents, the tokens a rank's rows in the placement's order), null: DualChunkSwap.
-  HybridModel(Communicator& cp_comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups = nullptr,
-              std::shared_ptr<const cp::DocPartition> docs = nullptr);
+  // `placement`: the batch's rows over cp_comm (DualChunkSwap of its layout, or per document; the
+  // tokens a rank's rows in the placement's order).
+  HybridModel(Communicator& cp_comm, HybridConfig cfg, const cp::Placement& placement,
+              const ExpertGroups* groups = nullptr);
+  // DualChunkSwap of `global` over cp_comm.
+  HybridModel(Communicator& cp_comm, HybridConfig cfg, SeqLayout global, const ExpertGroups* groups = nullptr);
   // tokens/labels: this rank's local tokens (DCS order). Forward and backward; grads overwritten.
   StepResult step(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
                   ParamMap& grads);
