@@ -1,6 +1,6 @@
 // Attention CP (every registered strategy: p2p ring, all-gather, a2a, a2a+p2p) against cp=1 on the
-// same backend, for every format, mask and GQA ratio, fp64 and fp32; DCS layout maths; errors on
-// every rank.
+// same backend, for every format, mask and GQA ratio, fp64 and fp32; DCS layout maths and the
+// placements; errors on every rank.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -9,6 +9,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/layout.hpp"
+#include "cp/placement.hpp"
 #include "mpi/comm_bytes.hpp"
 #include "unit/fd.hpp"
 
@@ -238,4 +239,48 @@ TEST(CpAttentionErrors, ShapesThatDoNotDivideFailOnEveryRank) {
   c.kv_heads = 3;
   EXPECT_NE(test::error_of([&] { CpAttention a(comm, c); }).find("positive multiple of attention.kv_heads"),
             std::string::npos);
+}
+
+// cp::Placement, DualChunkSwap and per document alike on the same documents: every real row of the
+// unpadded problem is held by exactly one rank, a rank's rows gathered back come out in the
+// unpadded order, and take() hands each rank the values its rows index (pads: the pad value).
+TEST(Placement, BothPlacementsHoldEveryRealRowOnceAndGatherInOrder) {
+  MpiCommunicator comm(MPI_COMM_WORLD);
+  const int cp = comm.size(), r = comm.rank();
+  const std::vector<std::int64_t> lens = {7, 30, 1, 12, 5};
+  std::vector<std::vector<std::int64_t>> seqs;
+  std::int64_t next = 0, T = 0;
+  for (const std::int64_t n : lens) {  // token ids 1.. in global order, so the id names the real row
+    seqs.emplace_back();
+    for (std::int64_t j = 0; j < n; ++j) seqs.back().push_back(++next);
+    T += n;
+  }
+  const PackedBatch pb = pack_sequences(seqs, cp, 0);
+  const SeqLayout u = pb.layout.unpadded();
+  std::vector<std::int64_t> real_ids;
+  for (std::int64_t i = 1; i <= T; ++i) real_ids.push_back(i);
+  const auto docs = std::make_shared<const DocPartition>(partition_documents(lens, cp, 0, DocCost{}));
+  for (const Placement& p : {Placement::dcs(pb.layout, cp), Placement::documents(u, docs)}) {
+    const std::string tag = p.by_documents() ? "documents" : "dcs";
+    // the token ids this rank holds: from the padded batch (dcs) or the unpadded one (documents)
+    const std::vector<std::int64_t> ids = p.take(p.by_documents() ? real_ids : pb.tokens, r, 0);
+    const std::vector<std::int64_t> real = p.real_index(r);
+    ASSERT_EQ(static_cast<std::int64_t>(ids.size()), p.local_rows(r)) << tag;
+    ASSERT_EQ(real.size(), ids.size()) << tag;
+    std::vector<double> mine(ids.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      EXPECT_EQ(ids[i], real[i] + 1) << tag << " row " << i;  // a pad: id 0, real index -1
+      mine[i] = static_cast<double>(ids[i]);
+    }
+    // every real row exactly once over the group
+    std::vector<double> count(static_cast<std::size_t>(T), 0.0);
+    for (const std::int64_t i : real)
+      if (i >= 0) count[static_cast<std::size_t>(i)] += 1;
+    comm.all_reduce(count.data(), T, DType::F64, ReduceOp::Sum);
+    for (std::int64_t i = 0; i < T; ++i) EXPECT_EQ(count[static_cast<std::size_t>(i)], 1.0) << tag << " row " << i;
+    const Tensor local = Tensor::from(mine, {static_cast<std::int64_t>(mine.size()), 1}, DType::F64);
+    const Tensor all = p.gather_real(comm, local);
+    ASSERT_EQ(all.size(0), T) << tag;
+    for (std::int64_t i = 0; i < T; ++i) EXPECT_EQ(all.get(i), static_cast<double>(i + 1)) << tag << " row " << i;
+  }
 }
