@@ -61,7 +61,10 @@ drivers::Cases cases() {
             const auto docs = drivers::doc_partition(d, cp, model::hybrid_doc_cost(h));
             drivers::LayerBytes b;
             if (h.pattern.find('*') != std::string::npos)
-              drivers::add_attention_bytes(b, model::cp_attn_config(h.attn, g, docs), cp, dt);
+              drivers::add_attention_bytes(
+                  b,
+                  model::cp_attn_config(h.attn, docs ? cp::Placement::documents(g, docs) : cp::Placement::dcs(g, cp)),
+                  cp, dt);
             if (h.pattern.find('M') != std::string::npos) drivers::add_mamba_bytes(b, h.mamba, g, docs.get(), cp, dt);
             drivers::add_placement(b, d, cp, model::hybrid_doc_cost(h));
             if (h.pattern.find('E') != std::string::npos)

@@ -67,9 +67,11 @@ struct Setup {
   // The layout the CP strategy runs on: the global one, or the split documents'; none (every
   // document whole) sends nothing.
   const SeqLayout* cp_layout() const { return !docs ? &global : docs->split.nseq() > 0 ? &docs->split : nullptr; }
+  cp::Placement placement() const {
+    return docs ? cp::Placement::documents(global, docs) : cp::Placement::dcs(global, cp);
+  }
   std::unique_ptr<model::Mamba2Layer> make(cp::MambaCp strat, Communicator& c) const {
-    if (docs) return std::make_unique<model::Mamba2Docs>(strat, c, cfg, docs);
-    return model::make_mamba2(strat, c, cfg, global);
+    return model::make_mamba2(strat, c, cfg, placement());
   }
 };
 Setup make_setup(const Deck& d, int cp) {
@@ -124,7 +126,7 @@ void MambaStudy::setup(const std::vector<std::string>& names, const drivers::Ski
   drivers::Study& st = st_;
   const Setup& s = s_;
   names_ = names;
-  st.placement = s.docs ? cp::Placement::documents(s.global, s.docs) : cp::Placement::dcs(s.global, st.cp);
+  st.placement = s.placement();
   const std::int64_t T = s.global.total(), C = s.cfg.hidden;
   const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
   p_ = model::mamba2_init(s.cfg, s.dt, seed);

@@ -32,6 +32,10 @@ std::vector<std::int64_t> Placement::real_index(int rank) const {
   return docs ? docs->real_index(rank) : local_real_index(global, cp, rank);
 }
 
+std::vector<std::int64_t> Placement::positions(int rank) const {
+  return docs ? docs->positions(rank) : dcs_positions(global, cp, rank);
+}
+
 Tensor Placement::gather_real(Communicator& comm, const Tensor& local) const {
   HCP_CHECK(comm.size() == cp, "Placement: placed over ", cp, " ranks, gathered over ", comm.size());
   if (docs) return gather_documents(comm, local, *docs);

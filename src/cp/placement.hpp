@@ -37,6 +37,8 @@ struct Placement {
   std::vector<std::int64_t> batch_index(int rank) const;
   // For each of them, its row in the unpadded problem (the real tokens in global order), -1: a pad.
   std::vector<std::int64_t> real_index(int rank) const;
+  // For each of them, its position inside its own sequence (RoPE reads them; pads continue theirs).
+  std::vector<std::int64_t> positions(int rank) const;
   // Every rank's local [rows, ...] gathered into the unpadded problem's order, pads dropped, on
   // every rank of `comm` (the CP group). Collective.
   Tensor gather_real(Communicator& comm, const Tensor& local) const;

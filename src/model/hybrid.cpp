@@ -159,16 +159,12 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, SeqLayout global,
 
 HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, const cp::Placement& placement,
                          const ExpertGroups* groups)
-    : comm_(comm), groups_(groups), c_(std::move(cfg)), global_(placement.global), docs_(placement.docs) {
+    : comm_(comm), groups_(groups), c_(std::move(cfg)), placement_(placement) {
   c_.finalize();
   const int cp = comm_.size();
-  if (docs_) {
-    HCP_CHECK(docs_->cp == cp, "hybrid: documents placed over ", docs_->cp, " ranks, run on ", cp);
-    tl_ = docs_->local_rows(comm_.rank());
-  } else {
-    cp::require_dcs_divisible(global_, cp, "hybrid model layout");
-    tl_ = global_.total() / cp;
-  }
+  HCP_CHECK(placement_.cp == cp, "hybrid: the batch is placed over ", placement_.cp, " ranks, run on ", cp);
+  if (!placement_.by_documents()) cp::require_dcs_divisible(placement_.global, cp, "hybrid model layout");
+  tl_ = placement_.local_rows(comm_.rank());
   if (!groups_) groups_ = (own_groups_ = std::make_unique<ExpertGroups>(comm_, c_.ep)).get();
   HCP_CHECK(groups_->replicas().size() * groups_->size() == cp, "hybrid: the expert groups do not split this CP group");
   std::size_t n_attn = 0;
@@ -178,21 +174,18 @@ HybridModel::HybridModel(Communicator& comm, HybridConfig cfg, const cp::Placeme
     b.prefix = block_prefix(i);
     switch (b.kind) {
       case 'M':
-        if (docs_)
-          b.mamba = std::make_unique<Mamba2Docs>(c_.mamba_cp, comm_, c_.mamba, docs_);
-        else
-          b.mamba = make_mamba2(c_.mamba_cp, comm_, c_.mamba, global_);
+        b.mamba = make_mamba2(c_.mamba_cp, comm_, c_.mamba, placement_);
         break;
       case '*': {
         const AttnLayerConfig ac = c_.attention_layer(n_attn++);
         std::shared_ptr<CpLevels> levels;
         if (cp::attn_strategy_info(ac.strategy).two_level && cp > 1) {
-          cp::check_attention_cp_shape(cp_attn_config(ac, global_, docs_), cp);  // before any group is split
+          cp::check_attention_cp_shape(cp_attn_config(ac, placement_), cp);  // before any group is split
           std::shared_ptr<CpLevels>& l = levels_[ac.cp_inner];
           if (!l) l = CpLevels::make(comm_, ac.cp_inner);
           levels = l;
         }
-        b.attn = std::make_unique<AttentionLayer>(comm_, ac, global_, std::move(levels), docs_);
+        b.attn = std::make_unique<AttentionLayer>(comm_, ac, placement_, std::move(levels));
         break;
       }
       case 'E':

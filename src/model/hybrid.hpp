@@ -128,8 +128,7 @@ class HybridModel {
   std::unique_ptr<ExpertGroups> own_groups_;
   const ExpertGroups* groups_ = nullptr;
   HybridConfig c_;
-  SeqLayout global_;
-  std::shared_ptr<const cp::DocPartition> docs_;
+  cp::Placement placement_;
   std::int64_t tl_ = 0;
   std::vector<Block> blocks_;
   // a2a+p2p's inner and outer groups by inner size, shared by the attention layers that use them

@@ -78,8 +78,7 @@ ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed) 
   return init_params(attention_params(c), dt, seed);
 }
 
-cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global,
-                                std::shared_ptr<const cp::DocPartition> docs) {
+cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, const cp::Placement& placement) {
   cp::CpAttnConfig a;
   a.strategy = c.strategy;
   a.cp_inner = c.cp_inner;
@@ -87,17 +86,16 @@ cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global,
   a.kv_heads = c.kv_heads;
   a.head_dim = c.head_dim;
   a.causal = c.causal;
-  a.global = std::move(global);
-  a.docs = std::move(docs);
+  a.global = placement.global;
+  a.docs = placement.docs;
   return a;
 }
 
-AttentionLayer::AttentionLayer(Communicator& comm, AttnLayerConfig cfg, SeqLayout global,
-                               std::shared_ptr<CpLevels> levels, std::shared_ptr<const cp::DocPartition> docs)
-    : comm_(comm), c_(cfg), attn_(comm, cp_attn_config(cfg, global, docs), std::move(levels)) {
-  tl_ = docs ? docs->local_rows(comm.rank()) : global.total() / comm.size();
-  if (c_.rope_theta > 0)
-    pos_ = docs ? docs->positions(comm.rank()) : cp::dcs_positions(global, comm.size(), comm.rank());
+AttentionLayer::AttentionLayer(Communicator& comm, AttnLayerConfig cfg, const cp::Placement& placement,
+                               std::shared_ptr<CpLevels> levels)
+    : comm_(comm), c_(cfg), attn_(comm, cp_attn_config(cfg, placement), std::move(levels)) {
+  tl_ = placement.local_rows(comm.rank());
+  if (c_.rope_theta > 0) pos_ = placement.positions(comm.rank());
 }
 
 void AttentionLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {

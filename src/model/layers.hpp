@@ -17,6 +17,7 @@
 #include "core/seq_layout.hpp"
 #include "cp/attention_cp.hpp"
 #include "cp/moe_ep.hpp"
+#include "cp/placement.hpp"
 #include "kernels/kernels.hpp"
 #include "model/mamba2.hpp"
 
@@ -40,18 +41,16 @@ struct AttnLayerConfig {
   cp::AttnStrategy strategy = cp::AttnStrategy::P2P;
   int cp_inner = 1;  // a2a+p2p: the inner group's ranks
 };
-// The CP attention of a layer of config `c` on the global layout `global`.
-// `docs`: the per-document placement of `global`'s documents (null: DualChunkSwap).
-cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, SeqLayout global,
-                                std::shared_ptr<const cp::DocPartition> docs = nullptr);
+// The CP attention of a layer of config `c` on the batch placed by `placement`.
+cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, const cp::Placement& placement);
 std::vector<ParamSpec> attention_params(const AttnLayerConfig& c);  // Wq, Wk, Wv, Wo
 ParamMap attention_init(const AttnLayerConfig& c, DType dt, std::uint64_t seed);
 
 class AttentionLayer {
  public:
   // `levels`: a2a+p2p's groups, when the model shares them between its layers (CpLevels).
-  AttentionLayer(Communicator& cp_comm, AttnLayerConfig cfg, SeqLayout global,
-                 std::shared_ptr<CpLevels> levels = nullptr, std::shared_ptr<const cp::DocPartition> docs = nullptr);
+  AttentionLayer(Communicator& cp_comm, AttnLayerConfig cfg, const cp::Placement& placement,
+                 std::shared_ptr<CpLevels> levels = nullptr);
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
   const cp::CpAttention& attention() const { return attn_; }

@@ -476,4 +476,10 @@ std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& comm, M
   return mamba_cp_info(strategy).make(comm, std::move(cfg), std::move(global), part);
 }
 
+std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& comm, Mamba2Config cfg,
+                                         const cp::Placement& placement) {
+  if (placement.by_documents()) return std::make_unique<Mamba2Docs>(strategy, comm, std::move(cfg), placement.docs);
+  return make_mamba2(strategy, comm, std::move(cfg), placement.global);
+}
+
 }  // namespace hcp::model

@@ -21,6 +21,7 @@
 #include "cp/documents.hpp"
 #include "cp/hidden_parallel.hpp"
 #include "cp/layout.hpp"
+#include "cp/placement.hpp"
 #include "cp/state_passing.hpp"
 #include "cp/strategy.hpp"
 #include "kernels/kernels.hpp"
@@ -206,6 +207,10 @@ std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const
 
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg, SeqLayout global,
                                          cp::Partition part = cp::Partition::DCS);
+// The layer on the batch placed by `placement`: DualChunkSwap of its layout, or per document
+// (Mamba2Docs: the whole documents as local problems, the split ones over the group).
+std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg,
+                                         const cp::Placement& placement);
 // The same on a per-document placement: the split documents' bytes (none when every one is whole).
 std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const cp::DocPartition& docs, int rank,
                                   DType dt);
