@@ -232,7 +232,10 @@ TEST(MambaSpErrors, LayoutRules) {
             }).find("mamba.n_groups (4) must divide mamba.heads (6)"),
             std::string::npos);
   EXPECT_EQ(model::mamba_cp_from_string("state_passing"), MambaCp::StatePassing);
-  EXPECT_NE(test::error_of([] { model::mamba_cp_from_string("ring"); }).find("not one of"), std::string::npos);
+  EXPECT_NE(test::error_of([] {
+              model::mamba_cp_from_string("ring");
+            }).find("unknown Mamba CP strategy 'ring' (expected hidden_parallel or state_passing)"),
+            std::string::npos);
 }
 
 // bf16 state passing: the per-head parameter gradients (A_log, D, dt_bias) are sums over many pieces
