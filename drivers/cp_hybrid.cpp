@@ -83,10 +83,9 @@ constexpr double kBf16LossTol = 2e-3;
 
 // Fraction of (real token, MoE block) pairs whose chosen expert set differs from cp=1's (rank 0;
 // 0 elsewhere and without a check). Collective.
-double routing_flips(drivers::Study& st, const model::HybridModel& m, const std::vector<Tensor>& ref,
-                     const SeqLayout& global) {
+double routing_flips(drivers::Study& st, const model::HybridModel& m, const std::vector<Tensor>& ref) {
   if (!st.check) return 0.0;
-  return drivers::routing_flips(st.comm, st.space, m.routing(), ref, global, st.root(), st.placement.docs.get());
+  return drivers::routing_flips(st.comm, st.space, m.routing(), ref, st.placement, st.root());
 }
 
 // One study of cp_hybrid: the batch, the parameters and the cp=1 reference (set up once), then one
@@ -208,7 +207,6 @@ void HybridStudy::records(const std::vector<std::string>& names, const drivers::
 
 bool HybridStudy::run_case(const std::string& name, std::vector<std::string>& row) {
   drivers::Study& st = st_;
-  const drivers::TokenBatch& batch = placed_.batch;
   model::HybridModel m(st.comm, drivers::hybrid_config(st.deck, name, st.cp), placed_.placement, groups_.get());
   model::ParamMap grads;
   model::StepResult res;
@@ -239,7 +237,7 @@ bool HybridStudy::run_case(const std::string& name, std::vector<std::string>& ro
     for (auto& [n, t] : rg_) st.compare(e, "d" + n, drivers::host(whole.at(n)), t);
   st.cross_scalar(e, "loss", res.loss);
   for (auto& [n, t] : grads) st.cross_compare(e, "d" + n, t);  // each rank its experts' rows
-  const double flips = routing_flips(st, m, ref_routing_, batch.layout);
+  const double flips = routing_flips(st, m, ref_routing_);
   const bool loss_ok = !st.check || !st.root() || loss_err <= std::min(st.tol, kBf16LossTol);
   const bool pass = st.verdict(name, e, flips <= kMaxFlips && loss_ok);
   if (st.out() && st.check) st.out()->attribute("/summary/" + name, "routing_flips", drivers::fmt("%.6f", flips));

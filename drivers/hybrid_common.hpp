@@ -304,18 +304,15 @@ inline void write_params(ResultsWriter& w, Communicator& world, const std::strin
 }
 
 // Fraction of (real token, MoE block) pairs whose chosen expert set (`mine`: this rank's [Tl, K] per
-// MoE block, DCS order) differs from `ref` (the cp=1 model's [T, K] per block, real tokens in global
-// order); computed on `root`, 0 elsewhere. Collective over `comm`.
+// MoE block, in the order of `placement`) differs from `ref` (the cp=1 model's [T, K] per block, real
+// tokens in global order); computed on `root`, 0 elsewhere. Collective over `comm`.
 inline double routing_flips(Communicator& comm, Space space, const std::vector<Tensor>& mine,
-                            const std::vector<Tensor>& ref, const SeqLayout& global, bool root,
-                            const cp::DocPartition* docs = nullptr) {
+                            const std::vector<Tensor>& ref, const cp::Placement& placement, bool root) {
   std::int64_t flipped = 0, total = 0;
   for (std::size_t b = 0; b < mine.size(); ++b) {
-    const Tensor gathered =
-        docs ? cp::gather_documents(comm, mine[b].to(space), *docs) : cp::dcs_gather(comm, mine[b].to(space), global);
-    const Tensor all = gathered.space() == Space::Host ? gathered : gathered.to(Space::Host);
+    const Tensor gathered = placement.gather_real(comm, mine[b].to(space));
+    const Tensor got = gathered.space() == Space::Host ? gathered : gathered.to(Space::Host);
     if (!root) continue;
-    const Tensor got = !docs && global.padded() ? cp::take_rows(all, cp::real_rows(global)) : all;
     const std::int64_t T = got.size(0), K = got.size(1);
     for (std::int64_t t = 0; t < T; ++t) {
       std::vector<double> a(static_cast<std::size_t>(K)), r(static_cast<std::size_t>(K));

@@ -263,7 +263,7 @@ bool Trainer::step(std::int64_t t) {
   if (with_ref_) {  // collective over the CP group; rank 0 compares with the replica
     const std::vector<Tensor> none;
     flips = drivers::routing_flips(cpc_, drivers::space_of(d_), m.routing(), replica_ ? replica_->routing() : none,
-                                   b.layout, ctx_.root(), pb.placement.docs.get());
+                                   pb.placement, ctx_.root());
     ts_.routing_flips.push_back(flips);
     if (flips > 0 && first_flip_ == 0) first_flip_ = t;
   }
