@@ -27,7 +27,8 @@ void per_rank_json(std::ostringstream& os, const std::map<std::string, std::vect
 }
 }  // namespace
 
-void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, int cp, DType dt) {
+void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt) {
+  const int cp = c.placement.cp;
   for (const cp::AttnStrategyInfo& s : cp::attn_strategies()) {
     cp::CpAttnConfig a = c;
     a.strategy = s.id;
@@ -49,7 +50,14 @@ void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, int cp, DType
   }
 }
 
-void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayout& global, int cp, DType dt) {
+void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Placement& placement, DType dt) {
+  const int cp = placement.cp;
+  const SeqLayout* layout = placement.cp_layout();
+  if (!layout) {  // every document whole: nothing sent
+    for (const model::MambaCpInfo& s : model::mamba_cps())
+      b.kinds["M"][s.name] = std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0);
+    return;
+  }
   for (const model::MambaCpInfo& s : model::mamba_cps()) {
     if (s.id == cp::MambaCp::HiddenParallel && cp > 1) {
       try {
@@ -59,18 +67,10 @@ void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayou
       }
     }
     std::vector<std::int64_t>& v = b.kinds["M"][s.name];
-    for (int r = 0; r < cp; ++r) v.push_back(cp == 1 ? 0 : model::mamba_cp_model_bytes(s.id, c, global, cp, r, dt));
+    for (int r = 0; r < cp; ++r) v.push_back(model::mamba_cp_model_bytes(s.id, c, placement, r, dt));
   }
   b.state_scan = cp::to_string(
-      cp::resolve_state_exchange(global, cp, cp::Partition::DCS, c.state_exchange, c.head_dim * c.d_state));
-}
-
-void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayout& global, const cp::DocPartition* docs,
-                     int cp, DType dt) {
-  if (!docs) return add_mamba_bytes(b, c, global, cp, dt);
-  if (docs->split.nseq() > 0) return add_mamba_bytes(b, c, docs->split, cp, dt);
-  for (const model::MambaCpInfo& s : model::mamba_cps())  // every document whole: nothing sent
-    b.kinds["M"][s.name] = std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0);
+      cp::resolve_state_exchange(*layout, cp, cp::Partition::DCS, c.state_exchange, c.head_dim * c.d_state));
 }
 
 void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,

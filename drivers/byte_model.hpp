@@ -48,14 +48,12 @@ struct LayerBytes {
 // `cost`); nothing for BSHD.
 void add_placement(LayerBytes& b, const Deck& d, int cp, const cp::DocCost& cost);
 
-// Every attention strategy whose shape rules `c` (its strategy aside) meets on `cp` ranks.
-void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, int cp, DType dt);
-// Every Mamba CP strategy whose shape rules `c` meets on `cp` ranks.
-void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayout& global, int cp, DType dt);
-// The same on a per-document placement `docs` (null: the DualChunkSwap layout of `global`): the split
-// documents' layout, every strategy 0 bytes when each document is whole.
-void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const SeqLayout& global, const cp::DocPartition* docs,
-                     int cp, DType dt);
+// Every attention strategy whose shape rules `c` (its strategy aside) meets on its placement's ranks.
+void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt);
+// Every Mamba CP strategy whose shape rules `c` meets on the batch placed by `placement` (on its CP
+// layout: the DualChunkSwap one, or the split documents'; every strategy 0 bytes when each document
+// is whole).
+void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Placement& placement, DType dt);
 // Expert parallelism over groups of `ep` ranks, tokens routed uniformly (an expectation).
 void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,
                    int ep, DType dt);

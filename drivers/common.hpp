@@ -11,6 +11,7 @@
 #include "core/seq_layout.hpp"
 #include "cp/documents.hpp"
 #include "cp/layout.hpp"
+#include "cp/placement.hpp"
 #include "io/deck.hpp"
 #include "io/results.hpp"
 
@@ -187,6 +188,14 @@ inline SeqLayout global_layout(const Deck& d, int cp) {
   SeqLayout l = SeqLayout::thd(cu);
   l.real_lens = lens;  // the pads at each sequence's end are neither keys nor outputs
   return l;
+}
+
+// The deck's batch placed on `cp` ranks: per document (data.partition = documents, work by `cost`)
+// or DualChunkSwap of global_layout.
+inline cp::Placement placement_of(const Deck& d, int cp, const cp::DocCost& cost) {
+  SeqLayout g = global_layout(d, cp);
+  if (auto docs = doc_partition(d, cp, cost)) return cp::Placement::documents(std::move(g), std::move(docs));
+  return cp::Placement::dcs(std::move(g), cp);
 }
 
 // Where the documents of a packed (THD) batch lie, as a placement, whatever data.partition says:

@@ -64,8 +64,7 @@ cp::CpAttnConfig config(const Deck& d, int cp, const std::string& strategy) {
   c.kv_heads = a.kv_heads;
   c.head_dim = a.head_dim;
   c.causal = d.get_bool("attention.causal");
-  c.global = drivers::global_layout(d, cp);
-  c.docs = drivers::doc_partition(d, cp, drivers::attention_doc_cost(c.causal));
+  c.placement = drivers::placement_of(d, cp, drivers::attention_doc_cost(c.causal));
   c.strategy = cp::attn_strategy_from_string(strategy);
   c.cp_inner = drivers::cp_inner_of(d, cp);
   return c;
@@ -81,7 +80,7 @@ drivers::Cases cases() {
           [](const Deck& d, int cp) {
             drivers::LayerBytes b;
             const cp::CpAttnConfig c = config(d, cp, "p2p");
-            drivers::add_attention_bytes(b, c, cp, dtype_from_string(d.get_string("data.dtype")));
+            drivers::add_attention_bytes(b, c, dtype_from_string(d.get_string("data.dtype")));
             drivers::add_placement(b, d, cp, drivers::attention_doc_cost(c.causal));
             return b;
           }};
@@ -112,8 +111,8 @@ class AttentionStudy {
 
 void AttentionStudy::setup(const std::vector<std::string>& names, const drivers::Skipped& skipped) {
   base_ = config(st_.deck, st_.cp, names.front());
-  const SeqLayout& g = base_.global;
-  st_.placement = base_.docs ? cp::Placement::documents(g, base_.docs) : cp::Placement::dcs(g, st_.cp);
+  st_.placement = base_.placement;
+  const SeqLayout& g = base_.placement.global;
   const std::int64_t T = g.total(), H = base_.heads, Hkv = base_.kv_heads, D = base_.head_dim;
   const auto seed = static_cast<std::uint64_t>(st_.deck.get_int("data.seed"));
   qs_ = {H, D};
@@ -139,7 +138,7 @@ void AttentionStudy::setup(const std::vector<std::string>& names, const drivers:
   st_.config({{"format", st_.deck.get_string("data.format")},
               {"strategy", drivers::join(names)},
               {"cu_seqlens_padded", drivers::join(g.cu_seqlens)},
-              {"partition", base_.docs ? "documents" : "dcs"}},
+              {"partition", st_.placement.by_documents() ? "documents" : "dcs"}},
              skipped);
   if (st_.out() && st_.check)
     for (int i = 0; i < 4; ++i)
@@ -160,7 +159,6 @@ void AttentionStudy::setup(const std::vector<std::string>& names, const drivers:
 
 bool AttentionStudy::run_case(const std::string& name, std::vector<std::string>& row) {
   drivers::Study& st = st_;
-  const SeqLayout& g = base_.global;
   cp::CpAttention attn(st.comm, config(st.deck, st.cp, name));
   const std::vector<std::int64_t> rows = st.local_rows();
   Tensor ql = local(rows, 0), kl = local(rows, 1), vl = local(rows, 2), dol = local(rows, 3);

@@ -56,19 +56,15 @@ drivers::Cases cases() {
           },
           [](const Deck& d, int cp) {
             const model::HybridConfig h = drivers::hybrid_config(d, "p2p", cp);
-            const SeqLayout g = drivers::global_layout(d, cp);
+            const cp::Placement p = drivers::placement_of(d, cp, model::hybrid_doc_cost(h));
             const DType dt = dtype_from_string(d.get_string("data.dtype"));
-            const auto docs = drivers::doc_partition(d, cp, model::hybrid_doc_cost(h));
             drivers::LayerBytes b;
             if (h.pattern.find('*') != std::string::npos)
-              drivers::add_attention_bytes(
-                  b,
-                  model::cp_attn_config(h.attn, docs ? cp::Placement::documents(g, docs) : cp::Placement::dcs(g, cp)),
-                  cp, dt);
-            if (h.pattern.find('M') != std::string::npos) drivers::add_mamba_bytes(b, h.mamba, g, docs.get(), cp, dt);
+              drivers::add_attention_bytes(b, model::cp_attn_config(h.attn, p), dt);
+            if (h.pattern.find('M') != std::string::npos) drivers::add_mamba_bytes(b, h.mamba, p, dt);
             drivers::add_placement(b, d, cp, model::hybrid_doc_cost(h));
             if (h.pattern.find('E') != std::string::npos)
-              drivers::add_moe_bytes(b, h.moe, h.hidden, g.total() / cp, cp, drivers::ep_size_of(d, h, cp), dt);
+              drivers::add_moe_bytes(b, h.moe, h.hidden, p.global.total() / cp, cp, drivers::ep_size_of(d, h, cp), dt);
             return b;
           }};
 }

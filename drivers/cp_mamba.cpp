@@ -60,23 +60,17 @@ DeckSchema schema() {
 
 struct Setup {
   int cp = 1;
-  SeqLayout global;
+  cp::Placement placement;  // DualChunkSwap, or data.partition = documents
   model::Mamba2Config cfg;
   DType dt = DType::F64;
-  std::shared_ptr<const cp::DocPartition> docs;  // data.partition = documents
-  // The layout the CP strategy runs on: the global one, or the split documents'; none (every
-  // document whole) sends nothing.
-  const SeqLayout* cp_layout() const { return !docs ? &global : docs->split.nseq() > 0 ? &docs->split : nullptr; }
-  cp::Placement placement() const {
-    return docs ? cp::Placement::documents(global, docs) : cp::Placement::dcs(global, cp);
-  }
+  const SeqLayout& global() const { return placement.global; }
   std::unique_ptr<model::Mamba2Layer> make(cp::MambaCp strat, Communicator& c) const {
-    return model::make_mamba2(strat, c, cfg, placement());
+    return model::make_mamba2(strat, c, cfg, placement);
   }
 };
 Setup make_setup(const Deck& d, int cp) {
-  return {cp, drivers::global_layout(d, cp), drivers::mamba_from_deck(d, d.get_int("mamba.hidden")),
-          dtype_from_string(d.get_string("data.dtype")), drivers::doc_partition(d, cp, drivers::token_doc_cost())};
+  return {cp, drivers::placement_of(d, cp, drivers::token_doc_cost()),
+          drivers::mamba_from_deck(d, d.get_int("mamba.hidden")), dtype_from_string(d.get_string("data.dtype"))};
 }
 
 // The strategies; constructing a layer checks its divisibility rules.
@@ -91,7 +85,7 @@ drivers::Cases cases() {
           [](const Deck& d, int cp) {
             const Setup s = make_setup(d, cp);
             drivers::LayerBytes b;
-            drivers::add_mamba_bytes(b, s.cfg, s.global, s.docs.get(), cp, s.dt);
+            drivers::add_mamba_bytes(b, s.cfg, s.placement, s.dt);
             drivers::add_placement(b, d, cp, drivers::token_doc_cost());
             return b;
           }};
@@ -126,23 +120,23 @@ void MambaStudy::setup(const std::vector<std::string>& names, const drivers::Ski
   drivers::Study& st = st_;
   const Setup& s = s_;
   names_ = names;
-  st.placement = s.placement();
-  const std::int64_t T = s.global.total(), C = s.cfg.hidden;
+  st.placement = s.placement;
+  const std::int64_t T = s.global().total(), C = s.cfg.hidden;
   const auto seed = static_cast<std::uint64_t>(st.deck.get_int("data.seed"));
   p_ = model::mamba2_init(s.cfg, s.dt, seed);
   const std::uint64_t sh = seed * 7 + 1, sdy = seed * 7 + 2;
   // cp=1 reference on rank 0: the state-passing layer on host tensors (it runs any heads / n_groups),
   // on the unpadded problem (each sequence at its real length).
   if (st.check && st.root()) {
-    const SeqLayout u = s.global.unpadded();
+    const SeqLayout u = s.global().unpadded();
     model::Mamba2SP ref(st.self, s.cfg, u, cp::Partition::Contiguous);  // one rank: any length
     ry_ = Tensor::zeros({u.total(), C}, s.dt);
     rdh_ = Tensor::zeros({u.total(), C}, s.dt);
-    ref.forward(ry_, drivers::unpadded_uniform(s.global, {C}, s.dt, sh), p_);
-    ref.backward(rdh_, rg_, drivers::unpadded_uniform(s.global, {C}, s.dt, sdy), p_);
+    ref.forward(ry_, drivers::unpadded_uniform(s.global(), {C}, s.dt, sh), p_);
+    ref.backward(rdh_, rg_, drivers::unpadded_uniform(s.global(), {C}, s.dt, sdy), p_);
   }
   // The state scan state passing runs (mamba.state_scan = auto resolved on this layout).
-  cpl_ = s.cp_layout();
+  cpl_ = s.placement.cp_layout();
   const std::string scan =
       cpl_ ? cp::to_string(cp::resolve_state_exchange(*cpl_, st.cp, cp::Partition::DCS, s.cfg.state_exchange,
                                                       s.cfg.head_dim * s.cfg.d_state))
@@ -156,7 +150,7 @@ void MambaStudy::setup(const std::vector<std::string>& names, const drivers::Ski
     st.out()->tensor("/activations/reference/out", ry_, "[T,hidden] real tokens, global order", "1");
     st.out()->tensor("/gradients/reference/input", rdh_, "[T,hidden] real tokens, global order", "1");
   }
-  st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", s.global.nseq(),
+  st.header(drivers::fields("format", st.deck.get_string("data.format"), "tokens", T, "sequences", s.global().nseq(),
                             "hidden", C, "heads", s.cfg.heads, "head_dim", s.cfg.head_dim, "n_groups", s.cfg.groups,
                             "d_state", s.cfg.d_state, "conv", s.cfg.conv, "chunk", s.cfg.chunk, "state_scan", scan),
             skipped);
@@ -187,8 +181,7 @@ drivers::Study::BytesCheck MambaStudy::check_bytes(const std::string& name, cp::
                   : sent - cp::model_state_elements_sent(*cpl_, s.cp, r, cp::Partition::DCS, s.cfg.state_exchange,
                                                          s.cfg.heads, s.cfg.head_dim * s.cfg.d_state) *
                                static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(s.dt)));
-  const std::int64_t mine = s.docs ? model::mamba_cp_model_bytes(strat, s.cfg, *s.docs, r, s.dt)
-                                   : model::mamba_cp_model_bytes(strat, s.cfg, s.global, s.cp, r, s.dt);
+  const std::int64_t mine = model::mamba_cp_model_bytes(strat, s.cfg, s.placement, r, s.dt);
   drivers::Study::BytesCheck bc = st.check_bytes(sent, mine);
   if (!hp) {
     const auto halo_all = static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(halo)));

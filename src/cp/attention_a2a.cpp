@@ -30,15 +30,16 @@ class A2AAttention final : public AttnImpl {
     kv_map_ = std::move(r.map);
     // Each rank's K/V heads of every token, in global order: the inner exchange of a2a+p2p with the
     // whole group inside (one outer rank, whose DCS order at cp 1 is the global order).
-    xkv_ = std::make_unique<HeadExchange>(
-        s_.comm, kv_lo_, kv_n_, inner_to_outer_rows(s_.cfg.global, s_.cp, s_.cp, s_.rank), s_.cfg.global.total());
+    xkv_ = std::make_unique<HeadExchange>(s_.comm, kv_lo_, kv_n_,
+                                          inner_to_outer_rows(s_.cfg.placement.global, s_.cp, s_.cp, s_.rank),
+                                          s_.cfg.placement.global.total());
   }
 
   void forward(Tensor& o) override {
     PhaseTimes& c = s_.fwd_ph;
     c.start_laps(s_.q.space());
     const std::int64_t Hl = s_.cfg.heads / s_.cp;
-    qh_ = seq_to_head(s_.comm, s_.q, s_.cfg.global);
+    qh_ = seq_to_head(s_.comm, s_.q, s_.cfg.placement.global);
     kh_ = xkv_->to_heads(s_.k);
     vh_ = xkv_->to_heads(s_.v);
     c.lap("comm_wait");
@@ -47,12 +48,12 @@ class A2AAttention final : public AttnImpl {
       vh_ = expand_heads(vh_, kv_map_);
     }
     auto p = s_.params(Hl, kh_.size(1));
-    p.segments = k::segments_from_layout(s_.cfg.global, s_.cfg.global);
+    p.segments = k::segments_from_layout(s_.cfg.placement.global, s_.cfg.placement.global);
     oh_ = Tensor::zeros(qh_.shape(), s_.q.dtype());
-    s_.lse = Tensor::zeros({s_.cfg.global.total(), Hl}, lse_dtype(s_.q));
+    s_.lse = Tensor::zeros({s_.cfg.placement.global.total(), Hl}, lse_dtype(s_.q));
     k::attention_fwd(oh_, s_.lse, qh_, kh_, vh_, p);
     c.lap("compute");
-    s_.o = head_to_seq(s_.comm, oh_, s_.cfg.global);
+    s_.o = head_to_seq(s_.comm, oh_, s_.cfg.placement.global);
     c.lap("comm_wait");
     o.copy_from(s_.o.view(o.shape()));
   }
@@ -61,10 +62,10 @@ class A2AAttention final : public AttnImpl {
     PhaseTimes& c = s_.bwd_ph;
     c.start_laps(s_.q.space());
     const std::int64_t Hl = s_.cfg.heads / s_.cp, n = kv_n_[static_cast<std::size_t>(s_.rank)];
-    Tensor doh = seq_to_head(s_.comm, dout, s_.cfg.global);
+    Tensor doh = seq_to_head(s_.comm, dout, s_.cfg.placement.global);
     c.lap("comm_wait");
     auto p = s_.params(Hl, kh_.size(1));
-    p.segments = k::segments_from_layout(s_.cfg.global, s_.cfg.global);
+    p.segments = k::segments_from_layout(s_.cfg.placement.global, s_.cfg.placement.global);
     Tensor dqh = zeros_like(qh_), dkh = zeros_like(kh_), dvh = zeros_like(vh_);
     k::attention_bwd(dqh, dkh, dvh, qh_, kh_, vh_, oh_, s_.lse, doh, p);
     if (!kv_map_.empty()) {
@@ -72,7 +73,7 @@ class A2AAttention final : public AttnImpl {
       dvh = expand_heads_adjoint(dvh, kv_map_, n);
     }
     c.lap("compute");
-    Tensor dql = head_to_seq(s_.comm, dqh, s_.cfg.global);
+    Tensor dql = head_to_seq(s_.comm, dqh, s_.cfg.placement.global);
     Tensor dkl = xkv_->to_tokens(dkh, s_.cfg.kv_heads), dvl = xkv_->to_tokens(dvh, s_.cfg.kv_heads);
     c.lap("comm_wait");
     dq.copy_from(dql.view(dq.shape()));
@@ -99,7 +100,7 @@ void check_a2a_shape(const CpAttnConfig& cfg, int cp) {
 // q in and o out (dout in and dq out): (cp-1)/cp of each; the K/V heads each other rank reads of
 // this rank's tokens (backward: the gradients of this rank's K/V heads of every other rank's tokens).
 std::int64_t a2a_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
-  const std::int64_t tl = local_layout(cfg.global, cp).total(), D = cfg.head_dim, q = tl * cfg.heads * D;
+  const std::int64_t tl = local_layout(cfg.placement.global, cp).total(), D = cfg.head_dim, q = tl * cfg.heads * D;
   const std::vector<std::int64_t> n = kv_head_ranges(cfg.heads, cfg.kv_heads, cp, rank).n;
   std::int64_t heads_out = 0;
   for (int r = 0; r < cp; ++r) heads_out += r == rank ? 0 : n[static_cast<std::size_t>(r)];

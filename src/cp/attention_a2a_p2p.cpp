@@ -25,6 +25,7 @@ CpAttnConfig a2a_p2p_ring_config(const CpAttnConfig& cfg, int rank) {
   rc.heads = cfg.heads / inner;
   rc.kv_heads = ring_kv_heads_of(cfg.heads, cfg.kv_heads, inner, me, rc.heads);
   rc.cp_inner = 1;
+  rc.placement = Placement::dcs(cfg.placement.global, cfg.placement.cp / inner);
   return rc;
 }
 
@@ -115,7 +116,7 @@ class A2AP2PAttention final : public AttnImpl {
       qlo.push_back(j * hl);
       qn.push_back(hl);
     }
-    const auto rows = inner_to_outer_rows(s_.cfg.global, s_.cp, inner_, s_.rank);
+    const auto rows = inner_to_outer_rows(s_.cfg.placement.global, s_.cp, inner_, s_.rank);
     xq_ = std::make_unique<HeadExchange>(inner_comm, qlo, qn, rows, inner_ * s_.tl);
     xkv_ = std::make_unique<HeadExchange>(inner_comm, kv_lo_, kv_n_, rows, inner_ * s_.tl);
     ring_ = std::make_unique<CpAttention>(*levels_->outer_comm, a2a_p2p_ring_config(s_.cfg, s_.rank));
@@ -134,8 +135,10 @@ class A2AP2PAttention final : public AttnImpl {
 }  // namespace
 
 std::int64_t a2a_p2p_ring_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
-  if (cfg.docs)
-    return cfg.docs->split.nseq() == 0 ? 0 : a2a_p2p_ring_bytes(split_documents_config(cfg), cp, rank, dt, backward);
+  if (cfg.placement.docs)
+    return cfg.placement.docs->split.nseq() == 0
+               ? 0
+               : a2a_p2p_ring_bytes(split_documents_config(cfg), cp, rank, dt, backward);
   const int inner = cfg.cp_inner;
   return attention_cp_model_bytes(a2a_p2p_ring_config(cfg, rank), cp / inner, rank / inner, dt, backward);
 }
@@ -145,7 +148,7 @@ namespace {
 // back, and the K/V heads the other inner ranks read); outer: the p2p ring's own model.
 std::int64_t a2a_p2p_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
   check_a2a_p2p_shape(cfg, cp);
-  const std::int64_t tl = local_layout(cfg.global, cp).total(), D = cfg.head_dim, H = cfg.heads;
+  const std::int64_t tl = local_layout(cfg.placement.global, cp).total(), D = cfg.head_dim, H = cfg.heads;
   const int inner = cfg.cp_inner, me = rank % inner;
   const std::vector<std::int64_t> n = kv_head_ranges(H, cfg.kv_heads, inner, me).n;
   std::int64_t heads_out = 0;

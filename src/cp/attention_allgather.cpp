@@ -32,11 +32,11 @@ class AllGatherAttention final : public AttnImpl {
   void forward(Tensor& o) override {
     PhaseTimes& c = s_.fwd_ph;
     c.start_laps(s_.q.space());
-    kg_ = dcs_gather(s_.comm, s_.k, s_.cfg.global);
-    vg_ = dcs_gather(s_.comm, s_.v, s_.cfg.global);
+    kg_ = dcs_gather(s_.comm, s_.k, s_.cfg.placement.global);
+    vg_ = dcs_gather(s_.comm, s_.v, s_.cfg.placement.global);
     c.lap("comm_wait");
     auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
-    p.segments = allgather_segments(s_.cfg.global, s_.local, s_.cp, s_.rank);
+    p.segments = allgather_segments(s_.cfg.placement.global, s_.local, s_.cp, s_.rank);
     s_.o = Tensor::zeros(s_.q.shape(), s_.q.dtype());
     s_.lse = Tensor::zeros({s_.tl, s_.cfg.heads}, lse_dtype(s_.q));
     k::attention_fwd(s_.o, s_.lse, s_.q, kg_, vg_, p);
@@ -48,12 +48,12 @@ class AllGatherAttention final : public AttnImpl {
     PhaseTimes& c = s_.bwd_ph;
     c.start_laps(s_.q.space());
     auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
-    p.segments = allgather_segments(s_.cfg.global, s_.local, s_.cp, s_.rank);
+    p.segments = allgather_segments(s_.cfg.placement.global, s_.local, s_.cp, s_.rank);
     Tensor dkg = zeros_like(kg_), dvg = zeros_like(vg_), dql = zeros_like(s_.q);
     k::attention_bwd(dql, dkg, dvg, s_.q, kg_, vg_, s_.o, s_.lse, dout, p);
     c.lap("compute");
     // Global order -> rank-major, then reduce-scatter: each owner gets the sum of every rank's part.
-    Tensor dk_rm = dcs_redo(dkg, s_.cfg.global, s_.cp), dv_rm = dcs_redo(dvg, s_.cfg.global, s_.cp);
+    Tensor dk_rm = dcs_redo(dkg, s_.cfg.placement.global, s_.cp), dv_rm = dcs_redo(dvg, s_.cfg.placement.global, s_.cp);
     Tensor dkl = Tensor::zeros(s_.k.shape(), s_.k.dtype()), dvl = Tensor::zeros(s_.v.shape(), s_.v.dtype());
     s_.comm.reduce_scatter(dk_rm, dkl);
     s_.comm.reduce_scatter(dv_rm, dvl);
@@ -69,7 +69,7 @@ class AllGatherAttention final : public AttnImpl {
 
 // Every other rank receives the local K/V; the backward reduce-scatters dK/dV, as many values.
 std::int64_t allgather_model_bytes(const CpAttnConfig& cfg, int cp, int /*rank*/, DType dt, bool /*backward*/) {
-  const std::int64_t tl = local_layout(cfg.global, cp).total();
+  const std::int64_t tl = local_layout(cfg.placement.global, cp).total();
   return (cp - 1) * 2 * tl * cfg.kv_heads * cfg.head_dim * static_cast<std::int64_t>(dtype_size(dt));
 }
 

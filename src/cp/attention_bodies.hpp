@@ -19,8 +19,8 @@ struct AttnStep {
   Communicator& comm;
   CpAttnConfig cfg;
   int cp = 1, rank = 0;
-  SeqLayout local;            // this rank's rows: DCS order of cfg.global, or (cfg.docs) its whole documents
-  std::int64_t tl = 0;        // this rank's rows, all of them (with cfg.docs: whole documents, then split chunks)
+  SeqLayout local;  // this rank's rows: DCS order of cfg.placement.global, or (cfg.placement.docs) its whole documents
+  std::int64_t tl = 0;  // this rank's rows, all of them (with cfg.placement.docs: whole documents, then split chunks)
   Tensor q, k, v, o, lse;     // saved by forward: [tl, H, D], [tl, Hkv, D] twice, the output, the LSE
   PhaseTimes fwd_ph, bwd_ph;  // "compute" and "comm_wait" laps of the last pass
   // The kernels' parameters for `heads` query and `kv_heads` K/V heads of cfg (no segments).

@@ -14,14 +14,15 @@ namespace k = hcp::kernels;
 void check_attention_cp_shape(const CpAttnConfig& cfg, int cp) {
   HCP_CHECK(cfg.heads > 0 && cfg.kv_heads > 0 && cfg.heads % cfg.kv_heads == 0, "attention.heads (", cfg.heads,
             ") must be a positive multiple of attention.kv_heads (", cfg.kv_heads, ")");
-  if (cfg.docs) {
-    HCP_CHECK(cfg.docs->cp == cp, "attention CP layout: documents placed over ", cfg.docs->cp, " ranks, run on ", cp);
-    const SeqLayout u = cfg.global.unpadded();
-    bool same = u.nseq() == static_cast<std::int64_t>(cfg.docs->lens.size());
-    for (std::int64_t s = 0; same && s < u.nseq(); ++s) same = u.len(s) == cfg.docs->lens[static_cast<std::size_t>(s)];
+  HCP_CHECK(cfg.placement.cp == cp, "attention CP layout: rows placed over ", cfg.placement.cp, " ranks, run on ", cp);
+  if (cfg.placement.docs) {
+    const SeqLayout u = cfg.placement.global.unpadded();
+    bool same = u.nseq() == static_cast<std::int64_t>(cfg.placement.docs->lens.size());
+    for (std::int64_t s = 0; same && s < u.nseq(); ++s)
+      same = u.len(s) == cfg.placement.docs->lens[static_cast<std::size_t>(s)];
     HCP_CHECK(same, "attention CP layout: the documents placed are not the sequences of the layout");
   } else {
-    require_dcs_divisible(cfg.global, cp, "attention CP layout");
+    require_dcs_divisible(cfg.placement.global, cp, "attention CP layout");
   }
   if (const auto check = attn_strategy_info(cfg.strategy).check) check(cfg, cp);
 }
@@ -30,13 +31,13 @@ CpAttention::CpAttention(Communicator& comm, CpAttnConfig cfg, std::shared_ptr<C
     : s_(std::make_unique<AttnStep>(comm, std::move(cfg))) {
   AttnStep& s = *s_;
   check_attention_cp_shape(s.cfg, s.cp);
-  if (s.cfg.docs) {
-    s.local = s.cfg.docs->whole[static_cast<std::size_t>(s.rank)];
-    s.tl = s.cfg.docs->local_rows(s.rank);
+  if (s.cfg.placement.docs) {
+    s.local = s.cfg.placement.docs->whole[static_cast<std::size_t>(s.rank)];
+    s.tl = s.cfg.placement.docs->local_rows(s.rank);
     impl_ = make_documents_attention(s, std::move(levels));
     return;
   }
-  s.local = local_layout(s.cfg.global, s.cp);
+  s.local = local_layout(s.cfg.placement.global, s.cp);
   s.tl = s.local.total();
   impl_ = s.cp == 1 ? make_local_attention(s) : attn_strategy_info(s.cfg.strategy).make(s, std::move(levels));
 }
@@ -85,7 +86,7 @@ class LocalAttention final : public AttnImpl {
     PhaseTimes& c = s_.fwd_ph;
     c.start_laps(s_.q.space());
     auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
-    p.segments = k::segments_from_layout(s_.cfg.global, s_.cfg.global);
+    p.segments = k::segments_from_layout(s_.cfg.placement.global, s_.cfg.placement.global);
     s_.o = Tensor::zeros(s_.q.shape(), s_.q.dtype());
     s_.lse = Tensor::zeros({s_.tl, s_.cfg.heads}, lse_dtype(s_.q));
     k::attention_fwd(s_.o, s_.lse, s_.q, s_.k, s_.v, p);
@@ -96,7 +97,7 @@ class LocalAttention final : public AttnImpl {
     PhaseTimes& c = s_.bwd_ph;
     c.start_laps(s_.q.space());
     auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
-    p.segments = k::segments_from_layout(s_.cfg.global, s_.cfg.global);
+    p.segments = k::segments_from_layout(s_.cfg.placement.global, s_.cfg.placement.global);
     if (dq.is_contiguous() && dk.is_contiguous() && dv.is_contiguous()) {
       Tensor dqv = dq.view(s_.q.shape()), dkv = dk.view(s_.k.shape()), dvv = dv.view(s_.v.shape());
       k::attention_bwd(dqv, dkv, dvv, s_.q, s_.k, s_.v, s_.o, s_.lse, dout, p);
@@ -142,9 +143,10 @@ std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
 std::int64_t attention_cp_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
   if (cp == 1) return 0;  // one rank runs locally
   // per-document placement: whole documents send nothing; the split ones are a CP problem of their own
-  if (cfg.docs)
-    return cfg.docs->split.nseq() == 0 ? 0
-                                       : attention_cp_model_bytes(split_documents_config(cfg), cp, rank, dt, backward);
+  if (cfg.placement.docs)
+    return cfg.placement.docs->split.nseq() == 0
+               ? 0
+               : attention_cp_model_bytes(split_documents_config(cfg), cp, rank, dt, backward);
   return attn_strategy_info(cfg.strategy).model_bytes(cfg, cp, rank, dt, backward);
 }
 

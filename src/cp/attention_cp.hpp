@@ -3,7 +3,7 @@
 // (a2a+p2p); forward and backward; BSHD and THD (packed) alike.
 // Contract: q, dout local [Tl, H, D]; k, v local [Tl, Hkv, D]; Tl = global tokens / cp, tokens in
 // DCS order (cp/layout.hpp) of the global, padded layout (every sequence a multiple of 2*cp); or,
-// with a per-document placement (CpAttnConfig::docs), Tl = docs->local_rows(rank) in its order.
+// with a per-document placement, Tl = placement.local_rows(rank) in its order (cp/placement.hpp).
 #pragma once
 #include <memory>
 #include <string>
@@ -12,6 +12,7 @@
 #include "comm/process_grid.hpp"
 #include "core/seq_layout.hpp"
 #include "cp/documents.hpp"
+#include "cp/placement.hpp"
 #include "cp/strategy.hpp"
 #include "kernels/kernels.hpp"
 
@@ -22,18 +23,19 @@ struct CpAttnConfig {
   std::int64_t heads = 1, kv_heads = 1, head_dim = 1;
   bool causal = true;
   double scale = 0;  // 0: 1/sqrt(head_dim)
-  SeqLayout global;  // BSHD rows or THD packed sequences, padded
+  // Where the rows lie on the CP group: DualChunkSwap of placement.global (BSHD rows or THD packed
+  // sequences, padded; placement.cp the group's size), or per document: placement.global is then the
+  // unpadded packed documents, a rank's rows are its whole documents (attended locally, nothing sent)
+  // followed by its chunks of the split documents, which `strategy` runs over the CP group as the
+  // DualChunkSwap placement of placement.docs->split.
+  Placement placement;
   // a2a+p2p: ranks of the inner (Ulysses) group, consecutive ranks; divides the CP size. The outer
   // ring runs over the cp / cp_inner ranks with the same inner index.
   int cp_inner = 1;
-  // data.partition = documents (cp/documents.hpp): `global` is then the unpadded packed documents,
-  // a rank's rows are its whole documents (attended locally, nothing sent) followed by its chunks of
-  // the split documents, which `strategy` runs over the CP group as the layout docs->split.
-  std::shared_ptr<const DocPartition> docs;
 };
 
-// The split documents of a per-document layout as a CP problem of their own: cfg with global =
-// docs->split and no per-document placement.
+// The split documents of a per-document placement as a CP problem of their own: cfg on the
+// DualChunkSwap placement of placement.docs->split.
 CpAttnConfig split_documents_config(const CpAttnConfig& cfg);
 
 // Time split of the last forward/backward (seconds, this rank).

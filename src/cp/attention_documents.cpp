@@ -8,10 +8,9 @@ namespace k = hcp::kernels;
 // Rows [0, W) hold whole documents: the kernels on them alone, nothing sent. Rows [W, Tl) are this
 // rank's chunks of the split documents: their own CP attention (any strategy) on those rows.
 CpAttnConfig split_documents_config(const CpAttnConfig& cfg) {
-  HCP_CHECK(cfg.docs, "split_documents_config: no per-document placement");
+  HCP_CHECK(cfg.placement.docs, "split_documents_config: no per-document placement");
   CpAttnConfig s = cfg;
-  s.global = cfg.docs->split;
-  s.docs = nullptr;
+  s.placement = Placement::dcs(cfg.placement.docs->split, cfg.placement.cp);
   return s;
 }
 
@@ -19,7 +18,7 @@ namespace {
 class DocumentsAttention final : public AttnImpl {
  public:
   DocumentsAttention(AttnStep& s, std::shared_ptr<CpLevels> levels) : AttnImpl(s) {
-    if (s.cfg.docs->split.nseq() > 0)
+    if (s.cfg.placement.docs->split.nseq() > 0)
       split_ = std::make_unique<CpAttention>(s.comm, split_documents_config(s.cfg), std::move(levels));
   }
   const CpAttention* nested() const override { return split_.get(); }

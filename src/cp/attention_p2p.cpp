@@ -133,7 +133,7 @@ class P2PAttention final : public AttnImpl {
     const int j = ((s_.rank - i) % s_.cp + s_.cp) % s_.cp;  // owner of the K/V held at step i
     auto p = s_.params(s_.cfg.heads, s_.cfg.kv_heads);
     p.mask = (s_.cfg.causal && i == 0) ? k::Mask::Causal : k::Mask::None;
-    p.segments = ring_segments(s_.cfg.global, s_.local, s_.cp, s_.rank, j, s_.cfg.causal);
+    p.segments = ring_segments(s_.cfg.placement.global, s_.local, s_.cp, s_.rank, j, s_.cfg.causal);
     return p;
   }
 
@@ -151,7 +151,7 @@ class P2PAttention final : public AttnImpl {
 namespace {
 // cp-1 ring steps of the local K/V; the backward adds the dK/dV accumulator's ring (fp32 for bf16).
 std::int64_t p2p_model_bytes(const CpAttnConfig& cfg, int cp, int /*rank*/, DType dt, bool backward) {
-  const std::int64_t tl = local_layout(cfg.global, cp).total(), kv = 2 * tl * cfg.kv_heads * cfg.head_dim;
+  const std::int64_t tl = local_layout(cfg.placement.global, cp).total(), kv = 2 * tl * cfg.kv_heads * cfg.head_dim;
   const auto es = static_cast<std::int64_t>(dtype_size(dt));
   const auto acc_es = static_cast<std::int64_t>(dtype_size(acc_dtype(dt)));
   return backward ? (cp - 1) * kv * es + cp * kv * acc_es : (cp - 1) * kv * es;

@@ -22,6 +22,11 @@ Placement Placement::documents(SeqLayout global, std::shared_ptr<const DocPartit
   return p;
 }
 
+const SeqLayout* Placement::cp_layout() const {
+  if (!docs) return &global;
+  return docs->split.nseq() > 0 ? &docs->split : nullptr;
+}
+
 std::int64_t Placement::local_rows(int rank) const { return docs ? docs->local_rows(rank) : global.total() / cp; }
 
 std::vector<std::int64_t> Placement::batch_index(int rank) const {

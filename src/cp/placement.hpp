@@ -29,6 +29,9 @@ struct Placement {
   static Placement dcs(SeqLayout global, int cp);
   static Placement documents(SeqLayout global, std::shared_ptr<const DocPartition> docs);
   bool by_documents() const { return docs != nullptr; }
+  // The rows that run as a CP problem over the group, as a padded layout split by DualChunkSwap:
+  // `global`, or the split documents; null when every document is whole (nothing crosses ranks).
+  const SeqLayout* cp_layout() const;
 
   // Rows rank `rank` holds (pads included).
   std::int64_t local_rows(int rank) const;

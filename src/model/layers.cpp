@@ -86,8 +86,7 @@ cp::CpAttnConfig cp_attn_config(const AttnLayerConfig& c, const cp::Placement& p
   a.kv_heads = c.kv_heads;
   a.head_dim = c.head_dim;
   a.causal = c.causal;
-  a.global = placement.global;
-  a.docs = placement.docs;
+  a.placement = placement;
   return a;
 }
 

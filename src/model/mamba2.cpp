@@ -478,7 +478,7 @@ std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& comm, M
 
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& comm, Mamba2Config cfg,
                                          const cp::Placement& placement) {
-  if (placement.by_documents()) return std::make_unique<Mamba2Docs>(strategy, comm, std::move(cfg), placement.docs);
+  if (placement.by_documents()) return std::make_unique<Mamba2Docs>(strategy, comm, std::move(cfg), placement);
   return make_mamba2(strategy, comm, std::move(cfg), placement.global);
 }
 

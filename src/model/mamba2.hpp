@@ -176,7 +176,7 @@ class Mamba2SP : public Mamba2Layer {
 // gradients of the whole documents are summed over the group and added to the split part's.
 class Mamba2Docs : public Mamba2Layer {
  public:
-  Mamba2Docs(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg, std::shared_ptr<const cp::DocPartition> docs);
+  Mamba2Docs(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg, cp::Placement placement);
   void forward(Tensor& y, const Tensor& h, const ParamMap& p) override;
   void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) override;
   MambaCp strategy() const override { return strategy_; }
@@ -187,7 +187,7 @@ class Mamba2Docs : public Mamba2Layer {
 
  private:
   MambaCp strategy_;
-  std::shared_ptr<const cp::DocPartition> docs_;
+  cp::Placement placement_;             // per document
   std::unique_ptr<Communicator> self_;  // this rank alone: its whole documents
   std::unique_ptr<Mamba2Layer> whole_, split_;
   std::int64_t whole_rows_ = 0, split_rows_ = 0;
@@ -211,8 +211,9 @@ std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm
 // (Mamba2Docs: the whole documents as local problems, the split ones over the group).
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg,
                                          const cp::Placement& placement);
-// The same on a per-document placement: the split documents' bytes (none when every one is whole).
-std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const cp::DocPartition& docs, int rank,
+// The same on a batch placed by `placement`: its CP layout's bytes (none at cp = 1, or when every
+// document is whole).
+std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const cp::Placement& placement, int rank,
                                   DType dt);
 
 }  // namespace hcp::model

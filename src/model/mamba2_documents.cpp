@@ -5,17 +5,17 @@
 
 namespace hcp::model {
 
-Mamba2Docs::Mamba2Docs(MambaCp strategy, Communicator& comm, Mamba2Config cfg,
-                       std::shared_ptr<const cp::DocPartition> docs)
-    : Mamba2Layer(comm, cfg), strategy_(strategy), docs_(std::move(docs)) {
-  HCP_CHECK(docs_ && docs_->cp == cp_, "mamba: documents placed over ", docs_ ? docs_->cp : 0, " ranks, run on ", cp_);
-  whole_rows_ = docs_->whole_rows(rank_);
-  split_rows_ = docs_->split_local();
+Mamba2Docs::Mamba2Docs(MambaCp strategy, Communicator& comm, Mamba2Config cfg, cp::Placement placement)
+    : Mamba2Layer(comm, cfg), strategy_(strategy), placement_(std::move(placement)) {
+  const cp::DocPartition* docs = placement_.docs.get();
+  HCP_CHECK(docs && docs->cp == cp_, "mamba: documents placed over ", docs ? docs->cp : 0, " ranks, run on ", cp_);
+  whole_rows_ = docs->whole_rows(rank_);
+  split_rows_ = docs->split_local();
   tl_ = whole_rows_ + split_rows_;
   self_ = comm_.split_blocks(1);
   if (whole_rows_ > 0)  // at cp = 1 either strategy is the plain layer
-    whole_ = make_mamba2(strategy_, *self_, c_, docs_->whole[static_cast<std::size_t>(rank_)]);
-  if (docs_->split.nseq() > 0) split_ = make_mamba2(strategy_, comm_, c_, docs_->split);
+    whole_ = make_mamba2(strategy_, *self_, c_, docs->whole[static_cast<std::size_t>(rank_)]);
+  if (const SeqLayout* split = placement_.cp_layout()) split_ = make_mamba2(strategy_, comm_, c_, *split);
 }
 
 void Mamba2Docs::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
@@ -80,10 +80,11 @@ void Mamba2Docs::reset_phases() {
   if (split_) split_->reset_phases();
 }
 
-std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const cp::DocPartition& docs, int rank,
+std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const cp::Placement& placement, int rank,
                                   DType dt) {
-  if (docs.cp == 1 || docs.split.nseq() == 0) return 0;
-  return mamba_cp_model_bytes(strategy, c, docs.split, docs.cp, rank, dt);
+  const SeqLayout* l = placement.cp_layout();
+  if (placement.cp == 1 || !l) return 0;
+  return mamba_cp_model_bytes(strategy, c, *l, placement.cp, rank, dt);
 }
 
 }  // namespace hcp::model

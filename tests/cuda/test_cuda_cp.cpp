@@ -47,16 +47,17 @@ TEST_P(GpuAttentionCp, DeviceEqualsHost) {
   MpiCommunicator world(MPI_COMM_WORLD);
   const int n = world.size(), r = world.rank();
   cp::CpAttnConfig c;
+  c.placement.cp = n;
   c.strategy = strategy;
   c.cp_inner = n % 2 == 0 ? 2 : 1;  // a2a+p2p: 2 x 1 at np 2, 2 x 2 at np 4
   c.heads = 4;
   c.kv_heads = 2;
   c.head_dim = 16;
-  c.global = layout_of(format, n);
-  const std::int64_t T = c.global.total();
+  c.placement.global = layout_of(format, n);
+  const std::int64_t T = c.placement.global.total();
   Tensor q = test::rand({T, 4, 16}, 1, -1, 1, dt), k = test::rand({T, 2, 16}, 2, -1, 1, dt),
          v = test::rand({T, 2, 16}, 3, -1, 1, dt), dout = test::rand({T, 4, 16}, 4, -1, 1, dt);
-  auto local = [&](const Tensor& t) { return cp::dcs_partition(t, c.global, n, r); };
+  auto local = [&](const Tensor& t) { return cp::dcs_partition(t, c.placement.global, n, r); };
   Tensor ql = local(q), kl = local(k), vl = local(v), dol = local(dout);
   // host
   cp::CpAttention host(world, c);
@@ -78,7 +79,8 @@ TEST_P(GpuAttentionCp, DeviceEqualsHost) {
   expect_match(DK, dk, dt, "dk " + tag);
   expect_match(DV, dv, dt, "dv " + tag);
   // And the gathered device result (device all-gather + DCS undo on the GPU).
-  expect_match(cp::dcs_gather(world, O, c.global), cp::dcs_gather(world, o, c.global), dt, "gathered o " + tag);
+  expect_match(cp::dcs_gather(world, O, c.placement.global), cp::dcs_gather(world, o, c.placement.global), dt,
+               "gathered o " + tag);
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, GpuAttentionCp,
@@ -102,16 +104,17 @@ TEST_P(GpuAttentionCpBf16, TensorCoreKernelsEqualHost) {
   const int n = world.size(), r = world.rank();
   const DType dt = DType::BF16;
   cp::CpAttnConfig c;
+  c.placement.cp = n;
   c.strategy = strategy;
   c.cp_inner = n % 2 == 0 ? 2 : 1;  // a two-level strategy: 2 x 1 at np 2, 2 x 2 at np 4
   c.heads = 4;
   c.kv_heads = 2;
   c.head_dim = D;
-  c.global = SeqLayout::thd({0, 40 * 2 * n, 56 * 2 * n});
-  const std::int64_t T = c.global.total();
+  c.placement.global = SeqLayout::thd({0, 40 * 2 * n, 56 * 2 * n});
+  const std::int64_t T = c.placement.global.total();
   Tensor q = test::rand({T, 4, D}, 1, -1, 1, dt), k = test::rand({T, 2, D}, 2, -1, 1, dt),
          v = test::rand({T, 2, D}, 3, -1, 1, dt), dout = test::rand({T, 4, D}, 4, -1, 1, dt);
-  auto local = [&](const Tensor& t) { return cp::dcs_partition(t, c.global, n, r); };
+  auto local = [&](const Tensor& t) { return cp::dcs_partition(t, c.placement.global, n, r); };
   Tensor ql = local(q), kl = local(k), vl = local(v), dol = local(dout);
   IpcCommunicator ipc(MPI_COMM_WORLD);
   cp::CpAttention host(world, c), gpu_attn(ipc, c);

@@ -66,7 +66,7 @@ Grads reference(const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor
   p.kv_heads = c.kv_heads;
   p.head_dim = c.head_dim;
   p.mask = c.causal ? k::Mask::Causal : k::Mask::None;
-  p.segments = k::segments_from_layout(c.global, c.global);
+  p.segments = k::segments_from_layout(c.placement.global, c.placement.global);
   Grads g{Tensor::zeros(q.shape(), q.dtype()), Tensor::zeros(q.shape(), q.dtype()),
           Tensor::zeros(kk.shape(), q.dtype()), Tensor::zeros(v.shape(), q.dtype())};
   Tensor lse = Tensor::zeros({q.size(0), c.heads}, q.dtype() == DType::F64 ? DType::F64 : DType::F32);
@@ -92,22 +92,23 @@ TEST_P(CpAttentionGrid, MatchesCp1) {
   const int cp = comm.size(), r = comm.rank();
   if (8 % (2 * cp)) GTEST_SKIP() << "the grid's lengths (multiples of 8) split over cp 1, 2, 4";
   CpAttnConfig c;
+  c.placement.cp = cp;
   c.strategy = cc.strategy;
   c.heads = 4;
   c.kv_heads = cc.kv_heads;
   c.head_dim = 4;
   c.causal = cc.causal;
   if (attn_strategy_info(cc.strategy).two_level && cp % 2 == 0) c.cp_inner = 2;  // np 2: 2 x 1, np 4: 2 x 2
-  c.global = cc.format == "bshd"   ? SeqLayout::bshd(2, 16)
-             : cc.format == "thd1" ? SeqLayout::thd({0, 24})
-                                   : SeqLayout::thd({0, 8, 24, 32});
-  const std::int64_t T = c.global.total(), H = c.heads, Hkv = c.kv_heads, D = c.head_dim;
+  c.placement.global = cc.format == "bshd"   ? SeqLayout::bshd(2, 16)
+                       : cc.format == "thd1" ? SeqLayout::thd({0, 24})
+                                             : SeqLayout::thd({0, 8, 24, 32});
+  const std::int64_t T = c.placement.global.total(), H = c.heads, Hkv = c.kv_heads, D = c.head_dim;
   Tensor q = test::rand({T, H, D}, 1, -1, 1, cc.dtype), kk = test::rand({T, Hkv, D}, 2, -1, 1, cc.dtype),
          v = test::rand({T, Hkv, D}, 3, -1, 1, cc.dtype), dout = test::rand({T, H, D}, 4, -1, 1, cc.dtype);
   Grads ref = reference(q, kk, v, dout, c);
   CpAttention attn(comm, c);
-  Tensor ql = dcs_partition(q, c.global, cp, r), kl = dcs_partition(kk, c.global, cp, r),
-         vl = dcs_partition(v, c.global, cp, r), dol = dcs_partition(dout, c.global, cp, r);
+  Tensor ql = dcs_partition(q, c.placement.global, cp, r), kl = dcs_partition(kk, c.placement.global, cp, r),
+         vl = dcs_partition(v, c.placement.global, cp, r), dol = dcs_partition(dout, c.placement.global, cp, r);
   Tensor o = Tensor::zeros(ql.shape(), cc.dtype), dq = Tensor::zeros(ql.shape(), cc.dtype),
          dk = Tensor::zeros(kl.shape(), cc.dtype), dv = Tensor::zeros(vl.shape(), cc.dtype);
   comm.reset_counters();
@@ -117,10 +118,10 @@ TEST_P(CpAttentionGrid, MatchesCp1) {
   EXPECT_EQ(test::payload_sent(comm), attn.model_fwd_bytes(cc.dtype) + attn.model_bwd_bytes(cc.dtype)) << "rank " << r;
   // fp64: 1e-10 relative; fp32: 1e-5 relative (the drivers' tolerances), with a small absolute floor.
   const double rtol = cc.dtype == DType::F64 ? 1e-10 : 1e-5, atol = cc.dtype == DType::F64 ? 1e-12 : 1e-6;
-  test::expect_close(dcs_gather(comm, o, c.global), ref.o, atol, rtol, "o");
-  test::expect_close(dcs_gather(comm, dq, c.global), ref.dq, atol, rtol, "dq");
-  test::expect_close(dcs_gather(comm, dk, c.global), ref.dk, atol, rtol, "dk");
-  test::expect_close(dcs_gather(comm, dv, c.global), ref.dv, atol, rtol, "dv");
+  test::expect_close(dcs_gather(comm, o, c.placement.global), ref.o, atol, rtol, "o");
+  test::expect_close(dcs_gather(comm, dq, c.placement.global), ref.dq, atol, rtol, "dq");
+  test::expect_close(dcs_gather(comm, dk, c.placement.global), ref.dk, atol, rtol, "dk");
+  test::expect_close(dcs_gather(comm, dv, c.placement.global), ref.dv, atol, rtol, "dv");
 }
 
 static std::vector<CpCase> grid() {
@@ -151,18 +152,19 @@ TEST(CpAttentionA2A, AnyKvHeadsMatchesCp1AndModel) {
     if (H % cp) continue;
     ++cases;
     CpAttnConfig c;
+    c.placement.cp = cp;
     c.strategy = AttnStrategy::A2A;
     c.heads = H;
     c.kv_heads = Hkv;
     c.head_dim = 4;
-    c.global = SeqLayout::thd({0, 6 * cp, 10 * cp});
-    const std::int64_t T = c.global.total();
+    c.placement.global = SeqLayout::thd({0, 6 * cp, 10 * cp});
+    const std::int64_t T = c.placement.global.total();
     Tensor q = test::rand({T, H, 4}, 1), kk = test::rand({T, Hkv, 4}, 2), v = test::rand({T, Hkv, 4}, 3),
            dout = test::rand({T, H, 4}, 4);
     const Grads ref = reference(q, kk, v, dout, c);
     CpAttention attn(comm, c);
-    Tensor ql = dcs_partition(q, c.global, cp, r), kl = dcs_partition(kk, c.global, cp, r),
-           vl = dcs_partition(v, c.global, cp, r), dol = dcs_partition(dout, c.global, cp, r);
+    Tensor ql = dcs_partition(q, c.placement.global, cp, r), kl = dcs_partition(kk, c.placement.global, cp, r),
+           vl = dcs_partition(v, c.placement.global, cp, r), dol = dcs_partition(dout, c.placement.global, cp, r);
     Tensor o = Tensor::zeros(ql.shape(), DType::F64), dq = Tensor::zeros(ql.shape(), DType::F64),
            dk = Tensor::zeros(kl.shape(), DType::F64), dv = Tensor::zeros(vl.shape(), DType::F64);
     comm.reset_counters();
@@ -170,10 +172,10 @@ TEST(CpAttentionA2A, AnyKvHeadsMatchesCp1AndModel) {
     attn.backward(dq, dk, dv, dol);
     const std::string tag = "heads " + std::to_string(H) + " kv " + std::to_string(Hkv) + " rank " + std::to_string(r);
     EXPECT_EQ(test::payload_sent(comm), attn.model_fwd_bytes(DType::F64) + attn.model_bwd_bytes(DType::F64)) << tag;
-    test::expect_close(dcs_gather(comm, o, c.global), ref.o, 1e-12, 1e-10, "o " + tag);
-    test::expect_close(dcs_gather(comm, dq, c.global), ref.dq, 1e-12, 1e-10, "dq " + tag);
-    test::expect_close(dcs_gather(comm, dk, c.global), ref.dk, 1e-12, 1e-10, "dk " + tag);
-    test::expect_close(dcs_gather(comm, dv, c.global), ref.dv, 1e-12, 1e-10, "dv " + tag);
+    test::expect_close(dcs_gather(comm, o, c.placement.global), ref.o, 1e-12, 1e-10, "o " + tag);
+    test::expect_close(dcs_gather(comm, dq, c.placement.global), ref.dq, 1e-12, 1e-10, "dq " + tag);
+    test::expect_close(dcs_gather(comm, dk, c.placement.global), ref.dk, 1e-12, 1e-10, "dk " + tag);
+    test::expect_close(dcs_gather(comm, dv, c.placement.global), ref.dv, 1e-12, 1e-10, "dv " + tag);
   }
   EXPECT_GT(cases, 0);
 }
@@ -186,25 +188,28 @@ TEST(CpAttentionBf16, P2PRoundsOnceNotEveryStep) {
   const int cp = comm.size(), r = comm.rank();
   auto self = comm.split(r, 0);
   CpAttnConfig c;
+  c.placement.cp = cp;
   c.strategy = AttnStrategy::P2P;
   c.heads = 8;
   c.kv_heads = 2;
   c.head_dim = 32;
-  c.global = SeqLayout::thd({0, 50 * 2 * cp, 64 * 2 * cp, 70 * 2 * cp});
-  const std::int64_t T = c.global.total();
+  c.placement.global = SeqLayout::thd({0, 50 * 2 * cp, 64 * 2 * cp, 70 * 2 * cp});
+  const std::int64_t T = c.placement.global.total();
   const DType bf = DType::BF16;
   Tensor q = test::rand({T, 8, 32}, 1, -1, 1, bf), kk = test::rand({T, 2, 32}, 2, -1, 1, bf),
          v = test::rand({T, 2, 32}, 3, -1, 1, bf), dout = test::rand({T, 8, 32}, 4, -1, 1, bf);
   const auto run = [&](Communicator& cm) {
     const int n = cm.size(), me = cm.rank();
-    CpAttention a(cm, c);
-    Tensor ql = dcs_partition(q, c.global, n, me), kl = dcs_partition(kk, c.global, n, me),
-           vl = dcs_partition(v, c.global, n, me), dol = dcs_partition(dout, c.global, n, me);
+    CpAttnConfig cn = c;
+    cn.placement = Placement::dcs(c.placement.global, n);
+    CpAttention a(cm, cn);
+    Tensor ql = dcs_partition(q, c.placement.global, n, me), kl = dcs_partition(kk, c.placement.global, n, me),
+           vl = dcs_partition(v, c.placement.global, n, me), dol = dcs_partition(dout, c.placement.global, n, me);
     std::vector<Tensor> g = {Tensor::zeros(ql.shape(), bf), Tensor::zeros(ql.shape(), bf),
                              Tensor::zeros(kl.shape(), bf), Tensor::zeros(vl.shape(), bf)};
     a.forward(g[0], ql, kl, vl);
     a.backward(g[1], g[2], g[3], dol);
-    for (auto& t : g) t = dcs_gather(cm, t, c.global);
+    for (auto& t : g) t = dcs_gather(cm, t, c.placement.global);
     return g;
   };
   const auto ref = run(*self), got = run(comm);
@@ -220,15 +225,16 @@ TEST(CpAttentionErrors, ShapesThatDoNotDivideFailOnEveryRank) {
   MpiCommunicator comm(MPI_COMM_WORLD);
   const int cp = comm.size();
   CpAttnConfig c;
+  c.placement.cp = cp;
   c.heads = 4;
   c.kv_heads = 4;
   c.head_dim = 4;
-  c.global = SeqLayout::thd({0, 2 * cp + 1});
+  c.placement.global = SeqLayout::thd({0, 2 * cp + 1});
   if (cp > 1)
     EXPECT_NE(test::error_of([&] { CpAttention a(comm, c); }).find("must be a multiple of 2*cp"), std::string::npos);
   else  // one rank runs any length (the unpadded reference)
     EXPECT_EQ(test::error_of([&] { CpAttention a(comm, c); }), "(no error)");
-  c.global = SeqLayout::bshd(1, 8 * cp);
+  c.placement.global = SeqLayout::bshd(1, 8 * cp);
   c.heads = cp + 1;
   c.kv_heads = cp + 1;
   c.strategy = AttnStrategy::A2A;

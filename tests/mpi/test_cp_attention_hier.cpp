@@ -73,19 +73,22 @@ TEST(CpAttentionA2AP2P, EveryInnerSizeMatchesUnpaddedCp1AndModel) {
         for (bool causal : {true, false}) {
           ++cases;
           CpAttnConfig c;
+          c.placement.cp = cp;
           c.strategy = AttnStrategy::A2A_P2P;
           c.cp_inner = inner;
           c.heads = H;
           c.kv_heads = Hkv;
           c.head_dim = 4;
           c.causal = causal;
-          c.global = layout(f, cp);
-          const SeqLayout u = c.global.unpadded();
+          c.placement.global = layout(f, cp);
+          const SeqLayout u = c.placement.global.unpadded();
           const std::int64_t T = u.total();
           Tensor q = test::rand({T, H, 4}, 1), kk = test::rand({T, Hkv, 4}, 2), v = test::rand({T, Hkv, 4}, 3),
                  dout = test::rand({T, H, 4}, 4);
           const Result ref = cp1(q, kk, v, dout, c, u);
-          const auto local = [&](const Tensor& t) { return dcs_partition(pad(t, c.global), c.global, cp, r); };
+          const auto local = [&](const Tensor& t) {
+            return dcs_partition(pad(t, c.placement.global), c.placement.global, cp, r);
+          };
           Tensor ql = local(q), kl = local(kk), vl = local(v), dol = local(dout);
           Tensor o = Tensor::zeros(ql.shape(), DType::F64), dq = Tensor::zeros(ql.shape(), DType::F64),
                  dk = Tensor::zeros(kl.shape(), DType::F64), dv = Tensor::zeros(vl.shape(), DType::F64);
@@ -99,7 +102,7 @@ TEST(CpAttentionA2AP2P, EveryInnerSizeMatchesUnpaddedCp1AndModel) {
           EXPECT_EQ(test::payload_sent(comm), attn.model_fwd_bytes(DType::F64) + attn.model_bwd_bytes(DType::F64))
               << tag;
           const auto real = [&](const Tensor& t) {
-            return take_rows(dcs_gather(comm, t, c.global), real_rows(c.global));
+            return take_rows(dcs_gather(comm, t, c.placement.global), real_rows(c.placement.global));
           };
           test::expect_close(real(o), ref.o, 1e-12, 1e-10, "o " + tag);
           test::expect_close(real(dq), ref.dq, 1e-12, 1e-10, "dq " + tag);
@@ -115,11 +118,12 @@ TEST(CpAttentionA2AP2P, InnerSizesThatDoNotDivideFailOnEveryRank) {
   MpiCommunicator comm(MPI_COMM_WORLD);
   const int cp = comm.size();
   CpAttnConfig c;
+  c.placement.cp = cp;
   c.strategy = AttnStrategy::A2A_P2P;
   c.heads = 12;
   c.kv_heads = 2;
   c.head_dim = 4;
-  c.global = SeqLayout::bshd(1, 4 * cp);
+  c.placement.global = SeqLayout::bshd(1, 4 * cp);
   c.cp_inner = cp + 1;
   if (cp > 1) {
     EXPECT_NE(test::error_of([&] {
