@@ -134,8 +134,7 @@ void validate_cases(DriverContext& ctx, const Cases& c) {
   if (admit(d, m, lim, cp, at_cp, ctx.root())) ctx.memory_warned = m.keys();
 }
 
-std::vector<std::string> case_tensors(const Cases& c, const Deck& d,
-                                      const std::vector<std::pair<std::string, std::vector<std::string>>>& groups) {
+std::vector<std::string> case_tensors(const Cases& c, const Deck& d, const TensorGroups& groups) {
   std::vector<std::string> cases = c.all, out;
   for (const std::string& n : select(d, c.key, c.all_word, c.all).names)  // a per-layer list is a case of its own
     if (std::find(cases.begin(), cases.end(), n) == cases.end()) cases.push_back(n);
@@ -144,6 +143,17 @@ std::vector<std::string> case_tensors(const Cases& c, const Deck& d,
     for (const auto& [group, names] : groups)
       for (const auto& n : names) out.push_back("/" + group + "/" + cs + "/" + n);
   return out;
+}
+
+DriverSpec study_driver(const StudyDriver& s) {
+  return {s.name,
+          s.description,
+          s.schema,
+          s.builtin_deck,
+          s.default_out,
+          [cases = s.cases](DriverContext& c) { validate_cases(c, cases()); },
+          s.run,
+          [cases = s.cases, groups = s.groups](const Deck& d) { return case_tensors(cases(), d, groups(d)); }};
 }
 
 }  // namespace hcp::drivers

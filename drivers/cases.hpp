@@ -56,7 +56,20 @@ void for_cp_groups(const DriverContext& ctx, int cp, const std::function<void(Co
 void validate_cases(DriverContext& ctx, const Cases& c);
 // Dataset paths "/<group>/<case>/<name>" for every case of `c`, the case the deck names and the cp=1
 // reference, each group with its names (a driver's DriverSpec::result_tensors).
-std::vector<std::string> case_tensors(const Cases& c, const Deck& d,
-                                      const std::vector<std::pair<std::string, std::vector<std::string>>>& groups);
+using TensorGroups = std::vector<std::pair<std::string, std::vector<std::string>>>;
+std::vector<std::string> case_tensors(const Cases& c, const Deck& d, const TensorGroups& groups);
+
+// The spec of a driver that runs the cases of `cases()` as one study: `run` runs them, the validate
+// phase is validate_cases, and run.save's tensor names are checked against case_tensors of `groups`
+// (the /activations and /gradients names of one case).
+struct StudyDriver {
+  std::string name, description;
+  DeckSchema schema;
+  std::string builtin_deck, default_out;
+  Cases (*cases)();
+  void (*run)(DriverContext&);
+  TensorGroups (*groups)(const Deck&);
+};
+DriverSpec study_driver(const StudyDriver& s);
 
 }  // namespace hcp::drivers

@@ -239,16 +239,12 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const DriverSpec spec{
-      "cp_attention",
-      "Attention context parallelism (p2p ring, all-gather, Ulysses a2a) against cp=1",
-      schema(),
-      kBuiltinDeck,
-      "cp_attention.h5",
-      [](DriverContext& c) { drivers::validate_cases(c, cases()); },
-      run,
-      [](const Deck& d) {
-        return drivers::case_tensors(cases(), d, {{"activations", {"out"}}, {"gradients", {"dq", "dk", "dv"}}});
-      }};
-  return run_driver(argc, argv, spec);
+  return run_driver(argc, argv,
+                    drivers::study_driver({"cp_attention",
+                                           "Attention context parallelism (p2p ring, all-gather, Ulysses a2a, "
+                                           "a2a+p2p) against cp=1",
+                                           schema(), kBuiltinDeck, "cp_attention.h5", cases, run,
+                                           [](const Deck&) -> drivers::TensorGroups {
+                                             return {{"activations", {"out"}}, {"gradients", {"dq", "dk", "dv"}}};
+                                           }}));
 }

@@ -274,20 +274,16 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const DriverSpec spec{
-      "cp_hybrid",
-      "hybrid Mamba2 + attention + MoE model, one step under CP for each attention strategy, against cp=1",
-      schema(),
-      kDeck,
-      "cp_hybrid.h5",
-      [](DriverContext& c) { drivers::validate_cases(c, cases()); },
-      run,
-      [](const Deck& d) {
-        const model::HybridConfig h = drivers::hybrid_config(d, "p2p", 1);
-        std::vector<std::string> blocks, grads = model::hybrid_param_names(h);
-        for (std::size_t i = 0; i < h.pattern.size(); ++i) blocks.push_back("block_" + std::to_string(i));
-        grads.push_back("logits");
-        return drivers::case_tensors(cases(), d, {{"activations", blocks}, {"gradients", grads}});
-      }};
-  return run_driver(argc, argv, spec);
+  return run_driver(
+      argc, argv,
+      drivers::study_driver(
+          {"cp_hybrid",
+           "hybrid Mamba2 + attention + MoE model, one step under CP for each attention strategy, against cp=1",
+           schema(), kDeck, "cp_hybrid.h5", cases, run, [](const Deck& d) -> drivers::TensorGroups {
+             const model::HybridConfig h = drivers::hybrid_config(d, "p2p", 1);
+             std::vector<std::string> blocks, grads = model::hybrid_param_names(h);
+             for (std::size_t i = 0; i < h.pattern.size(); ++i) blocks.push_back("block_" + std::to_string(i));
+             grads.push_back("logits");
+             return {{"activations", blocks}, {"gradients", grads}};
+           }}));
 }

@@ -277,19 +277,14 @@ void run(DriverContext& ctx) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const DriverSpec spec{
-      "cp_mamba",
-      "Mamba2 mixer under hidden-parallel and state-passing context parallelism against cp=1",
-      schema(),
-      kDeck,
-      "cp_mamba.h5",
-      [](DriverContext& c) { drivers::validate_cases(c, cases()); },
-      run,
-      [](const Deck& d) {
-        std::vector<std::string> grads{"input"};
-        for (const auto& p : model::mamba2_params(drivers::mamba_from_deck(d, d.get_int("mamba.hidden"))))
-          grads.push_back(p.name);
-        return drivers::case_tensors(cases(), d, {{"activations", {"out"}}, {"gradients", grads}});
-      }};
-  return run_driver(argc, argv, spec);
+  return run_driver(
+      argc, argv,
+      drivers::study_driver(
+          {"cp_mamba", "Mamba2 mixer under hidden-parallel and state-passing context parallelism against cp=1",
+           schema(), kDeck, "cp_mamba.h5", cases, run, [](const Deck& d) -> drivers::TensorGroups {
+             std::vector<std::string> grads{"input"};
+             for (const auto& p : model::mamba2_params(drivers::mamba_from_deck(d, d.get_int("mamba.hidden"))))
+               grads.push_back(p.name);
+             return {{"activations", {"out"}}, {"gradients", grads}};
+           }}));
 }
