@@ -14,11 +14,7 @@ double DocCost::of(std::int64_t n) const {
   return pair * (causal ? x * (x + 1) / 2 : x * x) + token * x;
 }
 
-namespace {
-
-// Work of rank r's two DualChunkSwap chunks of a split document of n real tokens: the (query, key)
-// pairs of its real queries (causal: a query at position p sees p + 1 keys) and its real tokens.
-double split_work(std::int64_t n, int cp, int r, const DocCost& c) {
+double dcs_split_work(std::int64_t n, int cp, int r, const DocCost& c) {
   const std::int64_t ch = dcs_chunk_len(n, cp);
   double w = 0;
   for (std::int64_t lo : {r * ch, (2 * cp - 1 - r) * ch}) {
@@ -28,6 +24,8 @@ double split_work(std::int64_t n, int cp, int r, const DocCost& c) {
   }
   return w;
 }
+
+namespace {
 
 struct Placed {
   std::vector<int> owner;
@@ -42,7 +40,7 @@ Placed place(const std::vector<std::int64_t>& lens, int cp, const std::vector<bo
   Placed p{std::vector<int>(lens.size(), -1), std::vector<double>(static_cast<std::size_t>(cp), 0.0)};
   for (std::size_t d = 0; d < lens.size(); ++d)
     if (split[d])
-      for (int r = 0; r < cp; ++r) p.work[static_cast<std::size_t>(r)] += split_work(lens[d], cp, r, c);
+      for (int r = 0; r < cp; ++r) p.work[static_cast<std::size_t>(r)] += dcs_split_work(lens[d], cp, r, c);
   for (std::size_t d : by_weight) {
     if (split[d]) continue;
     const auto r = static_cast<std::size_t>(std::min_element(p.work.begin(), p.work.end()) - p.work.begin());

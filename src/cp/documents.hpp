@@ -31,6 +31,11 @@ struct DocCost {
   double of(std::int64_t n) const;
 };
 
+// Work of rank r's two DualChunkSwap chunks (over `cp` ranks) of a split document of n real tokens:
+// the (query, key) pairs of its real queries (causal: a query at position p sees p + 1 keys) and
+// its real tokens.
+double dcs_split_work(std::int64_t n, int cp, int r, const DocCost& c);
+
 struct DocPartition {
   int cp = 1;
   std::vector<std::int64_t> lens;  // real lengths of the documents, global order
