@@ -69,8 +69,11 @@ void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Plac
     std::vector<std::int64_t>& v = b.kinds["M"][s.name];
     for (int r = 0; r < cp; ++r) v.push_back(model::mamba_cp_model_bytes(s.id, c, placement, r, dt));
   }
-  b.state_scan = cp::to_string(
-      cp::resolve_state_exchange(*layout, cp, cp::Partition::DCS, c.state_exchange, c.head_dim * c.d_state));
+  const cp::StateExchange scan =
+      cp::resolve_state_exchange(*layout, cp, cp::Partition::DCS, c.state_exchange, c.head_dim * c.d_state);
+  b.state_scan = cp::to_string(scan);
+  for (const model::MambaCpInfo& s : model::mamba_cps())
+    if (b.kinds["M"].count(s.name)) b.mamba_messages[s.name] = cp > 1 ? s.messages(cp, scan) : 0;
 }
 
 void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,
@@ -107,6 +110,12 @@ std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b) {
     os << (first ? "" : ",") << '"' << name << "\":{\"exchange\":" << m.exchange << ",\"group\":" << m.group
        << ",\"ring\":" << m.ring << ",\"ring_ranks\":" << m.ring_ranks
        << ",\"two_level\":" << (m.two_level ? "true" : "false") << '}';
+    first = false;
+  }
+  os << "},\"mamba_messages\":{";
+  first = true;
+  for (const auto& [name, n] : b.mamba_messages) {
+    os << (first ? "" : ",") << '"' << name << "\":" << n;
     first = false;
   }
   os << '}';

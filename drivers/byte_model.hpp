@@ -33,6 +33,8 @@ struct LayerBytes {
   };
   std::map<std::string, Messages> messages;
   std::string state_scan;  // the state-passing exchange the Mamba bytes assume ("auto" resolved)
+  // Mamba strategy -> its messages per layer (forward plus backward) by its record
+  std::map<std::string, std::int64_t> mamba_messages;
   // Packed THD batches: how the tokens lie (data.partition; dcs is every document split), the pad
   // tokens, and per rank the local rows, real tokens and work of the placement's cost model.
   struct Placement {
@@ -58,7 +60,8 @@ void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Plac
 void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,
                    int ep, DType dt);
 // {"driver": .., "cp": .., "state_scan": .., "layers": {kind: {strategy: [bytes of rank 0, 1, ..]}},
-//  "ring": {"a2a+p2p": [..]}, "placement": {"partition": .., "pad_tokens": .., "rows": [..],
+//  "ring": {"a2a+p2p": [..]}, "messages": {strategy: {..}}, "mamba_messages": {strategy: n},
+//  "placement": {"partition": .., "pad_tokens": .., "rows": [..],
 //  "tokens": [..], "work": [..]} (THD)}
 std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b);
 

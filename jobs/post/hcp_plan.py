@@ -196,12 +196,7 @@ def layer_costs(kind, model, machine, L, cp, nb, B=1):
         d_in_proj = 2 * di + 2 * G * N + m["heads"]
         comp = gemm(3 * 2 * tl * hid * (d_in_proj + di)) + 3 * tl * m["heads"] * m["head_dim"] * N / (c["ssd_gunits"] * 1e6)
         for s, per_rank in lay.get("M", {}).items():
-            if s == "hidden_parallel":
-                steps = 4 * (cp - 1)
-            else:
-                scan = nb["state_scan"]
-                steps = 3 * (cp - 1) if scan == "allgather" else 2 * (2 * math.ceil(math.log2(2 * cp)) + 2) * 2
-                steps += 4  # conv halo, forward and backward
+            steps = nb.get("mamba_messages", {}).get(s, 0)  # by the strategy's record
             out[s] = (max(per_rank), comm_ms(machine, cp, max(per_rank), steps) if cp > 1 else 0.0, comp)
     elif kind == "E":
         e = model["moe"]
@@ -543,7 +538,7 @@ def cmd_validate(a):
                 elif cp > 1 and k == "M":
                     mcp = d["parallel"]["mamba_cp"]
                     nb = max(lay["M"][mcp])
-                    steps = 4 * (cp - 1)
+                    steps = dry["mamba_messages"][mcp]  # by the strategy's record
                 elif cp > 1 and k == "E":
                     nb, steps = max(lay["E"]["ep"]), 4 * (cp - 1)
                 t = n * (steps * alpha + nb * inv_beta)

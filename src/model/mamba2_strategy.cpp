@@ -12,12 +12,26 @@ const std::vector<MambaCpInfo>& mamba_cps() {
   static const std::vector<MambaCpInfo> v = {
       {MambaCp::HiddenParallel, "hidden_parallel", "all-to-all to heads/cp heads of every token and back",
        make_hidden_parallel, hidden_parallel_model_bytes, hidden_parallel_saved_per_token,
-       hidden_parallel_work_per_token, nullptr},
+       hidden_parallel_work_per_token, nullptr, hidden_parallel_messages},
       {MambaCp::StatePassing, "state_passing", "local scans; conv halos and chunk states exchanged, outputs corrected",
        make_state_passing, state_passing_model_bytes, state_passing_saved_per_token, state_passing_work_per_token,
-       state_passing_rows},
+       state_passing_rows, state_passing_messages},
   };
   return v;
+}
+
+// Hidden parallel: the all-to-alls of x/B/C and dt in and y out, forward and backward, cp - 1
+// messages each.
+std::int64_t hidden_parallel_messages(int cp, cp::StateExchange) { return 4 * static_cast<std::int64_t>(cp - 1); }
+
+// State passing: the state scan (all-gather: 3 (cp - 1); doubling: 4 (ceil(log2(2 cp)) + 1)
+// exchanges of two messages over the forward and backward) plus the conv halos (4).
+std::int64_t state_passing_messages(int cp, cp::StateExchange scan) {
+  std::int64_t rounds = 0;
+  while ((std::int64_t{1} << rounds) < 2 * static_cast<std::int64_t>(cp)) ++rounds;
+  const std::int64_t scan_msgs =
+      scan == cp::StateExchange::AllGather ? 3 * static_cast<std::int64_t>(cp - 1) : 2 * (2 * rounds + 2) * 2;
+  return scan_msgs + 4;
 }
 
 const MambaCpInfo& mamba_cp_info(MambaCp id) { return record_by_id(mamba_cps(), id, "Mamba CP strategy"); }

@@ -32,6 +32,9 @@ struct MambaCpInfo {
   std::int64_t (*saved_per_token)(const Mamba2Config& c);
   std::int64_t (*work_per_token)(const Mamba2Config& c, int cp);
   StateRows (*state_rows)(const Mamba2Config& c, int cp, std::int64_t sequences);
+  // Its messages per rank in one forward plus backward on `cp` >= 2 ranks, `scan` the state
+  // exchange state passing runs (resolved): the latency terms of the planner's time model.
+  std::int64_t (*messages)(int cp, cp::StateExchange scan);
 };
 const std::vector<MambaCpInfo>& mamba_cps();
 const MambaCpInfo& mamba_cp_info(MambaCp id);
@@ -57,5 +60,7 @@ std::int64_t hidden_parallel_work_per_token(const Mamba2Config& c, int cp);
 std::int64_t state_passing_saved_per_token(const Mamba2Config& c);
 std::int64_t state_passing_work_per_token(const Mamba2Config& c, int cp);
 StateRows state_passing_rows(const Mamba2Config& c, int cp, std::int64_t sequences);
+std::int64_t hidden_parallel_messages(int cp, cp::StateExchange scan);
+std::int64_t state_passing_messages(int cp, cp::StateExchange scan);
 
 }  // namespace hcp::model
