@@ -73,12 +73,7 @@ std::vector<int> allowed_sizes(int cp, GroupSizes sizes) {
 }  // namespace
 
 DocGroups place_document_groups(const std::vector<std::int64_t>& lens, int cp, const DocCost& cost, GroupSizes sizes) {
-  HCP_CHECK(cp >= 1, "document groups: cp size must be >= 1");
-  for (std::size_t d = 0; d < lens.size(); ++d)
-    HCP_CHECK(lens[d] >= 1, "document groups: document ", d, " has length ", lens[d], " (must be >= 1)");
-  std::vector<std::size_t> by_weight(lens.size());
-  std::iota(by_weight.begin(), by_weight.end(), 0);
-  std::stable_sort(by_weight.begin(), by_weight.end(), [&](std::size_t a, std::size_t b) { return lens[a] > lens[b]; });
+  const std::vector<std::size_t> by_weight = heaviest_first(lens, cp, "document groups");
 
   const std::vector<int> allowed = allowed_sizes(cp, sizes);
   // The k heaviest documents split, all over groups of g: the smallest k, then the smallest g, that

@@ -57,15 +57,20 @@ double max_over_mean(const std::vector<double>& v) {
 
 }  // namespace
 
+std::vector<std::size_t> heaviest_first(const std::vector<std::int64_t>& lens, int cp, const char* what) {
+  HCP_CHECK(cp >= 1, what, ": cp size must be >= 1");
+  for (std::size_t d = 0; d < lens.size(); ++d)
+    HCP_CHECK(lens[d] >= 1, what, ": document ", d, " has length ", lens[d], " (must be >= 1)");
+  std::vector<std::size_t> order(lens.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return lens[a] > lens[b]; });
+  return order;
+}
+
 DocPartition partition_documents(const std::vector<std::int64_t>& lens, int cp, std::int64_t split_len,
                                  const DocCost& cost) {
-  HCP_CHECK(cp >= 1, "document partition: cp size must be >= 1");
   HCP_CHECK(split_len >= 0, "document partition: the split length must be >= 0");
-  for (std::size_t d = 0; d < lens.size(); ++d)
-    HCP_CHECK(lens[d] >= 1, "document partition: document ", d, " has length ", lens[d], " (must be >= 1)");
-  std::vector<std::size_t> by_weight(lens.size());
-  std::iota(by_weight.begin(), by_weight.end(), 0);
-  std::stable_sort(by_weight.begin(), by_weight.end(), [&](std::size_t a, std::size_t b) { return lens[a] > lens[b]; });
+  const std::vector<std::size_t> by_weight = heaviest_first(lens, cp, "document partition");
 
   std::vector<bool> split(lens.size(), false);
   if (cp > 1 && split_len > 0)

@@ -36,6 +36,10 @@ struct DocCost {
 // its real tokens.
 double dcs_split_work(std::int64_t n, int cp, int r, const DocCost& c);
 
+// The documents' indices, longest first (ties: the earlier document), after checking that each of
+// `lens` is >= 1 and cp >= 1 (errors open with `what`).
+std::vector<std::size_t> heaviest_first(const std::vector<std::int64_t>& lens, int cp, const char* what);
+
 struct DocPartition {
   int cp = 1;
   std::vector<std::int64_t> lens;  // real lengths of the documents, global order

@@ -69,6 +69,7 @@ TEST(DocGroups, OneRankIsTheUnpaddedProblem) {
   std::vector<std::int64_t> id(38);
   std::iota(id.begin(), id.end(), 0);
   EXPECT_EQ(p.real_index(0), id);
+  EXPECT_EQ(p.local_rows(0), 38);
 }
 
 TEST(DocGroups, EveryDocumentWholeWhenTheyBalance) {
