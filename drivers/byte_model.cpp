@@ -52,12 +52,6 @@ void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt) {
 
 void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Placement& placement, DType dt) {
   const int cp = placement.cp;
-  const SeqLayout* layout = placement.cp_layout();
-  if (!layout) {  // every document whole: nothing sent
-    for (const model::MambaCpInfo& s : model::mamba_cps())
-      b.kinds["M"][s.name] = std::vector<std::int64_t>(static_cast<std::size_t>(cp), 0);
-    return;
-  }
   for (const model::MambaCpInfo& s : model::mamba_cps()) {
     if (s.id == cp::MambaCp::HiddenParallel && cp > 1) {
       try {
@@ -68,12 +62,9 @@ void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Plac
     }
     std::vector<std::int64_t>& v = b.kinds["M"][s.name];
     for (int r = 0; r < cp; ++r) v.push_back(model::mamba_cp_model_bytes(s.id, c, placement, r, dt));
+    b.mamba_messages[s.name] = model::mamba_messages_of(s, c, placement);
   }
-  const cp::StateExchange scan =
-      cp::resolve_state_exchange(*layout, cp, cp::Partition::DCS, c.state_exchange, c.head_dim * c.d_state);
-  b.state_scan = cp::to_string(scan);
-  for (const model::MambaCpInfo& s : model::mamba_cps())
-    if (b.kinds["M"].count(s.name)) b.mamba_messages[s.name] = cp > 1 ? s.messages(cp, scan) : 0;
+  b.state_scan = model::state_scan_of(c, placement);
 }
 
 void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,

@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "core/seq_layout.hpp"
+#include "cp/doc_groups.hpp"
 #include "cp/documents.hpp"
 #include "cp/layout.hpp"
 #include "cp/placement.hpp"
@@ -126,24 +127,29 @@ inline H5Io hdf5_io(const Deck& d) {
   return v == "gather" || (v == "auto" && !hdf5_parallel()) ? H5Io::Gather : H5Io::Collective;
 }
 
-// data.partition = documents (cp/documents.hpp), for the drivers that run it: whole documents on
-// one rank, long ones split by DualChunkSwap; data.doc_split_len sets the split rule.
+// data.partition = documents (cp/documents.hpp) or groups (cp/doc_groups.hpp), for the drivers that
+// run them: whole documents on one rank, long ones split by DualChunkSwap over the CP group or over
+// the smallest block of ranks that balances; data.doc_split_len and data.doc_groups set the rules.
 inline void add_partition_keys(DeckSchema& s) {
   s.add_string("data.partition", "dcs",
                "how packed (THD) sequences lie on the CP ranks: dcs (every sequence padded to 2*cp and cut into "
-               "DualChunkSwap chunks on every rank) or documents (a document whole on one rank, chosen to balance the "
-               "work, or split by DualChunkSwap when it is too long to keep whole)",
-               {"dcs", "documents"})
+               "DualChunkSwap chunks on every rank), documents (a document whole on one rank, chosen to balance the "
+               "work, or split by DualChunkSwap over the CP group when it is too long to keep whole) or groups (as "
+               "documents, a split document over the smallest block of consecutive ranks that balances the work)",
+               {"dcs", "documents", "groups"})
       .add_int("data.doc_split_len", 0,
                "data.partition = documents: documents of at least this many tokens are split over the CP group (0: "
                "chosen: the fewest heaviest documents whose split brings the heaviest rank's work within 1.1 x the "
                "mean)",
-               0);
+               0)
+      .add_string("data.doc_groups", "pow2",
+                  "data.partition = groups: the sizes of the blocks a split document may run on: pow2 (powers of two "
+                  "dividing the CP size) or any (every divisor)",
+                  {"pow2", "any"});
 }
 
-inline bool by_documents(const Deck& d) {
-  return d.has("data.partition") && d.get_string("data.partition") == "documents";
-}
+// data.partition = documents or groups: a placement per document.
+inline bool by_documents(const Deck& d) { return d.has("data.partition") && d.get_string("data.partition") != "dcs"; }
 
 // The work of one attention layer alone: its (query, key) pairs.
 inline cp::DocCost attention_doc_cost(bool causal) { return {1.0, 0.0, causal}; }
@@ -156,8 +162,17 @@ inline cp::DocCost token_doc_cost() { return {0.0, 1.0, true}; }
 inline std::shared_ptr<const cp::DocPartition> doc_partition(const Deck& d, const std::vector<std::int64_t>& lens,
                                                              int cp, const cp::DocCost& cost) {
   if (!by_documents(d)) return nullptr;
-  HCP_INPUT_CHECK(d.get_string("data.format") == "thd", d.where("data.partition"),
-                  "data.partition = \"documents\" places packed documents: it needs data.format = \"thd\"");
+  const std::string& part = d.get_string("data.partition");
+  HCP_INPUT_CHECK(d.get_string("data.format") == "thd", d.where("data.partition"), "data.partition = \"", part,
+                  "\" places packed documents: it needs data.format = \"thd\"");
+  if (part == "groups") {
+    HCP_INPUT_CHECK(d.get_int("data.doc_split_len") == 0, d.where("data.doc_split_len"),
+                    "data.doc_split_len sets which documents data.partition = \"documents\" splits; with "
+                    "\"groups\" the split is chosen with the group sizes (leave it 0)");
+    return std::make_shared<const cp::DocPartition>(cp::place_document_groups(
+        lens, cp, cost,
+        d.get_string("data.doc_groups") == "any" ? cp::GroupSizes::Divisors : cp::GroupSizes::PowersOfTwo));
+  }
   return std::make_shared<const cp::DocPartition>(
       cp::partition_documents(lens, cp, d.get_int("data.doc_split_len"), cost));
 }

@@ -138,7 +138,7 @@ void AttentionStudy::setup(const std::vector<std::string>& names, const drivers:
   st_.config({{"format", st_.deck.get_string("data.format")},
               {"strategy", drivers::join(names)},
               {"cu_seqlens_padded", drivers::join(g.cu_seqlens)},
-              {"partition", st_.placement.by_documents() ? "documents" : "dcs"}},
+              {"partition", st_.deck.get_string("data.partition")}},
              skipped);
   if (st_.out() && st_.check)
     for (int i = 0; i < 4; ++i)

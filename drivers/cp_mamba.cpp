@@ -106,11 +106,10 @@ class MambaStudy {
   drivers::Study& st_;
   const Setup s_;
   std::vector<std::string> names_;
-  const SeqLayout* cpl_ = nullptr;  // the layout the CP strategy runs on (none: every document whole)
-  model::ParamMap p_, pd_;          // parameters: host, and in the run's space
-  Tensor hl_, dyl_;                 // this rank's input and output gradient
-  Tensor ry_, rdh_;                 // the cp=1 reference's output and input gradient (rank 0)
-  model::ParamMap rg_;              // and its parameter gradients
+  model::ParamMap p_, pd_;  // parameters: host, and in the run's space
+  Tensor hl_, dyl_;         // this rank's input and output gradient
+  Tensor ry_, rdh_;         // the cp=1 reference's output and input gradient (rank 0)
+  model::ParamMap rg_;      // and its parameter gradients
   std::vector<std::string> notes_;
   std::map<std::string, std::string> halo_note_;  // state passing: the halo bytes line
   std::vector<std::int64_t> moved_;               // bytes per rank of each case
@@ -136,11 +135,7 @@ void MambaStudy::setup(const std::vector<std::string>& names, const drivers::Ski
     ref.backward(rdh_, rg_, drivers::unpadded_uniform(s.global(), {C}, s.dt, sdy), p_);
   }
   // The state scan state passing runs (mamba.state_scan = auto resolved on this layout).
-  cpl_ = s.placement.cp_layout();
-  const std::string scan =
-      cpl_ ? cp::to_string(cp::resolve_state_exchange(*cpl_, st.cp, cp::Partition::DCS, s.cfg.state_exchange,
-                                                      s.cfg.head_dim * s.cfg.d_state))
-           : std::string("none");
+  const std::string scan = model::state_scan_of(s.cfg, s.placement);
   st.config({{"format", st.deck.get_string("data.format")},
              {"strategy", drivers::join(names)},
              {"state_scan", scan},
@@ -176,18 +171,23 @@ drivers::Study::BytesCheck MambaStudy::check_bytes(const std::string& name, cp::
   const bool hp = strat == cp::MambaCp::HiddenParallel;
   const std::int64_t sent =
       hp ? st.bytes_per_step({"all_to_all"}) : st.bytes_per_step({"all_to_all_v"}) + st.bytes_per_step({"all_gather"});
-  const std::int64_t halo =
-      hp || !cpl_ ? 0
-                  : sent - cp::model_state_elements_sent(*cpl_, s.cp, r, cp::Partition::DCS, s.cfg.state_exchange,
-                                                         s.cfg.heads, s.cfg.head_dim * s.cfg.d_state) *
-                               static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(s.dt)));
+  std::int64_t halo = hp ? 0 : sent;
+  for (const cp::CpPart& p : s.placement.cp_parts(r))
+    if (!hp && !p.empty())
+      halo -= cp::model_state_elements_sent(p.placement.global, p.placement.cp, p.rank, cp::Partition::DCS,
+                                            s.cfg.state_exchange, s.cfg.heads, s.cfg.head_dim * s.cfg.d_state) *
+              static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(s.dt)));
   const std::int64_t mine = model::mamba_cp_model_bytes(strat, s.cfg, s.placement, r, s.dt);
   drivers::Study::BytesCheck bc = st.check_bytes(sent, mine);
   if (!hp) {
     const auto halo_all = static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(halo)));
-    const std::int64_t halo_model = cpl_ ? 2 * cp::model_halo_rows(*cpl_, s.cp, cp::Partition::DCS, s.cfg.conv - 1) *
-                                               s.cfg.conv_dim() * static_cast<std::int64_t>(dtype_size(s.dt))
-                                         : 0;
+    std::int64_t halo_model = 0;  // every block's halos, counted from its first rank
+    for (int q = 0; q < s.cp; ++q)
+      for (const cp::CpPart& p : s.placement.cp_parts(q))
+        if (!p.empty() && p.rank == 0)
+          halo_model += 2 *
+                        cp::model_halo_rows(p.placement.global, p.placement.cp, cp::Partition::DCS, s.cfg.conv - 1) *
+                        s.cfg.conv_dim() * static_cast<std::int64_t>(dtype_size(s.dt));
     bc.ok = bc.ok && halo_all == halo_model;
     halo_note_[name] = drivers::fields("# state_passing conv halo bytes, all ranks:", halo_all, "model", halo_model);
   }

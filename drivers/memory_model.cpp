@@ -39,6 +39,15 @@ std::int64_t sequences(const Deck& d) {
   if (d.get_string("data.format") == "bshd") return d.get_int("data.batch");
   return static_cast<std::int64_t>(parse_lengths(d, "data.seq_lens").size());
 }
+std::int64_t split_gradient_sets(const cp::DocPartition& docs) {
+  std::int64_t most = 1;
+  for (int r = 0; r < docs.cp; ++r) {
+    std::int64_t n = 0;
+    for (const cp::SplitPart& p : docs.split_parts(r)) n += p.layout.nseq() > 0 ? 1 : 0;
+    most = std::max(most, n);
+  }
+  return most;
+}
 std::int64_t state_bytes(const Deck& d) { return d.get_string("data.dtype") == "bf16" ? 4 : dtype_bytes(d); }
 
 std::int64_t mamba_param_count(const model::Mamba2Config& c) {

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "core/memory_parts.hpp"
+#include "cp/documents.hpp"
 #include "harness.hpp"
 #include "io/deck.hpp"
 #include "model/hybrid.hpp"
@@ -52,6 +53,9 @@ inline std::string sizes_where(const Deck& d, std::initializer_list<const char*>
   return d.where(*keys.begin()) + ": " + list;
 }
 std::int64_t sequences(const Deck& d);
+// Per document: the most parameter-gradient sets a Mamba2 layer holds beside its whole documents'
+// (one per block of ranks a rank's split documents run on; at least one).
+std::int64_t split_gradient_sets(const cp::DocPartition& docs);
 std::int64_t state_bytes(const Deck& d);
 bool host_bf16(const Deck& d);
 

@@ -126,7 +126,7 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
   if (const auto docs = doc_partition(d, cp, model::hybrid_doc_cost(h))) {  // the rank with the most rows
     tl = docs->most_rows();
     gathered = m.mul(tl, cp);
-    if (h.pattern.find('M') != std::string::npos) m.add("gradients", {P}, es);  // Mamba's two parts
+    if (h.pattern.find('M') != std::string::npos) m.add("gradients", {split_gradient_sets(*docs), P}, es);
   }
   m.add("parameters", {P}, es);
   m.add("gradients", {P}, es);

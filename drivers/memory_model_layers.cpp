@@ -1,6 +1,7 @@
 // The memory models of the cp_attention and cp_mamba drivers (memory_model.hpp), from the shared
 // per-token terms of memory_model.cpp.
 #include <algorithm>
+#include <numeric>
 
 #include "common.hpp"
 #include "cp/strategy.hpp"
@@ -20,21 +21,21 @@ MemoryModel attention_memory(const Deck& d, int cp, const std::string& strategy)
   const std::int64_t es = dtype_bytes(d);
   // the strategy's terms at `ranks` ranks on `tl` local tokens
   auto shape = [&](int ranks, std::int64_t tl) {
-    return cp::AttnMemShape{ranks, tl, H, Hkv, D, es, ranks > 1 ? cp_inner_of(d, cp) : 1};
+    return cp::AttnMemShape{ranks, tl, H, Hkv, D, es, ranks > 1 ? std::gcd(cp_inner_of(d, cp), ranks) : 1};
   };
   std::int64_t tl = padded_tokens(d, cp, m) / cp, gathered = m.mul(tl, cp);
   std::int64_t work = cp::attention_work_bytes(m, id, shape(cp, tl));
   if (const auto docs = doc_partition(d, cp, attention_doc_cost(d.get_bool("attention.causal")))) {
     // the rank with the most: its saved output and LSE and the backward's dQ/dK/dV over all its
-    // rows, and the split documents' own strategy on its chunks of them
+    // rows, and the split documents' own strategy on its chunks of them, block by block
     tl = docs->most_rows();
     work = 0;
-    const std::int64_t S = docs->split_local();
     for (int r = 0; r < cp; ++r) {
       const std::int64_t n = docs->local_rows(r);
-      const std::int64_t own =
-          m.sum(cp::attention_work_bytes(m, id, shape(1, n)), m.mul(m.mul(n, (H + 2 * Hkv) * D), es));
-      work = std::max(work, m.sum(own, S > 0 && cp > 1 ? cp::attention_work_bytes(m, id, shape(cp, S)) : 0));
+      std::int64_t own = m.sum(cp::attention_work_bytes(m, id, shape(1, n)), m.mul(m.mul(n, (H + 2 * Hkv) * D), es));
+      for (const cp::SplitPart& p : docs->split_parts(r))
+        if (p.layout.nseq() > 0) own = m.sum(own, cp::attention_work_bytes(m, id, shape(p.g, p.local_rows())));
+      work = std::max(work, own);
     }
     gathered = m.mul(tl, cp);
   }
@@ -71,23 +72,34 @@ MemoryModel mamba_memory(const Deck& d, int cp, const std::string& strategy) {
   const auto docs = doc_partition(d, cp, token_doc_cost());
   if (docs) {  // the rank with the most rows; the two parts' parameter gradients
     tl = docs->most_rows();
-    m.add("gradients", {P}, es);
+    m.add("gradients", {split_gradient_sets(*docs), P}, es);
   }
   m.add("inputs and outputs", {tl, 4 * c.hidden}, es);  // x, dy, y, dx
   m.add("parameters", {P}, es);
   m.add("gradients", {P}, es);
-  if (docs) {  // the whole documents as a cp = 1 layer beside the split ones' strategy
-    std::int64_t most = 0;
-    for (int r = 0; r < cp; ++r)
-      most = std::max(most, m.sum(m.mul(docs->whole_rows(r), strat.work_per_token(c, 1)),
-                                  m.mul(docs->split_local(), strat.work_per_token(c, cp))));
+  if (docs) {  // the whole documents as a cp = 1 layer beside the split ones' strategy on each block
+    std::int64_t most = 0, states = 0, row = 0;
+    for (int r = 0; r < cp; ++r) {
+      std::int64_t n = m.mul(docs->whole_rows(r), strat.work_per_token(c, 1)), st = 0;
+      for (const cp::SplitPart& p : docs->split_parts(r)) {
+        if (p.layout.nseq() == 0) continue;
+        n = m.sum(n, m.mul(p.local_rows(), strat.work_per_token(c, p.g)));
+        if (!strat.state_rows) continue;
+        const model::StateRows sr = strat.state_rows(c, p.g, p.layout.nseq());
+        st += sr.saved + sr.work;
+        row = sr.row;
+      }
+      most = std::max(most, n);
+      states = std::max(states, st);
+    }
     m.add("step buffers", {most}, es);
+    if (states > 0) m.add("state passing states", {states, row}, state_bytes(d));
   } else {
     m.add("step buffers", {tl, strat.work_per_token(c, cp)}, es);
-  }
-  if (strat.state_rows && (!docs || docs->split.nseq() > 0)) {
-    const model::StateRows r = strat.state_rows(c, cp, docs ? docs->split.nseq() : sequences(d));
-    m.add("state passing states", {r.saved + r.work, r.row}, state_bytes(d));
+    if (strat.state_rows) {
+      const model::StateRows r = strat.state_rows(c, cp, sequences(d));
+      m.add("state passing states", {r.saved + r.work, r.row}, state_bytes(d));
+    }
   }
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m), Tp = padded_tokens(d, cp, m);

@@ -1,4 +1,4 @@
-// Study's part for packed documents placed by document (data.partition = documents): each rank's
+// Study's part for packed documents placed by document (data.partition = documents or groups): each rank's
 // rows, the check through the placement's row map, and the placement in the results; and the
 // union of names over ranks that keeps the per-rank writes collective when ranks ran different
 // phases.
@@ -13,14 +13,18 @@ namespace hcp::drivers {
 namespace {
 // /partition/*: see Study::record_placement.
 void write_doc_partition(ResultsWriter& w, const cp::DocPartition& p) {
-  std::vector<std::int64_t> lens(p.lens.begin(), p.lens.end()), owner(p.owner.begin(), p.owner.end()), rows, tokens;
+  std::vector<std::int64_t> lens(p.lens.begin(), p.lens.end()), owner(p.owner.begin(), p.owner.end()),
+      group(p.group.begin(), p.group.end()), block(p.block.begin(), p.block.end()), rows, tokens;
   for (int r = 0; r < p.cp; ++r) {
     rows.push_back(p.local_rows(r));
     tokens.push_back(p.real_tokens(r));
   }
   w.counts("/partition/lengths", lens, "[documents] real length", "tokens");
-  w.counts("/partition/owner", owner, "[documents] rank holding the document whole, -1 split over the CP group",
+  w.counts("/partition/owner", owner, "[documents] rank holding the document whole, -1 split over a block of ranks",
            "rank");
+  w.counts("/partition/group", group, "[documents] ranks a split document runs over (1: whole)", "ranks");
+  w.counts("/partition/block", block, "[documents] a split document's block: ranks [block g, (block + 1) g), -1 whole",
+           "block");
   w.counts("/partition/rows", rows, "[cp] local rows of each rank, pads included", "tokens");
   w.counts("/partition/tokens", tokens, "[cp] real tokens of each rank", "tokens");
   w.counts("/partition/pad_tokens", {p.pad_tokens()}, "[1] pad tokens of the split documents", "tokens");

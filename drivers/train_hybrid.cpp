@@ -255,6 +255,12 @@ bool Trainer::step(std::int64_t t) {
   ts_.grad_norm.push_back(gn);
   ts_.label_tokens.push_back(static_cast<double>(res.label_tokens));
   ts_.step_ms.push_back(ms);
+  if (const auto& docs = pb.placement.docs) {
+    const std::vector<int> g = docs->group_sizes();
+    ts_.documents_split.push_back(static_cast<double>(docs->documents_split()));
+    ts_.largest_group.push_back(g.empty() ? 0.0 : g.back());
+    ts_.work_imbalance.push_back(docs->work_imbalance());
+  }
   double rl = 0, flips = 0;
   if (replica_) {
     rl = replica_->step(b);
@@ -290,9 +296,9 @@ void Trainer::print_step(std::int64_t t, const drivers::PlacedBatch& pb, double 
   if (replica_)
     std::printf("  cp1 %.6f (rel %.1e, flips %.1e)", rl, std::abs(loss - rl) / std::max(std::abs(rl), 1e-300), flips);
   if (const auto& docs = pb.placement.docs)
-    std::printf("  documents %lld whole %lld split",
+    std::printf("  documents %lld whole %lld split%s",
                 static_cast<long long>(docs->lens.size()) - static_cast<long long>(docs->documents_split()),
-                static_cast<long long>(docs->documents_split()));
+                static_cast<long long>(docs->documents_split()), docs->split_groups(" (", ")").c_str());
   std::printf("  lr %.2e  gnorm %.3f  tokens/s %.0f  step %.1f ms\n", opt_->last_lr(), gn,
               static_cast<double>(pb.batch.layout.total()) / (ms * 1e-3), ms);
   std::fflush(stdout);

@@ -195,6 +195,9 @@ struct TrainSeries {
   std::vector<double> lr, grad_norm, label_tokens, step_ms;  // this run's steps
   // This run's steps, with the replica: the fraction of (real token, MoE block) expert sets unlike the replica's.
   std::vector<double> routing_flips;
+  // This run's steps, per document (data.partition = documents or groups): the documents split, the
+  // largest block of ranks one runs over (0: none split) and the work's max / mean over the ranks.
+  std::vector<double> documents_split, largest_group, work_imbalance;
 };
 inline void write_train_results(ResultsWriter& w, Communicator& world, const TrainSeries& s, const model::ParamMap& p,
                                 const model::ShardMap& shards, bool owner, bool with_ref, double worst, double rtol,
@@ -212,6 +215,14 @@ inline void write_train_results(ResultsWriter& w, Communicator& world, const Tra
   w.tensor("/train/lr", vec(s.lr), "[step] (this run)", "1");
   w.tensor("/train/grad_norm", vec(s.grad_norm), "[step] (this run), before clipping", "1");
   w.tensor("/train/label_tokens", vec(s.label_tokens), "[step] (this run)", "tokens");
+  if (!s.documents_split.empty()) {
+    w.tensor("/train/documents_split", vec(s.documents_split), "[step] (this run) documents split over ranks",
+             "documents");
+    w.tensor("/train/largest_group", vec(s.largest_group),
+             "[step] (this run) the largest block of ranks a split document runs over, 0: none", "ranks");
+    w.tensor("/train/work_imbalance", vec(s.work_imbalance),
+             "[step] (this run) max / mean of the ranks' work by the placement's cost model", "1");
+  }
   w.timings("train/step", s.step_ms);
   write_params(w, world, "/params/", p, shards, owner, "parameter shape (final)");
 }

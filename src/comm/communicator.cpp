@@ -41,6 +41,16 @@ void Communicator::broadcast(Tensor& t, int root) {
   broadcast(t.raw(), t.numel(), t.dtype(), root);
 }
 
+Communicator& Communicator::block_of(int block) {
+  if (block == size()) return *this;
+  std::unique_ptr<Communicator>& c = blocks_[block];
+  if (!c) {
+    c = split_blocks(block);
+    c->count_into(this);
+  }
+  return *c;
+}
+
 double Communicator::all_reduce_scalar(double v, ReduceOp op) {
   all_reduce(&v, 1, DType::F64, op);
   return v;

@@ -61,6 +61,11 @@ class Communicator {
   // stride), each in rank order. Collective, like split.
   virtual std::unique_ptr<Communicator> split_blocks(int block) const { return split(rank() / block, rank()); }
   virtual std::unique_ptr<Communicator> split_strided(int stride) const { return split(rank() % stride, rank()); }
+  // The group of `block` consecutive ranks this rank is in (split_blocks), made at the first call for
+  // that size (collective then: every rank asks for the same sizes in the same order) and kept, so
+  // layers that run over sub-groups share one communicator per size. Its operations count into this
+  // communicator's counters as well. block == size(): this communicator.
+  Communicator& block_of(int block);
 
   // ---- tensor conveniences (contiguous host tensors; shapes checked) --------------------------
   void all_to_all(const Tensor& send, Tensor& recv);
@@ -88,6 +93,7 @@ class Communicator {
   }
   std::map<std::string, CommCounter> counters_;
   Communicator* parent_ = nullptr;
+  std::map<int, std::unique_ptr<Communicator>> blocks_;  // block_of's groups, by size
 };
 
 }  // namespace hcp

@@ -53,7 +53,9 @@ class A2AP2PAttention final : public AttnImpl {
     HCP_CHECK(!levels_ || levels_->inner == inner_, "a2a+p2p: levels of inner size ", levels_ ? levels_->inner : 0,
               " given to a layer of parallel.cp_inner ", inner_);
   }
-  const CpAttention* nested() const override { return ring_.get(); }
+  std::vector<const CpAttention*> nested() const override {
+    return ring_ ? std::vector<const CpAttention*>{ring_.get()} : std::vector<const CpAttention*>{};
+  }
   const CpLevels* levels() const override { return levels_.get(); }
 
   void forward(Tensor& o) override {
@@ -135,10 +137,12 @@ class A2AP2PAttention final : public AttnImpl {
 }  // namespace
 
 std::int64_t a2a_p2p_ring_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
-  if (cfg.placement.docs)
-    return cfg.placement.docs->split.nseq() == 0
-               ? 0
-               : a2a_p2p_ring_bytes(split_documents_config(cfg), cp, rank, dt, backward);
+  if (cfg.placement.docs) {
+    std::int64_t n = 0;
+    for (const CpPart& p : cfg.placement.cp_parts(rank))
+      if (!p.empty()) n += a2a_p2p_ring_bytes(part_config(cfg, p), p.placement.cp, p.rank, dt, backward);
+    return n;
+  }
   const int inner = cfg.cp_inner;
   return attention_cp_model_bytes(a2a_p2p_ring_config(cfg, rank), cp / inner, rank / inner, dt, backward);
 }

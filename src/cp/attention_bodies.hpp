@@ -45,9 +45,9 @@ class AttnImpl {
   AttnImpl& operator=(const AttnImpl&) = delete;
   virtual void forward(Tensor& o) = 0;
   virtual void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout) = 0;
-  virtual void release() {}                                      // drops what only its backward reads
-  virtual const CpAttention* nested() const { return nullptr; }  // an attention it runs; its times add
-  virtual const CpLevels* levels() const { return nullptr; }     // two-level groups (null before made)
+  virtual void release() {}                                              // drops what only its backward reads
+  virtual std::vector<const CpAttention*> nested() const { return {}; }  // attentions it runs; their times add
+  virtual const CpLevels* levels() const { return nullptr; }             // two-level groups (null before made)
 
  protected:
   AttnStep& s_;

@@ -117,20 +117,27 @@ std::unique_ptr<AttnImpl> make_local_attention(AttnStep& s) { return std::make_u
 
 namespace {
 // A pass's laps, plus `ring` (a2a+p2p: its ring's own split; zeros otherwise).
-CpAttnTimes times_of(const PhaseTimes& ph, const CpAttnTimes& ring) {
+CpAttnTimes times_of(const PhaseTimes& ph, const std::vector<CpAttnTimes>& nested) {
   const auto& t = ph.totals();
   const auto s = [&](const char* k) { return t.count(k) ? t.at(k) / 1e3 : 0.0; };
-  return {s("compute") + ring.compute, s("comm_wait") + ring.comm_wait};
+  CpAttnTimes out{s("compute"), s("comm_wait")};
+  for (const CpAttnTimes& n : nested) {
+    out.compute += n.compute;
+    out.comm_wait += n.comm_wait;
+  }
+  return out;
 }
 }  // namespace
 
 CpAttnTimes CpAttention::fwd_times() const {
-  const CpAttention* sub = impl_->nested();
-  return times_of(s_->fwd_ph, sub ? sub->fwd_times() : CpAttnTimes{});
+  std::vector<CpAttnTimes> sub;
+  for (const CpAttention* n : impl_->nested()) sub.push_back(n->fwd_times());
+  return times_of(s_->fwd_ph, sub);
 }
 CpAttnTimes CpAttention::bwd_times() const {
-  const CpAttention* sub = impl_->nested();
-  return times_of(s_->bwd_ph, sub ? sub->bwd_times() : CpAttnTimes{});
+  std::vector<CpAttnTimes> sub;
+  for (const CpAttention* n : impl_->nested()) sub.push_back(n->bwd_times());
+  return times_of(s_->bwd_ph, sub);
 }
 
 std::int64_t CpAttention::model_fwd_bytes(DType dt) const {
@@ -142,11 +149,13 @@ std::int64_t CpAttention::model_bwd_bytes(DType dt) const {
 
 std::int64_t attention_cp_model_bytes(const CpAttnConfig& cfg, int cp, int rank, DType dt, bool backward) {
   if (cp == 1) return 0;  // one rank runs locally
-  // per-document placement: whole documents send nothing; the split ones are a CP problem of their own
-  if (cfg.placement.docs)
-    return cfg.placement.docs->split.nseq() == 0
-               ? 0
-               : attention_cp_model_bytes(split_documents_config(cfg), cp, rank, dt, backward);
+  // per-document placement: whole documents send nothing; the split ones are CP problems of their own
+  if (cfg.placement.docs) {
+    std::int64_t n = 0;
+    for (const CpPart& p : cfg.placement.cp_parts(rank))
+      if (!p.empty()) n += attention_cp_model_bytes(part_config(cfg, p), p.placement.cp, p.rank, dt, backward);
+    return n;
+  }
   return attn_strategy_info(cfg.strategy).model_bytes(cfg, cp, rank, dt, backward);
 }
 

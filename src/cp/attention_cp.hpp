@@ -26,17 +26,17 @@ struct CpAttnConfig {
   // Where the rows lie on the CP group: DualChunkSwap of placement.global (BSHD rows or THD packed
   // sequences, padded; placement.cp the group's size), or per document: placement.global is then the
   // unpadded packed documents, a rank's rows are its whole documents (attended locally, nothing sent)
-  // followed by its chunks of the split documents, which `strategy` runs over the CP group as the
-  // DualChunkSwap placement of placement.docs->split.
+  // followed by its chunks of the split documents, which `strategy` runs over each block of ranks
+  // they are split on (placement.cp_parts, part_config).
   Placement placement;
   // a2a+p2p: ranks of the inner (Ulysses) group, consecutive ranks; divides the CP size. The outer
   // ring runs over the cp / cp_inner ranks with the same inner index.
   int cp_inner = 1;
 };
 
-// The split documents of a per-document placement as a CP problem of their own: cfg on the
-// DualChunkSwap placement of placement.docs->split.
-CpAttnConfig split_documents_config(const CpAttnConfig& cfg);
+// One CP part of cfg's placement (Placement::cp_parts) as a problem of its own: cfg on the part's
+// DualChunkSwap placement over its block of g ranks; a2a+p2p's inner group is gcd(cp_inner, g).
+CpAttnConfig part_config(const CpAttnConfig& cfg, const CpPart& part);
 
 // Time split of the last forward/backward (seconds, this rank).
 struct CpAttnTimes {

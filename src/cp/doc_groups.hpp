@@ -10,12 +10,11 @@
 // (the fewest bytes: a document's K/V goes around g ranks). A pure function of the lengths, the CP
 // size, the group rule and the cost model: every rank computes the same placement without talking.
 //
-// A rank's rows: its whole documents in global order, then for each group size in use (ascending)
-// its DualChunkSwap chunks of the documents split over its block of that size (the local rows of
-// split_layout(g, block) on its rank inside the block, cp/layout.hpp).
+// The result is a DocPartition (cp/documents.hpp): a rank's rows are its whole documents in global
+// order, then for each group size in use (ascending) its DualChunkSwap chunks of the documents split
+// over its block of that size (DocPartition::split_parts).
 #pragma once
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "core/seq_layout.hpp"
@@ -23,34 +22,9 @@
 
 namespace hcp::cp {
 
-// Which group sizes a split document may use: powers of two dividing the CP size, or any divisor.
+// Which group sizes a split document may use: powers of two dividing the CP size, or any divisor;
+// the whole CP group is always allowed (a CP size with no power-of-two divisor still splits).
 enum class GroupSizes { PowersOfTwo, Divisors };
-
-struct DocGroups {
-  int cp = 1;
-  std::vector<std::int64_t> lens;  // real lengths of the documents, global order
-  std::vector<int> owner;          // the rank that holds a whole document; -1: split over a block
-  std::vector<int> group;          // a split document's group size g; 1 for a whole document
-  std::vector<int> block;          // a split document's block (ranks [block g, (block + 1) g)); -1 if whole
-  std::vector<double> work;        // per rank, by the cost model
-
-  // The group sizes split documents use, ascending.
-  std::vector<int> group_sizes() const;
-  // The documents split over block `b` of size g, in global order, each padded to 2g (THD); none:
-  // no sequence.
-  SeqLayout split_layout(int g, int b) const;
-  // This rank's whole documents packed, unpadded (THD).
-  SeqLayout whole_layout(int rank) const;
-  std::int64_t local_rows(int rank) const;
-  // For each local row of `rank`, its row in the unpadded problem (the documents packed in order at
-  // their real lengths), or -1 for a pad.
-  std::vector<std::int64_t> real_index(int rank) const;
-  std::int64_t pad_tokens() const;
-  std::int64_t documents_split() const;
-  double work_imbalance() const;  // max / mean over ranks
-  // One line for logs: documents whole and split by group size, padding, imbalance.
-  std::string summary() const;
-};
 
 // The placement of documents of real lengths `lens` (each >= 1) over `cp` ranks, work by `cost`.
 // The k heaviest documents are split, all over groups of one size g, for the smallest k and then the
@@ -60,6 +34,7 @@ struct DocGroups {
 // balanced (or the heaviest rank's work no larger). Split documents are placed heaviest first on
 // the block whose heaviest rank is least loaded, then whole documents heaviest first on the
 // least-loaded rank (ties: the lower block or rank). At cp = 1 every document is whole.
-DocGroups place_document_groups(const std::vector<std::int64_t>& lens, int cp, const DocCost& cost, GroupSizes sizes);
+DocPartition place_document_groups(const std::vector<std::int64_t>& lens, int cp, const DocCost& cost,
+                                   GroupSizes sizes);
 
 }  // namespace hcp::cp

@@ -50,12 +50,21 @@ Placed place(const std::vector<std::int64_t>& lens, int cp, const std::vector<bo
   return p;
 }
 
+// A THD layout of the sequences ending at cu[1..] (none: no sequence).
+SeqLayout packed(std::vector<std::int64_t> cu) {
+  if (cu.size() > 1) return SeqLayout::thd(std::move(cu));
+  SeqLayout none;
+  none.format = Format::THD;
+  none.cu_seqlens = {0};
+  return none;
+}
+
+}  // namespace
+
 double max_over_mean(const std::vector<double>& v) {
   const double sum = std::accumulate(v.begin(), v.end(), 0.0);
   return sum > 0 ? *std::max_element(v.begin(), v.end()) * static_cast<double>(v.size()) / sum : 1.0;
 }
-
-}  // namespace
 
 std::vector<std::size_t> heaviest_first(const std::vector<std::int64_t>& lens, int cp, const char* what) {
   HCP_CHECK(cp >= 1, what, ": cp size must be >= 1");
@@ -88,35 +97,74 @@ DocPartition partition_documents(const std::vector<std::int64_t>& lens, int cp, 
     }
   }
 
+  std::vector<int> group(lens.size(), 1), block(lens.size(), -1);
+  for (std::size_t d = 0; d < lens.size(); ++d)
+    if (split[d]) {
+      group[d] = cp;
+      block[d] = 0;
+    }
+  return make_partition(lens, cp, p.owner, std::move(group), std::move(block), p.work);
+}
+
+DocPartition make_partition(const std::vector<std::int64_t>& lens, int cp, std::vector<int> owner,
+                            std::vector<int> group, std::vector<int> block, std::vector<double> work) {
   DocPartition out;
   out.cp = cp;
   out.lens = lens;
-  out.owner = p.owner;
-  out.work = p.work;
-  std::vector<std::int64_t> cu{0};
-  std::vector<std::int64_t> real;
-  SeqLayout none;  // no sequence (a rank without whole documents; no split document)
-  none.format = Format::THD;
-  none.cu_seqlens = {0};
-  out.whole.assign(static_cast<std::size_t>(cp), none);
+  out.owner = std::move(owner);
+  out.group = std::move(group);
+  out.block = std::move(block);
+  out.work = std::move(work);
+  std::vector<std::vector<std::int64_t>> cu(static_cast<std::size_t>(cp), std::vector<std::int64_t>{0});
   for (std::size_t d = 0; d < lens.size(); ++d) {
-    if (split[d]) {
-      cu.push_back(cu.back() + dcs_padded_len(lens[d], cp));
-      real.push_back(lens[d]);
-      out.split_len = out.split_len == 0 ? lens[d] : std::min(out.split_len, lens[d]);
-    } else {
-      auto& w = out.whole[static_cast<std::size_t>(p.owner[d])].cu_seqlens;
+    if (out.owner[d] >= 0) {
+      auto& w = cu[static_cast<std::size_t>(out.owner[d])];
       w.push_back(w.back() + lens[d]);
+    } else {
+      out.split_len = out.split_len == 0 ? lens[d] : std::min(out.split_len, lens[d]);
     }
   }
-  out.split = cu.size() > 1 ? SeqLayout::thd(cu) : none;
-  out.split.real_lens = real;
+  for (auto& c : cu) out.whole.push_back(packed(std::move(c)));
   return out;
 }
 
-std::int64_t DocPartition::real_split_tokens() const {
+std::vector<int> DocPartition::group_sizes() const {
+  std::vector<int> out;
+  for (std::size_t d = 0; d < lens.size(); ++d)
+    if (owner[d] < 0 && std::find(out.begin(), out.end(), group[d]) == out.end()) out.push_back(group[d]);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+SplitPart DocPartition::split_part(int g, int b) const {
+  std::vector<std::int64_t> cu{0}, real;
+  for (std::size_t d = 0; d < lens.size(); ++d)
+    if (owner[d] < 0 && group[d] == g && block[d] == b) {
+      cu.push_back(cu.back() + dcs_padded_len(lens[d], g));
+      real.push_back(lens[d]);
+    }
+  SplitPart part{g, b, packed(cu)};
+  part.layout.real_lens = real;
+  return part;
+}
+
+std::vector<SplitPart> DocPartition::split_parts(int rank) const {
+  HCP_CHECK(rank >= 0 && rank < cp, "document partition: rank ", rank, " outside [0, ", cp, ")");
+  std::vector<SplitPart> out;
+  for (int g : group_sizes()) out.push_back(split_part(g, rank / g));
+  return out;
+}
+
+std::int64_t DocPartition::split_rows(int rank) const {
   std::int64_t n = 0;
-  for (std::size_t d = 0; d < lens.size(); ++d) n += owner[d] < 0 ? lens[d] : 0;
+  for (const SplitPart& s : split_parts(rank)) n += s.local_rows();
+  return n;
+}
+
+std::int64_t DocPartition::pad_tokens() const {
+  std::int64_t n = 0;
+  for (std::size_t d = 0; d < lens.size(); ++d)
+    if (owner[d] < 0) n += dcs_padded_len(lens[d], group[d]) - lens[d];
   return n;
 }
 
@@ -132,23 +180,27 @@ std::int64_t DocPartition::documents_split() const {
 
 std::vector<std::int64_t> DocPartition::real_index(int rank) const {
   HCP_CHECK(rank >= 0 && rank < cp, "document partition: rank ", rank, " outside [0, ", cp, ")");
-  std::vector<std::int64_t> rows, split_to_global;
-  std::int64_t off = 0;
-  for (std::size_t d = 0; d < lens.size(); off += lens[d], ++d) {
+  std::vector<std::int64_t> rows, start(lens.size() + 1, 0);
+  for (std::size_t d = 0; d < lens.size(); ++d) start[d + 1] = start[d] + lens[d];
+  for (std::size_t d = 0; d < lens.size(); ++d)
     if (owner[d] == rank)
-      for (std::int64_t i = 0; i < lens[d]; ++i) rows.push_back(off + i);
-    if (owner[d] < 0)
-      for (std::int64_t i = 0; i < lens[d]; ++i) split_to_global.push_back(off + i);
+      for (std::int64_t i = 0; i < lens[d]; ++i) rows.push_back(start[d] + i);
+  for (const SplitPart& s : split_parts(rank)) {
+    if (s.layout.nseq() == 0) continue;
+    std::vector<std::int64_t> to_global;  // the part's real tokens, as rows of the unpadded problem
+    for (std::size_t d = 0; d < lens.size(); ++d)
+      if (owner[d] < 0 && group[d] == s.g && block[d] == s.block)
+        for (std::int64_t i = 0; i < lens[d]; ++i) to_global.push_back(start[d] + i);
+    for (std::int64_t k : local_real_index(s.layout, s.g, s.rank_in_block(rank)))
+      rows.push_back(k < 0 ? -1 : to_global[static_cast<std::size_t>(k)]);
   }
-  if (split.nseq() > 0)
-    for (std::int64_t k : local_real_index(split, cp, rank))
-      rows.push_back(k < 0 ? -1 : split_to_global[static_cast<std::size_t>(k)]);
   return rows;
 }
 
 std::int64_t DocPartition::real_tokens(int rank) const {
   std::int64_t n = whole_rows(rank);
-  for (std::int64_t s = 0; s < split.nseq(); ++s) n += local_real(split, s, cp, rank);
+  for (const SplitPart& s : split_parts(rank))
+    for (std::int64_t q = 0; q < s.layout.nseq(); ++q) n += local_real(s.layout, q, s.g, s.rank_in_block(rank));
   return n;
 }
 
@@ -157,8 +209,9 @@ std::vector<std::int64_t> DocPartition::positions(int rank) const {
   const SeqLayout& w = whole[static_cast<std::size_t>(rank)];
   for (std::int64_t s = 0; s < w.nseq(); ++s)
     for (std::int64_t i = 0; i < w.len(s); ++i) pos.push_back(i);
-  if (split.nseq() > 0)
-    for (std::int64_t p : dcs_positions(split, cp, rank)) pos.push_back(p);
+  for (const SplitPart& s : split_parts(rank))
+    if (s.layout.nseq() > 0)
+      for (std::int64_t p : dcs_positions(s.layout, s.g, s.rank_in_block(rank))) pos.push_back(p);
   return pos;
 }
 
@@ -170,14 +223,24 @@ double DocPartition::token_imbalance() const {
   return max_over_mean(t);
 }
 
+std::string DocPartition::split_groups(const std::string& open, const std::string& close) const {
+  std::string by_g;
+  for (int g : group_sizes()) {
+    int n = 0;
+    for (std::size_t d = 0; d < lens.size(); ++d) n += owner[d] < 0 && group[d] == g ? 1 : 0;
+    by_g += (by_g.empty() ? "" : ", ") + std::to_string(n) + " over " + std::to_string(g) + " ranks";
+  }
+  return by_g.empty() ? by_g : open + by_g + close;
+}
+
 std::string DocPartition::summary() const {
-  char buf[256];
+  const std::string by_g = split_groups(" (", "; shortest " + std::to_string(split_len) + " tokens)");
+  char buf[320];
   std::snprintf(buf, sizeof buf,
-                "%zu documents: %lld whole, %lld split (shortest %lld tokens); %lld pad tokens; work max/mean %.3f, "
-                "tokens max/mean %.3f",
+                "%zu documents: %lld whole, %lld split%s; %lld pad tokens; work max/mean %.3f, tokens max/mean %.3f",
                 lens.size(), static_cast<long long>(static_cast<std::int64_t>(lens.size()) - documents_split()),
-                static_cast<long long>(documents_split()), static_cast<long long>(split_len),
-                static_cast<long long>(pad_tokens()), work_imbalance(), token_imbalance());
+                static_cast<long long>(documents_split()), by_g.c_str(), static_cast<long long>(pad_tokens()),
+                work_imbalance(), token_imbalance());
   return buf;
 }
 

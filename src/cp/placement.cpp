@@ -22,9 +22,16 @@ Placement Placement::documents(SeqLayout global, std::shared_ptr<const DocPartit
   return p;
 }
 
-const SeqLayout* Placement::cp_layout() const {
-  if (!docs) return &global;
-  return docs->split.nseq() > 0 ? &docs->split : nullptr;
+std::vector<CpPart> Placement::cp_parts(int rank) const {
+  if (!docs) return {CpPart{*this, 0, rank, 0, local_rows(rank)}};
+  std::vector<CpPart> out;
+  std::int64_t off = docs->whole_rows(rank);
+  for (SplitPart& s : docs->split_parts(rank)) {
+    const std::int64_t n = s.local_rows();
+    out.push_back(CpPart{dcs(std::move(s.layout), s.g), s.block, s.rank_in_block(rank), off, n});
+    off += n;
+  }
+  return out;
 }
 
 std::int64_t Placement::local_rows(int rank) const { return docs ? docs->local_rows(rank) : global.total() / cp; }

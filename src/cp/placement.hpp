@@ -19,6 +19,8 @@ class Tensor;
 
 namespace hcp::cp {
 
+struct CpPart;
+
 struct Placement {
   int cp = 1;
   // The batch's layout: DualChunkSwap, the padded layout the ranks' chunks come from; per document,
@@ -29,9 +31,11 @@ struct Placement {
   static Placement dcs(SeqLayout global, int cp);
   static Placement documents(SeqLayout global, std::shared_ptr<const DocPartition> docs);
   bool by_documents() const { return docs != nullptr; }
-  // The rows that run as a CP problem over the group, as a padded layout split by DualChunkSwap:
-  // `global`, or the split documents; null when every document is whole (nothing crosses ranks).
-  const SeqLayout* cp_layout() const;
+  // The rows of rank `rank` that run as CP problems, each over the block of ranks it is split on:
+  // DualChunkSwap, all of them over the whole group; per document, one part per group size its
+  // split documents use (ascending; none when every document is whole), each possibly empty on
+  // this rank's block (every rank gets the same number of parts, in the same order).
+  std::vector<CpPart> cp_parts(int rank) const;
 
   // Rows rank `rank` holds (pads included).
   std::int64_t local_rows(int rank) const;
@@ -48,6 +52,17 @@ struct Placement {
   // The values of a per-row list of the batch (token ids, labels) that rank `rank` holds; `pad` for
   // a pad row.
   std::vector<std::int64_t> take(const std::vector<std::int64_t>& batch_values, int rank, std::int64_t pad) const;
+};
+
+// One CP problem of a placement on one rank: the DualChunkSwap placement of its rows over the
+// `placement.cp` ranks of block `block` ([block * g, (block + 1) * g) of the group), this rank being
+// `rank` inside it; rows [offset, offset + rows) of this rank's local rows.
+struct CpPart {
+  Placement placement;
+  int block = 0, rank = 0;
+  std::int64_t offset = 0, rows = 0;
+  bool empty() const { return placement.global.nseq() == 0; }  // no document of this size on the block
+  bool whole_group(int cp) const { return placement.cp == cp; }
 };
 
 }  // namespace hcp::cp

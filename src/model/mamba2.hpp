@@ -187,10 +187,15 @@ class Mamba2Docs : public Mamba2Layer {
 
  private:
   MambaCp strategy_;
-  cp::Placement placement_;             // per document
-  std::unique_ptr<Communicator> self_;  // this rank alone: its whole documents
-  std::unique_ptr<Mamba2Layer> whole_, split_;
-  std::int64_t whole_rows_ = 0, split_rows_ = 0;
+  cp::Placement placement_;  // per document
+  std::unique_ptr<Mamba2Layer> whole_;
+  struct Part {
+    cp::CpPart at;
+    std::unique_ptr<Mamba2Layer> layer;  // over the part's block of ranks; null: no document there
+  };
+  std::vector<Part> parts_;  // the split documents, one part per group size (Placement::cp_parts)
+  std::int64_t whole_rows_ = 0;
+  std::vector<const Mamba2Layer*> layers() const;  // whole_ and the parts' layers that exist
   mutable std::map<std::string, double> ms_;
   mutable std::map<std::string, PhaseTimes::Peak> peaks_;
 };
@@ -208,7 +213,7 @@ std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg, SeqLayout global,
                                          cp::Partition part = cp::Partition::DCS);
 // The layer on the batch placed by `placement`: DualChunkSwap of its layout, or per document
-// (Mamba2Docs: the whole documents as local problems, the split ones over the group).
+// (Mamba2Docs: the whole documents as local problems, the split ones over their blocks of ranks).
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg,
                                          const cp::Placement& placement);
 // The same on a batch placed by `placement`: its CP layout's bytes (none at cp = 1, or when every

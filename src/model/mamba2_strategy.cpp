@@ -1,5 +1,6 @@
 #include "model/mamba2_strategy.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/error.hpp"
@@ -86,5 +87,36 @@ StateRows state_passing_rows(const Mamba2Config& c, int cp, std::int64_t sequenc
 }
 
 std::string to_string(MambaCp m) { return mamba_cp_info(m).name; }
+
+namespace {
+cp::StateExchange part_scan(const Mamba2Config& c, const cp::CpPart& p) {
+  return cp::resolve_state_exchange(p.placement.global, p.placement.cp, cp::Partition::DCS, c.state_exchange,
+                                    c.head_dim * c.d_state);
+}
+}  // namespace
+
+std::string state_scan_of(const Mamba2Config& c, const cp::Placement& placement) {
+  std::vector<std::string> names;
+  for (int r = 0; r < placement.cp; ++r)
+    for (const cp::CpPart& p : placement.cp_parts(r)) {
+      if (p.empty()) continue;
+      const std::string n = cp::to_string(part_scan(c, p));
+      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+    }
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : "+") + n;
+  return out.empty() ? "none" : out;
+}
+
+std::int64_t mamba_messages_of(const MambaCpInfo& s, const Mamba2Config& c, const cp::Placement& placement) {
+  std::int64_t most = 0;
+  for (int r = 0; r < placement.cp; ++r) {
+    std::int64_t n = 0;
+    for (const cp::CpPart& p : placement.cp_parts(r))
+      if (!p.empty() && p.placement.cp > 1) n += s.messages(p.placement.cp, part_scan(c, p));
+    most = std::max(most, n);
+  }
+  return most;
+}
 
 }  // namespace hcp::model

@@ -40,6 +40,13 @@ const std::vector<MambaCpInfo>& mamba_cps();
 const MambaCpInfo& mamba_cp_info(MambaCp id);
 std::vector<std::string> mamba_cp_names();  // in registry order
 std::vector<MambaCp> mamba_cp_ids();
+// The state scan state passing runs on each CP part of `placement` (mamba.state_scan, auto resolved
+// on the part's layout and block size): the distinct choices joined by "+", "none" when no part
+// crosses ranks.
+std::string state_scan_of(const Mamba2Config& c, const cp::Placement& placement);
+// Strategy `s`'s messages per layer on the rank that sends the most: its record's count on each CP
+// part that rank joins, summed.
+std::int64_t mamba_messages_of(const MambaCpInfo& s, const Mamba2Config& c, const cp::Placement& placement);
 MambaCp mamba_cp_from_string(const std::string& s);
 // The unsharded mixer's step elements per token beyond its input and output (the cp = 1 reference).
 std::int64_t mamba_local_work_per_token(const Mamba2Config& c);

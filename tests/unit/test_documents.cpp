@@ -83,7 +83,7 @@ TEST(Documents, SplitLengthRule) {
   EXPECT_GE(p.owner[0], 0);
   EXPECT_GE(p.owner[4], 0);
   EXPECT_EQ(p.split_len, 63);
-  EXPECT_EQ(p.split.nseq(), 3);
+  EXPECT_EQ(p.split_part(2, 0).layout.nseq(), 3);
   EXPECT_EQ(p.pad_tokens(), (64 - 64) + (64 - 63) + (200 - 200));
 }
 
