@@ -76,7 +76,7 @@ void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden
 void add_placement(LayerBytes& b, const Deck& d, int cp, const cp::DocCost& cost) {
   const auto p = thd_placement(d, cp, cost);
   if (!p) return;
-  LayerBytes::Placement out{d.get_string("data.partition"), p->pad_tokens(), {}, {}, p->work};
+  LayerBytes::Placement out{d.get_string("data.partition"), p->pad_tokens(), {}, {}, p->work, p->group, p->block};
   for (int r = 0; r < cp; ++r) {
     out.rows.push_back(p->local_rows(r));
     out.tokens.push_back(p->real_tokens(r));
@@ -121,6 +121,8 @@ std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b) {
     list("tokens", p.tokens);
     os << std::setprecision(17);  // the planner compares the work with the run's
     list("work", p.work);
+    list("group", p.group);
+    list("block", p.block);
     os << '}';
   }
   os << '}';

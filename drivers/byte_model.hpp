@@ -36,12 +36,14 @@ struct LayerBytes {
   // Mamba strategy -> its messages per layer (forward plus backward) by its record
   std::map<std::string, std::int64_t> mamba_messages;
   // Packed THD batches: how the tokens lie (data.partition; dcs is every document split), the pad
-  // tokens, and per rank the local rows, real tokens and work of the placement's cost model.
+  // tokens, per rank the local rows, real tokens and work of the placement's cost model, and per
+  // document the ranks it runs over (1: whole) and its block (-1: whole).
   struct Placement {
     std::string partition;
     std::int64_t pad_tokens = 0;
     std::vector<std::int64_t> rows, tokens;
     std::vector<double> work;
+    std::vector<int> group, block;
   };
   std::vector<Placement> placement;  // empty or one
 };
@@ -53,8 +55,8 @@ void add_placement(LayerBytes& b, const Deck& d, int cp, const cp::DocCost& cost
 // Every attention strategy whose shape rules `c` (its strategy aside) meets on its placement's ranks.
 void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt);
 // Every Mamba CP strategy whose shape rules `c` meets on the batch placed by `placement` (on its CP
-// layout: the DualChunkSwap one, or the split documents'; every strategy 0 bytes when each document
-// is whole).
+// parts: the DualChunkSwap layout, or the split documents' blocks; every strategy 0 bytes when each
+// document is whole).
 void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Placement& placement, DType dt);
 // Expert parallelism over groups of `ep` ranks, tokens routed uniformly (an expectation).
 void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,
@@ -62,7 +64,7 @@ void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden
 // {"driver": .., "cp": .., "state_scan": .., "layers": {kind: {strategy: [bytes of rank 0, 1, ..]}},
 //  "ring": {"a2a+p2p": [..]}, "messages": {strategy: {..}}, "mamba_messages": {strategy: n},
 //  "placement": {"partition": .., "pad_tokens": .., "rows": [..],
-//  "tokens": [..], "work": [..]} (THD)}
+//  "tokens": [..], "work": [..], "group": [..], "block": [..]} (THD)}
 std::string bytes_json(const std::string& driver, int cp, const LayerBytes& b);
 
 }  // namespace hcp::drivers

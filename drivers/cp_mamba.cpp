@@ -181,13 +181,11 @@ drivers::Study::BytesCheck MambaStudy::check_bytes(const std::string& name, cp::
   drivers::Study::BytesCheck bc = st.check_bytes(sent, mine);
   if (!hp) {
     const auto halo_all = static_cast<std::int64_t>(st.comm.all_reduce_scalar(static_cast<double>(halo)));
-    std::int64_t halo_model = 0;  // every block's halos, counted from its first rank
-    for (int q = 0; q < s.cp; ++q)
-      for (const cp::CpPart& p : s.placement.cp_parts(q))
-        if (!p.empty() && p.rank == 0)
-          halo_model += 2 *
-                        cp::model_halo_rows(p.placement.global, p.placement.cp, cp::Partition::DCS, s.cfg.conv - 1) *
-                        s.cfg.conv_dim() * static_cast<std::int64_t>(dtype_size(s.dt));
+    std::int64_t halo_model = 0;  // every block's halos
+    for (const cp::CpPart& p : s.placement.all_parts())
+      if (!p.empty())
+        halo_model += 2 * cp::model_halo_rows(p.placement.global, p.placement.cp, cp::Partition::DCS, s.cfg.conv - 1) *
+                      s.cfg.conv_dim() * static_cast<std::int64_t>(dtype_size(s.dt));
     bc.ok = bc.ok && halo_all == halo_model;
     halo_note_[name] = drivers::fields("# state_passing conv halo bytes, all ranks:", halo_all, "model", halo_model);
   }

@@ -13,12 +13,30 @@ namespace hcp::drivers {
 
 namespace {
 // The hybrid stack's state-passing states: each Mamba2 layer's saved rows, one layer's work rows.
-void add_state_passing(MemoryModel& m, const Deck& d, const model::HybridConfig& h, int cp, std::int64_t seqs) {
+// Per document (`docs`), the states of the split documents' blocks a rank joins (the whole ones run
+// at cp = 1), the heaviest rank's; else of every sequence over the group.
+void add_state_passing(MemoryModel& m, const Deck& d, const model::HybridConfig& h, int cp, std::int64_t seqs,
+                       const cp::DocPartition* docs) {
   const model::MambaCpInfo& strat = model::mamba_cp_info(h.mamba_cp);
   const auto layers = static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), 'M'));
   if (!strat.state_rows || layers == 0) return;
-  const model::StateRows r = strat.state_rows(h.mamba, cp, seqs);
-  m.add("state passing states", {m.sum(m.mul(layers, r.saved), r.work), r.row}, state_bytes(d));
+  if (!docs) {
+    const model::StateRows r = strat.state_rows(h.mamba, cp, seqs);
+    m.add("state passing states", {m.sum(m.mul(layers, r.saved), r.work), r.row}, state_bytes(d));
+    return;
+  }
+  std::int64_t most = 0, row = 0;
+  for (int q = 0; q < cp; ++q) {
+    std::int64_t n = 0;
+    for (const cp::SplitPart& p : docs->split_parts(q)) {
+      if (p.layout.nseq() == 0) continue;
+      const model::StateRows r = strat.state_rows(h.mamba, p.g, p.layout.nseq());
+      n = m.sum(n, m.sum(m.mul(layers, r.saved), r.work));
+      row = r.row;
+    }
+    most = std::max(most, n);
+  }
+  if (most > 0) m.add("state passing states", {most, row}, state_bytes(d));
 }
 
 // The largest kernel call of a hybrid step, in elements of its operands (inputs and outputs), which
@@ -123,7 +141,8 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
   const std::int64_t es = dtype_bytes(d);
   std::int64_t tl = padded_tokens(d, cp, m) / cp, gathered = m.mul(tl, cp);
   const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
-  if (const auto docs = doc_partition(d, cp, model::hybrid_doc_cost(h))) {  // the rank with the most rows
+  const auto docs = doc_partition(d, cp, model::hybrid_doc_cost(h));
+  if (docs) {  // the rank with the most rows
     tl = docs->most_rows();
     gathered = m.mul(tl, cp);
     if (h.pattern.find('M') != std::string::npos) m.add("gradients", {split_gradient_sets(*docs), P}, es);
@@ -131,7 +150,7 @@ MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, i
   m.add("parameters", {P}, es);
   m.add("gradients", {P}, es);
   add_hybrid_step(m, h, cp, ep, tl, es, Holder::EveryRank);
-  add_state_passing(m, d, h, cp, sequences(d));
+  add_state_passing(m, d, h, cp, sequences(d), docs.get());
   if (host_bf16(d)) m.add("fp32 kernel operands (host bf16)", {hybrid_kernel_elements(m, h, cp, ep, tl)}, 4);
   if (check_mode(d) == CheckMode::Reference) {
     const std::int64_t T = real_tokens(d, m);

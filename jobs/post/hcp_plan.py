@@ -11,6 +11,11 @@ their --dry-run BYTES line), an alpha-beta time for each collective and kernel r
       forward+backward step; the best strategy of each kind and the step time of the model's pattern
   hcp_plan.py sweep --model DECK --machine DECK --tokens L1,L2,.. --cp N1,N2,.. --out P.png [--csv F]
       the best step time against cp for each L (one line per L), and which strategy each kind takes
+  hcp_plan.py documents --model DECK --machine DECK --mix LENS.txt [--mix ..] --cp N1,N2,.. [--out P.png]
+      packed documents (each LENS.txt a comma-separated list of lengths, jobs/bench/doc_lengths.py) by
+      layout (data.partition = dcs, documents, groups): split documents by group size, pad tokens,
+      bytes per rank, work max/mean, memory per rank and the step time, the heaviest rank's share
+      of the compute (by the placement's work) plus each kind's exposed communication
   hcp_plan.py validate --machine DECK --calibrate C1.h5,C2.h5,.. [--band X] [--memory-band Y] F.h5 ...
       per-kind compute from a cp = 1 cp_hybrid run, alpha and beta fitted to the other calibration
       runs' counters, then each run's predicted step time against its measured one (BSHD runs);
@@ -337,6 +342,145 @@ def cmd_bytes(a):
     return 0 if bad == 0 and checked else 1
 
 
+def mix_compute(model, machine, lens):
+    """Forward+backward compute (ms) of one layer of each kind over a packed batch of documents of
+    lengths `lens` on one GPU: causal attention pairs inside each document, the rest per token (as
+    layer_costs counts them)."""
+    c, hid, T = machine["compute"], model["hidden"], sum(lens)
+    gemm = lambda flops: flops / (c["gemm_tflops"] * 1e9)  # ms
+    a, m, e = model["attention"], model["mamba"], model["moe"]
+    out = {}
+    if a:
+        H, Hkv, D = a["heads"], a["kv_heads"], a["head_dim"]
+        f = 4 * sum(n * (n + 1) / 2 for n in lens) * H * D
+        out["*"] = (f / (c["attn_fwd_tflops"] * 1e9) + 2.5 * f / (c["attn_bwd_tflops"] * 1e9)
+                    + gemm(3 * 2 * T * hid * (2 * H + 2 * Hkv) * D))
+    if m:
+        di, G, N = m["heads"] * m["head_dim"], m["n_groups"], m["d_state"]
+        out["M"] = (gemm(3 * 2 * T * hid * (2 * di + 2 * G * N + m["heads"] + di))
+                    + 3 * T * m["heads"] * m["head_dim"] * N / (c["ssd_gunits"] * 1e6))
+    if e:
+        out["E"] = gemm(3 * 2 * T * (e["topk"] * 2 * hid * e["ffn"] + 2 * hid * e.get("shared_ffn", 0)))
+    return out
+
+
+def doc_step(model, machine, lens, cp, nb):
+    """(step ms, {kind: (strategy, bytes per rank max, comm ms)}) of a packed batch placed as the dry
+    run's BYTES line says: each kind's compute over the batch times the heaviest rank's share of the
+    placement's work, plus its cheapest strategy's exposed communication (over the largest block a
+    split document runs on: the link of that many ranks)."""
+    pl = nb["placement"]
+    share = max(pl["work"]) / sum(pl["work"])
+    gmax = max([g for g in pl["group"] if g > 1], default=1)
+    total = mix_compute(model, machine, lens)
+    step, chosen = 0.0, {}
+    for kind in sorted(set(model["pattern"]) & {"*", "M", "E"}):
+        comp = total[kind] * share
+        costs = {}
+        for s, per_rank in nb["layers"].get(kind, {}).items():
+            nbytes = max(per_rank)
+            if kind == "*":
+                msg = nb["messages"][s]
+                if msg["two_level"] and not 1 < msg["group"] < cp:
+                    continue
+                t = attention_comm_ms(machine, gmax, comp, per_rank, nb["ring"].get(s), msg) if nbytes else 0.0
+            elif kind == "M":
+                t = comm_ms(machine, gmax, nbytes, nb.get("mamba_messages", {}).get(s, 0)) if nbytes else 0.0
+            else:
+                t = comm_ms(machine, cp, nbytes, 4 * (cp - 1)) if cp > 1 else 0.0
+            costs[s] = (nbytes, t)
+        if not costs:
+            return None, None
+        s = min(costs, key=lambda k: costs[k][1])
+        chosen[kind] = (s, costs[s][0], costs[s][1])
+        step += model["pattern"].count(kind) * (comp + costs[s][1])
+    return step, chosen
+
+
+def split_over(group):
+    """The split documents by the ranks each runs over: "2x4 1x8" (two over 4 ranks, one over 8)."""
+    g = [int(x) for x in group if int(x) > 1]
+    return " ".join(f"{g.count(n)}x{n}" for n in sorted(set(g))) or "none"
+
+
+def cmd_documents(a):
+    model, machine = load_model(a.model), load_machine(a.machine, a.rates)
+    with open(a.model) as f:
+        text = f.read()
+    d = tomllib.loads(text)
+    mixes = []
+    for path in a.mix:
+        with open(path) as f:
+            lens = [int(x) for x in f.read().replace("\n", ",").split(",") if x.strip()]
+        mixes.append((os.path.splitext(os.path.basename(path))[0], lens))
+    layouts = a.layouts.split(",")
+    print(f"# {a.model}: pattern {model['pattern']}, machine {a.machine}, memory {a.memory_gib:g} GiB per GPU")
+    print("| mix | tokens | cp | layout | split over (docs x ranks) | pad tokens | attention MiB/rank (strategy) "
+          "| Mamba MiB/rank (strategy) | work max/mean | memory GiB/rank | step ms | tokens/s per GPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    for name, lens in mixes:
+        for cp in [int(x) for x in a.cp.split(",")]:
+            ep = d.get("parallel", {}).get("ep", 0) or cp
+            if d.get("moe", {}).get("experts", 0) % ep:
+                ep = math.gcd(d["moe"]["experts"], cp)
+            for lay in layouts:
+                sets = ["data.format=thd", "data.seq_lens=" + ",".join(map(str, lens)), f"data.partition={lay}",
+                        "run.device=cuda", f"run.memory_gib={a.memory_gib}", "run.check=off",
+                        f"parallel.cp_inner={cp_inner(machine, cp)}", f"parallel.ep={ep}", "parallel.attention=all"]
+                if cp > 1 and d.get("mamba", {}).get("heads", 64) % cp:
+                    sets.append("parallel.mamba_cp=state_passing")
+                dry = driver_dry_run(a.bin, text, sets, cp, "cp_hybrid")
+                nb, mem = dry["bytes"], dry["memory"]
+                step, chosen = doc_step(model, machine, lens, cp, nb)
+                if step is None:
+                    continue
+                pl = nb["placement"]
+                w = pl["work"]
+                r = {"mix": name, "tokens": sum(lens), "cp": cp, "layout": lay, "split": split_over(pl["group"]),
+                     "pads": pl["pad_tokens"], "attn": chosen.get("*", ("-", 0, 0)), "mamba": chosen.get("M", ("-", 0, 0)),
+                     "work": max(w) * len(w) / sum(w), "mem": mem["every_rank"] / 2**30, "fits": mem["fits"], "step": step}
+                rows.append(r)
+                by = lambda c: f"{c[1] / 2**20:.1f} ({c[0]})" if c[1] else "0"
+                print(f"| {name} | {r['tokens']} | {cp} | {lay} | {r['split']} | {r['pads']} "
+                      f"| {by(r['attn'])} | {by(r['mamba'])} "
+                      f"| {r['work']:.3f} | {r['mem']:.1f}{'' if r['fits'] else ' (does not fit)'} | {step:.1f} "
+                      f"| {r['tokens'] / cp / (step * 1e-3):.0f} |")
+    if a.out and rows:
+        plot_documents(rows, a.out, f"{os.path.basename(a.model)} on {os.path.basename(a.machine)} (planner)")
+    return 0
+
+
+def plot_documents(rows, path, title):
+    """Predicted step time and attention bytes per rank against cp, one line per (mix, layout)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    styles = {"dcs": ":", "documents": "--", "groups": "-"}
+    for mix in sorted({r["mix"] for r in rows}):
+        for lay in styles:
+            sel = sorted((r for r in rows if r["mix"] == mix and r["layout"] == lay), key=lambda r: r["cp"])
+            if not sel:
+                continue
+            cps = [r["cp"] for r in sel]
+            axes[0].plot(cps, [r["step"] for r in sel], styles[lay], marker="o", label=f"{mix}, {lay}")
+            axes[1].plot(cps, [r["attn"][1] / 2**20 for r in sel], styles[lay], marker="o", label=f"{mix}, {lay}")
+    for ax, t, u in ((axes[0], "predicted step (forward+backward)", "ms"),
+                     (axes[1], "attention bytes per rank and step (max over ranks)", "MiB")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("CP size (GPUs)")
+        ax.set_ylabel(u)
+        ax.set_title(t, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[1].set_yscale("symlog", linthresh=1)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Packed documents by layout: {title}; model estimates, no spread")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def cmd_predict(a):
     model, machine = load_model(a.model), load_machine(a.machine, a.rates)
     print(f"# {a.model}: pattern {model['pattern']}, L = {a.tokens}, cp = {a.cp}, machine {a.machine}")
@@ -582,6 +726,17 @@ def main(argv=None):
         s.add_argument("--memory-gib", type=float, default=141.0, help="memory per GPU, GiB (141: an H200)")
         s.add_argument("--bin", default=DEFAULT_BIN, help="folder of the driver binaries")
         s.set_defaults(fn=fn)
+    dc = sub.add_parser("documents", formatter_class=D, help="packed documents by layout: bytes, balance, memory, step")
+    dc.add_argument("--model", required=True, help="a cp_hybrid deck (the model sections are read)")
+    dc.add_argument("--machine", required=True, help="a machine deck (inputs/machines/*.toml)")
+    dc.add_argument("--rates", help="a bench_kernels file whose kernel rates replace the machine deck's [compute]")
+    dc.add_argument("--mix", action="append", required=True, help="a file of comma-separated document lengths")
+    dc.add_argument("--cp", required=True, help="CP sizes, comma-separated")
+    dc.add_argument("--layouts", default="dcs,documents,groups", help="data.partition values, comma-separated")
+    dc.add_argument("--out", help="the PNG to write")
+    dc.add_argument("--memory-gib", type=float, default=141.0, help="memory per GPU, GiB (141: an H200)")
+    dc.add_argument("--bin", default=DEFAULT_BIN, help="folder of the driver binaries")
+    dc.set_defaults(fn=cmd_documents)
     v = sub.add_parser("validate", formatter_class=D, help="predicted step time and memory against runs")
     v.add_argument("--machine", required=True, help="a machine deck (inputs/machines/*.toml)")
     v.add_argument("--calibrate", required=True, help="cp_hybrid runs, comma-separated: one at cp = 1, others for the network")

@@ -34,6 +34,17 @@ std::vector<CpPart> Placement::cp_parts(int rank) const {
   return out;
 }
 
+std::vector<CpPart> Placement::all_parts() const {
+  if (!docs) return {CpPart{*this, 0, 0, 0, 0}};
+  std::vector<CpPart> out;
+  for (int g : docs->group_sizes())
+    for (int b = 0; b < cp / g; ++b) {
+      SplitPart s = docs->split_part(g, b);
+      out.push_back(CpPart{dcs(std::move(s.layout), g), b, 0, 0, 0});
+    }
+  return out;
+}
+
 std::int64_t Placement::local_rows(int rank) const { return docs ? docs->local_rows(rank) : global.total() / cp; }
 
 std::vector<std::int64_t> Placement::batch_index(int rank) const {

@@ -36,6 +36,9 @@ struct Placement {
   // split documents use (ascending; none when every document is whole), each possibly empty on
   // this rank's block (every rank gets the same number of parts, in the same order).
   std::vector<CpPart> cp_parts(int rank) const;
+  // Every block's CP problem once (as its first rank sees it; rows not set): the DualChunkSwap
+  // layout over the group, or per group size in use each block's split documents (possibly none).
+  std::vector<CpPart> all_parts() const;
 
   // Rows rank `rank` holds (pads included).
   std::int64_t local_rows(int rank) const;

@@ -97,26 +97,25 @@ cp::StateExchange part_scan(const Mamba2Config& c, const cp::CpPart& p) {
 
 std::string state_scan_of(const Mamba2Config& c, const cp::Placement& placement) {
   std::vector<std::string> names;
-  for (int r = 0; r < placement.cp; ++r)
-    for (const cp::CpPart& p : placement.cp_parts(r)) {
-      if (p.empty()) continue;
-      const std::string n = cp::to_string(part_scan(c, p));
-      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
-    }
+  for (const cp::CpPart& p : placement.all_parts()) {
+    if (p.empty()) continue;
+    const std::string n = cp::to_string(part_scan(c, p));
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+  }
   std::string out;
   for (const std::string& n : names) out += (out.empty() ? "" : "+") + n;
   return out.empty() ? "none" : out;
 }
 
 std::int64_t mamba_messages_of(const MambaCpInfo& s, const Mamba2Config& c, const cp::Placement& placement) {
-  std::int64_t most = 0;
-  for (int r = 0; r < placement.cp; ++r) {
-    std::int64_t n = 0;
-    for (const cp::CpPart& p : placement.cp_parts(r))
-      if (!p.empty() && p.placement.cp > 1) n += s.messages(p.placement.cp, part_scan(c, p));
-    most = std::max(most, n);
+  std::vector<std::int64_t> per_rank(static_cast<std::size_t>(placement.cp), 0);
+  for (const cp::CpPart& p : placement.all_parts()) {
+    const int g = p.placement.cp;
+    if (p.empty() || g == 1) continue;
+    const std::int64_t n = s.messages(g, part_scan(c, p));
+    for (int r = p.block * g; r < (p.block + 1) * g; ++r) per_rank[static_cast<std::size_t>(r)] += n;
   }
-  return most;
+  return *std::max_element(per_rank.begin(), per_rank.end());
 }
 
 }  // namespace hcp::model
