@@ -457,15 +457,16 @@ def plot_documents(rows, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    styles = {"dcs": ":", "documents": "--", "groups": "-"}
-    for mix in sorted({r["mix"] for r in rows}):
-        for lay in styles:
+    styles = {"dcs": (":", "s"), "documents": ("--", "^"), "groups": ("-", "o")}
+    for i, mix in enumerate(sorted({r["mix"] for r in rows})):
+        for lay, (ls, mk) in styles.items():
             sel = sorted((r for r in rows if r["mix"] == mix and r["layout"] == lay), key=lambda r: r["cp"])
             if not sel:
                 continue
             cps = [r["cp"] for r in sel]
-            axes[0].plot(cps, [r["step"] for r in sel], styles[lay], marker="o", label=f"{mix}, {lay}")
-            axes[1].plot(cps, [r["attn"][1] / 2**20 for r in sel], styles[lay], marker="o", label=f"{mix}, {lay}")
+            kw = dict(ls=ls, marker=mk, color=f"C{i}", label=f"{mix}, {lay}")
+            axes[0].plot(cps, [r["step"] for r in sel], **kw)
+            axes[1].plot(cps, [r["attn"][1] / 2**20 for r in sel], **kw)
     for ax, t, u in ((axes[0], "predicted step (forward+backward)", "ms"),
                      (axes[1], "attention bytes per rank and step (max over ranks)", "MiB")):
         ax.set_xscale("log", base=2)
@@ -474,6 +475,8 @@ def plot_documents(rows, path, title):
         ax.set_title(t, fontsize=10)
         ax.grid(alpha=0.3)
     axes[1].set_yscale("symlog", linthresh=1)
+    axes[1].set_ylim(0, 4 * max(r["attn"][1] / 2**20 for r in rows) + 1)
+    axes[0].set_ylim(0, None)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"Packed documents by layout: {title}; model estimates, no spread")
     fig.tight_layout()

@@ -51,6 +51,16 @@ Communicator& Communicator::block_of(int block) {
   return *c;
 }
 
+Communicator& Communicator::strided_of(int stride) {
+  if (stride == 1) return *this;
+  std::unique_ptr<Communicator>& c = strided_[stride];
+  if (!c) {
+    c = split_strided(stride);
+    c->count_into(this);
+  }
+  return *c;
+}
+
 double Communicator::all_reduce_scalar(double v, ReduceOp op) {
   all_reduce(&v, 1, DType::F64, op);
   return v;

@@ -66,6 +66,8 @@ class Communicator {
   // layers that run over sub-groups share one communicator per size. Its operations count into this
   // communicator's counters as well. block == size(): this communicator.
   Communicator& block_of(int block);
+  // The same for split_strided: the ranks `stride` apart, made once per stride (stride 1: this one).
+  Communicator& strided_of(int stride);
 
   // ---- tensor conveniences (contiguous host tensors; shapes checked) --------------------------
   void all_to_all(const Tensor& send, Tensor& recv);
@@ -93,7 +95,7 @@ class Communicator {
   }
   std::map<std::string, CommCounter> counters_;
   Communicator* parent_ = nullptr;
-  std::map<int, std::unique_ptr<Communicator>> blocks_;  // block_of's groups, by size
+  std::map<int, std::unique_ptr<Communicator>> blocks_, strided_;  // block_of's and strided_of's groups
 };
 
 }  // namespace hcp

@@ -23,10 +23,8 @@ ProcessGrid ProcessGrid::make(const Communicator& world, int cp_size) {
 std::shared_ptr<CpLevels> CpLevels::make(Communicator& cp_comm, int inner) {
   auto l = std::make_shared<CpLevels>();
   l->inner = inner;
-  l->inner_comm = cp_comm.split_blocks(inner);
-  l->outer_comm = cp_comm.split_strided(inner);
-  l->inner_comm->count_into(&cp_comm);
-  l->outer_comm->count_into(&cp_comm);
+  l->inner_comm = &cp_comm.block_of(inner);
+  l->outer_comm = &cp_comm.strided_of(inner);
   return l;
 }
 

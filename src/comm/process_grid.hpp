@@ -22,12 +22,13 @@ struct ProcessGrid {
 };
 
 // The two levels of a2a+p2p over one CP group: inner groups of `inner` consecutive ranks and outer
-// groups of the ranks with the same inner rank, their bytes counted into the CP group's. Building
-// them is collective. One pair serves every a2a+p2p layer of a model with that inner size, so a
-// model makes its communicators once, not once per layer.
+// groups of the ranks with the same inner rank, their bytes counted into the CP group's: the CP
+// group's own cached sub-groups (Communicator::block_of, strided_of), made collectively the first
+// time any model asks for that inner size and shared by every model and layer after it.
 struct CpLevels {
   int inner = 1;
-  std::unique_ptr<Communicator> inner_comm, outer_comm;
+  Communicator* inner_comm = nullptr;  // owned by the CP group's communicator
+  Communicator* outer_comm = nullptr;
   static std::shared_ptr<CpLevels> make(Communicator& cp_comm, int inner);
 };
 
