@@ -132,11 +132,25 @@ void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor&
 // da[i,h] = sum over (p, n) of G[i,h,p,n] X[i,h,p,n] (the decay's gradient of the state scan).
 void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X);
 
+// =============================== Mamba2 decode: one token per sequence ===========================
+// One step of the recurrence per batch row, from the state a prefill left (ssd_fwd's final_states)
+// or the previous step. `in` as ssd_fwd's at seqlen 1 (x [B,1,H,P], dt [B,1,H], B, C [B,1,G,N]; no
+// seq_idx or init_states); with dt_e = clamp(softplus(dt + dt_bias)) and a = exp(-dt_e exp(A_log)):
+//   state[b,h] <- a state[b,h] + dt_e x[b,h] B[b,g(h)]^T,   y[b,h] = state[b,h] C[b,g(h)] + D[h] x[b,h].
+// state [B,H,P,N] is updated in place and held in acc_dtype(x) (fp32 for bf16: it is not rounded
+// to bf16 from step to step); y [B,1,H,P] in x's dtype.
+void ssd_step(Tensor& y, Tensor& state, const SsdInputs& in, const SsdParams& p);
+
 // =============================== causal depthwise conv1d ========================================
 // y[b,t,c] = act(bias[c] + sum_k w[c,k] x[b,t-W+1+k,c]); taps before the sequence start (or in an
 // earlier packed sequence by seq_idx [B*L]) are zero. x, y [B,L,C]; w [C,W]; bias [C] optional.
 void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
                 const std::vector<std::int64_t>* seq_idx, bool silu);
+// One new token per sequence (decode): y[b,c] = act(bias[c] + sum_{k<W-1} w[c,k] window[b,k,c] +
+// w[c,W-1] x[b,c]), then window[b] drops its oldest row and takes x[b] as its newest. window
+// [B,W-1,C] holds the previous W-1 inputs, oldest first (zeros before a sequence's start); x, y
+// [B,C] in window's dtype; w [C,W]; bias [C] optional.
+void conv1d_step(Tensor& y, Tensor& window, const Tensor& x, const Tensor& w, const Tensor* bias, bool silu);
 void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Tensor& w, const Tensor* bias,
                 const std::vector<std::int64_t>* seq_idx, bool silu, const Tensor& dy);
 

@@ -64,6 +64,17 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
   HCP_ROUTE(*in.x, ssd_init_state_bwd, g, in, dy, ddecay, p);
 }
 
+void ssd_step(Tensor& y, Tensor& state, const SsdInputs& in, const SsdParams& p) {
+  check_ssd(in, p);
+  HCP_CHECK(p.seqlen == 1, "ssd_step: one token per row (seqlen 1), got ", p.seqlen);
+  HCP_CHECK(!in.seq_idx && !in.init_states, "ssd_step: the state is `state`; no seq_idx or init_states");
+  require_numel(y, in.x->numel(), "ssd_step: y");
+  require_numel(state, p.batch * p.heads * p.head_dim * p.d_state, "ssd_step: state [B,H,P,N]");
+  HCP_CHECK(state.dtype() == acc_dtype(in.x->dtype()) && state.space() == in.x->space() && state.is_contiguous(),
+            "ssd_step: state must be a contiguous ", to_string(acc_dtype(in.x->dtype())), " tensor beside x");
+  HCP_ROUTE(*in.x, ssd_step, y, state, in, p);
+}
+
 void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev) {
   check_compose(A, B, A_prev, B_prev, "ssd_state_compose");
   HCP_ROUTE(B, ssd_state_compose, A, B, A_prev, B_prev);

@@ -174,7 +174,35 @@ __global__ void __launch_bounds__(kDwLanes* kDwSlices<A>)
   }
 }
 
+// One new token per (b, c): conv_u's order (the oldest tap first), then the window shifts.
+template <class S>
+__global__ void conv_step_k(S* y, S* win, const S* x, const S* w, const S* bias, std::int64_t B, std::int64_t C,
+                            std::int64_t W, bool silu) {
+  using A = typename Acc<S>::type;
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= B * C) return;
+  const std::int64_t b = i / C, c = i % C;
+  S* col = win + b * (W - 1) * C + c;
+  A u = bias ? ld(bias + c) : A(0);
+  for (std::int64_t k = 0; k < W - 1; ++k) u += ld(w + c * W + k) * ld(col + k * C);
+  const A xv = ld(x + i);
+  u += ld(w + c * W + W - 1) * xv;
+  st(y + i, silu ? silu_(u) : u);
+  for (std::int64_t k = 0; k + 1 < W - 1; ++k) col[k * C] = col[(k + 1) * C];
+  if (W > 1) col[(W - 2) * C] = x[i];
+}
 }  // namespace
+
+void conv1d_step(Tensor& y, Tensor& window, const Tensor& x, const Tensor& w, const Tensor* bias, bool silu) {
+  check_all({&y, &window, &x, &w, bias}, x.dtype(), "conv1d_step");
+  const std::int64_t B = x.size(0), C = w.size(0), W = w.size(1);
+  if (B * C == 0) return;
+  HCP_CUDA_DISPATCH(x, {
+    conv_step_k<S><<<blocks_for(B * C, kThreads), kThreads>>>(dptr<S>(y), dptr<S>(window), dptr<S>(x), dptr<S>(w),
+                                                              bias ? dptr<S>(*bias) : nullptr, B, C, W, silu);
+  });
+  check_launch("conv1d_step");
+}
 
 void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
                 const std::vector<std::int64_t>* seq_idx, bool silu) {

@@ -29,6 +29,7 @@ void gated_rmsnorm_bwd(Tensor& dx, Tensor& dz, Tensor& dw, const Tensor& x, cons
                        const Tensor& rstd, std::int64_t groups, const Tensor& dy);
 void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
                 const std::vector<std::int64_t>* seq_idx, bool silu);
+void conv1d_step(Tensor& y, Tensor& window, const Tensor& x, const Tensor& w, const Tensor* bias, bool silu);
 void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Tensor& w, const Tensor* bias,
                 const std::vector<std::int64_t>* seq_idx, bool silu, const Tensor& dy);
 void linear_fwd(Tensor& y, const Tensor& x, const Tensor& W, const Tensor* bias);
@@ -57,6 +58,7 @@ void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor
                         const std::vector<std::int64_t>& order, const std::vector<std::int64_t>& off);
 void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev);
 void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X);
+void ssd_step(Tensor& y, Tensor& state, const SsdInputs& in, const SsdParams& p);
 void ssd_init_state_fwd(Tensor& y, const SsdInputs& in, const SsdParams& p);
 void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tensor* dy, const Tensor* ddecay,
                         const SsdParams& p);

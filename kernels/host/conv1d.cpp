@@ -59,6 +59,28 @@ void host::conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor*
   });
 }
 
+void host::conv1d_step(Tensor& y, Tensor& window, const Tensor& x, const Tensor& w, const Tensor* bias, bool silu) {
+  const std::int64_t B = x.size(0), C = w.size(0), W = w.size(1);
+  HCP_DISPATCH_FLOAT(x, {
+    In<T> x_(x, "x"), w_(w, "w");
+    std::optional<In<T>> b_;
+    if (bias) b_.emplace(*bias, "bias");
+    Out<T> y_(y, "y"), win_(window, "window", true);
+    const T *xb = x_.get(), *wb = w_.get(), *bb = opt_ptr(b_);
+    T *yb = y_.get(), *wv = win_.get();
+    Kokkos::parallel_for("conv1d_step", Range(0, B * C), [&](std::int64_t i) {
+      const std::int64_t b = i / C, c = i % C;
+      T* col = wv + b * (W - 1) * C + c;  // this channel's window rows, stride C, oldest first
+      T u = bb ? bb[c] : T(0);            // conv_u's order: the oldest tap first, the new token last
+      for (std::int64_t k = 0; k < W - 1; ++k) u += wb[c * W + k] * col[k * C];
+      u += wb[c * W + W - 1] * xb[i];
+      yb[i] = silu ? host::silu(u) : u;
+      for (std::int64_t k = 0; k + 1 < W - 1; ++k) col[k * C] = col[(k + 1) * C];
+      if (W > 1) col[(W - 2) * C] = xb[i];
+    });
+  });
+}
+
 void host::conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Tensor& w, const Tensor* bias,
                       const std::vector<std::int64_t>* seq_idx, bool silu, const Tensor& dy) {
   const ConvShape s = check_conv(x, w, bias, seq_idx);

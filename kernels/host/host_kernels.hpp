@@ -18,6 +18,7 @@ void attention_merge(Tensor& o, Tensor& lse, const Tensor& o_b, const Tensor& ls
 // conv1d
 void conv1d_fwd(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias,
                 const std::vector<std::int64_t>* seq_idx, bool silu);
+void conv1d_step(Tensor& y, Tensor& window, const Tensor& x, const Tensor& w, const Tensor* bias, bool silu);
 void conv1d_bwd(Tensor& dx, Tensor& dw, Tensor* dbias, const Tensor& x, const Tensor& w, const Tensor* bias,
                 const std::vector<std::int64_t>* seq_idx, bool silu, const Tensor& dy);
 
@@ -74,6 +75,7 @@ void ssd_init_state_bwd(const SsdStateGrads& g, const SsdInputs& in, const Tenso
                         const SsdParams& p);
 void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev);
 void ssd_state_dot(Tensor& da, const Tensor& G, const Tensor& X);
+void ssd_step(Tensor& y, Tensor& state, const SsdInputs& in, const SsdParams& p);
 void ssd_state_scan_fwd(Tensor& Sin, const Tensor& S, const Tensor& a, const std::vector<std::int64_t>& order,
                         const std::vector<std::int64_t>& off);
 void ssd_state_scan_bwd(Tensor& dS, Tensor& da, const Tensor& dSin, const Tensor& Sin, const Tensor& a,

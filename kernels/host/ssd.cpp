@@ -409,6 +409,16 @@ void ssd_sequential_fwd(Tensor& y, Tensor* final_states, const SsdInputs& in, co
   });
 }
 
+void host::ssd_step(Tensor& y, Tensor& state, const SsdInputs& in, const SsdParams& p) {
+  SsdInputs from = in;
+  from.init_states = &state;  // SsdData copies it, so the recurrence may write the state in place
+  HCP_DISPATCH_FLOAT(*in.x, {
+    SsdData<T> d(from, p);
+    Out<T> y_(y, "y"), s_(state, "state");
+    sequential_impl<T>(y_, s_, d);  // the recurrence itself, one token
+  });
+}
+
 void host::ssd_bwd(const SsdGrads& g, const SsdInputs& in, const Tensor& dy, const Tensor* dfinal, const SsdParams& p) {
   HCP_DISPATCH_FLOAT(*in.x, {
     SsdData<T> d(in, p);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -756,6 +757,40 @@ TEST(CudaKernels, SsdStateComposeAndDotMatchHost) {
     ssd_state_dot(da, B, Bp);
     ssd_state_dot(DDA, DB, dev(Bp));
     expect_match(DDA, da, d, "state dot");
+  }
+}
+
+// The decode steps against the host, three steps each from a random state: ssd_step at a small head
+// and at the Nano head (P 64, N 128: several rows per warp, lanes over N), fp64, fp32 and bf16 (its
+// state in fp32); conv1d_step with a random window (the window after the steps too).
+TEST(CudaKernels, DecodeStepsMatchHost) {
+  REQUIRE_GPU();
+  for (DType d : kTypes) {
+    const DType sd = acc_dtype(d);
+    for (const auto& [H, P, G, N] :
+         {std::array<std::int64_t, 4>{4, 8, 2, 16}, std::array<std::int64_t, 4>{8, 64, 2, 128}}) {
+      test::SsdCase c(3, 1, H, P, G, N, 8, 90, d);
+      const test::SsdCase g = c.on(Space::Cuda);
+      Tensor state = rnd({3, H, P, N}, 91, sd), STATE = dev(state);
+      for (int step = 0; step < 3; ++step) {
+        Tensor y = c.y(), Y = g.y();
+        ssd_step(y, state, c.inputs(), c.p);
+        ssd_step(Y, STATE, g.inputs(), g.p);
+        expect_match(Y, y, d, "ssd_step y, P " + std::to_string(P));
+      }
+      expect_match(STATE, state, sd, "ssd_step state, P " + std::to_string(P));
+    }
+    const std::int64_t B = 3, C = 40, W = 4;
+    const Tensor w = rnd({C, W}, 92, d), bias = rnd({C}, 93, d), Wd = dev(w), BIAS = dev(bias);
+    Tensor win = rnd({B, W - 1, C}, 94, d), WIN = dev(win);
+    for (int step = 0; step < 3; ++step) {
+      const Tensor x = rnd({B, C}, 95 + static_cast<std::uint64_t>(step), d);
+      Tensor y = Tensor::zeros({B, C}, d), Y = dev(y);
+      conv1d_step(y, win, x, w, &bias, true);
+      conv1d_step(Y, WIN, dev(x), Wd, &BIAS, true);
+      expect_match(Y, y, d, "conv1d_step y");
+    }
+    expect_match(WIN, win, d, "conv1d_step window");
   }
 }
 

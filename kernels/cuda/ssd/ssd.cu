@@ -248,6 +248,32 @@ __global__ void init_dt_k(S* ddt_out, A* dA_part, A* ddtb_part, const A* dcs, co
   }
 }
 
+// One decode step: a block per (b, h), a warp per row p of the state (lanes over n), the output
+// row's sum over n by the warp (fixed order: bitwise repeatable). state in A (fp32 for bf16).
+template <class S, class A>
+__global__ void ssd_step_k(S* y, A* state, Ptrs<S> in, Dims d) {
+  const std::int64_t bh = blockIdx.x, b = bh / d.H, h = bh % d.H, g = h / (d.H / d.G);
+  A dt, ddt;
+  dt_eff<S, A>(in, d, b, 0, h, dt, ddt);
+  const A a = exp(dt * Aof(A(ld(in.A_log + h)))), Dh = in.D ? A(ld(in.D + h)) : A(0);
+  const S* x = in.x + bh * d.P;
+  const S* Bv = in.Bm + (b * d.G + g) * d.N;
+  const S* Cv = in.Cm + (b * d.G + g) * d.N;
+  A* s = state + bh * d.P * d.N;
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (std::int64_t p = threadIdx.x / 32; p < d.P; p += warps) {
+    const A xp = ld(x + p);
+    A acc = 0;
+    for (std::int64_t n = lane; n < d.N; n += 32) {
+      const A v = a * s[p * d.N + n] + dt * xp * A(ld(Bv + n));
+      s[p * d.N + n] = v;
+      acc += A(ld(Cv + n)) * v;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) st(y + bh * d.P + p, acc + Dh * xp);
+  }
+}
+
 Dims dims_of(const SsdParams& p) {
   return {p.batch, p.seqlen, p.heads, p.head_dim, p.groups, p.d_state, p.chunk, p.dt_softplus, p.dt_min, p.dt_max};
 }
@@ -543,6 +569,18 @@ __global__ void state_dot_k(T* da, const T* G, const T* X, std::int64_t rh, std:
   if (lane == 0) da[w] = acc;
 }
 }  // namespace
+
+void ssd_step(Tensor& y, Tensor& state, const SsdInputs& in, const SsdParams& p) {
+  check_inputs(in, {&y}, "ssd_step");
+  require_cuda(state, "ssd_step");
+  const Dims d = dims_of(p);
+  HCP_CUDA_DISPATCH(*in.x, {
+    using A = typename Acc<S>::type;
+    ssd_step_k<S, A>
+        <<<static_cast<unsigned>(d.B * d.H), kThreads>>>(dptr<S>(y), dptr<A>(state), ptrs_of<S>(in, nullptr), d);
+  });
+  check_launch("ssd_step");
+}
 
 void ssd_state_compose(Tensor& A, Tensor& B, const Tensor& A_prev, const Tensor& B_prev) {
   for (const Tensor* t : std::initializer_list<const Tensor*>{&A, &B, &A_prev, &B_prev})
