@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "cp/doc_groups.hpp"
 #include "cp/layout.hpp"
+#include "unit/doc_checks.hpp"
 
 using namespace hcp;
 using cp::DocCost;
@@ -20,18 +21,11 @@ using cp::place_document_groups;
 namespace {
 const DocCost kTokens{0.0, 1.0, true};  // work linear in the tokens
 
-// Every real token of the unpadded problem is on exactly one rank; each rank's rows are local_rows;
-// a split document lies on a block of a size that divides cp, a whole one on a rank.
+// Every real token of the unpadded problem is on exactly one rank (in order inside its whole
+// documents); each rank's rows are local_rows; a split document lies on a block of a size that
+// divides cp, a whole one on a rank.
 void expect_placement(const DocPartition& p, GroupSizes sizes) {
-  const std::int64_t T = std::accumulate(p.lens.begin(), p.lens.end(), std::int64_t{0});
-  std::vector<int> seen(static_cast<std::size_t>(T), 0);
-  for (int r = 0; r < p.cp; ++r) {
-    const std::vector<std::int64_t> idx = p.real_index(r);
-    ASSERT_EQ(static_cast<std::int64_t>(idx.size()), p.local_rows(r)) << "rank " << r;
-    for (std::int64_t i : idx)
-      if (i >= 0) ++seen[static_cast<std::size_t>(i)];
-  }
-  for (std::int64_t t = 0; t < T; ++t) ASSERT_EQ(seen[static_cast<std::size_t>(t)], 1) << "token " << t;
+  test::expect_permutation(p);
   for (std::size_t d = 0; d < p.lens.size(); ++d) {
     if (p.owner[d] >= 0) {
       EXPECT_EQ(p.group[d], 1) << "document " << d;
