@@ -30,14 +30,15 @@ std::string block_prefix(std::size_t i) {
   std::snprintf(b, sizeof b, "L%02zu.", i);
   return b;
 }
-ParamMap sub(const ParamMap& p, const std::string& prefix) {
+}  // namespace
+
+ParamMap block_params(const ParamMap& p, const std::string& prefix) {
   ParamMap s;
   for (auto it = p.lower_bound(prefix); it != p.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
     s[it->first.substr(prefix.size())] = it->second;
   s.erase("norm");
   return s;
 }
-}  // namespace
 
 bool is_buffer(const std::string& name) { return name.size() >= 6 && name.compare(name.size() - 6, 6, "e_bias") == 0; }
 
@@ -232,7 +233,7 @@ void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens
       Tensor n = Tensor::zeros({tl_, C}, dt), m = Tensor::zeros({tl_, C}, dt);
       b.rstd = Tensor::zeros({tl_}, dt);
       k::rmsnorm_fwd(n, b.rstd, h, p.at(b.prefix + "norm"), c_.eps);
-      const ParamMap sp = sub(p, b.prefix);
+      const ParamMap sp = block_params(p, b.prefix);
       if (b.mamba) b.mamba->forward(m, n, sp);
       if (b.attn) b.attn->forward(m, n, sp);
       if (b.moe) b.moe->forward(m, n, sp);
@@ -265,6 +266,34 @@ const AttentionLayer& HybridModel::attention(std::size_t j) const {
   for (const Block& b : blocks_)
     if (b.attn && n++ == j) return *b.attn;
   throw Error("hybrid: the pattern has no attention layer " + std::to_string(j));
+}
+
+void HybridModel::keep_handoff(bool on) {
+  HCP_CHECK(!on || !placement_.by_documents(),
+            "generation prefills on a DualChunkSwap placement only (data.partition = \"dcs\")");
+  for (Block& b : blocks_) {
+    if (b.mamba) b.mamba->keep_carry(on);
+    if (b.attn) b.attn->keep_kv(on);
+  }
+}
+
+Tensor HybridModel::last_logits() {
+  HCP_CHECK(logits_.defined(), "hybrid: last_logits() before forward()");
+  const SeqLayout real = placement_.global.unpadded();
+  const std::vector<std::int64_t> ri = placement_.real_index(comm_.rank());
+  std::vector<std::int64_t> dst, src;
+  const std::vector<std::int64_t>& cu = real.cu_seqlens;
+  for (std::size_t i = 0; i < ri.size(); ++i) {
+    if (ri[i] < 0) continue;
+    const auto s = std::upper_bound(cu.begin(), cu.end(), ri[i]) - cu.begin() - 1;  // ri[i]'s sequence
+    if (ri[i] != cu[static_cast<std::size_t>(s) + 1] - 1) continue;
+    dst.push_back(s);
+    src.push_back(static_cast<std::int64_t>(i));
+  }
+  Tensor out = Tensor::zeros({real.nseq(), c_.vocab}, logits_.dtype(), logits_.space());
+  if (!dst.empty()) cp::copy_rows(out, logits_, dst, src);
+  comm_.all_reduce(out);  // one rank holds each row: the sum is that row, bit for bit
+  return out;
 }
 
 StepResult HybridModel::forward(const ParamMap& p, const std::vector<std::int64_t>& tokens,
@@ -305,7 +334,7 @@ StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>&
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
     auto& b = *it;
     timed(std::string("bwd/") + b.kind, [&] {
-      const ParamMap sp = sub(p, b.prefix);
+      const ParamMap sp = block_params(p, b.prefix);
       ParamMap g;
       Tensor dn = Tensor::zeros({tl_, C}, dt);
       if (b.mamba) b.mamba->backward(dn, g, dh, sp);

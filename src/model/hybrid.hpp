@@ -65,6 +65,9 @@ struct ParamCount {
   std::int64_t total = 0, experts = 0;
 };
 ParamCount param_count(const HybridConfig& c, int ep);
+// The parameters of the block whose names start with `prefix` ("L03."), without it; its norm's
+// weight left out.
+ParamMap block_params(const ParamMap& p, const std::string& prefix);
 // Names that are buffers, not trained (the MoE selection bias).
 bool is_buffer(const std::string& name);
 
@@ -109,8 +112,16 @@ class HybridModel {
   const HybridConfig& config() const { return c_; }
   // The j-th attention layer of the pattern.
   const AttentionLayer& attention(std::size_t j) const;
+  // With `on`, the next forward is a prefill: every Mamba2 layer makes its decode hand-off and every
+  // attention layer keeps its K/V shard (HybridDecoder takes them). DualChunkSwap placements only.
+  void keep_handoff(bool on);
+  // After a forward: the logits at each sequence's last real token, [nseq, V] on every rank (the
+  // rank holding the token contributes it; collective).
+  Tensor last_logits();
+  const cp::Placement& placement() const { return placement_; }
 
  private:
+  friend class HybridDecoder;
   struct Block {
     char kind;
     std::string prefix;

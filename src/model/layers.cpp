@@ -117,6 +117,10 @@ void AttentionLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
     q = qr;
     kk = kr;
   }
+  if (keep_kv_) {
+    k_ = kk;
+    v_ = v;
+  }
   o_ = Tensor::zeros({tl_, H, D}, dt);
   attn_.forward(o_, q, kk, v);
   Tensor out = Tensor::zeros({tl_, c_.hidden}, dt);

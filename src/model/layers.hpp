@@ -54,6 +54,15 @@ class AttentionLayer {
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
   const cp::CpAttention& attention() const { return attn_; }
+  // With `on`, the next forward keeps this rank's K and V (after RoPE), [Tl, Hkv, D] in its local
+  // row order: the prefill's KV cache shard, where the projections computed it. Off: drops them.
+  void keep_kv(bool on) {
+    keep_kv_ = on;
+    if (!on) k_ = v_ = Tensor();
+  }
+  const Tensor& k_local() const { return k_; }
+  const Tensor& v_local() const { return v_; }
+  const AttnLayerConfig& config() const { return c_; }
 
  private:
   Communicator& comm_;
@@ -62,6 +71,8 @@ class AttentionLayer {
   std::vector<std::int64_t> pos_;
   std::int64_t tl_ = 0;
   Tensor x_, o_;
+  bool keep_kv_ = false;
+  Tensor k_, v_;
 };
 
 struct MlpConfig {

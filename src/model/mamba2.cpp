@@ -129,6 +129,125 @@ void Mamba2Layer::in_proj_bwd(Tensor& dh, ParamMap& grads, const Tensor& dzxbcdt
   });
 }
 
+namespace {
+// Rows [end - (W-1), end) of the [*, C] tensor `src` (rows before `first` are zero) into window
+// `b` of w [ns, W-1, C], for each (b, first, end).
+struct WindowRows {
+  std::vector<std::int64_t> dst, src;
+  void add(std::int64_t b, std::int64_t w1, std::int64_t first, std::int64_t end) {
+    for (std::int64_t j = 0; j < w1; ++j) {
+      const std::int64_t r = end - w1 + j;
+      if (r < first) continue;
+      dst.push_back(b * w1 + j);
+      src.push_back(r);
+    }
+  }
+  void copy(Tensor& w, const Tensor& from) const {
+    if (dst.empty()) return;
+    Tensor flat = w.view({-1, w.shape().back()});
+    cp::copy_rows(flat, from, dst, src);
+  }
+};
+}  // namespace
+
+std::int64_t MambaCarry::bytes() const {
+  std::int64_t b = 0;
+  for (const Tensor* t : {&wx, &wB, &wC, &state})
+    if (t->defined()) b += t->numel() * static_cast<std::int64_t>(dtype_size(t->dtype()));
+  return b;
+}
+
+// Hidden parallel: the rank holds every sequence's rows of its heads in the global order. The state
+// at a sequence's last real token comes from an SSD over its real rows alone: the forward's scan runs
+// over the packed row (and a padded sequence's pads), whose final state is the last sequence's after
+// its pads.
+void Mamba2HP::make_carry() {
+  const std::int64_t P = c_.head_dim, N = c_.d_state, W1 = c_.conv - 1, ns = global_.nseq();
+  const std::int64_t hl = share_.hl, gl = share_.gl;
+  const DType dt = xc_.dtype();
+  carry_ = MambaCarry{};
+  carry_.share = share_;
+  carry_.wx = Tensor::zeros({ns, W1, hl * P}, dt);
+  carry_.wB = Tensor::zeros({ns, W1, gl * N}, dt);
+  carry_.wC = Tensor::zeros({ns, W1, gl * N}, dt);
+  carry_.state = Tensor::zeros({ns, hl, P, N}, acc_dtype(dt));
+  WindowRows rows;
+  const std::int64_t T = global_.total();
+  Tensor x = xc_.view({T, hl, P}), d = dt_.view({T, hl}), B = Bc_.view({T, gl, N}), C = Cc_.view({T, gl, N});
+  for (std::int64_t s = 0; s < ns; ++s) {
+    carry_.seqs.push_back(s);
+    const std::int64_t first = global_.cu_seqlens[static_cast<std::size_t>(s)], real = global_.real(s);
+    rows.add(s, W1, first, first + real);
+    if (real == 0) continue;
+    k::SsdParams sp;
+    sp.seqlen = real;
+    sp.heads = hl;
+    sp.head_dim = P;
+    sp.groups = gl;
+    sp.d_state = N;
+    sp.chunk = c_.chunk;
+    Tensor xs = x.slice(0, first, real).view({1, real, hl, P}), ds = d.slice(0, first, real).view({1, real, hl}),
+           Bs = B.slice(0, first, real).view({1, real, gl, N}), Cs = C.slice(0, first, real).view({1, real, gl, N});
+    k::SsdInputs in;
+    in.x = &xs;
+    in.dt = &ds;
+    in.A_log = &sl_.at("A_log");
+    in.Bm = &Bs;
+    in.Cm = &Cs;
+    in.D = &sl_.at("D");
+    in.dt_bias = &sl_.at("dt_bias");
+    Tensor ys = Tensor::zeros({1, real, hl, P}, dt), fs = Tensor::zeros({1, hl, P, N}, dt);
+    k::ssd_fwd(ys, &fs, in, sp);
+    Tensor to = carry_.state.slice(0, s, 1);
+    to.copy_from(as(fs, acc_dtype(dt)));
+  }
+  rows.copy(carry_.wx, xpre_);
+  rows.copy(carry_.wB, Bpre_);
+  rows.copy(carry_.wC, Cpre_);
+}
+
+// State passing: the rank that holds a sequence's last real token hands it off, every head. Its
+// state is that of the token's piece, run from the piece's incoming state up to the token; the
+// window comes from the piece's conv input with its halo (the rows before it, from other ranks).
+void Mamba2SP::make_carry(const ParamMap& p) {
+  const std::int64_t H = c_.heads, P = c_.head_dim, N = c_.d_state, G = c_.groups, Di = c_.d_inner();
+  const std::int64_t W1 = c_.conv - 1, CD = c_.conv_dim();
+  const DType dt = xl_.dtype();
+  carry_ = MambaCarry{};
+  carry_.share = cp::HpShare{0, H, 0, G, 1};
+  std::vector<std::size_t> ends;  // pieces holding their sequence's last real token
+  for (std::size_t i = 0; i < pieces_.size(); ++i) {
+    const cp::Piece& pc = pieces_[i];
+    const std::int64_t last = global_.cu_seqlens[static_cast<std::size_t>(pc.seq)] + global_.real(pc.seq) - 1;
+    if (global_.real(pc.seq) > 0 && last >= pc.gstart && last < pc.gstart + pc.len) ends.push_back(i);
+  }
+  const auto ns = static_cast<std::int64_t>(ends.size());
+  Tensor w = Tensor::zeros({ns, W1, CD}, dt);
+  carry_.state = Tensor::zeros({ns, H, P, N}, acc_dtype(dt));
+  WindowRows rows;
+  Tensor ext = ext_.view({halo_.ext_rows(), CD});
+  for (std::int64_t b = 0; b < ns; ++b) {
+    const std::size_t i = ends[static_cast<std::size_t>(b)];
+    const cp::Piece& pc = pieces_[i];
+    carry_.seqs.push_back(pc.seq);
+    const std::int64_t n = global_.cu_seqlens[static_cast<std::size_t>(pc.seq)] + global_.real(pc.seq) - pc.gstart;
+    const std::int64_t own = halo_.ext_start(i) + halo_.halo();  // the piece's first row in ext
+    rows.add(b, W1, halo_.ext_start(i), own + n);
+    PieceRun r{i, 1, pc.lrow, n};
+    PieceIO io = piece_io(r, xl_, dtl_, Bl_, Cl_);
+    Tensor Si = S_in_.slice(0, static_cast<std::int64_t>(i), 1);
+    Tensor ys = Tensor::zeros({n, Di}, dt), fs = Tensor::zeros({1, H, P, N}, dt);
+    k::ssd_fwd(ys, &fs, inputs(io, p, pc.chunk > 0 ? &Si : nullptr), io.sp);
+    Tensor to = carry_.state.slice(0, b, 1);
+    to.copy_from(as(fs, acc_dtype(dt)));
+  }
+  rows.copy(w, ext);
+  Tensor wf = w.view({ns * W1, CD});
+  carry_.wx = cp::cols(wf, 0, Di).view({ns, W1, Di});
+  carry_.wB = cp::cols(wf, Di, G * N).view({ns, W1, G * N});
+  carry_.wC = cp::cols(wf, Di + G * N, G * N).view({ns, W1, G * N});
+}
+
 Mamba2HP::Mamba2HP(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part)
     : Mamba2Layer(comm, cfg, std::move(global), part) {
   share_ = cp::HpShare::of(c_.heads, c_.groups, cp_, rank_);
@@ -194,6 +313,7 @@ void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
     yh_ = Tensor::zeros({T, share_.hl * P}, dt);
     k::ssd_fwd(yh_, nullptr, in, sp);
   });
+  if (keep_carry_) timed("fwd/carry", [&] { make_carry(); });
   Tensor yl;
   timed("fwd/all_to_all", [&] { yl = cp::hp2cp(comm_, yh_, global_, part_); });  // [Tl, Di]
   out_fwd(y, yl, p);
@@ -351,6 +471,7 @@ void Mamba2SP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
       k::ssd_init_state_fwd(yi, inputs(io, p, &Si), io.sp);
     }
   });
+  if (keep_carry_) timed("fwd/carry", [&] { make_carry(p); });
   out_fwd(y, yl, p);
 }
 

@@ -68,6 +68,19 @@ ParamMap zeros_like(const ParamMap& p);
 // How a Mamba2 layer runs under CP: cp::MambaCp (src/cp/strategy.hpp).
 using cp::MambaCp;
 
+// What a Mamba2 layer hands from a prefill to decode on one rank: for the sequences `seqs` it
+// decodes, the last W-1 conv inputs before each sequence's end (its last real token; pads are not
+// part of it) and the SSM state after that token, of the heads and B/C groups of `share`. Hidden
+// parallel: every sequence, the heads the rank owned in the prefill; state passing: every head of
+// the sequences whose last real token the rank holds. Nothing moves between ranks.
+struct MambaCarry {
+  std::vector<std::int64_t> seqs;  // sequence indices of the prefill's layout, ascending
+  cp::HpShare share;               // heads [h0, h0 + hl), B/C groups [g0, g0 + gl)
+  Tensor wx, wB, wC;               // windows [ns, W-1, hl*P] / [ns, W-1, gl*N], oldest row first
+  Tensor state;                    // [ns, hl, P, N] in acc_dtype (fp32 for bf16)
+  std::int64_t bytes() const;      // what the rank holds
+};
+
 // The strategy-independent parts of a Mamba2 mixer on local tokens: in_proj, the gated group
 // RMSNorm and out_proj, the parameter all-reduce, and the time of each phase.
 class Mamba2Layer {
@@ -82,6 +95,13 @@ class Mamba2Layer {
   virtual const std::map<std::string, double>& phase_ms() const { return phases_.totals(); }
   virtual const std::map<std::string, PhaseTimes::Peak>& phase_peaks() const { return phases_.peaks(); }
   virtual void reset_phases() { phases_.reset(); }
+  // With `on`, the next forward also makes the decode hand-off (carry()); the layer's layout must be
+  // DualChunkSwap (a per-document placement throws). Off: drops the last one.
+  void keep_carry(bool on) {
+    keep_carry_ = on;
+    if (!on) carry_ = MambaCarry{};
+  }
+  const MambaCarry& carry() const { return carry_; }
 
  protected:
   Mamba2Layer(Communicator& comm, Mamba2Config cfg, SeqLayout global, cp::Partition part);
@@ -113,6 +133,8 @@ class Mamba2Layer {
   std::int64_t tl_ = 0;
   Tensor h_, zxbcdt_, z_, yl_, rstd_;  // saved by forward
   PhaseTimes phases_;
+  bool keep_carry_ = false;
+  MambaCarry carry_;
 };
 
 class Mamba2HP : public Mamba2Layer {
@@ -128,6 +150,7 @@ class Mamba2HP : public Mamba2Layer {
 
  private:
   void ssd_setup(kernels::SsdParams& sp, kernels::SsdInputs& in);  // this rank's SSD problem
+  void make_carry();                                               // after the forward's SSD
   cp::HpShare share_;                                              // this rank's heads and groups
   std::vector<cp::HpSlice> slices_;                                // its parameter slices
   std::int64_t batch_ = 1, seqlen_ = 1;
@@ -161,6 +184,7 @@ class Mamba2SP : public Mamba2Layer {
   };
   PieceIO piece_io(const PieceRun& r, const Tensor& x, const Tensor& dt, const Tensor& B, const Tensor& C) const;
   kernels::SsdInputs inputs(const PieceIO& io, const ParamMap& p, const Tensor* init) const;
+  void make_carry(const ParamMap& p);  // after the forward's state correction
   std::vector<cp::Piece> pieces_;
   std::vector<PieceRun> runs_;       // every piece
   std::vector<PieceRun> cont_runs_;  // the pieces that continue a sequence (an incoming state)

@@ -34,6 +34,9 @@ std::vector<const Mamba2Layer*> Mamba2Docs::layers() const {
 void Mamba2Docs::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   HCP_CHECK(h.numel() == tl_ * c_.hidden && y.numel() == h.numel(), "mamba: input must be [", tl_, ", ", c_.hidden,
             "] local tokens (this rank's documents)");
+  HCP_CHECK(!keep_carry_,
+            "generation hands off Mamba2 states from a DualChunkSwap prefill only (data.partition = "
+            "\"dcs\")");
   const Tensor hv = h.view({tl_, c_.hidden});
   Tensor yv = y.view({tl_, c_.hidden});
   if (whole_) {

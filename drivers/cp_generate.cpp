@@ -1,0 +1,221 @@
+// cp_generate: long-context inference of the hybrid model under CP. The prompts (packed THD or
+// BSHD) are prefilled forward-only across the CP group with each attention strategy and the deck's
+// Mamba strategy; each Mamba2 layer hands its conv windows and SSM states, each attention layer its
+// K/V shard, to decode where they were computed (model/decode.hpp); then generate.new_tokens tokens
+// per sequence are generated, greedy or sampled. Checked against cp = 1 on rank 0: the generated ids
+// equal those of the cp = 1 prefill and decode, and the logits of every generated token equal a cp = 1
+// forward over the prompt and the tokens generated before it (teacher forcing).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "common.hpp"
+#include "device.hpp"
+#include "generate.hpp"
+#include "hybrid_common.hpp"
+#include "model/decode.hpp"
+#include "study.hpp"
+
+using namespace hcp;
+
+namespace {
+const std::string kDeck = "# Built-in deck of cp_generate: a small NemotronV3-style stack on packed THD prompts.\n" +
+                          drivers::builtin_model_deck(64) + R"([data]
+format = "thd"
+seq_lens = "120, 37, 90"
+dtype = "fp64"
+seed = 1
+
+[generate]
+new_tokens = 8
+sampling = "greedy"
+
+[parallel]
+attention = "all"   # p2p | allgather | a2a | a2a_p2p | all
+mamba_cp = "hidden_parallel"
+
+[run]
+warmup = 0
+repeats = 1
+check = "reference"
+)";
+
+DeckSchema schema() {
+  DeckSchema s;
+  drivers::add_hybrid_model_keys(s, drivers::attention_choices(true), "all");
+  drivers::add_cp_driver_keys(s, "120, 37, 90", 128, /*with_bf16=*/true);
+  drivers::add_generate_keys(s);
+  drivers::add_device_key(s);
+  return s;
+}
+
+drivers::Cases cases() {
+  return {"parallel.attention",
+          "all",
+          drivers::attention_choices(false),
+          [](const Deck& d, Communicator& c, int cp, const std::string& n) {
+            const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
+            drivers::ep_size_of(d, h, cp);
+            const drivers::PlacedBatch pb = drivers::placed_batch(d, cp, c.rank(), h, 1);
+            model::HybridModel m(c, h, pb.placement);
+          },
+          [](const Deck& d, int cp, const std::string& n) {
+            const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
+            return drivers::generate_memory(d, h, cp, drivers::ep_size_of(d, h, cp));
+          },
+          [](const Deck& d, int cp) {
+            const model::HybridConfig h = drivers::hybrid_config(d, "p2p", cp);
+            return drivers::generate_bytes(d, h, cp);
+          }};
+}
+
+class GenerateStudy {
+ public:
+  explicit GenerateStudy(drivers::Study& st) : st_(st) { st.norm_wise = st.dt == DType::BF16; }
+  void setup(const std::vector<std::string>& names, const drivers::Skipped& skipped);
+  bool run_case(const std::string& name, std::vector<std::string>& row);
+  std::vector<std::pair<std::string, int>> columns() const {
+    return {{"attention", 10},
+            {"prefill_ms", 11},
+            {"handoff_ms", 11},
+            {"decode_ms/tok", 14},
+            {"prefill_MB/rank", 16},
+            {"decode_KB/tok", 14},
+            {"handoff_MB/rank", 16},
+            {"ids", 9},
+            {st_.norm_wise ? "l2_rel_err" : "max_rel_err", 12}};
+  }
+
+ private:
+  drivers::Study& st_;
+  std::uint64_t seed_ = 0;
+  drivers::GenerateConfig g_;
+  model::HybridConfig c0_, c1_;
+  drivers::PlacedBatch placed_;
+  std::unique_ptr<ExpertGroups> groups_;
+  model::ParamMap p_, p1_;
+  std::vector<std::vector<std::int64_t>> prompts_;  // real tokens of each sequence
+  drivers::Generated ref_;                          // cp = 1 on rank 0
+};
+
+void GenerateStudy::setup(const std::vector<std::string>& names, const drivers::Skipped& skipped) {
+  drivers::Study& st = st_;
+  const Deck& d = st.deck;
+  seed_ = static_cast<std::uint64_t>(d.get_int("data.seed"));
+  g_ = drivers::generate_config(d);
+  c0_ = drivers::hybrid_config(d, names.front(), st.cp);
+  placed_ = drivers::placed_batch(d, st.cp, st.grid.cp_rank, c0_, seed_);
+  st.placement = placed_.placement;
+  groups_ = std::make_unique<ExpertGroups>(st.comm, drivers::ep_size_of(d, c0_, st.cp));
+  p_ = drivers::in_space(model::hybrid_init(c0_, st.dt, seed_, groups_.get()), st.space);
+  c1_ = c0_;
+  c1_.ep = 1;
+  prompts_ = drivers::prompts_of(placed_.batch);
+  if (st.check && st.root()) {
+    p1_ = drivers::in_space(model::hybrid_init(c1_, st.dt, seed_), st.space);
+    model::HybridModel m(st.self, c1_, drivers::unpadded_thd(prompts_));
+    ref_ = drivers::generate(st.self, m, p1_, drivers::concat(prompts_), g_, nullptr);
+  }
+  st.config({{"format", d.get_string("data.format")},
+             {"strategy", drivers::join(names)},
+             {"mamba_cp", d.get_string("parallel.mamba_cp")},
+             {"pattern", c0_.pattern},
+             {"new_tokens", std::to_string(g_.new_tokens)},
+             {"sampling", g_.sampling},
+             {"temperature", drivers::fmt("%.17g", g_.temperature)},
+             {"sample_seed", std::to_string(g_.seed)}},
+            skipped);
+  if (st.out()) {
+    std::vector<std::int64_t> lens;
+    for (const auto& q : prompts_) lens.push_back(static_cast<std::int64_t>(q.size()));
+    st.out()->counts("/generate/prompt_lengths", lens, "[sequences]", "tokens");
+    st.out()->counts("/generate/prompt", drivers::concat(prompts_), "[T] prompt token ids, sequences packed", "id");
+    if (st.check)
+      st.out()->counts("/generate/reference/ids", st.root() ? ref_.flat_ids() : std::vector<std::int64_t>{},
+                       "[sequences, new_tokens] cp=1 prefill and decode", "id");
+  }
+  st.header(drivers::fields("pattern", c0_.pattern, "format", d.get_string("data.format"), "tokens",
+                            placed_.batch.layout.total(), "sequences", placed_.batch.layout.nseq(), "new_tokens",
+                            g_.new_tokens, "sampling", g_.sampling, "mamba_cp", d.get_string("parallel.mamba_cp")),
+            skipped);
+}
+
+bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& row) {
+  drivers::Study& st = st_;
+  model::HybridModel m(st.comm, drivers::hybrid_config(st.deck, name, st.cp), placed_.placement, groups_.get());
+  drivers::Generated got;
+  const drivers::Samples s =
+      st.time([&](PhaseTimes& c) { got = drivers::generate(st.comm, m, p_, placed_.tokens, g_, &c, placed_.labels); });
+  // The ids every rank generated must be the same (each computes them from the same logits).
+  const std::vector<std::int64_t> ids = got.flat_ids();
+  bool ranks_agree = true;
+  for (std::int64_t id : ids) {
+    const double lo = st.comm.all_reduce_scalar(-static_cast<double>(id), ReduceOp::Max);
+    const double hi = st.comm.all_reduce_scalar(static_cast<double>(id), ReduceOp::Max);
+    ranks_agree = ranks_agree && -lo == hi;
+  }
+  drivers::Study::Errors e;
+  bool ids_equal = true;
+  if (st.check && st.root()) {
+    ids_equal = ids == ref_.flat_ids();
+    // Teacher forcing: cp = 1 over each prompt and the tokens generated before the last.
+    const Tensor tf = drivers::teacher_forced_logits(st.self, c1_, p1_, prompts_, got);
+    for (std::int64_t t = 0; t < g_.new_tokens; ++t)
+      st.compare(e, "logits_" + std::to_string(t), got.logits[static_cast<std::size_t>(t)],
+                 tf.slice(0, t, 1).view(got.logits[static_cast<std::size_t>(t)].shape()));
+  }
+  const bool pass = st.verdict(name, e, ids_equal && ranks_agree);
+  const drivers::GenerateBytes b = drivers::generate_bytes_sent(st.comm, got);
+  if (st.out()) {
+    st.out()->counts("/generate/" + name + "/ids", ids, "[sequences, new_tokens]", "id");
+    if (st.check) {  // rank 0's (the others hold no errors)
+      std::vector<double> errs;
+      for (const auto& [n, v] : e.rel) errs.push_back(v);
+      st.out()->tensor("/generate/" + name + "/logits_err",
+                       st.root() ? Tensor::from(errs, {static_cast<std::int64_t>(errs.size())}, DType::F64) : Tensor(),
+                       "[new_tokens] error of each generated token's logits against teacher forcing", "1");
+    }
+    st.out()->per_rank("/generate/" + name + "/prefill_bytes", static_cast<double>(got.prefill_bytes), "bytes");
+    st.out()->per_rank("/generate/" + name + "/decode_bytes_per_token", b.decode_per_token, "bytes");
+    st.out()->per_rank("/generate/" + name + "/handoff_mamba_bytes", static_cast<double>(got.mamba_bytes), "bytes");
+    st.out()->per_rank("/generate/" + name + "/handoff_kv_bytes", static_cast<double>(got.kv_bytes), "bytes");
+    st.out()->per_rank("/generate/" + name + "/kv_tokens", static_cast<double>(got.kv_rows), "tokens");
+  }
+  st.write_timings(name, s);
+  const double steps = std::max<double>(1.0, static_cast<double>(g_.new_tokens - 1));
+  row = {name,
+         drivers::fmt("%.2f", st.slowest(s.at("prefill"))),
+         drivers::fmt("%.2f", st.slowest(s.at("handoff"))),
+         drivers::fmt("%.3f", st.slowest(s.at("decode")) / steps),
+         drivers::fmt("%.3f", b.prefill_max / 1e6),
+         drivers::fmt("%.3f", b.decode_max / 1e3),
+         drivers::fmt("%.3f", b.handoff_max / 1e6),
+         !st.check                  ? "-"
+         : ids_equal && ranks_agree ? "same"
+                                    : "DIFFER",
+         st.check ? drivers::fmt("%.1e", e.worst) : std::string("unchecked")};
+  return pass;
+}
+
+void run(DriverContext& ctx) {
+  drivers::Study st(ctx, "cp_generate", drivers::model_tolerance);
+  GenerateStudy g(st);
+  st.run(cases(),
+         {[&](const std::vector<std::string>& names, const drivers::Skipped& skipped) { g.setup(names, skipped); },
+          g.columns(),
+          [&](const std::string& name, std::vector<std::string>& row) { return g.run_case(name, row); },
+          {},
+          "a CP generation differs from cp=1: other ids, logits beyond tolerance of teacher forcing, or ranks that "
+          "disagree"});
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  return run_driver(argc, argv,
+                    drivers::study_driver({"cp_generate",
+                                           "hybrid model inference: CP prefill, hand-off of Mamba2 states and KV "
+                                           "shards, decode; against cp=1 generation and teacher forcing",
+                                           schema(), kDeck, "cp_generate.h5", cases, run,
+                                           [](const Deck&) -> drivers::TensorGroups { return {}; }}));
+}

@@ -1,0 +1,213 @@
+#include "generate.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "cp/layout.hpp"
+#include "inputs.hpp"
+
+namespace hcp::drivers {
+
+void add_generate_keys(DeckSchema& s) {
+  s.add_int("generate.new_tokens", 8, "tokens generated per sequence after the prompt", 1)
+      .add_string("generate.sampling", "greedy",
+                  "how the next token is chosen: greedy (the largest logit) or sample (from softmax(logits / "
+                  "temperature), seeded by generate.seed)",
+                  {"greedy", "sample"})
+      .add_float("generate.temperature", 1.0, "sampling temperature (generate.sampling = sample)", 1e-6)
+      .add_int("generate.seed", 1, "seed of the sampling draws", 0);
+}
+
+GenerateConfig generate_config(const Deck& d) {
+  GenerateConfig g;
+  g.new_tokens = d.get_int("generate.new_tokens");
+  g.sampling = d.get_string("generate.sampling");
+  g.temperature = d.get_float("generate.temperature");
+  g.seed = static_cast<std::uint64_t>(d.get_int("generate.seed"));
+  return g;
+}
+
+std::vector<std::int64_t> choose_tokens(const Tensor& logits, const GenerateConfig& g, std::int64_t step) {
+  const std::int64_t B = logits.size(0), V = logits.size(1);
+  std::vector<std::int64_t> out;
+  const std::vector<double> x = logits.to_vector();
+  for (std::int64_t b = 0; b < B; ++b) {
+    const double* row = x.data() + b * V;
+    std::int64_t best = 0;
+    for (std::int64_t v = 1; v < V; ++v)
+      if (row[v] > row[best]) best = v;
+    if (g.sampling == "sample") {
+      std::vector<double> w(static_cast<std::size_t>(V));
+      double sum = 0;
+      for (std::int64_t v = 0; v < V; ++v)
+        sum += w[static_cast<std::size_t>(v)] = std::exp((row[v] - row[best]) / g.temperature);
+      const std::uint64_t h = mix64(mix64(g.seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(b)) +
+                                    static_cast<std::uint64_t>(step));
+      double u = static_cast<double>(h >> 11) * 0x1.0p-53 * sum, acc = 0;
+      best = V - 1;
+      for (std::int64_t v = 0; v < V; ++v) {
+        acc += w[static_cast<std::size_t>(v)];
+        if (u < acc) {
+          best = v;
+          break;
+        }
+      }
+    }
+    out.push_back(best);
+  }
+  return out;
+}
+
+std::vector<std::int64_t> Generated::flat_ids() const {
+  std::vector<std::int64_t> out;
+  for (const auto& s : ids) out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+namespace {
+std::int64_t bytes_sent(const Communicator& c) {
+  std::int64_t b = 0;
+  for (const auto& [op, k] : c.counters()) b += k.bytes_sent;
+  return b;
+}
+}  // namespace
+
+Generated generate(Communicator& comm, model::HybridModel& m, const model::ParamMap& p,
+                   const std::vector<std::int64_t>& tokens, const GenerateConfig& g, PhaseTimes* laps,
+                   const std::vector<std::int64_t>& labels) {
+  Generated out;
+  const std::int64_t B = m.placement().global.nseq(), N = g.new_tokens;
+  const std::vector<std::int64_t> lab = labels.empty() ? std::vector<std::int64_t>(tokens.size(), -100) : labels;
+  const std::int64_t b0 = bytes_sent(comm);
+  m.keep_handoff(true);
+  m.forward(p, tokens, lab);
+  Tensor logits = host(m.last_logits());
+  out.prefill_bytes = bytes_sent(comm) - b0;
+  if (laps) laps->lap("prefill");
+  model::HybridDecoder dec(m, N - 1);
+  out.mamba_bytes = dec.mamba_bytes();
+  out.kv_bytes = dec.kv_bytes();
+  if (laps) laps->lap("handoff");
+  const std::int64_t b1 = bytes_sent(comm);
+  out.ids.assign(static_cast<std::size_t>(B), {});
+  std::vector<std::int64_t> next;
+  for (std::int64_t t = 0; t < N; ++t) {
+    if (t > 0) logits = host(dec.step(p, next));
+    out.logits.push_back(logits);
+    next = choose_tokens(logits, g, t);
+    for (std::int64_t b = 0; b < B; ++b)
+      out.ids[static_cast<std::size_t>(b)].push_back(next[static_cast<std::size_t>(b)]);
+  }
+  out.decode_bytes = bytes_sent(comm) - b1;
+  out.kv_rows = dec.kv_rows_per_rank()[static_cast<std::size_t>(comm.rank())];
+  if (laps) laps->lap("decode");
+  return out;
+}
+
+std::vector<std::vector<std::int64_t>> prompts_of(const TokenBatch& b) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (std::int64_t s = 0; s < b.layout.nseq(); ++s) {
+    const auto first = b.tokens.begin() + b.layout.cu_seqlens[static_cast<std::size_t>(s)];
+    out.emplace_back(first, first + b.layout.real(s));
+  }
+  return out;
+}
+
+std::vector<std::int64_t> concat(const std::vector<std::vector<std::int64_t>>& seqs) {
+  std::vector<std::int64_t> out;
+  for (const auto& s : seqs) out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+SeqLayout unpadded_thd(const std::vector<std::vector<std::int64_t>>& seqs) {
+  std::vector<std::int64_t> cu{0};
+  for (const auto& s : seqs) cu.push_back(cu.back() + static_cast<std::int64_t>(s.size()));
+  return SeqLayout::thd(cu);
+}
+
+Tensor teacher_forced_logits(Communicator& self, const model::HybridConfig& c1, const model::ParamMap& p1,
+                             const std::vector<std::vector<std::int64_t>>& prompts, const Generated& got) {
+  const auto B = static_cast<std::int64_t>(prompts.size());
+  const auto N = static_cast<std::int64_t>(got.logits.size());
+  std::vector<std::vector<std::int64_t>> seqs = prompts;
+  for (std::int64_t s = 0; s < B; ++s)
+    seqs[static_cast<std::size_t>(s)].insert(seqs[static_cast<std::size_t>(s)].end(),
+                                             got.ids[static_cast<std::size_t>(s)].begin(),
+                                             got.ids[static_cast<std::size_t>(s)].end() - 1);
+  const SeqLayout lay = unpadded_thd(seqs);
+  model::HybridModel m(self, c1, lay);
+  const std::vector<std::int64_t> tokens = concat(seqs);
+  m.forward(p1, tokens, std::vector<std::int64_t>(tokens.size(), -100));
+  const Tensor all = host(m.logits());
+  const std::int64_t V = c1.vocab;
+  Tensor out = Tensor::zeros({N, B, V}, all.dtype());
+  std::vector<std::int64_t> src, dst;
+  for (std::int64_t t = 0; t < N; ++t)
+    for (std::int64_t s = 0; s < B; ++s) {
+      dst.push_back(t * B + s);
+      src.push_back(lay.cu_seqlens[static_cast<std::size_t>(s)] +
+                    static_cast<std::int64_t>(prompts[static_cast<std::size_t>(s)].size()) - 1 + t);
+    }
+  Tensor flat = out.view({N * B, V});
+  cp::copy_rows(flat, all, dst, src);
+  return out;
+}
+
+GenerateBytes generate_bytes_sent(Communicator& comm, const Generated& got) {
+  GenerateBytes b;
+  const auto steps = static_cast<double>(std::max<std::size_t>(got.logits.size(), 2) - 1);
+  b.decode_per_token = static_cast<double>(got.decode_bytes) / steps;
+  b.prefill_max = comm.all_reduce_scalar(static_cast<double>(got.prefill_bytes), ReduceOp::Max);
+  b.decode_max = comm.all_reduce_scalar(b.decode_per_token, ReduceOp::Max);
+  b.handoff_max = comm.all_reduce_scalar(static_cast<double>(got.mamba_bytes + got.kv_bytes), ReduceOp::Max);
+  return b;
+}
+
+std::int64_t handoff_bytes(const Deck& d, const model::HybridConfig& h, int cp) {
+  MemoryModel m("data.seq_lens/data.batch/data.seqlen, generate.new_tokens and the model sizes");
+  const std::int64_t es = dtype_bytes(d), ss = state_bytes(d), nseq = sequences(d);
+  const std::int64_t steps = d.get_int("generate.new_tokens") - 1;
+  const std::int64_t tl = padded_tokens(d, cp, m) / cp;
+  const auto count = [&](char k) {
+    return static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), k));
+  };
+  // A rank's rows of a sequence are its chunks (pads included, at most), plus its share of the new
+  // tokens: the append rule gives the rank with the fewest, so at most ceil(steps / cp) more.
+  const std::int64_t kv_rows = m.sum(tl, m.mul(nseq, ceil_div(steps, cp)));
+  std::int64_t b = m.mul(m.mul(count('*'), m.mul(kv_rows, 2 * h.attn.kv_heads * h.attn.head_dim)), es);
+  const model::Mamba2Config& c = h.mamba;
+  const bool hp = h.mamba_cp == model::MambaCp::HiddenParallel && cp > 1;
+  const std::int64_t hl = hp ? c.heads / cp : c.heads, gl = hp ? std::max<std::int64_t>(c.groups / cp, 1) : c.groups;
+  const std::int64_t per_seq =
+      (c.conv - 1) * (hl * c.head_dim + 2 * gl * c.d_state) * es + hl * c.head_dim * c.d_state * ss;
+  return m.sum(b, m.mul(count('M'), m.mul(nseq, per_seq)));
+}
+
+MemoryModel generate_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
+  MemoryModel m = hybrid_memory(d, h, cp, ep);
+  m.add("decode hand-off (KV shards, Mamba2 states)", {handoff_bytes(d, h, cp)});
+  if (check_mode(d) == CheckMode::Reference)
+    m.add("cp=1 reference generation", {handoff_bytes(d, h, 1)}, 1, Holder::Rank0Before);
+  return m;
+}
+
+LayerBytes generate_bytes(const Deck& d, const model::HybridConfig& h, int cp) {
+  LayerBytes b;
+  const cp::Placement p = placement_of(d, cp, model::hybrid_doc_cost(h));
+  const DType dt = dtype_from_string(d.get_string("data.dtype"));
+  if (h.pattern.find('*') == std::string::npos) return b;
+  const cp::CpAttnConfig c = model::cp_attn_config(h.attn, p);
+  for (const cp::AttnStrategyInfo& s : cp::attn_strategies()) {
+    cp::CpAttnConfig a = c;
+    a.strategy = s.id;
+    try {
+      cp::check_attention_cp_shape(a, cp);
+    } catch (const Error&) {
+      continue;  // this strategy cannot run the shape
+    }
+    for (int r = 0; r < cp; ++r) b.kinds["*"][s.name].push_back(cp::attention_cp_model_bytes(a, cp, r, dt, false));
+  }
+  return b;
+}
+
+}  // namespace hcp::drivers
