@@ -162,9 +162,11 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
     // Teacher forcing: cp = 1 over each prompt and the tokens generated before the last.
     const Tensor tf = drivers::teacher_forced_logits(st.self, c1_, p1_, prompts_, got);
     for (std::int64_t t = 0; t < g_.new_tokens; ++t)
-      st.compare(e, "logits_" + std::to_string(t), got.logits[static_cast<std::size_t>(t)],
+      st.compare(e, "logits_" + std::to_string(t), st.planted(got.logits[static_cast<std::size_t>(t)]),
                  tf.slice(0, t, 1).view(got.logits[static_cast<std::size_t>(t)].shape()));
   }
+  for (std::int64_t t = 0; t < g_.new_tokens; ++t)  // run.check = cross: against the first case's
+    st.cross_compare(e, "logits_" + std::to_string(t), got.logits[static_cast<std::size_t>(t)]);
   const bool pass = st.verdict(name, e, ids_equal && ranks_agree);
   const drivers::GenerateBytes b = drivers::generate_bytes_sent(st.comm, got);
   if (st.out()) {
@@ -194,7 +196,7 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
          !st.check                  ? "-"
          : ids_equal && ranks_agree ? "same"
                                     : "DIFFER",
-         st.check ? drivers::fmt("%.1e", e.worst) : std::string("unchecked")};
+         st.check || st.cross ? drivers::fmt("%.1e", e.worst) : std::string("unchecked")};
   return pass;
 }
 

@@ -157,6 +157,9 @@ class Study {
     void add(const std::string& name, double e);
   };
   void compare(Errors& e, const std::string& name, const Tensor& got, const Tensor& ref) const;
+  // `local`, perturbed when run.plant_fault names this case (its first result only; result() and
+  // cross_compare() apply it themselves, a driver comparing by compare() calls it).
+  Tensor planted(const Tensor& local);
   // A CP result [Tl, ...] of this rank (in the placement's order, pads included): gathered into the
   // unpadded order (on every CP rank, only when the run checks) and compared with `ref`; with
   // `pads_zero` every pad row must be zero (entry "<name>_pads": max |pad| / max |ref|, where the
@@ -225,8 +228,7 @@ class Study {
   double t_run0_ = 0, t_case0_ = 0,
          first_case_t0_ = 0;  // now_seconds() at the study's start, the case's, the first case's
   bool planted_ = false;
-  bool cross_compared_ = false;         // run.check = "cross": some case was compared with the first
-  Tensor planted(const Tensor& local);  // `local`, perturbed when run.plant_fault names this case
+  bool cross_compared_ = false;  // run.check = "cross": some case was compared with the first
   // The cases' memory model (Cases::memory), shown beside the measured high-water of each case.
   std::function<MemoryModel(const Deck&, int, const std::string&)> memory_;
   double memory_start();                           // resets the high-water marks; the bytes alive now
