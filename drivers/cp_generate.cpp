@@ -133,7 +133,7 @@ void GenerateStudy::setup(const std::vector<std::string>& names, const drivers::
     st.out()->counts("/generate/prompt", drivers::concat(prompts_), "[T] prompt token ids, sequences packed", "id");
     if (st.check)
       st.out()->counts("/generate/reference/ids", st.root() ? ref_.flat_ids() : std::vector<std::int64_t>{},
-                       "[sequences, new_tokens] cp=1 prefill and decode", "id");
+                       "[sequences * new_tokens] sequence-major, cp=1 prefill and decode", "id");
   }
   st.header(drivers::fields("pattern", c0_.pattern, "format", d.get_string("data.format"), "tokens",
                             placed_.batch.layout.total(), "sequences", placed_.batch.layout.nseq(), "new_tokens",
@@ -167,10 +167,17 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
   }
   for (std::int64_t t = 0; t < g_.new_tokens; ++t)  // run.check = cross: against the first case's
     st.cross_compare(e, "logits_" + std::to_string(t), got.logits[static_cast<std::size_t>(t)]);
-  const bool pass = st.verdict(name, e, ids_equal && ranks_agree);
+  // The decode's own exchanges against their model, on every rank.
+  const std::int64_t steps = g_.new_tokens - 1;
+  const std::int64_t model = steps * drivers::decode_model_bytes(m.config(), st.cp, placed_.batch.layout.nseq(), st.dt);
+  const bool bytes_ok = st.comm.all_reduce_scalar(got.decode_collective_bytes == model ? 0.0 : 1.0, ReduceOp::Max) == 0;
+  if (!bytes_ok && st.root())
+    std::printf("# %s: decode all-reduce/all-gather bytes %lld on rank 0, the model says %lld\n", name.c_str(),
+                static_cast<long long>(got.decode_collective_bytes), static_cast<long long>(model));
+  const bool pass = st.verdict(name, e, ids_equal && ranks_agree && bytes_ok);
   const drivers::GenerateBytes b = drivers::generate_bytes_sent(st.comm, got);
   if (st.out()) {
-    st.out()->counts("/generate/" + name + "/ids", ids, "[sequences, new_tokens]", "id");
+    st.out()->counts("/generate/" + name + "/ids", ids, "[sequences * new_tokens] sequence-major", "id");
     if (st.check) {  // rank 0's (the others hold no errors)
       std::vector<double> errs;
       for (const auto& [n, v] : e.rel) errs.push_back(v);
@@ -185,11 +192,11 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
     st.out()->per_rank("/generate/" + name + "/kv_tokens", static_cast<double>(got.kv_rows), "tokens");
   }
   st.write_timings(name, s);
-  const double steps = std::max<double>(1.0, static_cast<double>(g_.new_tokens - 1));
+  const double per = std::max<double>(1.0, static_cast<double>(steps));
   row = {name,
          drivers::fmt("%.2f", st.slowest(s.at("prefill"))),
          drivers::fmt("%.2f", st.slowest(s.at("handoff"))),
-         drivers::fmt("%.3f", st.slowest(s.at("decode")) / steps),
+         drivers::fmt("%.3f", st.slowest(s.at("decode")) / per),
          drivers::fmt("%.3f", b.prefill_max / 1e6),
          drivers::fmt("%.3f", b.decode_max / 1e3),
          drivers::fmt("%.3f", b.handoff_max / 1e6),
@@ -208,8 +215,8 @@ void run(DriverContext& ctx) {
           g.columns(),
           [&](const std::string& name, std::vector<std::string>& row) { return g.run_case(name, row); },
           {},
-          "a CP generation differs from cp=1: other ids, logits beyond tolerance of teacher forcing, or ranks that "
-          "disagree"});
+          "a CP generation differs from cp=1: other ids, logits beyond tolerance of teacher forcing, ranks that "
+          "disagree, or decode bytes other than the model's"});
 }
 }  // namespace
 

@@ -65,12 +65,27 @@ std::vector<std::int64_t> Generated::flat_ids() const {
 }
 
 namespace {
-std::int64_t bytes_sent(const Communicator& c) {
+std::int64_t bytes_sent(const Communicator& c, const std::vector<std::string>& ops = {}) {
   std::int64_t b = 0;
-  for (const auto& [op, k] : c.counters()) b += k.bytes_sent;
+  for (const auto& [op, k] : c.counters())
+    if (ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end()) b += k.bytes_sent;
   return b;
 }
+const std::vector<std::string> kDecodeOps = {"all_reduce", "all_gather"};
 }  // namespace
+
+std::int64_t decode_model_bytes(const model::HybridConfig& h, int cp, std::int64_t nseq, DType dt) {
+  if (cp == 1) return 0;
+  const auto es = static_cast<std::int64_t>(dtype_size(dt)), as = static_cast<std::int64_t>(dtype_size(acc_dtype(dt)));
+  const auto all_reduce = [&](std::int64_t count) { return 2 * count * (cp - 1) / cp * es; };
+  std::int64_t b = 0;
+  for (char k : h.pattern) {
+    if (k == 'M') b += all_reduce(nseq * h.mamba.d_inner());
+    if (k == 'E') b += all_reduce(nseq * h.hidden);
+    if (k == '*') b += nseq * h.attn.heads * (cp - 1) * (h.attn.head_dim * es + as);
+  }
+  return b;
+}
 
 Generated generate(Communicator& comm, model::HybridModel& m, const model::ParamMap& p,
                    const std::vector<std::int64_t>& tokens, const GenerateConfig& g, PhaseTimes* laps,
@@ -88,7 +103,7 @@ Generated generate(Communicator& comm, model::HybridModel& m, const model::Param
   out.mamba_bytes = dec.mamba_bytes();
   out.kv_bytes = dec.kv_bytes();
   if (laps) laps->lap("handoff");
-  const std::int64_t b1 = bytes_sent(comm);
+  const std::int64_t b1 = bytes_sent(comm), c1 = bytes_sent(comm, kDecodeOps);
   out.ids.assign(static_cast<std::size_t>(B), {});
   std::vector<std::int64_t> next;
   for (std::int64_t t = 0; t < N; ++t) {
@@ -99,6 +114,7 @@ Generated generate(Communicator& comm, model::HybridModel& m, const model::Param
       out.ids[static_cast<std::size_t>(b)].push_back(next[static_cast<std::size_t>(b)]);
   }
   out.decode_bytes = bytes_sent(comm) - b1;
+  out.decode_collective_bytes = bytes_sent(comm, kDecodeOps) - c1;
   out.kv_rows = dec.kv_rows_per_rank()[static_cast<std::size_t>(comm.rank())];
   if (laps) laps->lap("decode");
   return out;

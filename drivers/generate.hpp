@@ -33,6 +33,7 @@ struct Generated {
   std::vector<std::vector<std::int64_t>> ids;               // [nseq][new_tokens]
   std::vector<Tensor> logits;                               // per generated token, [nseq, V] host
   std::int64_t prefill_bytes = 0, decode_bytes = 0;         // this rank's, all decode steps together
+  std::int64_t decode_collective_bytes = 0;                 // of decode_bytes, the all-reduces and all-gathers
   std::int64_t mamba_bytes = 0, kv_bytes = 0, kv_rows = 0;  // the hand-off this rank holds
   std::vector<std::int64_t> flat_ids() const;
 };
@@ -54,6 +55,13 @@ SeqLayout unpadded_thd(const std::vector<std::vector<std::int64_t>>& seqs);
 // that predict each generated token, [new_tokens, nseq, V] host.
 Tensor teacher_forced_logits(Communicator& self, const model::HybridConfig& c1, const model::ParamMap& p1,
                              const std::vector<std::vector<std::int64_t>>& prompts, const Generated& got);
+
+// What a rank sends per decode step in its all-reduces and all-gathers (the byte model of the
+// decode's own exchanges; the MoE layers' expert-parallel dispatch depends on the routing and is not
+// part of it), counted as the communicator counts them: per Mamba2 layer the all-reduce of the
+// per-head outputs [nseq, d_inner], per MoE layer that of the outputs [nseq, hidden], per attention
+// layer the all-gathers of the partial outputs [nseq, H, D] and their log-sum-exps [nseq, H].
+std::int64_t decode_model_bytes(const model::HybridConfig& h, int cp, std::int64_t nseq, DType dt);
 
 // The largest of each figure over the CP group, and this rank's decode bytes per token.
 struct GenerateBytes {
