@@ -76,7 +76,8 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     cases = sorted({(r["case"], r["mamba_cp"]) for r in rows})
-    top = max(r["tokens"] for r in rows)
+    # prefill scaling at the prompt length run at the most CP sizes (the longest of those)
+    top = max({r["tokens"] for r in rows}, key=lambda t: (len({r["cp"] for r in rows if r["tokens"] == t}), t))
     for case, mc in cases:  # prefill scaling: the longest prompt, by cp
         sel = sorted((r for r in rows if (r["case"], r["mamba_cp"]) == (case, mc) and r["tokens"] == top),
                      key=lambda r: r["cp"])
@@ -88,7 +89,9 @@ def plot(rows, path):
         hi = np.array([r["prefill"][2] for r in sel]) / 1e3 - med
         axes[0].errorbar(cps, med, yerr=[lo, hi], marker="o", capsize=3, label=f"{case}, {mc}")
         axes[0].plot(cps, med[0] * cps[0] / np.array(cps), ls=":", color="gray")
-        axes[1].plot(cps, [r["prefill_sent"] / 2**20 for r in sel], marker="o", label=f"prefill sent, {case}")
+        sent = [(r["cp"], r["prefill_sent"] / 2**20) for r in sel if r["cp"] > 1]  # cp 1 sends nothing
+        if sent:
+            axes[1].plot(*zip(*sent), marker="o", label=f"prefill sent, {case}")
         axes[1].plot(cps, [r["handoff"] / 2**20 for r in sel], marker="s", ls="--", label=f"hand-off held, {case}")
     for cp in sorted({r["cp"] for r in rows}):  # decode cost against prompt length
         sel = sorted((r for r in rows if r["cp"] == cp), key=lambda r: r["tokens"])
@@ -99,16 +102,17 @@ def plot(rows, path):
                          yerr=[med - [r["decode"][1] for r in sel], [r["decode"][2] for r in sel] - med],
                          marker="o", capsize=3, label=f"cp {cp}")
     axes[0].set(xscale="log", yscale="log", xlabel="CP ranks", ylabel="s",
-                title=f"prefill of {top} tokens (median; whisker min-max; dotted: 1/cp)")
+                title=f"prefill, {top} tokens\n(median, whisker min-max; dotted: 1/cp)")
     axes[1].set(xscale="log", yscale="log", xlabel="CP ranks", ylabel="MiB per rank (max over ranks)",
-                title="prefill bytes sent and hand-off held")
+                title=f"prefill, {top} tokens\nbytes sent and hand-off held")
     axes[2].set(xscale="log", xlabel="prompt tokens", ylabel="ms per generated token",
-                title="decode step (median; whisker min-max)")
+                title="decode step per token against prompt length\n(median, whisker min-max)")
     for ax in axes:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
         ax.set_xticks(sorted({r["cp"] for r in rows}) if ax is not axes[2] else sorted({r["tokens"] for r in rows}))
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
     fig.suptitle(f"cp_generate: CP prefill, hand-off and decode ({rows[0]['dtype']}, {rows[0]['backend']} ranks)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
