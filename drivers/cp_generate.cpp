@@ -191,6 +191,7 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
     st.out()->per_rank("/generate/" + name + "/handoff_kv_bytes", static_cast<double>(got.kv_bytes), "bytes");
     st.out()->per_rank("/generate/" + name + "/kv_tokens", static_cast<double>(got.kv_rows), "tokens");
   }
+  st.phase_memory(m.phase_peaks());
   st.write_timings(name, s);
   const double per = std::max<double>(1.0, static_cast<double>(steps));
   row = {name,
