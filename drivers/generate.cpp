@@ -74,19 +74,6 @@ std::int64_t bytes_sent(const Communicator& c, const std::vector<std::string>& o
 const std::vector<std::string> kDecodeOps = {"all_reduce", "all_gather"};
 }  // namespace
 
-std::int64_t decode_model_bytes(const model::HybridConfig& h, int cp, std::int64_t nseq, DType dt) {
-  if (cp == 1) return 0;
-  const auto es = static_cast<std::int64_t>(dtype_size(dt)), as = static_cast<std::int64_t>(dtype_size(acc_dtype(dt)));
-  const auto all_reduce = [&](std::int64_t count) { return 2 * count * (cp - 1) / cp * es; };
-  std::int64_t b = 0;
-  for (char k : h.pattern) {
-    if (k == 'M') b += all_reduce(nseq * h.mamba.d_inner());
-    if (k == 'E') b += all_reduce(nseq * h.hidden);
-    if (k == '*') b += nseq * h.attn.heads * (cp - 1) * (h.attn.head_dim * es + as);
-  }
-  return b;
-}
-
 Generated generate(Communicator& comm, model::HybridModel& m, const model::ParamMap& p,
                    const std::vector<std::int64_t>& tokens, const GenerateConfig& g, PhaseTimes* laps,
                    const std::vector<std::int64_t>& labels) {
@@ -176,53 +163,6 @@ GenerateBytes generate_bytes_sent(Communicator& comm, const Generated& got) {
   b.prefill_max = comm.all_reduce_scalar(static_cast<double>(got.prefill_bytes), ReduceOp::Max);
   b.decode_max = comm.all_reduce_scalar(b.decode_per_token, ReduceOp::Max);
   b.handoff_max = comm.all_reduce_scalar(static_cast<double>(got.mamba_bytes + got.kv_bytes), ReduceOp::Max);
-  return b;
-}
-
-std::int64_t handoff_bytes(const Deck& d, const model::HybridConfig& h, int cp) {
-  MemoryModel m("data.seq_lens/data.batch/data.seqlen, generate.new_tokens and the model sizes");
-  const std::int64_t es = dtype_bytes(d), ss = state_bytes(d), nseq = sequences(d);
-  const std::int64_t steps = d.get_int("generate.new_tokens") - 1;
-  const std::int64_t tl = padded_tokens(d, cp, m) / cp;
-  const auto count = [&](char k) {
-    return static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), k));
-  };
-  // A rank's rows of a sequence are its chunks (pads included, at most), plus its share of the new
-  // tokens: the append rule gives the rank with the fewest, so at most ceil(steps / cp) more.
-  const std::int64_t kv_rows = m.sum(tl, m.mul(nseq, ceil_div(steps, cp)));
-  std::int64_t b = m.mul(m.mul(count('*'), m.mul(kv_rows, 2 * h.attn.kv_heads * h.attn.head_dim)), es);
-  const model::Mamba2Config& c = h.mamba;
-  const bool hp = h.mamba_cp == model::MambaCp::HiddenParallel && cp > 1;
-  const std::int64_t hl = hp ? c.heads / cp : c.heads, gl = hp ? std::max<std::int64_t>(c.groups / cp, 1) : c.groups;
-  const std::int64_t per_seq =
-      (c.conv - 1) * (hl * c.head_dim + 2 * gl * c.d_state) * es + hl * c.head_dim * c.d_state * ss;
-  return m.sum(b, m.mul(count('M'), m.mul(nseq, per_seq)));
-}
-
-MemoryModel generate_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
-  MemoryModel m = hybrid_memory(d, h, cp, ep);
-  m.add("decode hand-off (KV shards, Mamba2 states)", {handoff_bytes(d, h, cp)});
-  if (check_mode(d) == CheckMode::Reference)
-    m.add("cp=1 reference generation", {handoff_bytes(d, h, 1)}, 1, Holder::Rank0Before);
-  return m;
-}
-
-LayerBytes generate_bytes(const Deck& d, const model::HybridConfig& h, int cp) {
-  LayerBytes b;
-  const cp::Placement p = placement_of(d, cp, model::hybrid_doc_cost(h));
-  const DType dt = dtype_from_string(d.get_string("data.dtype"));
-  if (h.pattern.find('*') == std::string::npos) return b;
-  const cp::CpAttnConfig c = model::cp_attn_config(h.attn, p);
-  for (const cp::AttnStrategyInfo& s : cp::attn_strategies()) {
-    cp::CpAttnConfig a = c;
-    a.strategy = s.id;
-    try {
-      cp::check_attention_cp_shape(a, cp);
-    } catch (const Error&) {
-      continue;  // this strategy cannot run the shape
-    }
-    for (int r = 0; r < cp; ++r) b.kinds["*"][s.name].push_back(cp::attention_cp_model_bytes(a, cp, r, dt, false));
-  }
   return b;
 }
 
