@@ -147,14 +147,8 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
   drivers::Generated got;
   const drivers::Samples s =
       st.time([&](PhaseTimes& c) { got = drivers::generate(st.comm, m, p_, placed_.tokens, g_, &c, placed_.labels); });
-  // The ids every rank generated must be the same (each computes them from the same logits).
   const std::vector<std::int64_t> ids = got.flat_ids();
-  bool ranks_agree = true;
-  for (std::int64_t id : ids) {
-    const double lo = st.comm.all_reduce_scalar(-static_cast<double>(id), ReduceOp::Max);
-    const double hi = st.comm.all_reduce_scalar(static_cast<double>(id), ReduceOp::Max);
-    ranks_agree = ranks_agree && -lo == hi;
-  }
+  const bool ranks_agree = drivers::ranks_agree(st.comm, ids);  // each rank chose them from its logits
   drivers::Study::Errors e;
   bool ids_equal = true;
   if (st.check && st.root()) {
@@ -177,19 +171,9 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
   const bool pass = st.verdict(name, e, ids_equal && ranks_agree && bytes_ok);
   const drivers::GenerateBytes b = drivers::generate_bytes_sent(st.comm, got);
   if (st.out()) {
-    st.out()->counts("/generate/" + name + "/ids", ids, "[sequences * new_tokens] sequence-major", "id");
-    if (st.check) {  // rank 0's (the others hold no errors)
-      std::vector<double> errs;
-      for (const auto& [n, v] : e.rel) errs.push_back(v);
-      st.out()->tensor("/generate/" + name + "/logits_err",
-                       st.root() ? Tensor::from(errs, {static_cast<std::int64_t>(errs.size())}, DType::F64) : Tensor(),
-                       "[new_tokens] error of each generated token's logits against teacher forcing", "1");
-    }
-    st.out()->per_rank("/generate/" + name + "/prefill_bytes", static_cast<double>(got.prefill_bytes), "bytes");
-    st.out()->per_rank("/generate/" + name + "/decode_bytes_per_token", b.decode_per_token, "bytes");
-    st.out()->per_rank("/generate/" + name + "/handoff_mamba_bytes", static_cast<double>(got.mamba_bytes), "bytes");
-    st.out()->per_rank("/generate/" + name + "/handoff_kv_bytes", static_cast<double>(got.kv_bytes), "bytes");
-    st.out()->per_rank("/generate/" + name + "/kv_tokens", static_cast<double>(got.kv_rows), "tokens");
+    std::vector<double> errs;  // rank 0's (the others hold none)
+    for (const auto& [n, v] : e.rel) errs.push_back(v);
+    drivers::write_generation(*st.out(), name, got, b, st.check, st.root() ? errs : std::vector<double>{});
   }
   st.phase_memory(m.phase_peaks());
   st.write_timings(name, s);

@@ -156,6 +156,32 @@ Tensor teacher_forced_logits(Communicator& self, const model::HybridConfig& c1, 
   return out;
 }
 
+bool ranks_agree(Communicator& comm, const std::vector<std::int64_t>& ids) {
+  std::vector<double> hi(ids.begin(), ids.end()), lo;
+  for (double v : hi) lo.push_back(-v);
+  const auto n = static_cast<std::int64_t>(ids.size());
+  comm.all_reduce(hi.data(), n, DType::F64, ReduceOp::Max);
+  comm.all_reduce(lo.data(), n, DType::F64, ReduceOp::Max);
+  for (std::int64_t i = 0; i < n; ++i)
+    if (hi[static_cast<std::size_t>(i)] != -lo[static_cast<std::size_t>(i)]) return false;
+  return true;
+}
+
+void write_generation(ResultsWriter& w, const std::string& name, const Generated& got, const GenerateBytes& b,
+                      bool check, const std::vector<double>& errs) {
+  const std::string g = "/generate/" + name + "/";
+  w.counts(g + "ids", got.flat_ids(), "[sequences * new_tokens] sequence-major", "id");
+  if (check)
+    w.tensor(g + "logits_err",
+             errs.empty() ? Tensor() : Tensor::from(errs, {static_cast<std::int64_t>(errs.size())}, DType::F64),
+             "[new_tokens] error of each generated token's logits against teacher forcing", "1");
+  w.per_rank(g + "prefill_bytes", static_cast<double>(got.prefill_bytes), "bytes");
+  w.per_rank(g + "decode_bytes_per_token", b.decode_per_token, "bytes");
+  w.per_rank(g + "handoff_mamba_bytes", static_cast<double>(got.mamba_bytes), "bytes");
+  w.per_rank(g + "handoff_kv_bytes", static_cast<double>(got.kv_bytes), "bytes");
+  w.per_rank(g + "kv_tokens", static_cast<double>(got.kv_rows), "tokens");
+}
+
 GenerateBytes generate_bytes_sent(Communicator& comm, const Generated& got) {
   GenerateBytes b;
   const auto steps = static_cast<double>(std::max<std::size_t>(got.logits.size(), 2) - 1);

@@ -63,11 +63,18 @@ Tensor teacher_forced_logits(Communicator& self, const model::HybridConfig& c1, 
 // layer the all-gathers of the partial outputs [nseq, H, D] and their log-sum-exps [nseq, H].
 std::int64_t decode_model_bytes(const model::HybridConfig& h, int cp, std::int64_t nseq, DType dt);
 
+// Whether every rank of `comm` holds the same ids. Collective.
+bool ranks_agree(Communicator& comm, const std::vector<std::int64_t>& ids);
+
 // The largest of each figure over the CP group, and this rank's decode bytes per token.
 struct GenerateBytes {
   double prefill_max = 0, decode_max = 0, handoff_max = 0, decode_per_token = 0;
 };
 GenerateBytes generate_bytes_sent(Communicator& comm, const Generated& got);
+// /generate/<name>/: ids, with a check the logits errors `errs` (rank 0's), and per rank the bytes,
+// the hand-off and the cached tokens. Collective.
+void write_generation(ResultsWriter& w, const std::string& name, const Generated& got, const GenerateBytes& b,
+                      bool check, const std::vector<double>& errs);
 
 // The hand-off one rank holds: the attention KV shards at their allocated size (this rank's prompt
 // rows and, per sequence, its share of the new tokens by the append rule), and the Mamba2 windows
