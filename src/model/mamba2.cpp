@@ -157,10 +157,10 @@ std::int64_t MambaCarry::bytes() const {
   return b;
 }
 
-// Hidden parallel: the rank holds every sequence's rows of its heads in the global order. The state
-// at a sequence's last real token comes from an SSD over its real rows alone: the forward's scan runs
-// over the packed row (and a padded sequence's pads), whose final state is the last sequence's after
-// its pads.
+// Hidden parallel: the rank holds every sequence's rows of its heads in the global order. Unpadded
+// BSHD rows end where the forward's scan ends (its final states); a packed row's scan, and a padded
+// sequence's pads, go past a sequence's last real token, so each such state comes from an SSD over
+// the sequence's real rows alone.
 void Mamba2HP::make_carry() {
   const std::int64_t P = c_.head_dim, N = c_.d_state, W1 = c_.conv - 1, ns = global_.nseq();
   const std::int64_t hl = share_.hl, gl = share_.gl;
@@ -174,11 +174,12 @@ void Mamba2HP::make_carry() {
   WindowRows rows;
   const std::int64_t T = global_.total();
   Tensor x = xc_.view({T, hl, P}), d = dt_.view({T, hl}), B = Bc_.view({T, gl, N}), C = Cc_.view({T, gl, N});
+  if (final_.defined()) carry_.state.copy_from(as(final_, acc_dtype(dt)));
   for (std::int64_t s = 0; s < ns; ++s) {
     carry_.seqs.push_back(s);
     const std::int64_t first = global_.cu_seqlens[static_cast<std::size_t>(s)], real = global_.real(s);
     rows.add(s, W1, first, first + real);
-    if (real == 0) continue;
+    if (real == 0 || final_.defined()) continue;
     k::SsdParams sp;
     sp.seqlen = real;
     sp.heads = hl;
@@ -204,6 +205,7 @@ void Mamba2HP::make_carry() {
   rows.copy(carry_.wx, xpre_);
   rows.copy(carry_.wB, Bpre_);
   rows.copy(carry_.wC, Cpre_);
+  final_ = Tensor();
 }
 
 // State passing: the rank that holds a sequence's last real token hands it off, every head. Its
@@ -311,7 +313,9 @@ void Mamba2HP::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
     k::SsdInputs in;
     ssd_setup(sp, in);
     yh_ = Tensor::zeros({T, share_.hl * P}, dt);
-    k::ssd_fwd(yh_, nullptr, in, sp);
+    // A prefill of unpadded BSHD rows: the scan's final states are the hand-off's.
+    final_ = keep_carry_ && !seq && !global_.padded() ? Tensor::zeros({batch_, share_.hl, P, N}, dt) : Tensor();
+    k::ssd_fwd(yh_, final_.defined() ? &final_ : nullptr, in, sp);
   });
   if (keep_carry_) timed("fwd/carry", [&] { make_carry(); });
   Tensor yl;

@@ -157,7 +157,8 @@ class Mamba2HP : public Mamba2Layer {
   std::vector<std::int64_t> seq_idx_;  // empty for BSHD
   // saved by forward
   Tensor xpre_, Bpre_, Cpre_, dt_, xc_, Bc_, Cc_, yh_;
-  ParamMap sl_;  // this rank's parameter slices
+  Tensor final_;  // a prefill's final states from the forward's scan (unpadded BSHD), until make_carry
+  ParamMap sl_;   // this rank's parameter slices
 };
 
 // State-passing CP (see MambaCp). Works for any heads and n_groups; the tokens keep the
