@@ -27,7 +27,7 @@ void per_rank_json(std::ostringstream& os, const std::map<std::string, std::vect
 }
 }  // namespace
 
-void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt) {
+void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt, bool backward) {
   const int cp = c.placement.cp;
   for (const cp::AttnStrategyInfo& s : cp::attn_strategies()) {
     cp::CpAttnConfig a = c;
@@ -39,14 +39,15 @@ void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt) {
     }
     std::vector<std::int64_t>& v = b.kinds["*"][s.name];
     for (int r = 0; r < cp; ++r)
-      v.push_back(cp::attention_cp_model_bytes(a, cp, r, dt, false) + cp::attention_cp_model_bytes(a, cp, r, dt, true));
+      v.push_back(cp::attention_cp_model_bytes(a, cp, r, dt, false) +
+                  (backward ? cp::attention_cp_model_bytes(a, cp, r, dt, true) : 0));
     const int inner = s.two_level ? c.cp_inner : cp, ring = cp > 1 ? s.ring_ranks(cp, inner) : 1;
     b.messages[s.name] = {cp > 1 ? s.exchange_messages(cp, inner) : 0, cp::p2p_ring_messages(ring), inner, ring,
                           s.two_level};
     if (s.two_level && cp > 1)
       for (int r = 0; r < cp; ++r)
         b.ring[s.name].push_back(cp::a2a_p2p_ring_bytes(a, cp, r, dt, false) +
-                                 cp::a2a_p2p_ring_bytes(a, cp, r, dt, true));
+                                 (backward ? cp::a2a_p2p_ring_bytes(a, cp, r, dt, true) : 0));
   }
 }
 

@@ -52,8 +52,10 @@ struct LayerBytes {
 // `cost`); nothing for BSHD.
 void add_placement(LayerBytes& b, const Deck& d, int cp, const cp::DocCost& cost);
 
-// Every attention strategy whose shape rules `c` (its strategy aside) meets on its placement's ranks.
-void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt);
+// Every attention strategy whose shape rules `c` (its strategy aside) meets on its placement's ranks:
+// its bytes per rank in a forward and backward (`backward` false: the forward only; the message
+// counts stay forward plus backward).
+void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt, bool backward = true);
 // Every Mamba CP strategy whose shape rules `c` meets on the batch placed by `placement` (on its CP
 // parts: the DualChunkSwap layout, or the split documents' blocks; every strategy 0 bytes when each
 // document is whole).

@@ -44,12 +44,7 @@ drivers::Cases cases() {
   return {"parallel.attention",
           "all",
           drivers::attention_choices(false),
-          [](const Deck& d, Communicator& c, int cp, const std::string& n) {
-            const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
-            drivers::ep_size_of(d, h, cp);
-            const drivers::PlacedBatch pb = drivers::placed_batch(d, cp, c.rank(), h, 1);
-            model::HybridModel m(c, h, pb.placement);
-          },
+          drivers::make_hybrid_case,
           [](const Deck& d, int cp, const std::string& n) {
             const model::HybridConfig h = drivers::hybrid_config(d, n, cp);
             return drivers::hybrid_memory(d, h, cp, drivers::ep_size_of(d, h, cp));

@@ -49,20 +49,9 @@ MemoryModel generate_memory(const Deck& d, const model::HybridConfig& h, int cp,
 
 LayerBytes generate_bytes(const Deck& d, const model::HybridConfig& h, int cp) {
   LayerBytes b;
-  const cp::Placement p = placement_of(d, cp, model::hybrid_doc_cost(h));
-  const DType dt = dtype_from_string(d.get_string("data.dtype"));
   if (h.pattern.find('*') == std::string::npos) return b;
-  const cp::CpAttnConfig c = model::cp_attn_config(h.attn, p);
-  for (const cp::AttnStrategyInfo& s : cp::attn_strategies()) {
-    cp::CpAttnConfig a = c;
-    a.strategy = s.id;
-    try {
-      cp::check_attention_cp_shape(a, cp);
-    } catch (const Error&) {
-      continue;  // this strategy cannot run the shape
-    }
-    for (int r = 0; r < cp; ++r) b.kinds["*"][s.name].push_back(cp::attention_cp_model_bytes(a, cp, r, dt, false));
-  }
+  const cp::Placement p = placement_of(d, cp, model::hybrid_doc_cost(h));
+  add_attention_bytes(b, model::cp_attn_config(h.attn, p), dtype_from_string(d.get_string("data.dtype")), false);
   return b;
 }
 

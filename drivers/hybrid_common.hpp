@@ -243,6 +243,15 @@ inline PlacedBatch placed_batch(const Deck& d, int cp, int rank, const model::Hy
   return place_batch(d, make_token_batch(d, by_documents(d) ? 1 : cp, h.vocab, seed), cp, rank, h);
 }
 
+// A hybrid driver's Cases::make: the model of case `attention` on the deck's batch, built (its
+// constructor checks every layer's shape rules on `comm`) and dropped.
+inline void make_hybrid_case(const Deck& d, Communicator& comm, int cp, const std::string& attention) {
+  const model::HybridConfig h = hybrid_config(d, attention, cp);
+  ep_size_of(d, h, cp);
+  const PlacedBatch pb = placed_batch(d, cp, comm.rank(), h, 1);
+  model::HybridModel m(comm, h, pb.placement);
+}
+
 // `p` where the model is to run (parameters already there are kept, not copied).
 inline model::ParamMap in_space(model::ParamMap p, Space space) {
   for (auto& [n, t] : p)
