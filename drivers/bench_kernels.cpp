@@ -168,8 +168,9 @@ int main(int argc, char** argv) {
       .add_string("bench.only", "", "run only the ops whose name contains this text (empty: all)")
       .add_string("bench.variant", "auto",
                   "attention backward kernels of the anchor suite: auto (what the layers run), one form besides "
-                  "it, or all forms side by side (fused_unordered: dQ's adds in arrival order, not repeatable)",
-                  {"auto", "all", "split", "fused", "fused_unordered"})
+                  "it, or all forms side by side (fused_unordered: dQ's adds in arrival order, not repeatable; "
+                  "fused_one_dq_warp: one warp adding dQ instead of two)",
+                  {"auto", "all", "split", "fused", "fused_unordered", "fused_one_dq_warp"})
       .add_int("bench.warmup", 1, "untimed calls per op", 0)
       .add_int("bench.repeats", 5, "timed calls per op", 1)
       .add_int("bench.scale", 1, "multiplies the token count of every shape", 1, 64);

@@ -24,11 +24,13 @@ enum class Mask { None, Causal };
 // kernel and a dK/dV kernel; Fused: one dK/dV kernel that also forms dQ, adding it in a fixed order.
 // Both are bitwise repeatable. FusedUnordered (benchmarks only, never chosen by Auto): the fused
 // kernel with dQ's adds in arrival order, not bitwise repeatable; it measures what the order costs.
+// FusedOneDqWarp (benchmarks only): the fused kernel with one warp adding dQ instead of two, the
+// earlier form, bitwise repeatable; it measures what the second warp gains.
 // Host kernels and other dtypes or head dims ignore it.
-enum class AttnBwdKernel { Auto, Split, Fused, FusedUnordered };
+enum class AttnBwdKernel { Auto, Split, Fused, FusedUnordered, FusedOneDqWarp };
 // Every form, Auto first (bench.variant = all times them in this order).
 inline constexpr AttnBwdKernel kAttnBwdKernels[] = {AttnBwdKernel::Auto, AttnBwdKernel::Split, AttnBwdKernel::Fused,
-                                                    AttnBwdKernel::FusedUnordered};
+                                                    AttnBwdKernel::FusedUnordered, AttnBwdKernel::FusedOneDqWarp};
 const char* to_string(AttnBwdKernel k);
 AttnBwdKernel attn_bwd_kernel_from_string(const std::string& s);  // "auto", "split", ... (throws otherwise)
 

@@ -20,6 +20,8 @@ const char* to_string(AttnBwdKernel k) {
       return "fused";
     case AttnBwdKernel::FusedUnordered:
       return "fused_unordered";
+    case AttnBwdKernel::FusedOneDqWarp:
+      return "fused_one_dq_warp";
     case AttnBwdKernel::Auto:
       break;
   }
@@ -28,7 +30,8 @@ const char* to_string(AttnBwdKernel k) {
 AttnBwdKernel attn_bwd_kernel_from_string(const std::string& s) {
   for (AttnBwdKernel k : kAttnBwdKernels)
     if (s == to_string(k)) return k;
-  HCP_CHECK(false, "attention backward kernel \"", s, "\": expected auto, split, fused or fused_unordered");
+  HCP_CHECK(false, "attention backward kernel \"", s,
+            "\": expected auto, split, fused, fused_unordered or fused_one_dq_warp");
   return AttnBwdKernel::Auto;
 }
 

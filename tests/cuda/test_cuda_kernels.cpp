@@ -320,7 +320,7 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
   cases.push_back({4, 2, 128, Mask::Causal, {{0, 50, 0, 50, 0, 0}, {50, 20, 50, 20, 0, 0}}, 70, 70});
   // 16 384 packed tokens in 128 causal sequences of 100 and 156, 8 query heads on one kv head: the
   // dK/dV kernel splits each group's heads over blocks (the least divisor of 8 giving 512 blocks:
-  // 4 at D 128 with 128 key tiles, 2 at D 64 with 256) and sums the fp32 shares.
+  // 4 with the fused form's 128 key tiles, 2 with the split form's 64) and sums the fp32 shares.
   for (std::int64_t D : {128, 64}) {
     std::vector<AttnSegment> many;
     for (std::int64_t s = 0, at = 0; s < 128; ++s) {
@@ -329,6 +329,18 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
       at += n;
     }
     cases.push_back({8, 1, D, Mask::Causal, many, 16384, 16384});
+  }
+  // 60 causal sequences of 1 to 5 tokens (180 in all): a key tile holds more segments than the dK/dV
+  // kernel keeps in shared memory (16), so its later jobs read their segments from global memory.
+  for (std::int64_t D : {128, 64}) {
+    std::vector<AttnSegment> tiny;
+    std::int64_t at = 0;
+    for (std::int64_t s = 0; s < 60; ++s) {
+      const std::int64_t n = s % 5 + 1;
+      tiny.push_back({at, n, at, n, 0, 0});
+      at += n;
+    }
+    cases.push_back({4, 2, D, Mask::Causal, tiny, at, at});
   }
   for (DType d : kTypes)
     for (const auto& c : cases) {
@@ -353,7 +365,8 @@ TEST(CudaKernels, AttentionForwardBackwardSegmentsGqa) {
       const std::string tag = " H" + std::to_string(c.H) + ":" + std::to_string(c.Hkv) + " D" + std::to_string(c.D);
       // bf16 at D 64 / 128 takes the tensor-core backward: each of its forms against the host as well.
       if (d == DType::BF16)
-        for (AttnBwdKernel form : {AttnBwdKernel::Split, AttnBwdKernel::Fused, AttnBwdKernel::FusedUnordered}) {
+        for (AttnBwdKernel form : {AttnBwdKernel::Split, AttnBwdKernel::Fused, AttnBwdKernel::FusedUnordered,
+                                   AttnBwdKernel::FusedOneDqWarp}) {
           AttnParams pf = p;
           pf.bwd_kernel = form;
           Tensor FQ = zeros_like_on(dq, Space::Cuda), FK = zeros_like_on(dk, Space::Cuda),

@@ -8,15 +8,16 @@
 //           guarded stages, two consumer warpgroups of 64 rows overlap the softmax of one tile with
 //           the P·V product of the previous one and take turns on the tensor cores. Online softmax in
 //           the exp2 domain, fp32 LSE.
-// backward  deterministic. (1) delta = rowsum(dO∘O), a warp per row (bwd_dq.cuh). Split, at D 64:
-//           (2) dq_k, one block per (query tile, head) recomputing P from the saved LSE and streaming
-//           K/V like the forward; (3) dkv_k, one block per (64 keys on the kv token axis, kv head),
-//           visiting every (segment, head of the group, query tile) that can see its keys in a fixed
-//           order, Q/dO/LSE/delta double-buffered (bwd_dkv.cuh). Fused, at D 128: dkv_k on 128-key
-//           tiles also forms dS·K per job and a dQ warp adds it to an fp32 accumulator by L2 bulk
-//           reductions, key tile after key tile in a fixed order (per-block counters; the first share
-//           of a row is stored, not added, where every row gets one), a producer warp loads each job's
-//           Q and dO by TMA, then (4) dq_out_k converts dQ to bf16. With few kv heads dkv_k splits
+// backward  deterministic. (1) delta = rowsum(dO∘O), a warp per row (bwd_dq.cuh). Fused, what
+//           layers run: (2) dkv_k, one block per (128 keys on the kv token axis, kv head), visiting
+//           every (segment, head of the group, 64-row query block) that can see its keys in a fixed
+//           order (bwd_dkv.cuh); it also forms dS·K per job, and two dQ warps (even and odd jobs) add
+//           it to an fp32 accumulator by L2 bulk reductions, key tile after key tile in a fixed order
+//           (per-block counters; the first share of a row is stored, not added, where every row gets
+//           one); a producer warp loads each job's Q and dO by TMA; then (3) dq_out_k converts dQ to
+//           bf16. Split (a benchmark form): dq_k, one block per (query tile, head) recomputing P from
+//           the saved LSE and streaming K/V like the forward, and dkv_k on 64-key tiles without dQ,
+//           Q/dO/LSE/delta double-buffered by cp.async. With few kv heads dkv_k splits
 //           each group's heads over several blocks (dkv_head_splits) and dkv_sum_k adds their fp32
 //           dK/dV shares in split order. Every output element has one summation order: bitwise
 //           repeatable.
@@ -39,10 +40,9 @@ void set_smem(K kernel, std::size_t bytes) {
   HCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// The backward's kernels for head_dim D, a pure function of D: the fused dK/dV/dQ kernel at D 128,
-// the split dQ + dK/dV kernels at D 64 (there the fused block holds 8 product warps per SM, the split
-// kernels 12, and the split form is the faster at every length; benchmarks/PERFORMANCE.md).
-constexpr AttnBwdKernel auto_backward(int D) { return D == 128 ? AttnBwdKernel::Fused : AttnBwdKernel::Split; }
+// The backward's kernels for head_dim D, a pure function of D: the fused dK/dV/dQ kernel at D 64 and
+// 128 (with its dQ adds on two warps it is the faster form at both; benchmarks/PERFORMANCE.md).
+constexpr AttnBwdKernel auto_backward(int /*D*/) { return AttnBwdKernel::Fused; }
 // Head splits of the dK/dV kernel: the least divisor of the group size that gives it 512 blocks (four
 // per SM of an H200, so that the causal tiles' unequal work evens out), or the whole group. A pure
 // function of the shapes, so results repeat bitwise on any GPU. GQA with few kv heads needs it: at
@@ -91,9 +91,10 @@ void fwd_d(const Fwd& a) {
 }
 
 // The fused backward: dkv_k on 128-key tiles forms dQ too, then dq_out_k converts it to bf16.
-// ordered = false: bench_kernels' fused_unordered form (dQ's adds in arrival order).
+// ordered = false: bench_kernels' fused_unordered form (dQ's adds in arrival order); dq_warps: the
+// warps that add dQ (2; 1 in bench_kernels' fused_one_dq_warp form).
 template <int D>
-void bwd_fused(const Bwd& a, const float* delta, bool ordered) {
+void bwd_fused(const Bwd& a, const float* delta, bool ordered, int dq_warps) {
   constexpr std::size_t kAlign = 1024;  // the wgmma tiles' 1024-byte alignment inside dynamic shared memory
   const Dims& d = a.dims;
   const float sl2 = d.scale * kLog2e;
@@ -112,7 +113,7 @@ void bwd_fused(const Bwd& a, const float* delta, bool ordered) {
   if (plan.nktiles > 0) {
     const std::size_t smem = static_cast<std::size_t>(2 * 128 + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) +
                              128 * kBN * sizeof(bf16) + 2 * kBN * (D + 8) * sizeof(float) + 4 * sizeof(std::uint64_t) +
-                             kAlign;
+                             kSegCache * sizeof(SegD) + kAlign;
     // Q and dO as [tq][H·D] maps, boxes [64 rows][64 columns].
     const TensorMap qmap = make_map(a.q, d.tq, d.H * D, d.H * D, 64, 64);
     const TensorMap omap = make_map(a.dout, d.tq, d.H * D, d.H * D, 64, 64);
@@ -121,7 +122,7 @@ void bwd_fused(const Bwd& a, const float* delta, bool ordered) {
     const DkvPart part(d, plan.nktiles * d.Hkv);
     kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv * part.hsplit), 64 * kNW + 128, smem>>>(
         a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-        sl2, d.scale, d.causal, acc, sem, store_first, ordered, part.hsplit, part.p, qmap, omap);
+        sl2, d.scale, d.causal, acc, sem, store_first, ordered, dq_warps, part.hsplit, part.p, qmap, omap);
     part.sum(a.dk, a.dv);
   }
   if (n > 0) dq_out_k<<<blocks_for(n / 2, 256), 256>>>(a.dq, acc, n, d.scale);
@@ -144,14 +145,14 @@ void bwd_split(const Bwd& a, const float* delta) {
         a.dq, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.qtiles, d.H, d.Hkv, sl2, d.scale, d.causal);
   }
   if (plan.nktiles > 0) {
-    const std::size_t smem =
-        static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) + kAlign;
+    const std::size_t smem = static_cast<std::size_t>(2 * BM + 4 * kBN) * D * sizeof(bf16) + 4 * kBN * sizeof(float) +
+                             kSegCache * sizeof(SegD) + kAlign;
     auto* kern = dkv_k<D, kNW, false>;
     set_smem(kern, smem);
     const DkvPart part(d, plan.nktiles * d.Hkv);
     kern<<<static_cast<unsigned>(plan.nktiles * d.Hkv * part.hsplit), 32 * kNW, smem>>>(
         a.dk, a.dv, a.q, a.k, a.v, a.lse, delta, a.dout, plan.segs, plan.tile_off, plan.tile_segs, d.tkv, d.H, d.Hkv,
-        sl2, d.scale, d.causal, nullptr, nullptr, false, true, part.hsplit, part.p, TensorMap{}, TensorMap{});
+        sl2, d.scale, d.causal, nullptr, nullptr, false, true, 1, part.hsplit, part.p, TensorMap{}, TensorMap{});
     part.sum(a.dk, a.dv);
   }
 }
@@ -165,10 +166,13 @@ void bwd_d(const Bwd& a) {
   if (rows > 0) delta_k<<<blocks_for(rows * 32, 256), 256>>>(delta, a.dout, a.o, rows, D);
   switch (a.kernel == AttnBwdKernel::Auto ? auto_backward(D) : a.kernel) {
     case AttnBwdKernel::Fused:
-      bwd_fused<D>(a, delta, true);
+      bwd_fused<D>(a, delta, true, 2);
       break;
     case AttnBwdKernel::FusedUnordered:
-      bwd_fused<D>(a, delta, false);
+      bwd_fused<D>(a, delta, false, 2);
+      break;
+    case AttnBwdKernel::FusedOneDqWarp:
+      bwd_fused<D>(a, delta, true, 1);
       break;
     default:
       bwd_split<D>(a, delta);

@@ -9,6 +9,7 @@ namespace hcp::kernels::cuda_impl::attn_tc {
 // "empty" and a "full" one between the consumers and the dQ warp.
 constexpr int kBarCons = 1, kBarEmpty = 2, kBarFull = 4;  // +buffer for the last two
 constexpr int kBarDsFree = 6;                             // +warpgroup, "my reads of dS^T are done"
+constexpr int kSegCache = 16;                             // segments of a key tile held in shared memory
 // Registers per thread of the fused kernel's dQ warpgroup and consumers. The block starts at 168 per
 // thread (65536 / 384, in steps of 8) and the consumers can only take what the dQ warpgroup gives
 // up: 2 (cons - 168) <= 168 - warp. (With 32 and 240 every dQ warp traps waiting for its
@@ -43,8 +44,8 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
     dkv_k(bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, const float* lse, const float* delta,
           const bf16* dout, const SegD* segs, const std::int64_t* tile_off, const std::int64_t* tile_segs,
           std::int64_t tkv, int H, int Hkv, float sl2, float scale, bool causal, float* dq_acc, unsigned* dq_sem,
-          bool dq_store_first, bool dq_ordered, int hsplit, float* dkv_part, const __grid_constant__ TensorMap qmap,
-          const __grid_constant__ TensorMap omap) {
+          bool dq_store_first, bool dq_ordered, int dq_warps, int hsplit, float* dkv_part,
+          const __grid_constant__ TensorMap qmap, const __grid_constant__ TensorMap omap) {
   constexpr int BNk = 16 * NW, NT = 32 * NW, BQ = kBN, NT8 = BQ / 8;
   static_assert(BQ == 64 && (BNk == 64 || BNk == 128), "the product helpers take 64-row tiles");
   static_assert(!kDq || BNk == 128, "the fused dQ: 128-key tiles");
@@ -61,7 +62,14 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
   // kDq: the stages' mbarriers, full[2] (the producer's TMA bytes and its 32 lanes' LSE / delta
   // stores) and empty[2] (every consumer thread).
   auto* mbar = reinterpret_cast<std::uint64_t*>(dQs + (kDq ? 2 * BQ * kDqLd : 0));
+  SegD* Sg = reinterpret_cast<SegD*>(mbar + (kDq ? 4 : 0));  // the tile's first kSegCache segments
   const std::int64_t tile = blockIdx.x / (static_cast<std::int64_t>(Hkv) * hsplit);
+  // Work list of the tile: segments tile_segs[s_lo, s_hi). Every job reads its segment, so the first
+  // kSegCache of them are copied to shared memory once (a global load per job stalled each job).
+  const std::int64_t s_lo = tile_off[tile], s_hi = tile_off[tile + 1];
+  const int ncache = static_cast<int>(lmin(s_hi - s_lo, kSegCache));
+  for (int i = threadIdx.x; i < ncache; i += blockDim.x) Sg[i] = segs[tile_segs[s_lo + i]];
+  auto seg_at = [&](std::int64_t s) -> SegD { return s - s_lo < ncache ? Sg[s - s_lo] : segs[tile_segs[s]]; };
   const int hk = static_cast<int>(blockIdx.x / hsplit % Hkv), sp = static_cast<int>(blockIdx.x % hsplit);
   const int grp = H / Hkv / hsplit, h0 = hk * (H / Hkv) + sp * grp;  // this block's heads [h0, h0 + grp)
   const std::int64_t c0 = tile * BNk;
@@ -81,15 +89,14 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
       ptx::mbar_init(&mbar[2], NT);
       ptx::mbar_init(&mbar[3], NT);
     }
-    __syncthreads();
   }
+  __syncthreads();  // the segment cache (kDq: and the mbarriers)
 
   // Jobs: (segment s of this tile's list, head h of the group, query tile starting at i).
   struct Job {
     std::int64_t s, i;
     int h;
   };
-  const std::int64_t s_lo = tile_off[tile], s_hi = tile_off[tile + 1];
   auto first_row = [&](const SegD& g) -> std::int64_t {  // first query row that can see a key of the tile
     if (!causal) return 0;
     const std::int64_t i = first_row_seeing(g, lmax(c0 - g.kv_start, 0), true);
@@ -97,7 +104,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
     return kDq ? i / BQ * BQ : i;
   };
   auto last_block = [&](std::int64_t s) -> std::int64_t {  // kDq: the segment's last 64-row block (-1: none)
-    const std::int64_t n = segs[tile_segs[s]].q_len;
+    const std::int64_t n = seg_at(s).q_len;
     return n > 0 ? (n - 1) / BQ * BQ : -1;
   };
   // The first job at or after jb (in this kernel's order) that has rows; false when none is left.
@@ -107,7 +114,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
   auto settle = [&](Job& jb) -> bool {
     if constexpr (kDq) {
       while (jb.s >= s_lo) {
-        if (jb.i >= 0 && jb.i >= first_row(segs[tile_segs[jb.s]])) return true;
+        if (jb.i >= 0 && jb.i >= first_row(seg_at(jb.s))) return true;
         if (--jb.s >= s_lo) {
           jb.i = last_block(jb.s);
           jb.h = 0;
@@ -116,7 +123,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
       return false;
     } else {
       while (jb.s < s_hi) {
-        const SegD g = segs[tile_segs[jb.s]];
+        const SegD g = seg_at(jb.s);
         if (jb.i < g.q_len) return true;
         if (++jb.h < grp) {
           jb.i = first_row(g);
@@ -124,7 +131,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
         }
         ++jb.s;
         jb.h = 0;
-        if (jb.s < s_hi) jb.i = first_row(segs[tile_segs[jb.s]]);
+        if (jb.s < s_hi) jb.i = first_row(seg_at(jb.s));
       }
       return false;
     }
@@ -133,7 +140,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
     if constexpr (kDq)
       return Job{s_hi - 1, s_hi > s_lo ? last_block(s_hi - 1) : -1, 0};
     else
-      return Job{s_lo, s_lo < s_hi ? first_row(segs[tile_segs[s_lo]]) : 0, 0};
+      return Job{s_lo, s_lo < s_hi ? first_row(seg_at(s_lo)) : 0, 0};
   };
   auto next_job = [&](const Job& jb) -> Job {
     if constexpr (kDq)
@@ -148,16 +155,16 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
     std::int64_t row0;
   };
   auto job_rows = [&](const Job& jb) -> JobRows {
-    const SegD g = segs[tile_segs[jb.s]];
+    const SegD g = seg_at(jb.s);
     return {g, h0 + jb.h, static_cast<int>(lmin(BQ, g.q_len - jb.i)), g.q_start + jb.i};
   };
 
   if constexpr (kDq) {
     namespace wg = hcp::cuda::wg;
-    if (threadIdx.x >= NT) {  // the dQ warpgroup: one warp adds, three leave
+    if (threadIdx.x >= NT) {  // the dQ warpgroup: warp 1 loads, warps 0 and 2 add dQ, the rest leave
       ptx::reg_dealloc<kDqWarpRegs>();
-      const int lane = threadIdx.x & 31;
-      if (threadIdx.x >= NT + 32 && threadIdx.x < NT + 64) {  // the producer warp
+      const int lane = threadIdx.x & 31, dw = (threadIdx.x - NT) >> 5;
+      if (dw == 1) {  // the producer warp
         Job jb = first_job();
         bool more = settle(jb);
         for (int jn = 0; more; ++jn) {
@@ -185,13 +192,21 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
           more = settle(jb);
         }
       }
-      if (threadIdx.x >= NT + 32) return;
-      ptx::bar_arrive(kBarEmpty, NT + 32);  // both buffers start empty
-      ptx::bar_arrive(kBarEmpty + 1, NT + 32);
+      // dq_warps = 2: warp 0 adds the jobs of dQ buffer 0 (even jobs), warp 2 those of buffer 1, so that
+      // one job's adds complete in L2 while the other's are issued (with one warp, the default before,
+      // the consumers waited on its per-job round trip: 25 % of their stall samples at 8K, D 128).
+      // dq_warps = 1 (bench_kernels' fused_one_dq_warp form): warp 0 adds every job.
+      if (dw == 1 || dw == 3 || (dw == 2 && dq_warps == 1)) return;
+      const int first = dw >> 1, step = dq_warps;  // this warp's first job (= its buffer when step is 2)
+      for (int b = first; b < 2; b += step) ptx::bar_arrive(kBarEmpty + b, NT + 32);  // buffers start empty
       Job cur = first_job();
       bool have = settle(cur);
-      for (int b = 0; have; b ^= 1) {
-        const SegD g = segs[tile_segs[cur.s]];
+      if (first == 1 && have) {
+        cur = next_job(cur);
+        have = settle(cur);
+      }
+      for (int b = first; have; b ^= 2 - step) {
+        const SegD g = seg_at(cur.s);
         const int h = h0 + cur.h;
         const int valid = static_cast<int>(lmin(BQ, g.q_len - cur.i));
         unsigned* sem = dq_sem + (g.dq_blk + cur.i / BQ) * H + h;
@@ -226,8 +241,10 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
         __threadfence();
         __syncwarp();
         if (lane == 0) ptx::st_release(sem, rank + 1);
-        cur = next_job(cur);
-        have = settle(cur);
+        for (int k = 0; k < step && have; ++k) {
+          cur = next_job(cur);
+          have = settle(cur);
+        }
       }
       return;
     }
@@ -282,7 +299,7 @@ __global__ void __launch_bounds__(NW * 32 + (kDq ? 128 : 0), kDq ? 1 : 0)
       ptx::fence_proxy_async();
       sync_all();
     }
-    const SegD g = segs[tile_segs[cur.s]];
+    const SegD g = seg_at(cur.s);
     const bf16* Qt = Qs + buf * BQ * D;
     const bf16* dOt = dOs + buf * BQ * D;
     const float* Lt = Ls + buf * BQ;
