@@ -2,6 +2,7 @@
 // choice), the cp = 1 teacher-forcing reference, and the memory and byte models of a generation.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ struct Generated {
   std::vector<Tensor> logits;                               // per generated token, [nseq, V] host
   std::int64_t prefill_bytes = 0, decode_bytes = 0;         // this rank's, all decode steps together
   std::int64_t decode_collective_bytes = 0;                 // of decode_bytes, the all-reduces and all-gathers
+  std::map<char, std::int64_t> prefill_kind_bytes;          // of prefill_bytes, by block kind (M, *, E, -)
   std::int64_t mamba_bytes = 0, kv_bytes = 0, kv_rows = 0;  // the hand-off this rank holds
   std::vector<std::int64_t> flat_ids() const;
 };
@@ -62,6 +64,9 @@ Tensor teacher_forced_logits(Communicator& self, const model::HybridConfig& c1, 
 // per-head outputs [nseq, d_inner], per MoE layer that of the outputs [nseq, hidden], per attention
 // layer the all-gathers of the partial outputs [nseq, H, D] and their log-sum-exps [nseq, H].
 std::int64_t decode_model_bytes(const model::HybridConfig& h, int cp, std::int64_t nseq, DType dt);
+// What this rank's attention layers send in a forward, by their strategy's model (the prefill's
+// attention bytes; the Mamba2 and MoE layers' are measured beside it, not modelled per forward).
+std::int64_t prefill_attention_model_bytes(const model::HybridModel& m, DType dt);
 
 // Whether every rank of `comm` holds the same ids. Collective.
 bool ranks_agree(Communicator& comm, const std::vector<std::int64_t>& ids);
@@ -71,10 +76,11 @@ struct GenerateBytes {
   double prefill_max = 0, decode_max = 0, handoff_max = 0, decode_per_token = 0;
 };
 GenerateBytes generate_bytes_sent(Communicator& comm, const Generated& got);
-// /generate/<name>/: ids, with a check the logits errors `errs` (rank 0's), and per rank the bytes,
-// the hand-off and the cached tokens. Collective.
+// /generate/<name>/: ids, with a check the logits errors `errs` (rank 0's), and per rank the bytes
+// (the prefill's by block kind and its attention model `attn_model`), the hand-off and the cached
+// tokens. Collective.
 void write_generation(ResultsWriter& w, const std::string& name, const Generated& got, const GenerateBytes& b,
-                      bool check, const std::vector<double>& errs);
+                      bool check, const std::vector<double>& errs, std::int64_t attn_model);
 
 // The hand-off one rank holds: the attention KV shards at their allocated size (this rank's prompt
 // rows and, per sequence, its share of the new tokens by the append rule), and the Mamba2 windows

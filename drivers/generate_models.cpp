@@ -19,6 +19,13 @@ std::int64_t decode_model_bytes(const model::HybridConfig& h, int cp, std::int64
   return b;
 }
 
+std::int64_t prefill_attention_model_bytes(const model::HybridModel& m, DType dt) {
+  std::int64_t b = 0;
+  const auto n = static_cast<std::size_t>(std::count(m.config().pattern.begin(), m.config().pattern.end(), '*'));
+  for (std::size_t j = 0; j < n; ++j) b += m.attention(j).attention().model_fwd_bytes(dt);
+  return b;
+}
+
 std::int64_t handoff_bytes(const Deck& d, const model::HybridConfig& h, int cp) {
   MemoryModel m("data.seq_lens/data.batch/data.seqlen, generate.new_tokens and the model sizes");
   const std::int64_t es = dtype_bytes(d), ss = state_bytes(d), nseq = sequences(d);

@@ -227,7 +227,14 @@ void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens
   Tensor h = Tensor::zeros({tl_, C}, dt);
   timed("fwd/embed", [&] { k::embedding_fwd(h, p.at("embed"), tokens); });
   outs_.clear();
+  fwd_bytes_.clear();
+  const auto sent = [&] {
+    std::int64_t n = 0;
+    for (const auto& [op, k] : comm_.counters()) n += k.bytes_sent;
+    return n;
+  };
   for (auto& b : blocks_) {
+    const std::int64_t sent0 = sent();
     timed(std::string("fwd/") + b.kind, [&] {
       b.x = h;
       Tensor n = Tensor::zeros({tl_, C}, dt), m = Tensor::zeros({tl_, C}, dt);
@@ -242,6 +249,7 @@ void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens
       k::add(hn, h, m);
       h = hn;
     });
+    fwd_bytes_[b.kind] += sent() - sent0;
     outs_.push_back(h);
   }
   timed("fwd/head", [&] {

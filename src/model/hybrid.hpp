@@ -109,6 +109,9 @@ class HybridModel {
   const std::map<std::string, double>& phase_ms() const { return phases_.totals(); }
   const std::map<std::string, PhaseTimes::Peak>& phase_peaks() const { return phases_.peaks(); }
   void reset_phases() { phases_.reset(); }
+  // After a forward: the bytes this rank handed to the communicator (and its sub-groups) in each kind
+  // of block (M, *, E, -), that forward only.
+  const std::map<char, std::int64_t>& forward_bytes() const { return fwd_bytes_; }
   const HybridConfig& config() const { return c_; }
   // The j-th attention layer of the pattern.
   const AttentionLayer& attention(std::size_t j) const;
@@ -149,6 +152,7 @@ class HybridModel {
   std::vector<std::int64_t> tokens_, labels_;
   std::int64_t count_ = 0;
   PhaseTimes phases_;
+  std::map<char, std::int64_t> fwd_bytes_;
 };
 
 }  // namespace hcp::model
