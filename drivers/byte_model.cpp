@@ -51,7 +51,8 @@ void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt, boo
   }
 }
 
-void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Placement& placement, DType dt) {
+void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Placement& placement, DType dt,
+                     bool backward) {
   const int cp = placement.cp;
   for (const model::MambaCpInfo& s : model::mamba_cps()) {
     if (s.id == cp::MambaCp::HiddenParallel && cp > 1) {
@@ -62,7 +63,7 @@ void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Plac
       }
     }
     std::vector<std::int64_t>& v = b.kinds["M"][s.name];
-    for (int r = 0; r < cp; ++r) v.push_back(model::mamba_cp_model_bytes(s.id, c, placement, r, dt));
+    for (int r = 0; r < cp; ++r) v.push_back(model::mamba_cp_model_bytes(s.id, c, placement, r, dt, !backward));
     b.mamba_messages[s.name] = model::mamba_messages_of(s, c, placement);
   }
   b.state_scan = model::state_scan_of(c, placement);

@@ -58,8 +58,10 @@ void add_placement(LayerBytes& b, const Deck& d, int cp, const cp::DocCost& cost
 void add_attention_bytes(LayerBytes& b, const cp::CpAttnConfig& c, DType dt, bool backward = true);
 // Every Mamba CP strategy whose shape rules `c` meets on the batch placed by `placement` (on its CP
 // parts: the DualChunkSwap layout, or the split documents' blocks; every strategy 0 bytes when each
-// document is whole).
-void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Placement& placement, DType dt);
+// document is whole; `backward` false: the forward only, the message counts staying forward plus
+// backward).
+void add_mamba_bytes(LayerBytes& b, const model::Mamba2Config& c, const cp::Placement& placement, DType dt,
+                     bool backward = true);
 // Expert parallelism over groups of `ep` ranks, tokens routed uniformly (an expectation).
 void add_moe_bytes(LayerBytes& b, const model::MoeConfig& e, std::int64_t hidden, std::int64_t tokens_per_rank, int cp,
                    int ep, DType dt);

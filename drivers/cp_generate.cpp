@@ -163,20 +163,26 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
   if (!bytes_ok && st.root())
     std::printf("# %s: decode all-reduce/all-gather bytes %lld on rank 0, the model says %lld\n", name.c_str(),
                 static_cast<long long>(got.decode_collective_bytes), static_cast<long long>(model));
-  // The prefill's attention layers against their strategy's forward model, on every rank.
-  const std::int64_t attn_model = drivers::prefill_attention_model_bytes(m, st.dt);
-  const auto it = got.prefill_kind_bytes.find('*');
-  const std::int64_t attn_sent = it == got.prefill_kind_bytes.end() ? 0 : it->second;
-  const bool prefill_ok = st.comm.all_reduce_scalar(attn_sent == attn_model ? 0.0 : 1.0, ReduceOp::Max) == 0;
-  if (!prefill_ok && st.root())
-    std::printf("# %s: prefill attention bytes %lld on rank 0, the model says %lld\n", name.c_str(),
-                static_cast<long long>(attn_sent), static_cast<long long>(attn_model));
+  // The prefill's attention and Mamba2 blocks against their strategies' forward models, on every rank.
+  const std::map<char, std::int64_t> prefill_model = drivers::prefill_model_bytes(m, st.grid.cp_rank, st.dt);
+  bool prefill_mine = true;
+  for (const auto& [kind, want] : prefill_model) {
+    const auto it = got.prefill_kind_bytes.find(kind);
+    const std::int64_t sent = it == got.prefill_kind_bytes.end() ? 0 : it->second;
+    if (sent != want) {
+      prefill_mine = false;
+      std::printf("# %s: prefill bytes of the '%c' blocks %lld on rank %d, the model says %lld\n", name.c_str(), kind,
+                  static_cast<long long>(sent), st.grid.cp_rank, static_cast<long long>(want));
+    }
+  }
+  const bool prefill_ok = st.comm.all_reduce_scalar(prefill_mine ? 0.0 : 1.0, ReduceOp::Max) == 0;
   const bool pass = st.verdict(name, e, ids_equal && ranks_agree && bytes_ok && prefill_ok);
   const drivers::GenerateBytes b = drivers::generate_bytes_sent(st.comm, got);
   if (st.out()) {
     std::vector<double> errs;  // rank 0's (the others hold none)
     for (const auto& [n, v] : e.rel) errs.push_back(v);
-    drivers::write_generation(*st.out(), name, got, b, st.check, st.root() ? errs : std::vector<double>{}, attn_model);
+    drivers::write_generation(*st.out(), name, got, b, st.check, st.root() ? errs : std::vector<double>{},
+                              prefill_model);
   }
   st.phase_memory(m.phase_peaks());
   st.write_timings(name, s);
@@ -204,7 +210,7 @@ void run(DriverContext& ctx) {
           [&](const std::string& name, std::vector<std::string>& row) { return g.run_case(name, row); },
           {},
           "a CP generation differs from cp=1: other ids, logits beyond tolerance of teacher forcing, ranks that "
-          "disagree, or decode bytes or the prefill's attention bytes other than the model's"});
+          "disagree, or decode bytes or the prefill's attention or Mamba2 bytes other than the model's"});
 }
 }  // namespace
 

@@ -169,7 +169,7 @@ bool ranks_agree(Communicator& comm, const std::vector<std::int64_t>& ids) {
 }
 
 void write_generation(ResultsWriter& w, const std::string& name, const Generated& got, const GenerateBytes& b,
-                      bool check, const std::vector<double>& errs, std::int64_t attn_model) {
+                      bool check, const std::vector<double>& errs, const std::map<char, std::int64_t>& model) {
   const std::string g = "/generate/" + name + "/";
   w.counts(g + "ids", got.flat_ids(), "[sequences * new_tokens] sequence-major", "id");
   if (check)
@@ -177,14 +177,15 @@ void write_generation(ResultsWriter& w, const std::string& name, const Generated
              errs.empty() ? Tensor() : Tensor::from(errs, {static_cast<std::int64_t>(errs.size())}, DType::F64),
              "[new_tokens] error of each generated token's logits against teacher forcing", "1");
   w.per_rank(g + "prefill_bytes", static_cast<double>(got.prefill_bytes), "bytes");
-  const auto kind = [&](char k) {
-    const auto it = got.prefill_kind_bytes.find(k);
-    return static_cast<double>(it == got.prefill_kind_bytes.end() ? 0 : it->second);
+  const auto of = [](const std::map<char, std::int64_t>& by, char k) {
+    const auto it = by.find(k);
+    return static_cast<double>(it == by.end() ? 0 : it->second);
   };
-  w.per_rank(g + "prefill_bytes_attention", kind('*'), "bytes");
-  w.per_rank(g + "prefill_bytes_attention_model", static_cast<double>(attn_model), "bytes");
-  w.per_rank(g + "prefill_bytes_mamba", kind('M'), "bytes");
-  w.per_rank(g + "prefill_bytes_moe", kind('E'), "bytes");
+  w.per_rank(g + "prefill_bytes_attention", of(got.prefill_kind_bytes, '*'), "bytes");
+  w.per_rank(g + "prefill_bytes_attention_model", of(model, '*'), "bytes");
+  w.per_rank(g + "prefill_bytes_mamba", of(got.prefill_kind_bytes, 'M'), "bytes");
+  w.per_rank(g + "prefill_bytes_mamba_model", of(model, 'M'), "bytes");
+  w.per_rank(g + "prefill_bytes_moe", of(got.prefill_kind_bytes, 'E'), "bytes");
   w.per_rank(g + "decode_bytes_per_token", b.decode_per_token, "bytes");
   w.per_rank(g + "handoff_mamba_bytes", static_cast<double>(got.mamba_bytes), "bytes");
   w.per_rank(g + "handoff_kv_bytes", static_cast<double>(got.kv_bytes), "bytes");

@@ -64,9 +64,10 @@ Tensor teacher_forced_logits(Communicator& self, const model::HybridConfig& c1, 
 // per-head outputs [nseq, d_inner], per MoE layer that of the outputs [nseq, hidden], per attention
 // layer the all-gathers of the partial outputs [nseq, H, D] and their log-sum-exps [nseq, H].
 std::int64_t decode_model_bytes(const model::HybridConfig& h, int cp, std::int64_t nseq, DType dt);
-// What this rank's attention layers send in a forward, by their strategy's model (the prefill's
-// attention bytes; the Mamba2 and MoE layers' are measured beside it, not modelled per forward).
-std::int64_t prefill_attention_model_bytes(const model::HybridModel& m, DType dt);
+// What this rank (`rank` of the model's placement) sends in a forward by block kind, from the
+// strategies' forward models: '*' the attention layers', 'M' the Mamba2 layers'. The MoE layers'
+// dispatch depends on the routing and has no entry.
+std::map<char, std::int64_t> prefill_model_bytes(const model::HybridModel& m, int rank, DType dt);
 
 // Whether every rank of `comm` holds the same ids. Collective.
 bool ranks_agree(Communicator& comm, const std::vector<std::int64_t>& ids);
@@ -77,10 +78,10 @@ struct GenerateBytes {
 };
 GenerateBytes generate_bytes_sent(Communicator& comm, const Generated& got);
 // /generate/<name>/: ids, with a check the logits errors `errs` (rank 0's), and per rank the bytes
-// (the prefill's by block kind and its attention model `attn_model`), the hand-off and the cached
+// (the prefill's by block kind and `model`, prefill_model_bytes), the hand-off and the cached
 // tokens. Collective.
 void write_generation(ResultsWriter& w, const std::string& name, const Generated& got, const GenerateBytes& b,
-                      bool check, const std::vector<double>& errs, std::int64_t attn_model);
+                      bool check, const std::vector<double>& errs, const std::map<char, std::int64_t>& model);
 
 // The hand-off one rank holds: the attention KV shards at their allocated size (this rank's prompt
 // rows and, per sequence, its share of the new tokens by the append rule), and the Mamba2 windows
@@ -89,7 +90,7 @@ void write_generation(ResultsWriter& w, const std::string& name, const Generated
 std::int64_t handoff_bytes(const Deck& d, const model::HybridConfig& h, int cp);
 // The prefill (a forward of the model: bounded by the training step's model) and the hand-off.
 MemoryModel generate_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep);
-// The prefill's attention bytes per rank (forward only), by strategy, for --dry-run.
+// The prefill's attention and Mamba2 bytes per rank (forward only), by strategy, for --dry-run.
 LayerBytes generate_bytes(const Deck& d, const model::HybridConfig& h, int cp);
 
 }  // namespace hcp::drivers

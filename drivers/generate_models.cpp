@@ -19,10 +19,16 @@ std::int64_t decode_model_bytes(const model::HybridConfig& h, int cp, std::int64
   return b;
 }
 
-std::int64_t prefill_attention_model_bytes(const model::HybridModel& m, DType dt) {
-  std::int64_t b = 0;
-  const auto n = static_cast<std::size_t>(std::count(m.config().pattern.begin(), m.config().pattern.end(), '*'));
-  for (std::size_t j = 0; j < n; ++j) b += m.attention(j).attention().model_fwd_bytes(dt);
+std::map<char, std::int64_t> prefill_model_bytes(const model::HybridModel& m, int rank, DType dt) {
+  std::map<char, std::int64_t> b;
+  const model::HybridConfig& h = m.config();
+  const auto count = [&](char k) {
+    return static_cast<std::size_t>(std::count(h.pattern.begin(), h.pattern.end(), k));
+  };
+  for (std::size_t j = 0; j < count('*'); ++j) b['*'] += m.attention(j).attention().model_fwd_bytes(dt);
+  if (count('M') > 0)
+    b['M'] = static_cast<std::int64_t>(count('M')) *
+             model::mamba_cp_model_bytes(h.mamba_cp, h.mamba, m.placement(), rank, dt, /*forward_only=*/true);
   return b;
 }
 
@@ -56,9 +62,10 @@ MemoryModel generate_memory(const Deck& d, const model::HybridConfig& h, int cp,
 
 LayerBytes generate_bytes(const Deck& d, const model::HybridConfig& h, int cp) {
   LayerBytes b;
-  if (h.pattern.find('*') == std::string::npos) return b;
   const cp::Placement p = placement_of(d, cp, model::hybrid_doc_cost(h));
-  add_attention_bytes(b, model::cp_attn_config(h.attn, p), dtype_from_string(d.get_string("data.dtype")), false);
+  const DType dt = dtype_from_string(d.get_string("data.dtype"));
+  if (h.pattern.find('*') != std::string::npos) add_attention_bytes(b, model::cp_attn_config(h.attn, p), dt, false);
+  if (h.pattern.find('M') != std::string::npos) add_mamba_bytes(b, h.mamba, p, dt, false);
   return b;
 }
 

@@ -193,9 +193,11 @@ std::int64_t model_halo_rows(const SeqLayout& global, int cp, Partition part, st
   return rows;
 }
 
-std::int64_t model_halo_rows_sent(const SeqLayout& global, int cp, Partition part, std::int64_t halo, int rank) {
+std::int64_t model_halo_rows_sent(const SeqLayout& global, int cp, Partition part, std::int64_t halo, int rank,
+                                  bool forward_only) {
   std::int64_t rows = 0;
-  for_each_remote_halo_row(global, cp, part, halo, [&](int from, int to) { rows += (from == rank) + (to == rank); });
+  for_each_remote_halo_row(global, cp, part, halo,
+                           [&](int from, int to) { rows += (from == rank) + (!forward_only && to == rank); });
   return rows;
 }
 
@@ -222,22 +224,23 @@ StateExchange resolve_state_exchange(const SeqLayout& global, int cp, Partition 
 }
 
 std::int64_t model_state_elements_sent(const SeqLayout& global, int cp, int rank, Partition part, StateExchange e,
-                                       std::int64_t heads, std::int64_t pn) {
+                                       std::int64_t heads, std::int64_t pn, bool forward_only) {
   part = effective_partition(part, cp);
   const auto mine = local_pieces(global, cp, rank, part);
   const auto np = static_cast<std::int64_t>(mine.size());
   if (cp == 1) return 0;
   e = resolve_state_exchange(global, cp, part, e, pn);
-  if (e == StateExchange::AllGather) return (cp - 1) * np * heads * (2 * pn + 1);
+  if (e == StateExchange::AllGather) return (cp - 1) * np * heads * (forward_only ? pn + 1 : 2 * pn + 1);
   const std::int64_t K = chunks_per_seq(cp, part);
   std::int64_t n = 0;
   const auto remote = [&](const Piece& p, std::int64_t delta) {
     const std::int64_t to = p.chunk + delta;
     return to >= 0 && to < K && owner_of_chunk(to, cp, part) != rank;
   };
+  const int back = forward_only ? 0 : 1;  // the backward scan's rounds run towards earlier chunks
   for (const Piece& p : mine) {
-    for (std::int64_t d = 1; d < K; d *= 2) n += (remote(p, d) + remote(p, -d)) * heads * (pn + 1);
-    n += (remote(p, 1) + remote(p, -1)) * heads * pn;  // the two shifts carry states only
+    for (std::int64_t d = 1; d < K; d *= 2) n += (remote(p, d) + back * remote(p, -d)) * heads * (pn + 1);
+    n += (remote(p, 1) + back * remote(p, -1)) * heads * pn;  // the two shifts carry states only
   }
   return n;
 }

@@ -78,8 +78,9 @@ class ConvHalo {
 std::int64_t model_halo_rows(const SeqLayout& global, int cp, Partition part, std::int64_t halo);
 // Rows rank `rank` sends per forward and backward: its own rows to the ranks whose chunks need them
 // (gather), plus the gradients of the halo rows it received, back to their owners (scatter_back).
-// Summed over ranks this is 2 * model_halo_rows.
-std::int64_t model_halo_rows_sent(const SeqLayout& global, int cp, Partition part, std::int64_t halo, int rank);
+// Summed over ranks this is 2 * model_halo_rows. `forward_only`: the gather's rows alone.
+std::int64_t model_halo_rows_sent(const SeqLayout& global, int cp, Partition part, std::int64_t halo, int rank,
+                                  bool forward_only = false);
 
 // Precision of the state scan for a layer of dtype `layer`: fp32 for bf16 (states are widened for the
 // exchange and the scan, and rounded once after), else the layer's own.
@@ -97,8 +98,10 @@ StateExchange resolve_state_exchange(const SeqLayout& global, int cp, Partition 
 // Elements (of the scan's dtype) rank `rank` sends per forward + backward step for states of
 // `heads` x `pn` values per piece: all-gather (cp-1) np (2 pn + 1) heads; doubling, for every round
 // and shift, the pieces whose partner piece lives on another rank (pn + 1, or pn for the shifts).
+// `forward_only`: the forward scan alone (all-gather: states and decays, pn + 1 per piece; doubling:
+// the rounds towards later chunks and the forward shift).
 std::int64_t model_state_elements_sent(const SeqLayout& global, int cp, int rank, Partition part, StateExchange e,
-                                       std::int64_t heads, std::int64_t pn);
+                                       std::int64_t heads, std::int64_t pn, bool forward_only = false);
 
 class StateScan {
  public:

@@ -571,6 +571,13 @@ std::int64_t hidden_parallel_model_bytes(const Mamba2Config& c, const SeqLayout&
   const std::int64_t per_tok = 2 * c.d_inner() + 2 * G * c.group_repeat(cp) * c.d_state + c.heads;
   return 2 * (cp - 1) * Tl * per_tok / cp * es;
 }
+// The forward's half: the same all-to-alls, once.
+std::int64_t hidden_parallel_model_fwd_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int /*rank*/,
+                                             DType dt, cp::Partition /*part*/) {
+  const std::int64_t Tl = global.total() / cp, G = c.groups, es = static_cast<std::int64_t>(dtype_size(dt));
+  const std::int64_t per_tok = 2 * c.d_inner() + 2 * G * c.group_repeat(cp) * c.d_state + c.heads;
+  return (cp - 1) * Tl * per_tok / cp * es;
+}
 
 // The chunks' final states by the state scan, and the conv halo rows.
 std::int64_t state_passing_model_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
@@ -581,10 +588,22 @@ std::int64_t state_passing_model_bytes(const Mamba2Config& c, const SeqLayout& g
   return cp::model_state_elements_sent(global, cp, rank, part, c.state_exchange, c.heads, c.head_dim * c.d_state) * ss +
          halo;
 }
+// The forward's part: the halo rows it gathers and the forward state scan.
+std::int64_t state_passing_model_fwd_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
+                                           cp::Partition part) {
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(dt));
+  const auto ss = static_cast<std::int64_t>(dtype_size(cp::state_scan_dtype(dt)));
+  const std::int64_t halo = cp::model_halo_rows_sent(global, cp, part, c.conv - 1, rank, true) * c.conv_dim() * es;
+  return cp::model_state_elements_sent(global, cp, rank, part, c.state_exchange, c.heads, c.head_dim * c.d_state,
+                                       true) *
+             ss +
+         halo;
+}
 
 std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank,
-                                  DType dt, cp::Partition part) {
-  return mamba_cp_info(strategy).model_bytes(c, global, cp, rank, dt, part);
+                                  DType dt, cp::Partition part, bool forward_only) {
+  const MambaCpInfo& s = mamba_cp_info(strategy);
+  return (forward_only ? s.model_fwd_bytes : s.model_bytes)(c, global, cp, rank, dt, part);
 }
 
 std::unique_ptr<Mamba2Layer> make_hidden_parallel(Communicator& comm, Mamba2Config cfg, SeqLayout global,

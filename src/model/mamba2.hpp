@@ -232,8 +232,10 @@ class Mamba2Docs : public Mamba2Layer {
 //                    gradients (backward): (cp-1) x pieces x H (2 P N + 1) values in the scan dtype,
 //                    plus the conv halos this rank sends (cp::model_halo_rows_sent x conv channels).
 // Logical payload handed to the communicator (what it counts), not wire bytes.
+// `forward_only`: the forward's part alone (hidden parallel: half; state passing: the gathered halo
+// rows and the forward state scan).
 std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const SeqLayout& global, int cp, int rank,
-                                  DType dt, cp::Partition part = cp::Partition::DCS);
+                                  DType dt, cp::Partition part = cp::Partition::DCS, bool forward_only = false);
 
 std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm, Mamba2Config cfg, SeqLayout global,
                                          cp::Partition part = cp::Partition::DCS);
@@ -244,6 +246,6 @@ std::unique_ptr<Mamba2Layer> make_mamba2(MambaCp strategy, Communicator& cp_comm
 // The same on a batch placed by `placement`: its CP layout's bytes (none at cp = 1, or when every
 // document is whole).
 std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const cp::Placement& placement, int rank,
-                                  DType dt);
+                                  DType dt, bool forward_only = false);
 
 }  // namespace hcp::model

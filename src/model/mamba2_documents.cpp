@@ -107,11 +107,13 @@ void Mamba2Docs::reset_phases() {
 }
 
 std::int64_t mamba_cp_model_bytes(MambaCp strategy, const Mamba2Config& c, const cp::Placement& placement, int rank,
-                                  DType dt) {
+                                  DType dt, bool forward_only) {
   if (placement.cp == 1) return 0;
   std::int64_t n = 0;
   for (const cp::CpPart& p : placement.cp_parts(rank))
-    if (!p.empty()) n += mamba_cp_model_bytes(strategy, c, p.placement.global, p.placement.cp, p.rank, dt);
+    if (!p.empty())
+      n += mamba_cp_model_bytes(strategy, c, p.placement.global, p.placement.cp, p.rank, dt, cp::Partition::DCS,
+                                forward_only);
   return n;
 }
 

@@ -12,11 +12,11 @@ namespace hcp::model {
 const std::vector<MambaCpInfo>& mamba_cps() {
   static const std::vector<MambaCpInfo> v = {
       {MambaCp::HiddenParallel, "hidden_parallel", "all-to-all to heads/cp heads of every token and back",
-       make_hidden_parallel, hidden_parallel_model_bytes, hidden_parallel_saved_per_token,
-       hidden_parallel_work_per_token, nullptr, hidden_parallel_messages},
+       make_hidden_parallel, hidden_parallel_model_bytes, hidden_parallel_model_fwd_bytes,
+       hidden_parallel_saved_per_token, hidden_parallel_work_per_token, nullptr, hidden_parallel_messages},
       {MambaCp::StatePassing, "state_passing", "local scans; conv halos and chunk states exchanged, outputs corrected",
-       make_state_passing, state_passing_model_bytes, state_passing_saved_per_token, state_passing_work_per_token,
-       state_passing_rows, state_passing_messages},
+       make_state_passing, state_passing_model_bytes, state_passing_model_fwd_bytes, state_passing_saved_per_token,
+       state_passing_work_per_token, state_passing_rows, state_passing_messages},
   };
   return v;
 }

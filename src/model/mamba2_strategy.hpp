@@ -26,6 +26,9 @@ struct MambaCpInfo {
   // Values rank `rank` of `cp` hands to the communicator in one forward and backward, from the sizes alone.
   std::int64_t (*model_bytes)(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
                               cp::Partition part);
+  // ... of them in the forward alone (a prefill).
+  std::int64_t (*model_fwd_bytes)(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
+                                  cp::Partition part);
   // Its memory terms, in elements of the layer's dtype per local token: what the mixer keeps for its
   // backward (saved_per_token) and what its step adds beyond its input and output at `cp` ranks
   // (work_per_token); and its per-sequence state rows for `sequences` sequences (null: none).
@@ -61,6 +64,10 @@ std::int64_t hidden_parallel_model_bytes(const Mamba2Config& c, const SeqLayout&
                                          cp::Partition part);
 std::int64_t state_passing_model_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
                                        cp::Partition part);
+std::int64_t hidden_parallel_model_fwd_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
+                                             cp::Partition part);
+std::int64_t state_passing_model_fwd_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
+                                           cp::Partition part);
 // ... and their memory terms (src/model/mamba2_strategy.cpp).
 std::int64_t hidden_parallel_saved_per_token(const Mamba2Config& c);
 std::int64_t hidden_parallel_work_per_token(const Mamba2Config& c, int cp);

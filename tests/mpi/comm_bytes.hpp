@@ -21,6 +21,14 @@ inline std::int64_t payload_sent(const Communicator& comm, bool with_allreduce =
   return sent;
 }
 
+// After a forward alone (counters reset before it): the CP exchange against the forward's model.
+inline void expect_mamba_fwd_bytes(const Communicator& comm, cp::MambaCp strategy, const model::Mamba2Config& c,
+                                   const SeqLayout& g, cp::Partition part, DType dt) {
+  const int cp = comm.size(), r = comm.rank();
+  EXPECT_EQ(payload_sent(comm, false), model::mamba_cp_model_bytes(strategy, c, g, cp, r, dt, part, true))
+      << model::to_string(strategy) << " forward exchange, rank " << r << " of " << cp;
+}
+
 inline void expect_mamba_bytes(const Communicator& comm, cp::MambaCp strategy, const model::Mamba2Config& c,
                                const SeqLayout& g, cp::Partition part, DType dt, const model::ParamMap& grads) {
   const int cp = comm.size(), r = comm.rank();

@@ -39,6 +39,7 @@ Result run(Communicator& comm, const Mamba2Config& c, const SeqLayout& g, const 
   Result out;
   comm.reset_counters();
   layer.forward(y, hl, p);
+  test::expect_mamba_fwd_bytes(comm, cp::MambaCp::HiddenParallel, c, g, part, h.dtype());
   layer.backward(dh, out.grads, dyl, p);
   test::expect_mamba_bytes(comm, cp::MambaCp::HiddenParallel, c, g, part, h.dtype(), out.grads);
   out.y = cp::dcs_gather(comm, y, g, part);

@@ -42,6 +42,7 @@ Result run(MambaCp strategy, Communicator& comm, const Mamba2Config& c, const Se
   Result out;
   comm.reset_counters();
   layer->forward(y, hl, p);
+  test::expect_mamba_fwd_bytes(comm, strategy, c, g, part, h.dtype());
   layer->backward(dh, out.grads, dyl, p);
   test::expect_mamba_bytes(comm, strategy, c, g, part, h.dtype(), out.grads);
   out.y = cp::dcs_gather(comm, y, g, part);
