@@ -156,27 +156,11 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
   }
   for (std::int64_t t = 0; t < g_.new_tokens; ++t)  // run.check = cross: against the first case's
     st.cross_compare(e, "logits_" + std::to_string(t), got.logits[static_cast<std::size_t>(t)]);
-  // The decode's own exchanges against their model, on every rank.
-  const std::int64_t steps = g_.new_tokens - 1;
-  const std::int64_t model = steps * drivers::decode_model_bytes(m.config(), st.cp, placed_.batch.layout.nseq(), st.dt);
-  const bool bytes_ok = st.comm.all_reduce_scalar(got.decode_collective_bytes == model ? 0.0 : 1.0, ReduceOp::Max) == 0;
-  if (!bytes_ok && st.root())
-    std::printf("# %s: decode all-reduce/all-gather bytes %lld on rank 0, the model says %lld\n", name.c_str(),
-                static_cast<long long>(got.decode_collective_bytes), static_cast<long long>(model));
-  // The prefill's attention and Mamba2 blocks against their strategies' forward models, on every rank.
+  // The decode's own exchanges and the prefill's attention and Mamba2 blocks against their models.
   const std::map<char, std::int64_t> prefill_model = drivers::prefill_model_bytes(m, st.grid.cp_rank, st.dt);
-  bool prefill_mine = true;
-  for (const auto& [kind, want] : prefill_model) {
-    const auto it = got.prefill_kind_bytes.find(kind);
-    const std::int64_t sent = it == got.prefill_kind_bytes.end() ? 0 : it->second;
-    if (sent != want) {
-      prefill_mine = false;
-      std::printf("# %s: prefill bytes of the '%c' blocks %lld on rank %d, the model says %lld\n", name.c_str(), kind,
-                  static_cast<long long>(sent), st.grid.cp_rank, static_cast<long long>(want));
-    }
-  }
-  const bool prefill_ok = st.comm.all_reduce_scalar(prefill_mine ? 0.0 : 1.0, ReduceOp::Max) == 0;
-  const bool pass = st.verdict(name, e, ids_equal && ranks_agree && bytes_ok && prefill_ok);
+  const bool mine = drivers::bytes_match_models(name, got, m, st.grid.cp_rank, st.cp, st.dt, prefill_model);
+  const bool bytes_ok = st.comm.all_reduce_scalar(mine ? 0.0 : 1.0, ReduceOp::Max) == 0;
+  const bool pass = st.verdict(name, e, ids_equal && ranks_agree && bytes_ok);
   const drivers::GenerateBytes b = drivers::generate_bytes_sent(st.comm, got);
   if (st.out()) {
     std::vector<double> errs;  // rank 0's (the others hold none)
@@ -186,7 +170,7 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
   }
   st.phase_memory(m.phase_peaks());
   st.write_timings(name, s);
-  const double per = std::max<double>(1.0, static_cast<double>(steps));
+  const double per = std::max<double>(1.0, static_cast<double>(g_.new_tokens - 1));  // decode steps
   row = {name,
          drivers::fmt("%.2f", st.slowest(s.at("prefill"))),
          drivers::fmt("%.2f", st.slowest(s.at("handoff"))),

@@ -65,12 +65,6 @@ std::vector<std::int64_t> Generated::flat_ids() const {
 }
 
 namespace {
-std::int64_t bytes_sent(const Communicator& c, const std::vector<std::string>& ops = {}) {
-  std::int64_t b = 0;
-  for (const auto& [op, k] : c.counters())
-    if (ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end()) b += k.bytes_sent;
-  return b;
-}
 const std::vector<std::string> kDecodeOps = {"all_reduce", "all_gather"};
 }  // namespace
 
@@ -80,18 +74,18 @@ Generated generate(Communicator& comm, model::HybridModel& m, const model::Param
   Generated out;
   const std::int64_t B = m.placement().global.nseq(), N = g.new_tokens;
   const std::vector<std::int64_t> lab = labels.empty() ? std::vector<std::int64_t>(tokens.size(), -100) : labels;
-  const std::int64_t b0 = bytes_sent(comm);
+  const std::int64_t b0 = comm.bytes_sent();
   m.keep_handoff(true);
   m.forward(p, tokens, lab);
   Tensor logits = host(m.last_logits());
-  out.prefill_bytes = bytes_sent(comm) - b0;
+  out.prefill_bytes = comm.bytes_sent() - b0;
   out.prefill_kind_bytes = m.forward_bytes();
   if (laps) laps->lap("prefill");
   model::HybridDecoder dec(m, N - 1);
   out.mamba_bytes = dec.mamba_bytes();
   out.kv_bytes = dec.kv_bytes();
   if (laps) laps->lap("handoff");
-  const std::int64_t b1 = bytes_sent(comm), c1 = bytes_sent(comm, kDecodeOps);
+  const std::int64_t b1 = comm.bytes_sent(), c1 = comm.bytes_sent(kDecodeOps);
   out.ids.assign(static_cast<std::size_t>(B), {});
   std::vector<std::int64_t> next;
   for (std::int64_t t = 0; t < N; ++t) {
@@ -101,8 +95,8 @@ Generated generate(Communicator& comm, model::HybridModel& m, const model::Param
     for (std::int64_t b = 0; b < B; ++b)
       out.ids[static_cast<std::size_t>(b)].push_back(next[static_cast<std::size_t>(b)]);
   }
-  out.decode_bytes = bytes_sent(comm) - b1;
-  out.decode_collective_bytes = bytes_sent(comm, kDecodeOps) - c1;
+  out.decode_bytes = comm.bytes_sent() - b1;
+  out.decode_collective_bytes = comm.bytes_sent(kDecodeOps) - c1;
   out.kv_rows = dec.kv_rows_per_rank()[static_cast<std::size_t>(comm.rank())];
   if (laps) laps->lap("decode");
   return out;

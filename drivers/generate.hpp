@@ -68,6 +68,11 @@ std::int64_t decode_model_bytes(const model::HybridConfig& h, int cp, std::int64
 // strategies' forward models: '*' the attention layers', 'M' the Mamba2 layers'. The MoE layers'
 // dispatch depends on the routing and has no entry.
 std::map<char, std::int64_t> prefill_model_bytes(const model::HybridModel& m, int rank, DType dt);
+// Whether this rank's generation `got` sent what the models say: the decode's all-reduces and
+// all-gathers (decode_model_bytes per step) and the prefill's blocks of each kind in `prefill`
+// (prefill_model_bytes). Each mismatch is printed as a '#' line naming `name` and the rank.
+bool bytes_match_models(const std::string& name, const Generated& got, const model::HybridModel& m, int rank, int cp,
+                        DType dt, const std::map<char, std::int64_t>& prefill);
 
 // Whether every rank of `comm` holds the same ids. Collective.
 bool ranks_agree(Communicator& comm, const std::vector<std::int64_t>& ids);

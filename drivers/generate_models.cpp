@@ -1,6 +1,7 @@
 // cp_generate's models from the deck alone: the decode's bytes per step, the hand-off a rank holds,
 // the memory model of a generation and the prefill's attention bytes (--dry-run).
 #include <algorithm>
+#include <cstdio>
 
 #include "generate.hpp"
 
@@ -30,6 +31,25 @@ std::map<char, std::int64_t> prefill_model_bytes(const model::HybridModel& m, in
     b['M'] = static_cast<std::int64_t>(count('M')) *
              model::mamba_cp_model_bytes(h.mamba_cp, h.mamba, m.placement(), rank, dt, /*forward_only=*/true);
   return b;
+}
+
+bool bytes_match_models(const std::string& name, const Generated& got, const model::HybridModel& m, int rank, int cp,
+                        DType dt, const std::map<char, std::int64_t>& prefill) {
+  bool ok = true;
+  const auto mismatch = [&](const std::string& what, std::int64_t sent, std::int64_t want) {
+    if (sent == want) return;
+    ok = false;
+    std::printf("# %s: %s %lld bytes on rank %d, the model says %lld\n", name.c_str(), what.c_str(),
+                static_cast<long long>(sent), rank, static_cast<long long>(want));
+  };
+  const auto steps = static_cast<std::int64_t>(got.logits.size()) - 1;
+  mismatch("decode all-reduces and all-gathers", got.decode_collective_bytes,
+           std::max<std::int64_t>(steps, 0) * decode_model_bytes(m.config(), cp, m.placement().global.nseq(), dt));
+  for (const auto& [kind, want] : prefill) {
+    const auto it = got.prefill_kind_bytes.find(kind);
+    mismatch(std::string("prefill '") + kind + "' blocks", it == got.prefill_kind_bytes.end() ? 0 : it->second, want);
+  }
+  return ok;
 }
 
 std::int64_t handoff_bytes(const Deck& d, const model::HybridConfig& h, int cp) {

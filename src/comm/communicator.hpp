@@ -2,6 +2,7 @@
 // buffers or tensors, with per-op byte and time counters. Backends: MPI (host memory, and
 // host-staged device memory later), NCCL (kernels/cuda, behind the same interface).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -80,6 +81,13 @@ class Communicator {
 
   // ---- counters ------------------------------------------------------------------------------
   const std::map<std::string, CommCounter>& counters() const { return counters_; }
+  // Bytes sent since the last reset by the operations named in `ops` (empty: every operation).
+  std::int64_t bytes_sent(const std::vector<std::string>& ops = {}) const {
+    std::int64_t b = 0;
+    for (const auto& [op, k] : counters_)
+      if (ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end()) b += k.bytes_sent;
+    return b;
+  }
   void reset_counters() { counters_.clear(); }
   // Counts this communicator's operations into `parent` as well: a strategy that works over
   // sub-groups of its CP group (a2a+p2p) keeps the group's counters whole. `parent` outlives this.

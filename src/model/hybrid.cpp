@@ -228,13 +228,8 @@ void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens
   timed("fwd/embed", [&] { k::embedding_fwd(h, p.at("embed"), tokens); });
   outs_.clear();
   fwd_bytes_.clear();
-  const auto sent = [&] {
-    std::int64_t n = 0;
-    for (const auto& [op, k] : comm_.counters()) n += k.bytes_sent;
-    return n;
-  };
   for (auto& b : blocks_) {
-    const std::int64_t sent0 = sent();
+    const std::int64_t sent0 = comm_.bytes_sent();
     timed(std::string("fwd/") + b.kind, [&] {
       b.x = h;
       Tensor n = Tensor::zeros({tl_, C}, dt), m = Tensor::zeros({tl_, C}, dt);
@@ -249,7 +244,7 @@ void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens
       k::add(hn, h, m);
       h = hn;
     });
-    fwd_bytes_[b.kind] += sent() - sent0;
+    fwd_bytes_[b.kind] += comm_.bytes_sent() - sent0;
     outs_.push_back(h);
   }
   timed("fwd/head", [&] {

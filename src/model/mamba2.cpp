@@ -564,19 +564,17 @@ void Mamba2SP::backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const Par
   in_proj_bwd(dh, grads, dzxbcdt, p);
 }
 
-// All-to-all there and back of x, z, B, C (B, C repeated when n_groups < cp) and dt: (cp-1)/cp of each.
-std::int64_t hidden_parallel_model_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int /*rank*/, DType dt,
-                                         cp::Partition /*part*/) {
-  const std::int64_t Tl = global.total() / cp, G = c.groups, es = static_cast<std::int64_t>(dtype_size(dt));
-  const std::int64_t per_tok = 2 * c.d_inner() + 2 * G * c.group_repeat(cp) * c.d_state + c.heads;
-  return 2 * (cp - 1) * Tl * per_tok / cp * es;
-}
-// The forward's half: the same all-to-alls, once.
+// The forward's all-to-alls of x, z, B, C (B, C repeated when n_groups < cp) and dt: (cp-1)/cp of each.
 std::int64_t hidden_parallel_model_fwd_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int /*rank*/,
                                              DType dt, cp::Partition /*part*/) {
   const std::int64_t Tl = global.total() / cp, G = c.groups, es = static_cast<std::int64_t>(dtype_size(dt));
   const std::int64_t per_tok = 2 * c.d_inner() + 2 * G * c.group_repeat(cp) * c.d_state + c.heads;
   return (cp - 1) * Tl * per_tok / cp * es;
+}
+// Forward and backward: the same all-to-alls there and back.
+std::int64_t hidden_parallel_model_bytes(const Mamba2Config& c, const SeqLayout& global, int cp, int rank, DType dt,
+                                         cp::Partition part) {
+  return 2 * hidden_parallel_model_fwd_bytes(c, global, cp, rank, dt, part);
 }
 
 // The chunks' final states by the state scan, and the conv halo rows.
