@@ -9,7 +9,8 @@ Anchors: PyTorch scaled_dot_product_attention with the flash (FlashAttention-2) 
 and, when --mamba-path names a directory holding the public mamba_ssm package sources (fetched by
 the user, never part of this repository), its Triton SSD kernels (mamba_chunk_scan_combined).
 With --only blocks (and train), the hybrid model's blocks at Nemotron-3-Nano sizes as a PyTorch user
-would write them, and a training loop of the M*E stack (nano_blocks, blocks, train).
+would write them, and a training loop of the M*E stack (nano_blocks, blocks, train); with --only
+longest, the longest M*E step that runs in the GPU's memory (one step per length of --longest-lens).
 Timing: CUDA events around each call after warm-ups; median, min and max of the repeats (ms).
 `jobs/post/hcp_post.py anchors --bench <bench_kernels.h5> --anchors anchors.json` makes the ratio table.
 """
@@ -259,6 +260,39 @@ def blocks(res, path, L, warmup, repeats):
         torch.cuda.empty_cache()
 
 
+def longest(res, path, lens):
+    """The longest sequence whose M*E step (forward + backward, gradients set to None first, as
+    blocks() times it) runs in this GPU's memory: one step at each length of `lens` in ascending
+    order, stopping at the first that runs out of memory. Records each length's peak memory above
+    what was allocated before the step, or its error, and the longest that ran."""
+    import torch
+    ran = 0
+    for L in sorted(lens):
+        tag = f"longest_M*E_l{L}"
+        try:
+            kinds, params, _ = nano_blocks(path, L)
+            if "stack_M*E" not in kinds:
+                res[tag] = {"error": "needs --mamba-path"}
+                return
+            f = kinds["stack_M*E"]
+            x = torch.randn(1, L, 2688, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            dy = torch.randn_like(x)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            r = timed(lambda: f(x).backward(dy), 0, 1)
+            r["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+            res[tag] = r
+            ran = L
+        except torch.cuda.OutOfMemoryError as e:
+            res[tag] = {"error": f"OutOfMemoryError: {str(e)[:200]}"}
+            break
+        finally:
+            kinds = params = f = x = dy = None
+            torch.cuda.empty_cache()
+    res["longest_M*E"] = {"longest_tokens": ran, "gpu_total_mib": torch.cuda.get_device_properties(0).total_memory / 2 ** 20}
+
+
 def train(res, path, L, warmup, repeats):
     """A training loop of the stack M*E as train_hybrid runs it (inputs/train_nano_width.toml):
     embedding (vocab 1024), the blocks, final RMSNorm, LM head, cross-entropy of the next token;
@@ -313,13 +347,17 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--only", default="attention,dense,ssd",
                     help="comma-separated anchor families to time: attention, dense (GEMM and copy), ssd, blocks, "
-                         "train (a training loop of the M*E stack at the first block length)")
+                         "train (a training loop of the M*E stack at the first block length), longest (the "
+                         "longest M*E step that fits, over --longest-lens)")
     ap.add_argument("--block-lens", default="8192", help="sequence lengths of the blocks family, comma-separated")
+    ap.add_argument("--longest-lens", default="131072,163840,196608,229376,262144",
+                    help="sequence lengths the longest family tries in ascending order, comma-separated")
     a = ap.parse_args()
     only = {f.strip() for f in a.only.split(",") if f.strip()}
-    unknown = only - {"attention", "dense", "ssd", "blocks", "train"}
+    unknown = only - {"attention", "dense", "ssd", "blocks", "train", "longest"}
     if unknown:
-        print(f"anchors.py: --only: unknown family {sorted(unknown)} (allowed: attention, dense, ssd, blocks, train)",
+        print(f"anchors.py: --only: unknown family {sorted(unknown)} "
+              "(allowed: attention, dense, ssd, blocks, train, longest)",
               file=sys.stderr)
         return 2
     import torch
@@ -341,13 +379,16 @@ def main():
             blocks(res, a.mamba_path, L, a.warmup, a.repeats)
     if "train" in only:
         train(res, a.mamba_path, int(a.block_lens.split(",")[0]), a.warmup, a.repeats)
+    if "longest" in only:
+        longest(res, a.mamba_path, [int(x) for x in a.longest_lens.split(",")])
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     for k, v in res.items():
         if not k.startswith("_"):
             print(f"{k:55s} " + (f"{v['median_ms']:10.3f} ms" if "median_ms" in v else v.get("error", ""))
                   + (f"  peak {v['peak_mib']:.0f} MiB" if "peak_mib" in v else "")
-                  + (f"  {v['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in v else ""))
+                  + (f"  {v['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in v else "")
+                  + (f"  longest {v['longest_tokens']} tokens" if "longest_tokens" in v else ""))
     return 0
 
 
