@@ -73,11 +73,29 @@ std::int64_t handoff_bytes(const Deck& d, const model::HybridConfig& h, int cp) 
 }
 
 MemoryModel generate_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
-  MemoryModel m = hybrid_memory(d, h, cp, ep);
+  MemoryModel m(sizes_where(d, {"data.seqlen", "data.batch", "data.seq_lens", "model.hidden", "model.pattern"},
+                            "data.seqlen/data.batch/data.seq_lens, generate.new_tokens and the model sizes"));
+  const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp;
+  const std::int64_t P1 = model::param_count(h, 1).total;
+  m.add("parameters", {model::param_count(h, ep).total}, es);
+  add_hybrid_forward(m, d, h, cp, ep, tl, es, Holder::EveryRank);
+  // The hand-off, and while the decoder takes it one attention layer's K/V shard twice (the layer's
+  // prompt rows beside the decoder's copy with room for the new tokens).
+  const std::int64_t kv_layer = h.pattern.find('*') == std::string::npos ? 0 : 2 * h.attn.kv_heads * h.attn.head_dim;
   m.add("decode hand-off (KV shards, Mamba2 states)", {handoff_bytes(d, h, cp)});
-  if (check_mode(d) == CheckMode::Reference)
+  m.add("decode hand-off (KV shards, Mamba2 states)", {tl, kv_layer}, es);
+  if (check_mode(d) == CheckMode::Reference) {
+    // The cp=1 generation before the cases (its parameters kept for the teacher forcing after each),
+    // and the teacher-forcing forward over every prompt on rank 0 after each case.
+    const std::int64_t T = real_tokens(d, m);
+    m.add("cp=1 reference parameters", {P1}, es, Holder::Rank0Kept);
+    m.add("cp=1 reference generation", {P1}, es, Holder::Rank0Before);
+    add_hybrid_forward(m, d, h, 1, 1, T, es, Holder::Rank0Before);
     m.add("cp=1 reference generation", {handoff_bytes(d, h, 1)}, 1, Holder::Rank0Before);
-  return m;
+    add_hybrid_forward(m, d, h, 1, 1, m.sum(T, m.mul(sequences(d), d.get_int("generate.new_tokens"))), es,
+                       Holder::Rank0Kept);
+  }
+  return m.with_slack();
 }
 
 LayerBytes generate_bytes(const Deck& d, const model::HybridConfig& h, int cp) {

@@ -70,5 +70,10 @@ MemoryModel train_memory(const Deck& d, const model::HybridConfig& h, int cp, in
 // each attention layer's buffers by its own strategy (HybridConfig::attention_layer).
 void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int ep, std::int64_t tl, std::int64_t es,
                      Holder holder);
+// A forward alone (HybridModel::forward, cp_generate's prefill): the largest block's tensors while it
+// runs, the embedding output and the logits, one Mamba2 layer's state rows; `d` for the sequences
+// and the dtypes.
+void add_hybrid_forward(MemoryModel& m, const Deck& d, const model::HybridConfig& h, int cp, int ep, std::int64_t tl,
+                        std::int64_t es, Holder holder);
 
 }  // namespace hcp::drivers

@@ -42,29 +42,33 @@ void add_state_passing(MemoryModel& m, const Deck& d, const model::HybridConfig&
 // The largest kernel call of a hybrid step, in elements of its operands (inputs and outputs), which
 // host kernels widen into fp32 copies on bf16 ranks: the grouped expert MLP's backward (the routed
 // experts' weights and their gradients, the rows), a Mamba2 layer's in_proj backward and its SSD
-// backward, the LM head's backward, the attention kernels of each layer's strategy.
-std::int64_t hybrid_kernel_elements(const MemoryModel& m, const model::HybridConfig& h, int cp, int ep,
-                                    std::int64_t tl) {
+// backward, the LM head's backward, the attention kernels of each layer's strategy; `forward_only`:
+// the forward's calls of the same (a prefill).
+std::int64_t hybrid_kernel_elements(const MemoryModel& m, const model::HybridConfig& h, int cp, int ep, std::int64_t tl,
+                                    bool forward_only = false) {
   const std::int64_t C = h.hidden;
   const auto& mc = h.mamba;
   const auto& e = h.moe;
   // the routed experts' weights of one MoE layer on this rank
   const auto moe_layers = static_cast<std::int64_t>(std::count(h.pattern.begin(), h.pattern.end(), 'E'));
   const std::int64_t experts = moe_layers > 0 ? model::param_count(h, ep).experts / moe_layers : 0;
-  std::int64_t big = m.sum(m.mul(2 * h.vocab, C), m.mul(tl, h.vocab + 2 * C));  // lm_head
+  // the forward's calls: the weight once (no gradient) and the rows in and out
+  const std::int64_t w = forward_only ? 1 : 2, rows = forward_only ? 1 : 2;
+  std::int64_t big = m.sum(m.mul(w * h.vocab, C), m.mul(tl, h.vocab + rows * C));  // lm_head
   std::size_t n_attn = 0;
   for (char k : h.pattern) {
     if (k == 'M') {
-      big = std::max(big, m.sum(m.mul(2 * mc.d_in_proj(), C), m.mul(tl, mc.d_in_proj() + 2 * C)));
-      big =
-          std::max(big, m.mul(tl, 4 * mc.d_inner() + 4 * mc.groups * mc.d_state * mc.group_repeat(cp) + 4 * mc.heads));
+      big = std::max(big, m.sum(m.mul(w * mc.d_in_proj(), C), m.mul(tl, mc.d_in_proj() + rows * C)));
+      big = std::max(big, m.mul(tl, 2 * w * (mc.d_inner() + mc.groups * mc.d_state * mc.group_repeat(cp) + mc.heads)));
     } else if (k == '*') {
       const auto& a = h.attn;
       const cp::AttnMemShape s{cp, tl, a.heads, a.kv_heads, a.head_dim, 0, a.cp_inner};
       big = std::max(big, cp::attention_kernel_elements(m, h.attention_layer(n_attn++).strategy, s));
     } else if (k == 'E') {
+      // the backward: weights and their gradients, x, h, dy, dx rows; the forward: weights, x, h, y
       const std::int64_t F1 = e.act == kernels::Activation::SwiGLU ? 2 * e.ffn : e.ffn;
-      big = std::max(big, m.sum(m.mul(2, experts), m.mul(m.mul(tl, e.topk), 3 * C + F1)));
+      big = std::max(
+          big, m.sum(m.mul(forward_only ? 1 : 2, experts), m.mul(m.mul(tl, e.topk), (forward_only ? 2 : 3) * C + F1)));
     }
   }
   return big;
@@ -133,6 +137,59 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int e
   m.add(act, {tl, 2 * h.vocab}, acc_bytes(es), holder);
   m.add(buf, {tl, work}, es, holder);
   m.add(buf, {work_bytes}, 1, holder);
+}
+
+// A forward that keeps nothing for a backward (HybridModel::forward, a prefill): the embedding
+// output, the logits, and the largest block while it runs -- its input, norm, mixer output and sum
+// (4 C per token) and what its mixer allocates, the saved tensors included (dropped once the block
+// has run); state passing: one layer's state rows.
+void add_hybrid_forward(MemoryModel& m, const Deck& d, const model::HybridConfig& h, int cp, int ep, std::int64_t tl,
+                        std::int64_t es, Holder holder) {
+  const std::int64_t C = h.hidden;
+  const auto& mc = h.mamba;
+  const auto& a = h.attn;
+  const auto& e = h.moe;
+  const model::MambaCpInfo& mstrat = model::mamba_cp_info(h.mamba_cp);
+  // The SSD kernel's work per token in the accumulation type (two elements of a bf16 layer's): the
+  // chunk states and decays; the CUDA kernels also hold every chunk's C.B^T products and a bf16
+  // copy of the states at once.
+  const std::int64_t chunk = std::max<std::int64_t>(mc.chunk, 1), states = mc.heads * mc.head_dim * mc.d_state / chunk;
+  const std::int64_t scan = d.get_string("run.device") == "host"
+                                ? 2 * (states + 2 * mc.heads)
+                                : 2 * (states + mc.groups * chunk + 2 * mc.heads) + states;
+  std::int64_t peak = 0;
+  std::size_t n_attn = 0;
+  for (char k : h.pattern) {
+    std::int64_t per = 4 * C, wb = 0;
+    if (k == 'M') {
+      per += mstrat.fwd_per_token(mc, cp, scan);
+    } else if (k == '*') {
+      per += 3 * a.heads * a.head_dim + 2 * a.kv_heads * a.head_dim + a.heads + 2 * (a.heads + a.kv_heads) * a.head_dim;
+      const cp::AttnMemShape as{cp, tl, a.heads, a.kv_heads, a.head_dim, es, a.cp_inner};
+      wb = cp::attention_work_bytes(m, h.attention_layer(n_attn++).strategy, as);
+    } else if (k == 'E') {
+      // router logits and scores (fp32 for bf16), the top-k weights, the permuted copies and the
+      // expert rows (x, h, y; with ep > 1 the received rows apart, as many again for the experts'
+      // imbalance between ranks), the combined output, the shared expert's hidden rows and output
+      const std::int64_t F1 = e.act == kernels::Activation::SwiGLU ? 2 * e.ffn : e.ffn;
+      per += 4 * e.experts + 4 * e.topk + e.topk * (2 * C + F1) + (ep > 1 ? e.topk * (2 * C + F1) : 0) +
+             2 * e.shared_ffn + 2 * C;
+    } else if (k == '-') {
+      per += 3 * h.mlp.ffn;
+    }
+    peak = std::max(peak, m.sum(m.mul(m.mul(tl, per), es), wb));
+  }
+  const std::string act = holder == Holder::EveryRank ? "prefill activations" : "cp=1 reference prefill";
+  m.add(act, {tl, 2 * C}, es, holder);  // the embedding output and the final norm's
+  m.add(act, {tl, h.vocab}, acc_bytes(es), holder);
+  m.add(act, {peak}, 1, holder);
+  if (mstrat.state_rows && h.pattern.find('M') != std::string::npos) {
+    const model::StateRows r = mstrat.state_rows(mc, cp, sequences(d));
+    m.add(holder == Holder::EveryRank ? "state passing states" : act, {m.sum(r.saved, r.work), r.row}, state_bytes(d),
+          holder);
+  }
+  if (host_bf16(d))
+    m.add("fp32 kernel operands (host bf16)", {hybrid_kernel_elements(m, h, cp, ep, tl, true)}, 4, holder);
 }
 
 MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {

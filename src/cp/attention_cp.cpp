@@ -71,6 +71,11 @@ void CpAttention::backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dou
             "cp attention backward: gradient shapes do not match the forward's inputs");
   s.bwd_ph.reset();
   impl_->backward(dq, dk, dv, dout.view(s.q.shape()));
+  release();
+}
+
+void CpAttention::release() {
+  AttnStep& s = *s_;
   release_saved(s.q, s.k, s.v, s.o, s.lse);
   impl_->release();
 }

@@ -78,6 +78,8 @@ class CpAttention {
   void forward(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v);
   // Needs the forward's saved tensors (of the same instance); releases them.
   void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout);
+  // Drops the forward's saved tensors when no backward follows (a prefill).
+  void release();
   // Device time on GPU ranks (CUDA events), wall time on host ranks (PhaseTimes).
   CpAttnTimes fwd_times() const;
   CpAttnTimes bwd_times() const;

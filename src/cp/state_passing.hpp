@@ -114,6 +114,8 @@ class StateScan {
   Tensor forward(Communicator& comm, const Tensor& S_local, const Tensor& a_local);
   // dS_in [np, H, P, N] -> dS_local (gradient of each piece's final state) and da_local [np, H].
   void backward(Communicator& comm, Tensor& dS_local, Tensor& da_local, const Tensor& dS_in) const;
+  // Drops what forward keeps for backward (a forward that no backward follows).
+  void release() { a_ = Sin_ = S_all_ = a_all_ = Sin_all_ = Tensor(); }
 
  private:
   // One exchange of the doubling scan: piece i of a rank sends its row to the piece `delta` places

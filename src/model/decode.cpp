@@ -96,6 +96,7 @@ HybridDecoder::HybridDecoder(HybridModel& m, std::int64_t steps) : m_(m), comm_(
         cp::copy_rows(kf, kl.view({-1, HkD}), dst, src);
         cp::copy_rows(vf, b.attn->v_local().view({-1, HkD}), dst, src);
       }
+      b.attn->keep_kv(false);  // one layer's shard twice at a time, not every layer's
     }
     layers_.push_back(std::move(l));
   }

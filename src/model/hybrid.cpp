@@ -214,7 +214,7 @@ std::vector<Tensor> HybridModel::routing() const {
 }
 
 void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens,
-                      const std::vector<std::int64_t>& labels, StepResult& r) {
+                      const std::vector<std::int64_t>& labels, StepResult& r, bool keep) {
   SpaceScope space_scope(p.at("embed").space());  // the model runs where its parameters live
   HCP_CHECK(static_cast<std::int64_t>(tokens.size()) == tl_ && labels.size() == tokens.size(), "hybrid: need ", tl_,
             " local tokens and labels, got ", tokens.size(), " and ", labels.size());
@@ -243,9 +243,10 @@ void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens
       Tensor hn = Tensor::zeros({tl_, C}, dt);
       k::add(hn, h, m);
       h = hn;
+      if (!keep) drop_saved(b);
     });
     fwd_bytes_[b.kind] += comm_.bytes_sent() - sent0;
-    outs_.push_back(h);
+    if (keep) outs_.push_back(h);
   }
   timed("fwd/head", [&] {
     hfinal_ = h;
@@ -261,7 +262,16 @@ void HybridModel::fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens
     count_ = static_cast<std::int64_t>(v[1]);
     r.label_tokens = count_;
     r.loss = count_ > 0 ? v[0] / static_cast<double>(count_) : 0.0;
+    if (!keep) hfinal_ = hn_ = rstd_final_ = Tensor();  // the logits stay (last_logits)
   });
+}
+
+void HybridModel::drop_saved(Block& b) {
+  b.x = b.rstd = Tensor();
+  if (b.mamba) b.mamba->drop_saved();
+  if (b.attn) b.attn->drop_saved();
+  if (b.moe) b.moe->drop_saved();
+  if (b.mlp) b.mlp->drop_saved();
 }
 
 const AttentionLayer& HybridModel::attention(std::size_t j) const {
@@ -302,7 +312,7 @@ Tensor HybridModel::last_logits() {
 StepResult HybridModel::forward(const ParamMap& p, const std::vector<std::int64_t>& tokens,
                                 const std::vector<std::int64_t>& labels) {
   StepResult r;
-  fwd(p, tokens, labels, r);
+  fwd(p, tokens, labels, r, false);
   return r;
 }
 
@@ -310,7 +320,7 @@ StepResult HybridModel::step(const ParamMap& p, const std::vector<std::int64_t>&
                              const std::vector<std::int64_t>& labels, ParamMap& grads) {
   SpaceScope space_scope(p.at("embed").space());  // the model runs where its parameters live
   StepResult r;
-  fwd(p, tokens, labels, r);
+  fwd(p, tokens, labels, r, true);
   const DType dt = p.at("embed").dtype();
   const std::int64_t C = c_.hidden;
   // Gradients are made where they are computed (each block's by its layer), not all up front: the

@@ -94,7 +94,9 @@ class HybridModel {
   // tokens/labels: this rank's local tokens (DCS order). Forward and backward; grads overwritten.
   StepResult step(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
                   ParamMap& grads);
-  // Forward only (the loss).
+  // Forward only (the loss), as a prefill runs it: each block drops what it kept for a backward
+  // once it has run (keep_handoff's K/V shards and Mamba2 carries stay), so the rank holds one
+  // block's work at a time; block_outputs() is empty after it and backward is not possible.
   StepResult forward(const ParamMap& p, const std::vector<std::int64_t>& tokens,
                      const std::vector<std::int64_t>& labels);
   // After step(): local output of every block [Tl, C], logits and their gradient [Tl, V].
@@ -134,8 +136,10 @@ class HybridModel {
     std::unique_ptr<MlpLayer> mlp;
     Tensor x, rstd;  // block input and its norm's rstd (saved)
   };
+  // `keep`: save what the backward reads (step), else drop it block by block (forward).
   void fwd(const ParamMap& p, const std::vector<std::int64_t>& tokens, const std::vector<std::int64_t>& labels,
-           StepResult& r);
+           StepResult& r, bool keep);
+  static void drop_saved(Block& b);  // what the block's forward kept for a backward
   template <class F>
   void timed(const std::string& name, F&& f);
   Communicator& comm_;

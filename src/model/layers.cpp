@@ -282,6 +282,13 @@ void MoeLayer::forward(Tensor& y, const Tensor& x, const ParamMap& p) {
   y.copy_from(out.view(y.shape()));
 }
 
+void MoeLayer::drop_saved() {
+  x_ = scores_ = topk_w_ = xl_ = h_ = yp_ = Tensor();
+  route_.src = route_.inv = Tensor();
+  disp_.reset();
+  shared_.reset();
+}
+
 void MoeLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p) {
   SpaceScope space_scope(dy.space());
   HCP_CHECK(disp_, "moe: backward() before forward()");

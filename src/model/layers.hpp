@@ -53,6 +53,11 @@ class AttentionLayer {
                  std::shared_ptr<CpLevels> levels = nullptr);
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
+  // Drops what the forward kept for a backward (a prefill: none follows); keep_kv's shard stays.
+  void drop_saved() {
+    attn_.release();
+    x_ = o_ = Tensor();
+  }
   const cp::CpAttention& attention() const { return attn_; }
   // With `on`, the next forward keeps this rank's K and V (after RoPE), [Tl, Hkv, D] in its local
   // row order: the prefill's KV cache shard, where the projections computed it. Off: drops them.
@@ -87,6 +92,7 @@ class MlpLayer {
   MlpLayer(Communicator& grad_comm, MlpConfig cfg) : comm_(grad_comm), c_(cfg) {}
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
+  void drop_saved() { x_ = h_ = Tensor(); }  // what the forward kept for a backward
 
  private:
   Communicator& comm_;
@@ -118,6 +124,8 @@ class MoeLayer {
   MoeLayer(Communicator& ep_comm, Communicator& replica_comm, Communicator& grad_comm, MoeConfig cfg);
   void forward(Tensor& y, const Tensor& x, const ParamMap& p);
   void backward(Tensor& dx, ParamMap& grads, const Tensor& dy, const ParamMap& p);
+  // Drops what the forward kept for a backward (a prefill); the selection stays.
+  void drop_saved();
   // Token copies each local expert received in the last forward.
   const std::vector<std::int64_t>& local_counts() const { return local_counts_; }
   // The experts each local token chose in the last forward, [T * topk] (F64 integers, in the run's

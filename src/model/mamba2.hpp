@@ -91,6 +91,8 @@ class Mamba2Layer {
   // dh local; parameter gradients summed over the CP group into `grads` (overwritten).
   virtual void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) = 0;
   virtual MambaCp strategy() const = 0;
+  // Drops what the forward kept for a backward (a prefill: none follows); the carry stays.
+  virtual void drop_saved() { h_ = zxbcdt_ = z_ = yl_ = rstd_ = Tensor(); }
   // Milliseconds per phase (fwd/<phase>, bwd/<phase>), summed since the last reset (GPU: CUDA events).
   virtual const std::map<std::string, double>& phase_ms() const { return phases_.totals(); }
   virtual const std::map<std::string, PhaseTimes::Peak>& phase_peaks() const { return phases_.peaks(); }
@@ -147,6 +149,10 @@ class Mamba2HP : public Mamba2Layer {
   void forward(Tensor& y, const Tensor& h, const ParamMap& p) override;
   void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) override;
   MambaCp strategy() const override { return MambaCp::HiddenParallel; }
+  void drop_saved() override {
+    Mamba2Layer::drop_saved();
+    xpre_ = Bpre_ = Cpre_ = dt_ = xc_ = Bc_ = Cc_ = yh_ = Tensor();
+  }
 
  private:
   void ssd_setup(kernels::SsdParams& sp, kernels::SsdInputs& in);  // this rank's SSD problem
@@ -169,6 +175,11 @@ class Mamba2SP : public Mamba2Layer {
   void forward(Tensor& y, const Tensor& h, const ParamMap& p) override;
   void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) override;
   MambaCp strategy() const override { return MambaCp::StatePassing; }
+  void drop_saved() override {
+    Mamba2Layer::drop_saved();
+    ext_ = xl_ = Bl_ = Cl_ = dtl_ = S_in_ = Tensor();
+    scan_.release();
+  }
 
  private:
   // Consecutive pieces of one length on consecutive local rows: one batched SSD problem (a batch row
@@ -205,6 +216,7 @@ class Mamba2Docs : public Mamba2Layer {
   void forward(Tensor& y, const Tensor& h, const ParamMap& p) override;
   void backward(Tensor& dh, ParamMap& grads, const Tensor& dy, const ParamMap& p) override;
   MambaCp strategy() const override { return strategy_; }
+  void drop_saved() override;
   // The parts' phases together (times summed, high-waters the larger).
   const std::map<std::string, double>& phase_ms() const override;
   const std::map<std::string, PhaseTimes::Peak>& phase_peaks() const override;

@@ -31,6 +31,13 @@ std::vector<const Mamba2Layer*> Mamba2Docs::layers() const {
   return out;
 }
 
+void Mamba2Docs::drop_saved() {
+  Mamba2Layer::drop_saved();
+  if (whole_) whole_->drop_saved();
+  for (Part& q : parts_)
+    if (q.layer) q.layer->drop_saved();
+}
+
 void Mamba2Docs::forward(Tensor& y, const Tensor& h, const ParamMap& p) {
   HCP_CHECK(h.numel() == tl_ * c_.hidden && y.numel() == h.numel(), "mamba: input must be [", tl_, ", ", c_.hidden,
             "] local tokens (this rank's documents)");

@@ -13,10 +13,11 @@ const std::vector<MambaCpInfo>& mamba_cps() {
   static const std::vector<MambaCpInfo> v = {
       {MambaCp::HiddenParallel, "hidden_parallel", "all-to-all to heads/cp heads of every token and back",
        make_hidden_parallel, hidden_parallel_model_bytes, hidden_parallel_model_fwd_bytes,
-       hidden_parallel_saved_per_token, hidden_parallel_work_per_token, nullptr, hidden_parallel_messages},
+       hidden_parallel_saved_per_token, hidden_parallel_work_per_token, hidden_parallel_fwd_per_token, nullptr,
+       hidden_parallel_messages},
       {MambaCp::StatePassing, "state_passing", "local scans; conv halos and chunk states exchanged, outputs corrected",
        make_state_passing, state_passing_model_bytes, state_passing_model_fwd_bytes, state_passing_saved_per_token,
-       state_passing_work_per_token, state_passing_rows, state_passing_messages},
+       state_passing_work_per_token, state_passing_fwd_per_token, state_passing_rows, state_passing_messages},
   };
   return v;
 }
@@ -60,10 +61,29 @@ std::int64_t hidden_parallel_work_per_token(const Mamba2Config& c, int cp) {
   return 16 * c.d_inner() + (12 * c.group_repeat(cp) - 2) * c.groups * c.d_state + 3 * c.heads + 64;
 }
 
+// The forward, at the larger of its two high points: the gated norm (what it saves, the norm's
+// output and at cp > 1 the heads' y beside its all-to-all copy), and the SSD (z, the x/B/C/dt copies
+// and the conv outputs, the heads' y, and `scan`, the SSD kernel's own work per token).
+std::int64_t hidden_parallel_fwd_per_token(const Mamba2Config& c, int cp, std::int64_t scan) {
+  const std::int64_t norm = hidden_parallel_saved_per_token(c) + (cp > 1 ? 2 : 1) * c.d_inner();
+  const std::int64_t xbc = c.d_inner() + 2 * c.groups * c.group_repeat(cp) * c.d_state;
+  const std::int64_t ssd = 2 * c.d_inner() + 2 * xbc + c.heads + scan;
+  return std::max(norm, ssd) + 64;
+}
+
 // Kept for the backward: zxbcdt (its halo and dt are read from it), the conv input and output, y,
 // and the gate and norm terms (the norm's output, computed again in the backward, counted as kept).
 std::int64_t state_passing_saved_per_token(const Mamba2Config& c) {
   return c.d_in_proj() + c.conv_dim() + 4 * c.d_inner() + 8;
+}
+
+// The forward, at the larger of its high points: the gated norm (what it saves and the norm's
+// output), and the SSD (zxbcdt, the halo-extended conv input and output, the own rows' copy, y and
+// `scan`).
+std::int64_t state_passing_fwd_per_token(const Mamba2Config& c, int /*cp*/, std::int64_t scan) {
+  const std::int64_t norm = state_passing_saved_per_token(c) + c.d_inner();
+  const std::int64_t ssd = c.d_in_proj() + 3 * c.conv_dim() + c.d_inner() + scan;
+  return std::max(norm, ssd) + 64;
 }
 
 // The local terms with zxbcdt itself, the halo-extended conv rows and the corrections' terms.

@@ -34,6 +34,10 @@ struct MambaCpInfo {
   // (work_per_token); and its per-sequence state rows for `sequences` sequences (null: none).
   std::int64_t (*saved_per_token)(const Mamba2Config& c);
   std::int64_t (*work_per_token)(const Mamba2Config& c, int cp);
+  // ... and a forward alone (a prefill, which drops the saved tensors after the layer): what the
+  // forward allocates beyond its input and output while it runs, the saved tensors included, with
+  // `scan` the SSD kernel's own work per token (it depends on the backend).
+  std::int64_t (*fwd_per_token)(const Mamba2Config& c, int cp, std::int64_t scan);
   StateRows (*state_rows)(const Mamba2Config& c, int cp, std::int64_t sequences);
   // Its messages per rank in one forward plus backward on `cp` >= 2 ranks, `scan` the state
   // exchange state passing runs (resolved): the latency terms of the planner's time model.
@@ -71,8 +75,10 @@ std::int64_t state_passing_model_fwd_bytes(const Mamba2Config& c, const SeqLayou
 // ... and their memory terms (src/model/mamba2_strategy.cpp).
 std::int64_t hidden_parallel_saved_per_token(const Mamba2Config& c);
 std::int64_t hidden_parallel_work_per_token(const Mamba2Config& c, int cp);
+std::int64_t hidden_parallel_fwd_per_token(const Mamba2Config& c, int cp, std::int64_t scan);
 std::int64_t state_passing_saved_per_token(const Mamba2Config& c);
 std::int64_t state_passing_work_per_token(const Mamba2Config& c, int cp);
+std::int64_t state_passing_fwd_per_token(const Mamba2Config& c, int cp, std::int64_t scan);
 StateRows state_passing_rows(const Mamba2Config& c, int cp, std::int64_t sequences);
 std::int64_t hidden_parallel_messages(int cp, cp::StateExchange scan);
 std::int64_t state_passing_messages(int cp, cp::StateExchange scan);

@@ -51,6 +51,14 @@ runs = [
     ("cp_hybrid", "builtin bf16 host", ["--set", "data.format=bshd", "--set", "data.batch=1", "--set", "data.seqlen=1200",
                                         "--set", "attention.heads=12", "--set", "mamba.heads=12", "--set", "moe.experts=12",
                                         "--set", "mamba.n_groups=12", "--set", "data.dtype=bf16"]),
+    # a prefill and decode: the forward alone (each block drops its saved tensors), the hand-off
+    ("cp_generate", "long deck fp32", ["--deck", "INPUTS/generate_long.toml", "--set", "data.seq_lens=1500, 900",
+                                       "--set", "moe.experts=12", "--set", "mamba.heads=12", "--set", "mamba.n_groups=12",
+                                       "--set", "attention.heads=12"]),
+    ("cp_generate", "long deck fp32 sp", ["--deck", "INPUTS/generate_long.toml", "--set", "data.seq_lens=1500, 900",
+                                          "--set", "moe.experts=12", "--set", "mamba.heads=12",
+                                          "--set", "mamba.n_groups=12", "--set", "attention.heads=12",
+                                          "--set", "parallel.mamba_cp=state_passing"]),
 ]
 inputs = __file__.rsplit("/", 3)[0] + "/inputs"
 results, bad = {}, []
