@@ -170,7 +170,7 @@ bool GenerateStudy::run_case(const std::string& name, std::vector<std::string>& 
   }
   st.phase_memory(m.phase_peaks());
   st.write_timings(name, s);
-  const double per = std::max<double>(1.0, static_cast<double>(g_.new_tokens - 1));  // decode steps
+  const auto per = static_cast<double>(std::max<std::int64_t>(got.decode_steps(), 1));
   row = {name,
          drivers::fmt("%.2f", st.slowest(s.at("prefill"))),
          drivers::fmt("%.2f", st.slowest(s.at("handoff"))),

@@ -188,7 +188,7 @@ void write_generation(ResultsWriter& w, const std::string& name, const Generated
 
 GenerateBytes generate_bytes_sent(Communicator& comm, const Generated& got) {
   GenerateBytes b;
-  const auto steps = static_cast<double>(std::max<std::size_t>(got.logits.size(), 2) - 1);
+  const auto steps = static_cast<double>(std::max<std::int64_t>(got.decode_steps(), 1));
   b.decode_per_token = static_cast<double>(got.decode_bytes) / steps;
   b.prefill_max = comm.all_reduce_scalar(static_cast<double>(got.prefill_bytes), ReduceOp::Max);
   b.decode_max = comm.all_reduce_scalar(b.decode_per_token, ReduceOp::Max);

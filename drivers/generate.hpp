@@ -1,6 +1,7 @@
 // cp_generate's parts: the [generate] keys, one generation (prefill, hand-off, decode steps, token
 // choice), the cp = 1 teacher-forcing reference, and the memory and byte models of a generation.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -38,6 +39,8 @@ struct Generated {
   std::map<char, std::int64_t> prefill_kind_bytes;          // of prefill_bytes, by block kind (M, *, E, -)
   std::int64_t mamba_bytes = 0, kv_bytes = 0, kv_rows = 0;  // the hand-off this rank holds
   std::vector<std::int64_t> flat_ids() const;
+  // The decode steps run: every generated token but the first, which the prefill's logits give.
+  std::int64_t decode_steps() const { return std::max<std::int64_t>(static_cast<std::int64_t>(logits.size()) - 1, 0); }
 };
 // Prefill of `tokens` (this rank's rows of the model's placement) with the hand-off kept, then
 // g.new_tokens tokens per sequence: the first from the prefill's last logits, each further one from

@@ -42,9 +42,8 @@ bool bytes_match_models(const std::string& name, const Generated& got, const mod
     std::printf("# %s: %s %lld bytes on rank %d, the model says %lld\n", name.c_str(), what.c_str(),
                 static_cast<long long>(sent), rank, static_cast<long long>(want));
   };
-  const auto steps = static_cast<std::int64_t>(got.logits.size()) - 1;
   mismatch("decode all-reduces and all-gathers", got.decode_collective_bytes,
-           std::max<std::int64_t>(steps, 0) * decode_model_bytes(m.config(), cp, m.placement().global.nseq(), dt));
+           got.decode_steps() * decode_model_bytes(m.config(), cp, m.placement().global.nseq(), dt));
   for (const auto& [kind, want] : prefill) {
     const auto it = got.prefill_kind_bytes.find(kind);
     mismatch(std::string("prefill '") + kind + "' blocks", it == got.prefill_kind_bytes.end() ? 0 : it->second, want);

@@ -12,6 +12,12 @@
 namespace hcp::drivers {
 
 namespace {
+// The attention layer's saved tensors per token: q, k, v (after the projections), the output
+// before and after Wo, the LSE.
+std::int64_t attention_saved_per_token(const model::AttnLayerConfig& a) {
+  return 3 * a.heads * a.head_dim + 2 * a.kv_heads * a.head_dim + a.heads;
+}
+
 // The hybrid stack's state-passing states: each Mamba2 layer's saved rows, one layer's work rows.
 // Per document (`docs`), the states of the split documents' blocks a rank joins (the whole ones run
 // at cp = 1), the heaviest rank's; else of every sequence over the group.
@@ -66,9 +72,9 @@ std::int64_t hybrid_kernel_elements(const MemoryModel& m, const model::HybridCon
       big = std::max(big, cp::attention_kernel_elements(m, h.attention_layer(n_attn++).strategy, s));
     } else if (k == 'E') {
       // the backward: weights and their gradients, x, h, dy, dx rows; the forward: weights, x, h, y
-      const std::int64_t F1 = e.act == kernels::Activation::SwiGLU ? 2 * e.ffn : e.ffn;
-      big = std::max(
-          big, m.sum(m.mul(forward_only ? 1 : 2, experts), m.mul(m.mul(tl, e.topk), (forward_only ? 2 : 3) * C + F1)));
+      big = std::max(big, m.sum(m.mul(forward_only ? 1 : 2, experts),
+                                m.mul(m.mul(tl, e.topk),
+                                      (forward_only ? 2 : 3) * C + kernels::first_projection_rows(e.act, e.ffn))));
     }
   }
   return big;
@@ -87,8 +93,7 @@ void add_hybrid_step(MemoryModel& m, const model::HybridConfig& h, int cp, int e
   // Mamba2: what its strategy's mixer keeps (model::MambaCpInfo).
   const model::MambaCpInfo& mstrat = model::mamba_cp_info(h.mamba_cp);
   const std::int64_t m_saved = mstrat.saved_per_token(mc);
-  // Attention: q, k, v (after the projections), the output before and after Wo, the LSE.
-  const std::int64_t a_saved = 3 * a.heads * a.head_dim + 2 * a.kv_heads * a.head_dim + a.heads;
+  const std::int64_t a_saved = attention_saved_per_token(a);
   // MoE: per chosen expert the token copy and the expert's hidden activations, the shared expert,
   // router scores and probabilities, the chosen indices and weights.
   const std::int64_t e_saved = e.topk * (C + 3 * e.ffn) + 2 * e.shared_ffn + 2 * e.experts + 4 * e.topk;
@@ -164,14 +169,14 @@ void add_hybrid_forward(MemoryModel& m, const Deck& d, const model::HybridConfig
     if (k == 'M') {
       per += mstrat.fwd_per_token(mc, cp, scan);
     } else if (k == '*') {
-      per += 3 * a.heads * a.head_dim + 2 * a.kv_heads * a.head_dim + a.heads + 2 * (a.heads + a.kv_heads) * a.head_dim;
+      per += attention_saved_per_token(a) + 2 * (a.heads + a.kv_heads) * a.head_dim;
       const cp::AttnMemShape as{cp, tl, a.heads, a.kv_heads, a.head_dim, es, a.cp_inner};
       wb = cp::attention_work_bytes(m, h.attention_layer(n_attn++).strategy, as);
     } else if (k == 'E') {
       // router logits and scores (fp32 for bf16), the top-k weights, the permuted copies and the
       // expert rows (x, h, y; with ep > 1 the received rows apart, as many again for the experts'
       // imbalance between ranks), the combined output, the shared expert's hidden rows and output
-      const std::int64_t F1 = e.act == kernels::Activation::SwiGLU ? 2 * e.ffn : e.ffn;
+      const std::int64_t F1 = kernels::first_projection_rows(e.act, e.ffn);
       per += 4 * e.experts + 4 * e.topk + e.topk * (2 * C + F1) + (ep > 1 ? e.topk * (2 * C + F1) : 0) +
              2 * e.shared_ffn + 2 * C;
     } else if (k == '-') {

@@ -255,6 +255,10 @@ void moe_combine_fwd(Tensor& y, const Tensor& yp, const MoeRouting& route, const
 void moe_combine_bwd(Tensor& dyp, Tensor& dtopk_w, const Tensor& dy, const Tensor& yp, const MoeRouting& route,
                      const Tensor& topk_w);
 enum class Activation { SquaredReLU, SwiGLU };
+// The rows of an MLP's first projection (F1) for a hidden width F: SwiGLU's gate and up rows, 2F.
+inline std::int64_t first_projection_rows(Activation act, std::int64_t ffn) {
+  return act == Activation::SwiGLU ? 2 * ffn : ffn;
+}
 // Grouped expert MLP over permuted rows: rows of expert e are consecutive (counts). W1 [E,F1,C]
 // (F1 = F, or 2F for SwiGLU: gate rows then up rows), W2 [E,C,F]. h [T*k,F1] saved for backward.
 void expert_mlp_fwd(Tensor& yp, Tensor& h, const Tensor& xp, const Tensor& W1, const Tensor& W2,

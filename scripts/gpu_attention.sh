@@ -10,11 +10,8 @@
 # $build/gpu-attention).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="${HCP_BUILD_DIR:-build-gpu}"
-out="${HCP_LOG_DIR:-$build/gpu-attention}"
-mkdir -p "$out"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 . scripts/gpu_build.sh
+gpu_setup attention
 gpu_build "$out" test_cuda_kernels bench_kernels
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 rc=0

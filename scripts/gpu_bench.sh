@@ -5,11 +5,8 @@
 # HCP_CMAKE_ARGS, HCP_JOBS; results and logs to $HCP_LOG_DIR, default $build/gpu-bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="${HCP_BUILD_DIR:-build-gpu}"
-out="${HCP_LOG_DIR:-$build/gpu-bench}"
-mkdir -p "$out"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 . scripts/gpu_build.sh
+gpu_setup bench
 gpu_build "$out" bench_kernels
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 mpirun -n 1 "$build/drivers/bench_kernels" --set bench.device=cuda --set bench.suite=anchors --set bench.dtype=bf16 \

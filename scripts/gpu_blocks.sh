@@ -6,12 +6,9 @@
 # results and logs to $HCP_LOG_DIR, default $build/gpu-blocks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="${HCP_BUILD_DIR:-build-gpu}"
-out="${HCP_LOG_DIR:-$build/gpu-blocks}"
-lens="${HCP_LENS:-8192 32768}"
-mkdir -p "$out"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 . scripts/gpu_build.sh
+gpu_setup blocks
+lens="${HCP_LENS:-8192 32768}"
 gpu_build "$out" cp_hybrid train_hybrid
 hyb=(mpirun -n 1 "$build/drivers/cp_hybrid" --deck inputs/hybrid_nano_blocks.toml --set run.device=cuda
      --set parallel.attention=p2p --set run.save=timings,memory --quiet)

@@ -8,25 +8,22 @@
 # reports an error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="${HCP_BUILD_DIR:-build-gpu}"
-logs="${HCP_LOG_DIR:-$build/gpu-logs}"
-mkdir -p "$logs"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 . scripts/gpu_build.sh
-gpu_build "$logs" test_cuda_kernels test_cuda_comm test_cuda_cp train_hybrid
-grep -E "^-- hybridcp:" "$logs/configure.log" || true
+gpu_setup logs
+gpu_build "$out" test_cuda_kernels test_cuda_comm test_cuda_cp train_hybrid
+grep -E "^-- hybridcp:" "$out/configure.log" || true
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 rc=0
-ctest --test-dir "$build" -R "test_cuda" --output-on-failure 2>&1 | tee "$logs/ctest.log" || rc=1
+ctest --test-dir "$build" -R "test_cuda" --output-on-failure 2>&1 | tee "$out/ctest.log" || rc=1
 # Training on GPU ranks (2 ranks share the GPU: host-staged MPI) against its cp=1 replica.
-mpirun -n 2 "$build/drivers/train_hybrid" --set run.device=cuda --set train.steps=12 --out "$logs/train_gpu.h5" \
-  > "$logs/train_gpu.txt" 2>&1 && tail -3 "$logs/train_gpu.txt" || { echo "train_hybrid on GPU ranks: FAILED"; tail -20 "$logs/train_gpu.txt"; rc=1; }
+mpirun -n 2 "$build/drivers/train_hybrid" --set run.device=cuda --set train.steps=12 --out "$out/train_gpu.h5" \
+  > "$out/train_gpu.txt" 2>&1 && tail -3 "$out/train_gpu.txt" || { echo "train_hybrid on GPU ranks: FAILED"; tail -20 "$out/train_gpu.txt"; rc=1; }
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/test_cuda_kernels" \
-      ${HCP_SANITIZE_FILTER:+--gtest_filter="$HCP_SANITIZE_FILTER"} > "$logs/sanitizer_$tool.log" 2>&1 \
-      && echo "compute-sanitizer $tool: clean ($(grep -c '^\[       OK \]' "$logs/sanitizer_$tool.log") tests)" \
-      || { echo "compute-sanitizer $tool: FAILED"; tail -30 "$logs/sanitizer_$tool.log"; rc=1; }
+      ${HCP_SANITIZE_FILTER:+--gtest_filter="$HCP_SANITIZE_FILTER"} > "$out/sanitizer_$tool.log" 2>&1 \
+      && echo "compute-sanitizer $tool: clean ($(grep -c '^\[       OK \]' "$out/sanitizer_$tool.log") tests)" \
+      || { echo "compute-sanitizer $tool: FAILED"; tail -30 "$out/sanitizer_$tool.log"; rc=1; }
   done
 else
   echo "compute-sanitizer: not found (skipped)"

@@ -9,12 +9,9 @@
 # and logs in $HCP_LOG_DIR, default $build/gpu-longest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="${HCP_BUILD_DIR:-build-gpu}"
-out="${HCP_LOG_DIR:-$build/gpu-longest}"
-lens="${HCP_LONGEST_LENS:-131072 163840 196608 229376 262144}"
-mkdir -p "$out"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 . scripts/gpu_build.sh
+gpu_setup longest
+lens="${HCP_LONGEST_LENS:-131072 163840 196608 229376 262144}"
 gpu_build "$out" cp_hybrid
 hyb=(mpirun -n 1 "$build/drivers/cp_hybrid" --deck inputs/hybrid_nano_blocks.toml --set run.device=cuda
      --set parallel.attention=p2p --set run.save=timings,memory --quiet)

@@ -8,9 +8,8 @@
 #   Clocks are left alone (--clock-control none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build="${HCP_BUILD_DIR:-build-gpu}"
-out="${HCP_LOG_DIR:-$build/gpu-profile}"
-mkdir -p "$out"
+. scripts/gpu_build.sh
+gpu_setup profile
 command -v ncu >/dev/null || { echo "gpu_profile: ncu (Nsight Compute) not found"; exit 1; }
 [ -x "$build/drivers/bench_kernels" ] || { echo "gpu_profile: $build/drivers/bench_kernels not built"; exit 1; }
 rc=0

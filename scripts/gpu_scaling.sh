@@ -15,16 +15,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
-build="${HCP_BUILD_DIR:-build-gpu}"
-out="${HCP_LOG_DIR:-$build/gpu-scaling}"
+. scripts/gpu_build.sh
+gpu_setup scaling
 device="${HCP_DEVICE:-cuda}"
-mkdir -p "$out"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 if [ "$device" = cuda ]; then
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "${ngpu:-0}" -ge 1 ] || { echo "gpu_scaling: no GPU (nvidia-smi -L lists none); HCP_DEVICE=host runs on CPU ranks"; exit 1; }
   ranks=$ngpu
-  . scripts/gpu_build.sh
   gpu_build "$out"
   ctest --test-dir "$build" -R test_cuda --output-on-failure > "$out/ctest_gpu.log" 2>&1 && tail -3 "$out/ctest_gpu.log" \
     || { tail -30 "$out/ctest_gpu.log"; echo "FAIL: GPU tests"; gpu_tests_failed=1; }

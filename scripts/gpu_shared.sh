@@ -11,13 +11,10 @@
 # default 8192, HCP_NPS default "2 4"; results and logs in $HCP_LOG_DIR, default $build/gpu-shared)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build="${HCP_BUILD_DIR:-build-gpu}"
-out="${HCP_LOG_DIR:-$build/gpu-shared}"
+. scripts/gpu_build.sh
+gpu_setup shared
 len="${HCP_LEN:-8192}"
 nps="${HCP_NPS:-2 4}"
-mkdir -p "$out"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-. scripts/gpu_build.sh
 gpu_build "$out" test_cuda_comm test_cuda_cp cp_hybrid cp_mamba train_hybrid
 rc=0
 ctest --test-dir "$build" -R "test_cuda_(comm|cp)" --output-on-failure > "$out/ctest.log" 2>&1 \

@@ -65,7 +65,6 @@ ParamCount param_count(const HybridConfig& cin, int ep) {
   const auto& m = c.mamba;
   const auto& a = c.attn;
   const auto& e = c.moe;
-  const auto f1 = [](std::int64_t f, k::Activation act) { return act == k::Activation::SwiGLU ? 2 * f : f; };
   ParamCount n;
   n.total = 2 * c.vocab * C + C;
   for (char ch : c.pattern) {
@@ -73,11 +72,12 @@ ParamCount param_count(const HybridConfig& cin, int ep) {
     if (ch == 'M')
       n.total += m.d_in_proj() * C + m.conv_dim() * (m.conv + 1) + 3 * m.heads + m.d_inner() + C * m.d_inner();
     if (ch == '*') n.total += 2 * (a.heads + a.kv_heads) * a.head_dim * C;
-    if (ch == '-') n.total += (f1(c.mlp.ffn, c.mlp.act) + c.mlp.ffn) * C;
+    if (ch == '-') n.total += (k::first_projection_rows(c.mlp.act, c.mlp.ffn) + c.mlp.ffn) * C;
     if (ch == 'E') {
-      const std::int64_t experts = e.experts / std::max(ep, 1) * (f1(e.ffn, e.act) + e.ffn) * C;
+      const std::int64_t experts = e.experts / std::max(ep, 1) * (k::first_projection_rows(e.act, e.ffn) + e.ffn) * C;
       n.experts += experts;
-      n.total += experts + e.experts * (C + 1) + (e.shared_ffn > 0 ? (f1(e.shared_ffn, e.act) + e.shared_ffn) * C : 0);
+      n.total += experts + e.experts * (C + 1) +
+                 (e.shared_ffn > 0 ? (k::first_projection_rows(e.act, e.shared_ffn) + e.shared_ffn) * C : 0);
     }
   }
   return n;

@@ -159,7 +159,7 @@ void AttentionLayer::backward(Tensor& dx, ParamMap& grads, const Tensor& dy, con
 
 // ================================ dense MLP ======================================================
 std::vector<ParamSpec> mlp_params(const MlpConfig& c) {
-  const std::int64_t F1 = c.act == k::Activation::SwiGLU ? 2 * c.ffn : c.ffn;
+  const std::int64_t F1 = k::first_projection_rows(c.act, c.ffn);
   return {{"W1", {F1, c.hidden}, -inv_sqrt(c.hidden), inv_sqrt(c.hidden)},
           {"W2", {c.hidden, c.ffn}, -inv_sqrt(c.ffn), inv_sqrt(c.ffn)}};
 }
@@ -206,7 +206,7 @@ k::RouterParams MoeConfig::router() const {
 bool is_expert_weight(const std::string& n) { return n == "W1" || n == "W2"; }
 
 std::vector<ParamSpec> moe_params(const MoeConfig& c) {
-  const std::int64_t F1 = c.act == k::Activation::SwiGLU ? 2 * c.ffn : c.ffn;
+  const std::int64_t F1 = k::first_projection_rows(c.act, c.ffn);
   const double a = inv_sqrt(c.hidden), f = inv_sqrt(c.ffn);
   std::vector<ParamSpec> s{{"router", {c.experts, c.hidden}, -a, a},
                            {"e_bias", {c.experts}, -0.05, 0.05},
