@@ -72,8 +72,7 @@ std::int64_t handoff_bytes(const Deck& d, const model::HybridConfig& h, int cp) 
 }
 
 MemoryModel generate_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
-  MemoryModel m(sizes_where(d, {"data.seqlen", "data.batch", "data.seq_lens", "model.hidden", "model.pattern"},
-                            "data.seqlen/data.batch/data.seq_lens, generate.new_tokens and the model sizes"));
+  MemoryModel m(hybrid_sizes_where(d, ", generate.new_tokens"));
   const std::int64_t es = dtype_bytes(d), tl = padded_tokens(d, cp, m) / cp;
   const std::int64_t P1 = model::param_count(h, 1).total;
   m.add("parameters", {model::param_count(h, ep).total}, es);

@@ -10,6 +10,8 @@
 
 namespace hcp::drivers {
 
+inline double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
+
 // The bytes one rank may use: the smallest of MemAvailable, the cgroup's memory limit less its usage
 // (v2 memory.max / v1 memory.limit_in_bytes) and, for GPU ranks, the device's free memory (or
 // run.memory_gib when given), divided among the ranks that share it (`sharing`). `source`

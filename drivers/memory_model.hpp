@@ -52,6 +52,12 @@ inline std::string sizes_where(const Deck& d, std::initializer_list<const char*>
       if (d.has(k) && d.is_set(k) && (!by_set || d.where(k).rfind("--set ", 0) == 0)) return d.where(k) + ": " + list;
   return d.where(*keys.begin()) + ": " + list;
 }
+// sizes_where for a model of HybridConfig on one batch of data.seqlen/data.batch/data.seq_lens;
+// `also` names further keys after those.
+inline std::string hybrid_sizes_where(const Deck& d, const std::string& also) {
+  return sizes_where(d, {"data.seqlen", "data.batch", "data.seq_lens", "model.hidden", "model.pattern"},
+                     "data.seqlen/data.batch/data.seq_lens" + also + " and the model sizes");
+}
 std::int64_t sequences(const Deck& d);
 // Per document: the most parameter-gradient sets a Mamba2 layer holds beside its whole documents'
 // (one per block of ranks a rank's split documents run on; at least one).

@@ -177,8 +177,8 @@ void add_hybrid_forward(MemoryModel& m, const Deck& d, const model::HybridConfig
       // expert rows (x, h, y; with ep > 1 the received rows apart, as many again for the experts'
       // imbalance between ranks), the combined output, the shared expert's hidden rows and output
       const std::int64_t F1 = kernels::first_projection_rows(e.act, e.ffn);
-      per += 4 * e.experts + 4 * e.topk + e.topk * (2 * C + F1) + (ep > 1 ? e.topk * (2 * C + F1) : 0) +
-             2 * e.shared_ffn + 2 * C;
+      const std::int64_t row_sets = ep > 1 ? 2 : 1;
+      per += 4 * e.experts + 4 * e.topk + row_sets * e.topk * (2 * C + F1) + 2 * e.shared_ffn + 2 * C;
     } else if (k == '-') {
       per += 3 * h.mlp.ffn;
     }
@@ -198,8 +198,7 @@ void add_hybrid_forward(MemoryModel& m, const Deck& d, const model::HybridConfig
 }
 
 MemoryModel hybrid_memory(const Deck& d, const model::HybridConfig& h, int cp, int ep) {
-  MemoryModel m(sizes_where(d, {"data.seqlen", "data.batch", "data.seq_lens", "model.hidden", "model.pattern"},
-                            "data.seqlen/data.batch/data.seq_lens and the model sizes"));
+  MemoryModel m(hybrid_sizes_where(d, ""));
   const std::int64_t es = dtype_bytes(d);
   std::int64_t tl = padded_tokens(d, cp, m) / cp, gathered = m.mul(tl, cp);
   const std::int64_t P = model::param_count(h, ep).total, P1 = model::param_count(h, 1).total;
