@@ -66,6 +66,11 @@ class CheckFailed : public Error {
 // Runs the driver: exit 0 (done; PASS or UNCHECKED), 1 (a check failed), 2 (bad input, refused
 // before any work), 3 (a failure during the run: every rank ends).
 int run_driver(int argc, char** argv, const DriverSpec& spec);
+// The command line and the deck: --help, --version, --help-deck, --list-strategies and --print-deck
+// answered, the deck loaded with its --set overrides and checked, the driver's validate phase run.
+// True when the driver has nothing more to do (one of those answered, or --dry-run). Throws
+// hcp::Error on bad input.
+bool prepare_driver(int argc, char** argv, const DriverSpec& spec, DriverContext& ctx);
 
 // Agree on an error across ranks: if any rank's `fn` throws, rank 0 prints the lowest failing
 // rank's message and every rank returns false. Used by run_driver and the tests.
